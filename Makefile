@@ -1,0 +1,40 @@
+# mpi_fnas — the two commands of the quickstart:
+#   make run    set up .venv if needed, then the default federated search (8 parties = 9 MPI ranks)
+#   make test   set up .venv if needed, then every test (serial tests, then the MPI tests under mpirun)
+VENV   ?= .venv
+PYTHON := $(VENV)/bin/python
+MPIRUN := $(VENV)/bin/mpirun
+NP     ?= 9
+ARGS   ?=
+MPI_TEST_RANKS ?= 5
+STAMP  := $(VENV)/.mpi_fnas-installed
+
+.PHONY: setup run test test-serial test-mpi lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt scripts/install.sh
+	bash scripts/install.sh $(VENV)
+
+run: $(STAMP)
+	$(MPIRUN) -n $(NP) $(PYTHON) -m mpi_fnas.run $(ARGS)
+
+test: $(STAMP) lint test-serial test-mpi
+
+lint: $(STAMP)
+	$(PYTHON) -m ruff check mpi_fnas tests
+
+test-serial: $(STAMP)
+	$(PYTHON) -m pytest -q tests --ignore=tests/mpi
+
+# pytest-mpi: every rank runs pytest; ranks > 0 write to .pytest-rank<r>.log (shown when the run fails).
+test-mpi: $(STAMP)
+	@rm -f .pytest-rank*.log
+	timeout 900 $(MPIRUN) -n $(MPI_TEST_RANKS) $(PYTHON) -m pytest -q --with-mpi --only-mpi tests/mpi \
+	  || { for f in .pytest-rank*.log; do echo "== $$f"; tail -n 60 $$f; done; exit 1; }
+
+bench: $(STAMP)
+	$(MPIRUN) -n 3 $(PYTHON) -m mpi_fnas.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .pytest-rank*.log

@@ -1,0 +1,81 @@
+"""One iteration of (DP-)FNAS — Algorithm 1 of Singh, Zhou et al. (2020), both roles side by side.
+
+    party k:  G_k = release of ∇_W L(D_k^tr batch)            ──Reduce(sum)──▶  server: W ← step(Σ G_k)
+    party k:  W'_k ← W                                         ◀──Bcast W─────
+    party k:  H_k = release of ∇_A L(D_k^val batch; A, W')     ──Reduce(sum)──▶  server: A ← step(Σ H_k)
+    party k:  A_k ← A                                          ◀──Bcast A─────
+
+With ``second_order`` an extra round trip precedes H_k: every party sends v_k = ∇_{W'} L(D_k^val batch), the
+server broadcasts the aggregate v, and each party adds its finite-difference Hessian term along that common v
+(Eq. 5). Using the aggregate v makes Σ_k H_k the exact unrolled gradient of the aggregated validation loss
+(the paper's per-party v_k drops cross-party terms); it costs one more W-sized exchange per step.
+
+Under DP the party's "release" is clipped and noised inside the party (``Party`` decides; see
+``mpi_fnas.privacy``); nothing here changes. The server contributes zeros to every Reduce.
+The returned ``StepStats`` carries the STATS tails (loss sums, counts, compute seconds) for logging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.party import STATS, Party
+from mpi_fnas.federation.server import Server
+
+
+@dataclass
+class StepStats:
+    """Summed over parties: [loss_sum, correct, count, compute_seconds] of the W phase and the A phase."""
+
+    train: np.ndarray
+    val: np.ndarray
+
+
+class ServerBuffers:
+    """Receive buffers and the zero contributions of rank 0, allocated once."""
+
+    def __init__(self, num_w: int, num_a: int) -> None:
+        self.w_zero = np.zeros(num_w + STATS, dtype=np.float32)
+        self.w_sum = np.zeros(num_w + STATS, dtype=np.float32)
+        self.a_zero = np.zeros(num_a + STATS, dtype=np.float32)
+        self.a_sum = np.zeros(num_a + STATS, dtype=np.float32)
+        self.v_zero = np.zeros(num_w, dtype=np.float32)
+        self.v_sum = np.zeros(num_w, dtype=np.float32)
+
+
+def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool) -> StepStats:
+    """Rank 0's half of one iteration."""
+    channel.reduce_sum(buf.w_zero, buf.w_sum)  # Σ_k G_k
+    server.step_w(buf.w_sum[:-STATS])
+    channel.bcast(server.w_buffer)  # W'
+    if second_order:
+        channel.reduce_sum(buf.v_zero, buf.v_sum)  # Σ_k v_k
+        v = np.ascontiguousarray(server.aggregate(buf.v_sum), dtype=np.float32)
+        channel.bcast(v)
+    channel.reduce_sum(buf.a_zero, buf.a_sum)  # Σ_k H_k
+    server.step_a(buf.a_sum[:-STATS])
+    channel.bcast(server.a_buffer)  # A
+    return StepStats(train=buf.w_sum[-STATS:].copy(), val=buf.a_sum[-STATS:].copy())
+
+
+def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.ndarray, v_in: np.ndarray,
+                    second_order: bool, xi: float) -> None:
+    """Party k's half of one iteration. `w_in`, `a_in`, `v_in` are preallocated receive buffers.
+
+    `xi` is the server's W learning rate of this step (the parties follow the same public schedule).
+    """
+    channel.reduce_sum(party.w_release())  # G_k
+    channel.bcast(w_in)
+    party.load_w(w_in)  # W'_k ← W
+    if second_order:
+        channel.reduce_sum(party.val_gradients())  # v_k
+        channel.bcast(v_in)
+        h = party.a_release_second_order(v_in, xi)
+    else:
+        h = party.a_release()
+    channel.reduce_sum(h)  # H_k
+    channel.bcast(a_in)
+    party.load_a(a_in)  # A_k ← A

@@ -1,0 +1,48 @@
+"""Flat float32 vectors <-> lists of tensors: the wire format of W, A and their gradients.
+
+One contiguous buffer per quantity keeps every exchange to a single MPI call (no per-tensor messages, no pickling).
+The order is the order of the tensor list (``SearchNetwork.weights()`` / ``.alphas()``), identical on every rank.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+
+def numel(tensors: Sequence[torch.Tensor]) -> int:
+    """Total number of elements of `tensors`."""
+    return sum(t.numel() for t in tensors)
+
+
+def flatten(tensors: Sequence[torch.Tensor], out: np.ndarray | None = None) -> np.ndarray:
+    """Concatenate `tensors` (any device) into a float32 host vector of length ``numel(tensors)``."""
+    n = numel(tensors)
+    if out is None:
+        out = np.empty(n, dtype=np.float32)
+    elif out.shape != (n,):
+        raise ValueError(f"output buffer has shape {out.shape}, expected ({n},)")
+    flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
+    out[:] = flat.to(device="cpu", dtype=torch.float32).numpy()
+    return out
+
+
+def flatten_grads(params: Sequence[torch.Tensor], out: np.ndarray | None = None) -> np.ndarray:
+    """Like :func:`flatten` over ``p.grad`` (a missing gradient counts as zeros)."""
+    return flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in params], out)
+
+
+def assign(tensors: Sequence[torch.Tensor], flat: np.ndarray | torch.Tensor) -> None:
+    """Copy the float32 vector `flat` into `tensors` in place (on their devices and dtypes)."""
+    n = numel(tensors)
+    if tuple(flat.shape) != (n,):
+        raise ValueError(f"flat vector has shape {tuple(flat.shape)}, expected ({n},)")
+    src = torch.as_tensor(flat)
+    offset = 0
+    with torch.no_grad():
+        for t in tensors:
+            k = t.numel()
+            t.copy_(src[offset : offset + k].view_as(t))
+            offset += k

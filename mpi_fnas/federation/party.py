@@ -1,0 +1,209 @@
+"""A party's local computation: gradients of W and A on its own shards. No MPI here.
+
+The party holds a local copy of the supernet (W_k, A_k), its train shard D_k^tr and its validation shard D_k^val,
+and produces the vectors Algorithm 1 sends to the server:
+
+* ``w_release()``  — G_k, the gradient of W on a train batch (first half of an iteration);
+* ``a_release()``  — H_k, the gradient of A on a validation batch at the freshly broadcast W' (first order);
+* ``val_gradients()`` + ``a_release_second_order(v)`` — H_k with the DARTS finite-difference Hessian term (Eq. 5).
+
+Every release returns a float32 vector: the gradient followed by ``STATS`` = 4 summary numbers
+(loss sum, correct predictions, examples, compute seconds) that ride in the same Reduce for logging.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mpi_fnas.federation.flat import assign, flatten, numel
+from mpi_fnas.space import SearchNetwork
+
+STATS = 4  # loss_sum, correct, count, compute_seconds appended to every release
+
+
+@dataclass
+class Shard:
+    """A party's examples: x (N, C, H, W) float32, y (N,) int64, on the party's device."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def __len__(self) -> int:
+        return int(self.y.shape[0])
+
+
+class BatchStream:
+    """Shuffled mini-batches of a shard, reshuffled whenever fewer than `batch_size` unseen examples remain.
+
+    A batch size at least the shard size gives the whole shard every time (full-batch gradients).
+    """
+
+    def __init__(self, size: int, batch_size: int, generator: torch.Generator) -> None:
+        if size < 1:
+            raise ValueError("a party shard must hold at least one example")
+        self.size = size
+        self.batch_size = min(batch_size, size)
+        self.generator = generator
+        self._order = torch.empty(0, dtype=torch.long)
+        self._pos = 0
+
+    def next(self) -> torch.Tensor:
+        """Indices (batch_size,) int64 into the shard."""
+        if self._pos + self.batch_size > self._order.numel():
+            self._order = torch.randperm(self.size, generator=self.generator)
+            self._pos = 0
+        idx = self._order[self._pos : self._pos + self.batch_size]
+        self._pos += self.batch_size
+        return idx
+
+
+class Party:
+    """Local DARTS computation of one party.
+
+    Args:
+        model: the supernet; its W and A are overwritten by the server's broadcasts.
+        train, val: the party's shards (already on the model's device).
+        batch_size: examples per step.
+        generator: CPU torch.Generator for batch order (seeded per party by the caller).
+    """
+
+    def __init__(
+        self, model: SearchNetwork, train: Shard, val: Shard, batch_size: int, generator: torch.Generator
+    ) -> None:
+        self.model = model
+        self.w_params = list(model.weights())
+        self.a_params = list(model.alphas())
+        self.num_w = numel(self.w_params)
+        self.num_a = numel(self.a_params)
+        self.train = train
+        self.val = val
+        self.train_stream = BatchStream(len(train), batch_size, generator)
+        self.val_stream = BatchStream(len(val), batch_size, generator)
+        self._train_batch: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._w_before: np.ndarray | None = None  # W_k, kept for the second-order Hessian term
+        self._val_a_grad: torch.Tensor | None = None
+        self.w_out = np.zeros(self.num_w + STATS, dtype=np.float32)
+        self.a_out = np.zeros(self.num_a + STATS, dtype=np.float32)
+        self.v_out = np.zeros(self.num_w, dtype=np.float32)
+
+    # -- parameters from the server ------------------------------------------------------------------------------
+    def load_w(self, flat: np.ndarray) -> None:
+        """Adopt the broadcast W (the server's W'); the previous W is kept for second order."""
+        self._w_before = flatten(self.w_params)
+        assign(self.w_params, flat)
+
+    def load_a(self, flat: np.ndarray) -> None:
+        assign(self.a_params, flat)
+
+    # -- releases ------------------------------------------------------------------------------------------------
+    def w_release(self) -> np.ndarray:
+        """G_k: mean-loss gradient of W on the next train batch, plus STATS. Returns a view of `w_out`."""
+        start = time.perf_counter()
+        idx = self.train_stream.next()
+        x, y = self.train.x[idx], self.train.y[idx]
+        self._train_batch = (x, y)
+        (grad,), loss, correct = self._gradients(x, y, [self.w_params])
+        self._store(self.w_out, grad, loss, correct, len(idx), start)
+        return self.w_out
+
+    def a_release(self) -> np.ndarray:
+        """H_k (first order, Algorithm 1): gradient of A on the next val batch at the current W (= W')."""
+        start = time.perf_counter()
+        idx = self.val_stream.next()
+        (grad,), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx], [self.a_params])
+        self._store(self.a_out, grad, loss, correct, len(idx), start)
+        return self.a_out
+
+    def val_gradients(self) -> np.ndarray:
+        """Second order, stage 1: v_k = ∇_{W'} L(D_k^val batch) (returned) and ∇_A L (kept for stage 2)."""
+        start = time.perf_counter()
+        idx = self.val_stream.next()
+        (v, a_grad), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx],
+                                                     [self.w_params, self.a_params])
+        self.v_out[:] = v.to("cpu", torch.float32).numpy()
+        self._val_a_grad = a_grad
+        self._val_stats = (loss, correct, len(idx), time.perf_counter() - start)
+        return self.v_out
+
+    def a_release_second_order(self, v: np.ndarray, xi: float) -> np.ndarray:
+        """Second order, stage 2 (Eq. 5): H_k = ∇_A L_val(W') − ξ·(∇_A L_tr(W⁺) − ∇_A L_tr(W⁻)) / (2ε).
+
+        W± = W ± ε·v with W the weights *before* the server's update, v the aggregated validation gradient of
+        all parties (so the sum of the H_k is the exact unrolled gradient of the aggregated validation loss),
+        ε = 0.01 / ‖v‖, and the train batch the one this party used for G_k.
+        """
+        if self._train_batch is None or self._w_before is None or self._val_a_grad is None:
+            raise RuntimeError("a_release_second_order needs w_release, load_w and val_gradients first")
+        start = time.perf_counter()
+        w_new = flatten(self.w_params)
+        norm = float(np.linalg.norm(v.astype(np.float64)))
+        h = self._val_a_grad
+        if norm > 0:
+            eps = 0.01 / norm
+            x, y = self._train_batch
+            assign(self.w_params, self._w_before + eps * v)
+            (grad_plus,), _, _ = self._gradients(x, y, [self.a_params])
+            assign(self.w_params, self._w_before - eps * v)
+            (grad_minus,), _, _ = self._gradients(x, y, [self.a_params])
+            hessian = (grad_plus - grad_minus) / (2.0 * eps)  # divide by 2ε — not the (p - n) / 2.*eps slip
+            h = h - xi * hessian
+            assign(self.w_params, w_new)
+        loss, correct, count, seconds = self._val_stats
+        self._store(self.a_out, h, loss, correct, count, start - seconds)
+        return self.a_out
+
+    # -- evaluation ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def evaluate_val(self, batch_size: int = 256) -> np.ndarray:
+        """[loss_sum, correct, count] over the whole validation shard (float32 (3,))."""
+        return evaluate(self.model, self.val.x, self.val.y, batch_size)
+
+    # -- internals -----------------------------------------------------------------------------------------------
+    def _gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
+                   ) -> tuple[list[torch.Tensor], float, float]:
+        """Flat gradients of the batch-mean loss w.r.t. each parameter group, the loss sum and #correct.
+
+        Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels).
+        """
+        self.model.train()
+        logits = self.model(x)
+        loss = F.cross_entropy(logits, y)
+        params = [p for group in groups for p in group]
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        flat, offset = [], 0
+        for group in groups:
+            chunk = grads[offset : offset + len(group)]
+            offset += len(group)
+            flat.append(torch.cat([
+                (g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(chunk, group, strict=True)
+            ]))
+        correct = float((logits.detach().argmax(1) == y).sum())
+        return flat, loss.item() * int(y.shape[0]), correct
+
+    @staticmethod
+    def _store(out: np.ndarray, grad: torch.Tensor, loss_sum: float, correct: float, count: int,
+               start: float) -> None:
+        out[:-STATS] = grad.detach().to("cpu", torch.float32).numpy()
+        out[-STATS:] = (loss_sum, correct, count, time.perf_counter() - start)
+
+
+@torch.no_grad()
+def evaluate(model: SearchNetwork, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+    """[loss_sum, correct, count] of `model` on (x (N, C, H, W), y (N,)) as float32 (3,).
+
+    Runs in train mode on purpose: the search network normalises with batch statistics (no running buffers).
+    """
+    model.train()
+    loss_sum = 0.0
+    correct = 0.0
+    for i in range(0, int(y.shape[0]), batch_size):
+        logits = model(x[i : i + batch_size])
+        target = y[i : i + batch_size]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += float((logits.argmax(1) == target).sum())
+    return np.array([loss_sum, correct, float(y.shape[0])], dtype=np.float32)

@@ -1,0 +1,110 @@
+"""The parameter server's state: global W and A, their optimizers and the LR schedule. No MPI here.
+
+W and A live as two flat float32 vectors (the wire format), so the optimizers act element-wise on exactly what
+travels; SGD with momentum and weight decay and Adam are element-wise, so this equals per-tensor optimisation.
+The numpy views ``w_buffer`` / ``a_buffer`` share memory with the tensors: a Bcast sends them without copies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mpi_fnas.config import SearchConfig
+from mpi_fnas.federation.flat import assign, flatten
+from mpi_fnas.federation.party import evaluate
+from mpi_fnas.space import Genotype, SearchNetwork
+
+
+def w_learning_rate(search: SearchConfig, epoch: int) -> float:
+    """Cosine-annealed W learning rate of `epoch` (0-based), as DARTS: w_lr → w_lr_min over `epochs`.
+
+    A pure function of public settings, so every party knows ξ for the second-order term without a message.
+    """
+    progress = min(epoch, search.epochs) / search.epochs
+    return search.w_lr_min + 0.5 * (search.w_lr - search.w_lr_min) * (1.0 + math.cos(math.pi * progress))
+
+
+class Server:
+    """Global state of the search (rank 0).
+
+    Args:
+        model: a supernet whose current W and A are the initial global values (rank 0 builds it from the seed);
+            it is also used to evaluate on the server's test split and to derive genotypes.
+        search: optimiser settings.
+        parties: K, for ``aggregate: mean``.
+    """
+
+    def __init__(self, model: SearchNetwork, search: SearchConfig, parties: int) -> None:
+        self.model = model
+        self.search = search
+        self.parties = parties
+        self.w = torch.nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
+        self.a = torch.nn.Parameter(torch.from_numpy(flatten(list(model.alphas()))))
+        self.w_opt = torch.optim.SGD(
+            [self.w], lr=search.w_lr, momentum=search.w_momentum, weight_decay=search.w_weight_decay
+        )
+        if search.a_optimizer == "adam":
+            self.a_opt: torch.optim.Optimizer = torch.optim.Adam(
+                [self.a], lr=search.a_lr, betas=(search.a_beta1, search.a_beta2), weight_decay=search.a_weight_decay
+            )
+        else:
+            self.a_opt = torch.optim.SGD([self.a], lr=search.a_lr, weight_decay=search.a_weight_decay)
+        self.epoch = 0
+
+    @property
+    def w_buffer(self) -> np.ndarray:
+        """W as a float32 numpy view (shares memory with the parameter)."""
+        return self.w.data.numpy()
+
+    @property
+    def a_buffer(self) -> np.ndarray:
+        return self.a.data.numpy()
+
+    @property
+    def xi(self) -> float:
+        """The current W learning rate: the ξ of the unrolled step W' = W − ξ·∇W (Eq. 4–5)."""
+        return float(self.w_opt.param_groups[0]["lr"])
+
+    def aggregate(self, summed: np.ndarray) -> np.ndarray:
+        """Combine the Reduce-summed party vectors: their mean (default) or their sum (the paper's Eq. 3–4)."""
+        return summed / self.parties if self.search.aggregate == "mean" else summed
+
+    def step_w(self, summed_grad: np.ndarray) -> None:
+        """W ← SGD step on the aggregated party gradients (clipped to ``w_grad_clip`` in norm)."""
+        self.w.grad = torch.from_numpy(np.ascontiguousarray(self.aggregate(summed_grad), dtype=np.float32))
+        if self.search.w_grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([self.w], self.search.w_grad_clip)
+        self.w_opt.step()
+
+    def step_a(self, summed_grad: np.ndarray) -> None:
+        """A ← optimizer step (Adam or SGD) on the aggregated party architecture gradients."""
+        self.a.grad = torch.from_numpy(np.ascontiguousarray(self.aggregate(summed_grad), dtype=np.float32))
+        self.a_opt.step()
+
+    def start_epoch(self, epoch: int) -> None:
+        """Set the W learning rate of `epoch` (0-based) from the public cosine schedule."""
+        self.epoch = epoch
+        for group in self.w_opt.param_groups:
+            group["lr"] = w_learning_rate(self.search, epoch)
+
+    # -- views of the global state ---------------------------------------------------------------------------------
+    def sync_model(self) -> SearchNetwork:
+        """Copy the global W and A into the server's model (for evaluation / genotype) and return it."""
+        assign(list(self.model.weights()), self.w_buffer)
+        assign(list(self.model.alphas()), self.a_buffer)
+        return self.model
+
+    def alpha_softmax(self) -> dict[str, np.ndarray]:
+        """{"normal": (edges, ops), "reduce": (edges, ops)} softmax weights of the global A."""
+        soft = self.sync_model().alpha_softmax()
+        return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in soft.items()}
+
+    def genotype(self) -> Genotype:
+        return self.sync_model().genotype()
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """[loss_sum, correct, count] of the global model on (x, y)."""
+        return evaluate(self.sync_model(), x, y)
