@@ -21,7 +21,7 @@ def tiny_config(order: str, steps: int = 2):
     return load_config(None, [
         "mode=fnas", "seed=3",
         "data.train_size=96", "data.test_size=16", "data.image_size=8",
-        "space.channels=4", "space.layers=2", "space.nodes=2", "space.norm=groupnorm",
+        "space.channels=4", "space.layers=3", "space.nodes=2", "space.norm=groupnorm",
         "search.epochs=1", f"search.steps_per_epoch={steps}", "search.batch_size=100000",
         f"search.order={order}", "runtime.progress=off",
         # Plain SGD on A (the paper's Eq. 4) with a large step: Adam's first steps are ~lr·sign(g) and would

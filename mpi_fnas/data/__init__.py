@@ -1,0 +1,31 @@
+"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder) and label-only federated partitions."""
+
+from mpi_fnas.data.cifar10 import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    Cifar10Folder,
+    DatasetNotFoundError,
+    download_cifar10,
+    read_label_names,
+)
+from mpi_fnas.data.datasets import DATASETS, SYNTHETIC_DEFAULT_SIZES, Dataset, open_dataset
+from mpi_fnas.data.partition import SCHEMES, partition_indices, split_train_val
+from mpi_fnas.data.synthetic import CLASS_NAMES, SyntheticShapes
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CLASS_NAMES",
+    "DATASETS",
+    "SCHEMES",
+    "SYNTHETIC_DEFAULT_SIZES",
+    "Cifar10Folder",
+    "Dataset",
+    "DatasetNotFoundError",
+    "SyntheticShapes",
+    "download_cifar10",
+    "open_dataset",
+    "partition_indices",
+    "read_label_names",
+    "split_train_val",
+]

@@ -1,0 +1,161 @@
+"""CIFAR-10 read from a local folder in the python-version on-disk format.
+
+Layout: ``<root>/cifar-10-batches-py/{data_batch_1..data_batch_5, test_batch, batches.meta}``. Each batch is a
+pickle (written by Python 2, so its string keys load as ``bytes`` under ``encoding="bytes"``) of a dict with
+``b"data"`` (uint8 (N, 3072): per row the 1024 red, then green, then blue values, each plane row-major 32×32),
+``b"labels"`` (N ints), ``b"batch_label"`` and ``b"filenames"``.
+
+We read the files ourselves rather than through ``torchvision.datasets.CIFAR10`` because that class verifies
+MD5 sums, which small test fixtures in the same format cannot pass. torchvision is used only by
+``download_cifar10``.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FOLDER = "cifar-10-batches-py"
+TRAIN_FILES: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
+TEST_FILES: tuple[str, ...] = ("test_batch",)
+META_FILE = "batches.meta"
+IMAGE_SIZE = 32
+NUM_CLASSES = 10
+
+# Per-channel mean and std of the CIFAR-10 training pixels scaled to [0, 1] (the values DARTS uses).
+CIFAR10_MEAN = (0.49139968, 0.48215827, 0.44653124)
+CIFAR10_STD = (0.24703233, 0.24348505, 0.26158768)
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A dataset's files are not where the configuration says they are."""
+
+
+def _not_found(root: Path, missing: Path) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f"CIFAR-10 not found: {missing} does not exist. Fetch cifar-10-python.tar.gz from "
+        f"https://www.cs.toronto.edu/~kriz/cifar.html and extract it so that {root / FOLDER}/ holds "
+        f"data_batch_1..5, test_batch and batches.meta (set data.root to the folder containing "
+        f"{FOLDER}/), or set data.download: true to download it."
+    )
+
+
+def _load_pickle(path: Path) -> dict[str, Any]:
+    """Load one CIFAR pickle; keys come back as ``str`` whether the file stored Python 2 str or bytes keys."""
+    with path.open("rb") as f:
+        # "bytes" keeps Python 2 str values (keys, raw array buffers) as bytes rather than guessing a codec.
+        entry = pickle.load(f, encoding="bytes")
+    if not isinstance(entry, dict):
+        raise ValueError(f"{path} is not a CIFAR-10 batch: expected a dict, got {type(entry).__name__}")
+    return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
+
+
+def _read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Images uint8 (N, 3, 32, 32) and labels int64 (N,) of one batch file."""
+    entry = _load_pickle(path)
+    try:
+        data, labels = entry["data"], entry["labels"]
+    except KeyError as err:
+        raise ValueError(f"{path} lacks key {err.args[0]!r}; is it a CIFAR-10 python batch?") from None
+    data = np.asarray(data, dtype=np.uint8)
+    labels = np.asarray(labels, dtype=np.int64)
+    if data.ndim != 2 or data.shape[1] != 3 * IMAGE_SIZE * IMAGE_SIZE or data.shape[0] != labels.shape[0]:
+        raise ValueError(f"{path}: data shape {data.shape} for {labels.shape[0]} labels; expected (N, 3072)")
+    return data.reshape(-1, 3, IMAGE_SIZE, IMAGE_SIZE), labels
+
+
+def read_label_names(root: str | Path) -> list[str]:
+    """Class names from ``batches.meta`` (index = label)."""
+    root = Path(root)
+    path = root / FOLDER / META_FILE
+    if not path.is_file():
+        raise _not_found(root, path)
+    return [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in _load_pickle(path)["label_names"]]
+
+
+class Cifar10Folder:
+    """One CIFAR-10 split from ``<root>/cifar-10-batches-py/``, optionally cut to its first ``limit`` images.
+
+    Only the labels are kept in memory; ``render`` re-reads the batch files that hold the requested examples.
+    """
+
+    name = "cifar10"
+    num_classes = NUM_CLASSES
+    in_channels = 3
+    image_size = IMAGE_SIZE
+
+    def __init__(self, root: str | Path, split: str, *, limit: int | None = None) -> None:
+        if split not in ("train", "test"):
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 or None, got {limit}")
+        self.root = Path(root)
+        self.split = split
+        folder = self.root / FOLDER
+        if not folder.is_dir():
+            raise _not_found(self.root, folder)
+        self._files = [folder / n for n in (TRAIN_FILES if split == "train" else TEST_FILES)]
+        for path in self._files:
+            if not path.is_file():
+                raise _not_found(self.root, path)
+
+        # Labels of each file in order; the images are dropped right after reading.
+        per_file: list[np.ndarray] = []
+        total = 0
+        for path in self._files:
+            if limit is not None and total >= limit:
+                break
+            per_file.append(_read_batch(path)[1])
+            total += per_file[-1].size
+        labels = np.concatenate(per_file)
+        if limit is not None:
+            labels = labels[:limit]
+        self._labels = labels
+        # offsets[i] = global index of the first example of file i.
+        self._offsets = np.cumsum([0] + [a.size for a in per_file])
+
+    def __len__(self) -> int:
+        return int(self._labels.size)
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Class of every example, int64 (N,)."""
+        return self._labels
+
+    def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Images of ``indices`` as x float32 (N, 3, 32, 32) normalised per channel, y int64 (N,), on CPU."""
+        idx = np.asarray(indices)
+        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
+            raise ValueError("indices must be a 1-D integer array")
+        idx = idx.astype(np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
+            raise IndexError(f"indices out of range [0, {len(self)})")
+        images = np.empty((idx.size, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
+        file_of = np.searchsorted(self._offsets, idx, side="right") - 1
+        for f in np.unique(file_of):
+            rows = np.flatnonzero(file_of == f)
+            data, _ = _read_batch(self._files[f])
+            images[rows] = data[idx[rows] - self._offsets[f]]
+        x = torch.from_numpy(images).float().div_(255.0)
+        mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)
+        std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
+        x = (x - mean) / std
+        return x, torch.from_numpy(self._labels[idx])
+
+
+def download_cifar10(root: str | Path) -> Path:
+    """Download and extract CIFAR-10 into ``<root>/cifar-10-batches-py/`` via torchvision (needs network).
+
+    Only called when the configuration sets ``data.download: true``. Returns the batches folder.
+    """
+    from torchvision.datasets import CIFAR10  # deferred: importing torchvision is slow and rarely needed
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    for train in (True, False):
+        CIFAR10(str(root), train=train, download=True)
+    return root / FOLDER

@@ -1,0 +1,66 @@
+"""Dataset registry: open a split by name with the same interface for every dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from mpi_fnas.data.cifar10 import Cifar10Folder
+from mpi_fnas.data.synthetic import SyntheticShapes
+
+DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10")
+
+# Split sizes of synthetic-shapes when none is given: CIFAR-10's, so configs can switch datasets unchanged.
+SYNTHETIC_DEFAULT_SIZES = {"train": 50_000, "test": 10_000}
+
+
+@runtime_checkable
+class Dataset(Protocol):
+    """One split of a labelled image dataset whose labels are cheap and whose images are made on request."""
+
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+    @property
+    def labels(self) -> np.ndarray:
+        """Class of every example, int64 (N,)."""
+        ...
+
+    def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """x float32 (N, in_channels, image_size, image_size) normalised, y int64 (N,); N = len(indices)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+
+def open_dataset(
+    name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int
+) -> Dataset:
+    """Open split ``split`` ("train" | "test") of dataset ``name`` (one of ``DATASETS``).
+
+    - ``synthetic-shapes``: ``size`` is the split size (default ``SYNTHETIC_DEFAULT_SIZES``), ``seed`` selects
+      the images, ``root`` is unused.
+    - ``cifar10``: read from ``<root>/cifar-10-batches-py/``; ``size`` keeps only the first ``size`` examples
+      (for smoke tests); ``image_size`` must be 32; ``seed`` is unused (the files are fixed).
+
+    Raises ValueError for an unknown name or bad arguments, DatasetNotFoundError for missing CIFAR-10 files.
+    """
+    if size is not None and size < 1:
+        raise ValueError(f"size must be >= 1 or None, got {size}")
+    if name == "synthetic-shapes":
+        if split not in SYNTHETIC_DEFAULT_SIZES:
+            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        n = SYNTHETIC_DEFAULT_SIZES[split] if size is None else size
+        return SyntheticShapes(split, n, image_size=image_size, seed=seed)
+    if name == "cifar10":
+        if image_size != Cifar10Folder.image_size:
+            raise ValueError(
+                f"cifar10 images are {Cifar10Folder.image_size}x{Cifar10Folder.image_size}; "
+                f"data.image_size must be {Cifar10Folder.image_size}, got {image_size}"
+            )
+        return Cifar10Folder(root, split, limit=size)
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")

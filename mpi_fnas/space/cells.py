@@ -1,0 +1,89 @@
+"""Continuous-relaxation building blocks of the DARTS supernet: the mixed op and the search cell."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from mpi_fnas.space.genotype import NUM_CELL_INPUTS, edge_endpoints, num_edges
+from mpi_fnas.space.ops import PRIMITIVES, FactorizedReduce, ReLUConvBN, make_op
+
+
+class MixedOp(nn.Module):
+    """All candidate ops of one edge, combined as a weighted sum.
+
+    ``forward(x, weights)``: ``x`` (N, C, H, W), ``weights`` (len(primitives),)
+    -> (N, C, ceil(H / stride), ceil(W / stride)).
+    """
+
+    def __init__(self, channels: int, stride: int, norm: str, primitives: Sequence[str] = PRIMITIVES) -> None:
+        super().__init__()
+        # affine=False inside the supernet (DARTS): a learnable scale per op would compete with the alphas.
+        self.ops = nn.ModuleList(make_op(name, channels, stride, norm, affine=False) for name in primitives)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if weights.shape != (len(self.ops),):
+            raise ValueError(
+                f"MixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}"
+            )
+        # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
+        out = weights[0] * self.ops[0](x)
+        for k in range(1, len(self.ops)):
+            out = out + weights[k] * self.ops[k](x)
+        return out
+
+
+class SearchCell(nn.Module):
+    """DARTS search cell (edge order: see ``mpi_fnas.space.genotype``).
+
+    ``forward(s0, s1, weights)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1, W1),
+    ``weights`` (num_edges(nodes), len(primitives)) softmax weights
+    -> (N, nodes * channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
+    ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``reduction_prev``),
+    otherwise the same.
+    """
+
+    def __init__(
+        self,
+        nodes: int,
+        c_prev_prev: int,
+        c_prev: int,
+        channels: int,
+        reduction: bool,
+        reduction_prev: bool,
+        norm: str,
+        primitives: Sequence[str] = PRIMITIVES,
+    ) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.reduction = reduction
+        self.num_ops = len(primitives)
+        # Bring both inputs to (channels, resolution of s1); affine=False as in the DARTS supernet.
+        self.preprocess0: nn.Module
+        if reduction_prev:
+            self.preprocess0 = FactorizedReduce(c_prev_prev, channels, norm, affine=False)
+        else:
+            self.preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=False)
+        self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=False)
+        # In a reduction cell only edges leaving the two cell inputs are strided.
+        self.edges = nn.ModuleList(
+            MixedOp(channels, 2 if reduction and j < NUM_CELL_INPUTS else 1, norm, primitives)
+            for _, j in edge_endpoints(nodes)
+        )
+
+    def forward(self, s0: torch.Tensor, s1: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        expected = (num_edges(self.nodes), self.num_ops)
+        if tuple(weights.shape) != expected:
+            raise ValueError(f"SearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
+        states = [self.preprocess0(s0), self.preprocess1(s1)]
+        edge = 0
+        for _ in range(self.nodes):
+            node = None
+            for state in states:
+                contribution = self.edges[edge](state, weights[edge])
+                node = contribution if node is None else node + contribution
+                edge += 1
+            states.append(node)
+        return torch.cat(states[NUM_CELL_INPUTS:], dim=1)

@@ -1,0 +1,199 @@
+"""Candidate operations of the DARTS search space.
+
+Every op maps ``(N, C, H, W)`` to ``(N, C, ceil(H / stride), ceil(W / stride))`` for stride 1 or 2 (odd
+spatial sizes included), so all candidates on one edge can be summed.
+
+Constraints that shape this module:
+
+* No in-place ops (``ReLU(inplace=False)``, no ``add_``/``mul_``): the DP layer computes per-sample
+  gradients with ``torch.func.vmap(torch.func.grad(...))`` over ``functional_call``, which cannot
+  differentiate through in-place mutation of inputs, and an in-place ReLU would also corrupt the edge input
+  that the other candidate ops of the same edge read.
+* No normalisation buffers: BatchNorm uses batch statistics only, GroupNorm has none, so the state of the
+  network is exactly its parameters (what the parameter server federates).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+#: Candidate operations in DARTS order; an alpha column index refers to this order.
+PRIMITIVES: tuple[str, ...] = (
+    "none",
+    "max_pool_3x3",
+    "avg_pool_3x3",
+    "skip_connect",
+    "sep_conv_3x3",
+    "sep_conv_5x5",
+    "dil_conv_3x3",
+    "dil_conv_5x5",
+)
+
+NORM_KINDS: tuple[str, ...] = ("batchnorm", "groupnorm")
+
+# GroupNorm group count is gcd(channels, 4): four groups where possible (close to the GroupNorm paper's
+# advice of several channels per group at DARTS' small widths) and always a divisor of ``channels``.
+_GROUPNORM_MAX_GROUPS = 4
+
+
+def make_norm(kind: str, channels: int, affine: bool) -> nn.Module:
+    """Normalisation layer over ``(N, channels, H, W)``.
+
+    ``batchnorm``: ``BatchNorm2d(track_running_stats=False)`` — always normalises with the statistics of the
+    current batch (training and eval), because every party normalises with its own batches and the server
+    evaluates with batch statistics; there are therefore no running-stat buffers to federate. It mixes the
+    examples of a batch, so it is not usable under per-example DP.
+
+    ``groupnorm``: ``GroupNorm(gcd(channels, 4), channels)`` — per-sample, which DP-SGD requires.
+    """
+    if channels < 1:
+        raise ValueError(f"norm channels must be >= 1, got {channels}")
+    if kind == "batchnorm":
+        return nn.BatchNorm2d(channels, affine=affine, track_running_stats=False)
+    if kind == "groupnorm":
+        return nn.GroupNorm(math.gcd(channels, _GROUPNORM_MAX_GROUPS), channels, affine=affine)
+    raise ValueError(f"unknown norm {kind!r}; expected one of {', '.join(NORM_KINDS)}")
+
+
+class Zero(nn.Module):
+    """The ``none`` op: zeros of the output shape ``(N, C, ceil(H / stride), ceil(W / stride))``."""
+
+    def __init__(self, stride: int) -> None:
+        super().__init__()
+        self.stride = stride
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Strided slicing gives exactly ceil(H / stride), matching the other ops' output size.
+        return torch.zeros_like(x[:, :, :: self.stride, :: self.stride])
+
+
+class ReLUConvBN(nn.Sequential):
+    """ReLU -> Conv2d (no bias) -> norm: ``(N, c_in, H, W)`` -> ``(N, c_out, H', W')``."""
+
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel_size: int,
+        stride: int,
+        padding: int,
+        norm: str,
+        affine: bool,
+    ) -> None:
+        super().__init__(
+            nn.ReLU(inplace=False),
+            nn.Conv2d(c_in, c_out, kernel_size, stride=stride, padding=padding, bias=False),
+            make_norm(norm, c_out, affine),
+        )
+
+
+class DilConv(nn.Sequential):
+    """ReLU -> (dilated) depthwise conv -> pointwise conv -> norm.
+
+    ``(N, c_in, H, W)`` -> ``(N, c_out, ceil(H / stride), ceil(W / stride))`` with "same" padding.
+    """
+
+    def __init__(
+        self,
+        c_in: int,
+        c_out: int,
+        kernel_size: int,
+        stride: int,
+        padding: int,
+        dilation: int,
+        norm: str,
+        affine: bool,
+    ) -> None:
+        super().__init__(
+            nn.ReLU(inplace=False),
+            nn.Conv2d(
+                c_in,
+                c_in,
+                kernel_size,
+                stride=stride,
+                padding=padding,
+                dilation=dilation,
+                groups=c_in,
+                bias=False,
+            ),
+            nn.Conv2d(c_in, c_out, 1, bias=False),
+            make_norm(norm, c_out, affine),
+        )
+
+
+class SepConv(nn.Sequential):
+    """Two stacked DilConv blocks with dilation 1; only the first is strided (DARTS ``sep_conv``).
+
+    ``(N, c_in, H, W)`` -> ``(N, c_out, ceil(H / stride), ceil(W / stride))``.
+    """
+
+    def __init__(
+        self, c_in: int, c_out: int, kernel_size: int, stride: int, padding: int, norm: str, affine: bool
+    ) -> None:
+        super().__init__(
+            DilConv(c_in, c_in, kernel_size, stride, padding, 1, norm, affine),
+            DilConv(c_in, c_out, kernel_size, 1, padding, 1, norm, affine),
+        )
+
+
+class FactorizedReduce(nn.Module):
+    """Halve the resolution without losing every other pixel: ReLU, two 1x1 stride-2 convs on the input and on
+    the input shifted by one pixel, concatenated on channels, then norm.
+
+    ``(N, c_in, H, W)`` -> ``(N, c_out, ceil(H / 2), ceil(W / 2))``.
+    """
+
+    def __init__(self, c_in: int, c_out: int, norm: str, affine: bool) -> None:
+        super().__init__()
+        if c_out < 2:
+            raise ValueError(f"FactorizedReduce needs c_out >= 2, got {c_out}")
+        half = c_out // 2
+        self.relu = nn.ReLU(inplace=False)
+        self.conv_even = nn.Conv2d(c_in, half, 1, stride=2, bias=False)
+        self.conv_odd = nn.Conv2d(c_in, c_out - half, 1, stride=2, bias=False)
+        self.norm = make_norm(norm, c_out, affine)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.relu(x)
+        # Zero-pad right/bottom before the one-pixel shift so both branches give ceil(H / 2) rows/cols even
+        # when H or W is odd.
+        shifted = F.pad(x, (0, 1, 0, 1))[:, :, 1:, 1:]
+        return self.norm(torch.cat([self.conv_even(x), self.conv_odd(shifted)], dim=1))
+
+
+def make_op(
+    name: str, channels: int, stride: int, norm: str, affine: bool, *, pool_norm: bool = True
+) -> nn.Module:
+    """Candidate op ``name`` on ``channels`` channels: ``(N, C, H, W)`` -> ``(N, C, ceil(H/s), ceil(W/s))``.
+
+    ``pool_norm`` (default True, the search setting) appends a norm after the pools as DARTS' MixedOp
+    does, so that the parameter-free pools are on the scale of the normalised conv outputs they are summed
+    with.
+    """
+    if stride not in (1, 2):
+        raise ValueError(f"stride must be 1 or 2, got {stride}")
+    if name == "none":
+        return Zero(stride)
+    if name in ("max_pool_3x3", "avg_pool_3x3"):
+        pool: nn.Module
+        if name == "max_pool_3x3":
+            pool = nn.MaxPool2d(3, stride=stride, padding=1)
+        else:
+            # Excluding the padding keeps border averages unbiased (DARTS' choice).
+            pool = nn.AvgPool2d(3, stride=stride, padding=1, count_include_pad=False)
+        return nn.Sequential(pool, make_norm(norm, channels, affine)) if pool_norm else pool
+    if name == "skip_connect":
+        return nn.Identity() if stride == 1 else FactorizedReduce(channels, channels, norm, affine)
+    if name == "sep_conv_3x3":
+        return SepConv(channels, channels, 3, stride, 1, norm, affine)
+    if name == "sep_conv_5x5":
+        return SepConv(channels, channels, 5, stride, 2, norm, affine)
+    if name == "dil_conv_3x3":
+        return DilConv(channels, channels, 3, stride, 2, 2, norm, affine)
+    if name == "dil_conv_5x5":
+        return DilConv(channels, channels, 5, stride, 4, 2, norm, affine)
+    raise ValueError(f"unknown op {name!r}; expected one of {', '.join(PRIMITIVES)}")

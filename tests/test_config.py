@@ -1,0 +1,109 @@
+"""Config schema: defaults, YAML files, --set overrides, one-line errors naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from mpi_fnas.config import Config, ConfigError, check_world, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+def test_default_yaml_is_exactly_the_built_in_default():
+    """configs/default.yaml documents the defaults; the wheel relies on the schema, so they must agree."""
+    from_file = load_config(ROOT / "configs" / "default.yaml")
+    assert from_file == Config()
+    assert yaml.safe_load((ROOT / "configs" / "default.yaml").read_text()) == Config().to_dict()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.mode in ("vanilla", "fnas", "dpfnas")
+
+
+def test_required_configs_exist():
+    names = {p.name for p in CONFIGS}
+    assert {"default.yaml", "vanilla_nas.yaml", "fnas.yaml", "cifar10_fnas.yaml"} <= names
+
+
+def test_overrides_are_parsed_as_yaml_and_applied_last(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("search:\n  epochs: 7\n  w_lr: 0.1\n")
+    cfg = load_config(f, ["search.epochs=2", "space.norm=batchnorm", "federation.parties=null",
+                          "runtime.progress=off", "data.download=true"])
+    assert cfg.search.epochs == 2
+    assert cfg.search.w_lr == 0.1
+    assert cfg.space.norm == "batchnorm"
+    assert cfg.runtime.progress == "off"  # YAML reads `off` as False; the schema maps it back
+    assert cfg.data.download is True
+
+
+def test_int_is_accepted_for_float_but_not_the_reverse():
+    assert load_config(None, ["search.w_lr=1"]).search.w_lr == 1.0
+    with pytest.raises(ConfigError, match=r"^search\.epochs: expected an integer, got 2\.5$"):
+        load_config(None, ["search.epochs=2.5"])
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("search.epoch=3", r"^search\.epoch: unknown key \(valid keys here: epochs, "),
+        ("bogus=1", r"^bogus: unknown key"),
+        ("search.epochs=0", r"^search\.epochs: 0 must be >= 1$"),
+        ("search.epochs=three", r"^search\.epochs: expected an integer, got 'three'$"),
+        ("mode=dp", r"^mode: 'dp' is not one of 'vanilla', 'fnas', 'dpfnas'$"),
+        ("data.val_fraction=1.0", r"^data\.val_fraction: 1\.0 must be in \(0, 1\)$"),
+        ("search.w_lr=.inf", r"^search\.w_lr: expected a finite number"),
+        ("search.w_lr_min=1.0", r"^search\.w_lr_min: 1\.0 must not exceed search\.w_lr"),
+        ("search=3", r"^search: expected a mapping"),
+        ("search.epochs.x=1", r"^search\.epochs: expected an integer, got \{.x.: 1\}$"),
+        ("data=[1]", r"^data: expected a mapping"),
+        ("noequals", r"expected dotted\.key=value"),
+        ("data.download=yes please", r"^data\.download: expected true or false"),
+        ("name=a/b", r"^name: 'a/b' must be a non-empty name without path separators$"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_key(override, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, [override])
+    assert "\n" not in str(info.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("search: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"not valid YAML at line \d+"):
+        load_config(bad)
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("3\n")
+    with pytest.raises(ConfigError, match="mapping at the top level"):
+        load_config(scalar)
+
+
+def test_world_size_decides_the_party_count():
+    cfg = load_config(None, [])
+    assert check_world(cfg, 9) == 8
+    with pytest.raises(ConfigError, match=r"at least 2 MPI ranks.*mpirun -n 9"):
+        check_world(cfg, 1)
+    pinned = load_config(None, ["federation.parties=4"])
+    assert check_world(pinned, 5) == 4
+    with pytest.raises(ConfigError, match=r"^federation\.parties: config says 4 but the MPI world has 8"):
+        check_world(pinned, 9)
+    vanilla = load_config(None, ["mode=vanilla"])
+    assert check_world(vanilla, 2) == 1
+    with pytest.raises(ConfigError, match="exactly 2 ranks"):
+        check_world(vanilla, 3)
+
+
+def test_resolved_yaml_round_trips(tmp_path):
+    cfg = load_config(None, ["search.epochs=3", "data.partition=dirichlet"])
+    f = tmp_path / "resolved.yaml"
+    f.write_text(cfg.to_yaml())
+    assert load_config(f) == cfg
