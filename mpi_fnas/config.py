@@ -35,7 +35,7 @@ class DataConfig:
     root: str = "data"  # cifar10: folder holding cifar-10-batches-py/
     download: bool = False  # cifar10 only: fetch into `root` before the run (needs internet)
     image_size: int = 16  # synthetic-shapes only (cifar10 is 32)
-    train_size: int | None = 40000  # examples in the train split (synthetic: generated; cifar10: truncation)
+    train_size: int | None = 16000  # examples in the train split (synthetic: generated; cifar10: truncation)
     test_size: int | None = 2000  # examples in the server's test split
     val_fraction: float = 0.5  # share of the train split held out as search-validation (DARTS: 0.5)
     partition: Literal["iid", "dirichlet", "pathological"] = "iid"
@@ -49,7 +49,7 @@ class SpaceConfig:
 
     channels: int = 8
     layers: int = 3
-    nodes: int = 4
+    nodes: int = 2  # DARTS uses 4; 2 keeps the default run within minutes on a laptop CPU
     stem_multiplier: int = 3
     norm: Literal["batchnorm", "groupnorm"] = "groupnorm"
 
@@ -58,12 +58,12 @@ class SpaceConfig:
 class SearchConfig:
     """The bilevel optimisation (DARTS hyper-parameters unless noted)."""
 
-    epochs: int = 4
-    batch_size: int = 64  # per party, per step (under DP: the expected Poisson batch size)
+    epochs: int = 2
+    batch_size: int = 32  # per party, per step (under DP: the expected Poisson batch size)
     order: Literal["first_order", "second_order"] = "first_order"
     aggregate: Literal["mean", "sum"] = "mean"  # how the server combines party gradients (paper: sum)
     steps_per_epoch: int | None = None  # default: ceil(mean party train-shard size / batch_size)
-    w_lr: float = 0.05
+    w_lr: float = 0.1
     w_lr_min: float = 0.001
     w_momentum: float = 0.9
     w_weight_decay: float = 3e-4
@@ -243,6 +243,25 @@ def validate(cfg: Config) -> Config:
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
     return cfg
+
+
+def describe_keys() -> list[str]:
+    """One line per config key: ``section.key  type  (default …)``, generated from the schema for ``--help``."""
+    lines: list[str] = []
+
+    def walk(cls: type, prefix: str, defaults: Any) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            key = f"{prefix}{f.name}"
+            value = getattr(defaults, f.name)
+            if dataclasses.is_dataclass(hints[f.name]):
+                walk(hints[f.name], key + ".", value)
+            else:
+                kind = _type_name(hints[f.name]).replace("one of ", "").replace("'", "")
+                lines.append(f"  {key:<28} {kind}  (default {yaml.safe_dump(value).strip().removesuffix('...').strip()})")
+
+    walk(Config, "", Config())
+    return [line.replace("\n", " ") for line in lines]
 
 
 def parse_override(text: str) -> tuple[str, Any]:

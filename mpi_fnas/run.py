@@ -14,7 +14,7 @@ import traceback
 from pathlib import Path
 
 from mpi_fnas import __version__
-from mpi_fnas.config import Config, ConfigError, check_world, load_config
+from mpi_fnas.config import Config, ConfigError, check_world, describe_keys, load_config
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -26,15 +26,8 @@ examples:
   mpirun -n 5 python -m mpi_fnas.run --config configs/fnas.yaml --set search.epochs=2
   mpirun -n 2 python -m mpi_fnas.run --config configs/vanilla_nas.yaml # vanilla NAS: one party
 
-configuration keys (defaults in configs/default.yaml; every key can be given with --set):
-  name, mode (vanilla|fnas|dpfnas), seed
-  data.*       dataset (synthetic-shapes|cifar10), root, download, image_size, train_size, test_size,
-               val_fraction, partition (iid|dirichlet|pathological), dirichlet_alpha, classes_per_party
-  space.*      channels, layers, nodes, stem_multiplier, norm (batchnorm|groupnorm)
-  search.*     epochs, batch_size, order (first_order|second_order), aggregate (mean|sum), steps_per_epoch,
-               w_lr, w_lr_min, w_momentum, w_weight_decay, w_grad_clip, a_lr, a_beta1, a_beta2, a_weight_decay
-  federation.* parties (must equal world size - 1 when set)
-  runtime.*    threads_per_rank, device (auto|cpu|cuda), log_every, progress (auto|on|off), comm_timeout
+configuration keys (every key can be set in a YAML file or with --set; defaults = configs/default.yaml):
+{keys}
 
 output: runs/<name>-<YYYYmmdd-HHMMSS>/search.h5 (HDF5, schema in docs/hdf5.md) unless --out is given.
 exit codes: 0 finished, 1 failure (job aborted, log status 'failed'), 2 bad input.
@@ -46,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m mpi_fnas.run",
         description="Federated (and differentially-private) DARTS search over MPI. "
         "Rank 0 is the parameter server; ranks 1..K are the parties.",
-        epilog=_EPILOG,
+        epilog=_EPILOG.format(keys="\n".join(describe_keys())),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config (default: built-in = configs/default.yaml)")

@@ -88,7 +88,7 @@ class Channel:
         self._wait(self.comm.Ibarrier(), "barrier")
 
     # -- failure handling --------------------------------------------------------------------------------------
-    def notify_failure(self, message: str) -> None:
+    def notify_failure(self, message: str, grace: float = 3.0) -> None:
         """Best effort: tell the server this party failed (the caller then aborts the job)."""
         if self.is_server:
             return
@@ -96,9 +96,11 @@ class Channel:
         buf = np.zeros(_MAX_NOTICE, dtype=np.uint8)
         buf[: len(data)] = np.frombuffer(data, dtype=np.uint8)
         req = self.comm.Isend(buf, dest=SERVER, tag=FAILURE_TAG)
-        # Give the server a moment to receive it and abort the job itself (it marks the log first).
-        deadline = time.monotonic() + 5.0
-        while time.monotonic() < deadline and not req.Test():
+        # Give the server a moment to receive it, mark the log `failed` and abort the job itself; the caller
+        # aborts anyway afterwards, so a server that is itself stuck cannot make this party hang.
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            req.Test()
             time.sleep(0.01)
 
     def abort(self, code: int = 1) -> None:

@@ -1,0 +1,202 @@
+"""The command line as users run it: real `mpirun` jobs in subprocesses.
+
+Covers bad input (one line from rank 0, exit 2, nothing overwritten), a complete small run and its HDF5 log,
+vanilla NAS, and failures (an exception in a party, a killed party) ending the whole job quickly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_fnas.config import Config
+from mpi_fnas.runlog import read_run
+from mpi_fnas.space import Genotype
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+MPIRUN = str(BIN / "mpirun")
+TINY = [
+    "--set", "data.train_size=240", "--set", "data.test_size=40", "--set", "data.image_size=8",
+    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
+    "--set", "search.batch_size=8", "--set", "runtime.progress=off",
+]
+
+
+def launch(ranks: int, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_help_documents_launch_and_keys():
+    out = subprocess.run([sys.executable, "-m", "mpi_fnas.run", "--help"], capture_output=True, text=True,
+                         timeout=60, cwd=ROOT)
+    assert out.returncode == 0
+    for needle in ("mpirun -n 9", "--config", "--set", "--out", "exit codes", "docs/hdf5.md"):
+        assert needle in out.stdout
+    for key in _all_keys(Config()):  # every config key is documented, with its default
+        assert f"  {key} " in out.stdout, key
+
+
+def _all_keys(obj, prefix=""):
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _all_keys(value, f"{prefix}{f.name}.")
+        else:
+            yield f"{prefix}{f.name}"
+
+
+def test_outside_mpirun_says_how_to_launch():
+    out = subprocess.run([sys.executable, "-m", "mpi_fnas.run"], capture_output=True, text=True, timeout=60,
+                         cwd=ROOT)
+    assert out.returncode == 2
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and "mpirun -n 9 python -m mpi_fnas.run" in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--set", "search.epoch=1"], "search.epoch: unknown key"),
+        (["--set", "federation.parties=4"], "federation.parties: config says 4 but the MPI world has 2"),
+        (["--config", "configs/vanilla_nas.yaml"], "config says 1 but the MPI world has 2 parties"),
+        (["--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent/cifar", "--set", "data.image_size=32"],
+         "cifar-10-python.tar.gz"),
+        (["--set", "data.train_size=2"], "data.partition"),
+    ],
+    ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples"],
+)
+def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, tmp_path):
+    out = launch(3, *args, "--out", str(tmp_path / "run"))
+    assert out.returncode == 2, out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1, out.stderr  # printed once, by rank 0, no traceback
+    assert lines[0].startswith("mpi_fnas: error: ") and needle in lines[0]
+
+
+def test_existing_run_is_never_overwritten(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    log = run / "search.h5"
+    log.write_bytes(b"precious results")
+    digest = hashlib.sha256(log.read_bytes()).hexdigest()
+    out = launch(2, *TINY, "--out", str(run))
+    assert out.returncode == 2
+    assert "already holds a run log" in out.stderr
+    assert hashlib.sha256(log.read_bytes()).hexdigest() == digest
+
+
+def test_small_federated_run_writes_the_documented_log(tmp_path):
+    run = tmp_path / "run"
+    out = launch(3, *TINY, "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--out", str(run))
+    assert out.returncode == 0, out.stderr
+    for needle in ("mode            fnas", "parties         2", "final val acc", "genotype", "wall time",
+                   str(run / "search.h5")):
+        assert needle in out.stdout
+    log = read_run(run / "search.h5")
+    assert log["status"] == "finished" and log["mode"] == "fnas" and log["parties"] == 2
+    assert "search:" in log["config"] and "steps_per_epoch: 3" in log["config"]
+    metrics = log["metrics"]
+    np.testing.assert_array_equal(metrics["step"], np.arange(1, 7))
+    np.testing.assert_array_equal(metrics["epoch"], [0, 0, 0, 1, 1, 1])
+    assert np.all((metrics["val_acc"] >= 0) & (metrics["val_acc"] <= 1))
+    assert np.all(metrics["comm_seconds"] <= metrics["step_seconds"] + 1e-9)
+    assert np.all(np.isfinite(metrics["train_loss"]))
+    assert log["alphas"]["normal"].shape == (2, 5, 8)  # (epochs, edges for 2 nodes, ops)
+    np.testing.assert_allclose(log["alphas"]["normal"].sum(-1), 1.0, rtol=1e-5)
+    final = Genotype.from_string(log["final_genotype"])
+    assert final == Genotype.from_string(log["genotypes"][-1])
+    assert log["cost"]["ranks"] == 3 and log["cost"]["wall_seconds"] > 0
+    with h5py.File(run / "search.h5", "r") as f:
+        assert f.attrs["version"]
+
+
+def test_vanilla_nas_runs_with_one_party(tmp_path):
+    out = launch(2, "--config", "configs/vanilla_nas.yaml", *TINY, "--set", "search.epochs=1",
+                 "--set", "search.steps_per_epoch=2", "--out", str(tmp_path / "v"))
+    assert out.returncode == 0, out.stderr
+    log = read_run(tmp_path / "v" / "search.h5")
+    assert log["mode"] == "vanilla" and log["parties"] == 1 and log["status"] == "finished"
+
+
+def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path):
+    run = tmp_path / "run"
+    start = time.monotonic()
+    out = launch(4, *TINY, "--set", "search.epochs=50", "--out", str(run),
+                 env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=120)
+    elapsed = time.monotonic() - start
+    assert out.returncode != 0
+    assert "injected fault at step 3" in out.stderr
+    log = read_run(run / "search.h5")
+    assert log["status"] == "failed"
+    assert "party rank 2 failed" in log["reason"]
+    assert len(log["metrics"]["step"]) == 2  # the rows written before the failure are kept
+    # Generous bound for a loaded 2-core box; the abort itself takes well under a second once the fault fires.
+    assert elapsed < 60, f"job took {elapsed:.1f} s to end"
+
+
+def _descendants(pid: int) -> list[int]:
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                children.append(int(entry.name))
+    return children + [g for c in children for g in _descendants(c)]
+
+
+def _rank_of(pid: int) -> int | None:
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"PMI_RANK="):
+            return int(item.split(b"=", 1)[1])
+    return None
+
+
+def test_a_killed_party_ends_the_whole_job(tmp_path):
+    run = tmp_path / "run"
+    cmd = [MPIRUN, "-n", "3", sys.executable, "-m", "mpi_fnas.run", *TINY, "--set", "search.epochs=200",
+           "--out", str(run)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        victim = None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and victim is None:  # wait until the search is under way
+            if (run / "search.h5").exists():
+                victim = next((p for p in _descendants(proc.pid) if _rank_of(p) == 2), None)
+            time.sleep(0.5)
+        assert victim is not None, "party rank 2 never started"
+        time.sleep(2)
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        proc.wait(timeout=60)
+        assert proc.returncode != 0
+        assert time.monotonic() - killed < 30
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
