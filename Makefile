@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml constraints.txt scripts/install.sh
 run: $(STAMP)
 	$(MPIRUN) -n $(NP) $(PYTHON) -m mpi_fnas.run $(ARGS)
 
-test: $(STAMP) lint test-serial test-mpi
+test: $(STAMP) test-serial test-mpi lint
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check mpi_fnas tests

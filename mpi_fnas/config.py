@@ -258,7 +258,8 @@ def describe_keys() -> list[str]:
                 walk(hints[f.name], key + ".", value)
             else:
                 kind = _type_name(hints[f.name]).replace("one of ", "").replace("'", "")
-                lines.append(f"  {key:<28} {kind}  (default {yaml.safe_dump(value).strip().removesuffix('...').strip()})")
+                default = yaml.safe_dump(value).strip().removesuffix("...").strip()
+                lines.append(f"  {key:<28} {kind}  (default {default})")
 
     walk(Config, "", Config())
     return [line.replace("\n", " ") for line in lines]
