@@ -76,10 +76,31 @@ class SearchConfig:
 
 
 @dataclass
+class PrivacyConfig:
+    """DP-FNAS (used when mode is dpfnas). Defaults are the paper's: σ_W = σ_A = 1, R^G = 0.01, R^H = 0.1."""
+
+    noise_multiplier_w: float = 1.0  # σ_W: noise std per coordinate of G_k is σ_W·R^G (before ÷ B)
+    noise_multiplier_a: float = 1.0  # σ_A: for H_k
+    clip_w: float = 0.01  # R^G: per-example L2 bound of W gradients
+    clip_a: float = 0.1  # R^H: per-example L2 bound of A gradients
+    delta: float | None = None  # per party; default min(1e-5, 1/N_k), N_k = the party's smaller shard
+    target_epsilon: float | None = None  # if set: calibrate σ_W = σ_A so the worst party ends at this ε
+    max_epsilon: float | None = None  # if set: stop (status finished) before a step would exceed this ε
+    secure_rng: bool = False  # noise and sampling from the OS CSPRNG (os.urandom); not reproducible
+
+
+@dataclass
 class FederationConfig:
     """Who takes part. The number of parties is always the MPI world size minus one."""
 
     parties: int | None = None  # if set, must equal world size - 1 (a guard for batch scripts)
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints for resuming (``--resume RUN_DIR``); also written on SIGTERM/SIGUSR1 before stopping."""
+
+    every_steps: int = 100  # 0 disables periodic checkpoints (signals still checkpoint)
 
 
 @dataclass
@@ -104,6 +125,8 @@ class Config:
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -111,6 +134,14 @@ class Config:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def same_search(self, other: Config) -> bool:
+        """Equal in everything that changes results (``runtime`` and ``checkpoint`` may differ)."""
+        mine, theirs = self.to_dict(), other.to_dict()
+        for key in ("runtime", "checkpoint"):
+            mine.pop(key)
+            theirs.pop(key)
+        return mine == theirs
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -140,7 +171,15 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.a_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_weight_decay", lambda v: v >= 0, "must be >= 0"),
     ("federation.parties", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("privacy.noise_multiplier_w", lambda v: v > 0, "must be > 0"),
+    ("privacy.noise_multiplier_a", lambda v: v > 0, "must be > 0"),
+    ("privacy.clip_w", lambda v: v > 0, "must be > 0"),
+    ("privacy.clip_a", lambda v: v > 0, "must be > 0"),
+    ("privacy.delta", lambda v: v is None or 0 < v < 1, "must be in (0, 1) or null"),
+    ("privacy.target_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("privacy.max_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("runtime.threads_per_rank", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("checkpoint.every_steps", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("runtime.log_every", lambda v: v >= 1, "must be >= 1"),
     ("runtime.comm_timeout", lambda v: v > 0, "must be > 0"),
 ]
@@ -240,6 +279,17 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
+    if cfg.mode == "dpfnas":
+        if cfg.space.norm != "groupnorm":
+            raise ConfigError(
+                f"space.norm: {cfg.space.norm} mixes examples within a batch, which voids per-example clipping "
+                "under DP (mode: dpfnas); use space.norm: groupnorm"
+            )
+        if cfg.search.order != "first_order":
+            raise ConfigError(
+                "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
+                "are releases the accountant does not cover (docs/privacy.md); use first_order"
+            )
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
     return cfg
@@ -298,7 +348,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
 
     Raises ConfigError (one-line message naming the key) on any problem.
     """
-    tree: dict[str, Any] = {}
+    text, where = None, ""
     if path is not None:
         p = Path(path)
         try:
@@ -307,19 +357,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
             raise ConfigError(f"--config: no such file: {p}") from None
         except OSError as exc:
             raise ConfigError(f"--config: cannot read {p}: {exc.strerror}") from None
+        where = str(p)
+    return config_from_text(text, overrides, where=where)
+
+
+def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = (), *, where: str = "") -> Config:
+    """Like :func:`load_config` for YAML text (e.g. the resolved config stored in a checkpoint or a log)."""
+    tree: dict[str, Any] = {}
+    if text is not None:
         try:
             loaded = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"--config: {p} is not valid YAML{where}") from None
+            at = f" at line {mark.line + 1}" if mark is not None else ""
+            raise ConfigError(f"--config: {where or 'text'} is not valid YAML{at}") from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"--config: {p} must contain a mapping at the top level")
+            raise ConfigError(f"--config: {where or 'text'} must contain a mapping at the top level")
         tree = loaded
-    for text in overrides:
-        key, value = parse_override(text)
+    for item in overrides:
+        key, value = parse_override(item)
         _apply_override(tree, key, value)
     return validate(_build(Config, tree, ""))
 

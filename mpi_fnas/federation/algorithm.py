@@ -13,6 +13,10 @@ server broadcasts the aggregate v, and each party adds its finite-difference Hes
 Under DP the party's "release" is clipped and noised inside the party (``Party`` decides; see
 ``mpi_fnas.privacy``); nothing here changes. The server contributes zeros to every Reduce.
 The returned ``StepStats`` carries the STATS tails (loss sums, counts, compute seconds) for logging.
+
+The final broadcast carries one extra number after A, the server's *control* word for the step boundary
+(CONTINUE, CHECKPOINT, or STOP = checkpoint and end as interrupted), so every rank agrees where to stop
+without another collective.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import numpy as np
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party import STATS, Party
 from mpi_fnas.federation.server import Server
+
+CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 
 
 @dataclass
@@ -42,12 +48,14 @@ class ServerBuffers:
         self.w_sum = np.zeros(num_w + STATS, dtype=np.float32)
         self.a_zero = np.zeros(num_a + STATS, dtype=np.float32)
         self.a_sum = np.zeros(num_a + STATS, dtype=np.float32)
+        self.a_send = np.zeros(num_a + 1, dtype=np.float32)  # A, then the control word
         self.v_zero = np.zeros(num_w, dtype=np.float32)
         self.v_sum = np.zeros(num_w, dtype=np.float32)
 
 
-def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool) -> StepStats:
-    """Rank 0's half of one iteration."""
+def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool,
+                     control: int = CONTINUE) -> StepStats:
+    """Rank 0's half of one iteration; `control` tells the parties what happens after it."""
     channel.reduce_sum(buf.w_zero, buf.w_sum)  # Σ_k G_k
     server.step_w(buf.w_sum[:-STATS])
     channel.bcast(server.w_buffer)  # W'
@@ -57,15 +65,18 @@ def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, secon
         channel.bcast(v)
     channel.reduce_sum(buf.a_zero, buf.a_sum)  # Σ_k H_k
     server.step_a(buf.a_sum[:-STATS])
-    channel.bcast(server.a_buffer)  # A
+    buf.a_send[:-1] = server.a_buffer
+    buf.a_send[-1] = control
+    channel.bcast(buf.a_send)  # A and the control word
     return StepStats(train=buf.w_sum[-STATS:].copy(), val=buf.a_sum[-STATS:].copy())
 
 
 def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.ndarray, v_in: np.ndarray,
-                    second_order: bool, xi: float) -> None:
-    """Party k's half of one iteration. `w_in`, `a_in`, `v_in` are preallocated receive buffers.
+                    second_order: bool, xi: float) -> int:
+    """Party k's half of one iteration; returns the server's control word.
 
-    `xi` is the server's W learning rate of this step (the parties follow the same public schedule).
+    `w_in`, `a_in` (A + control word), `v_in` are preallocated receive buffers. `xi` is the server's W learning
+    rate of this step (the parties follow the same public schedule).
     """
     channel.reduce_sum(party.w_release())  # G_k
     channel.bcast(w_in)
@@ -78,4 +89,5 @@ def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.n
         h = party.a_release()
     channel.reduce_sum(h)  # H_k
     channel.bcast(a_in)
-    party.load_a(a_in)  # A_k ← A
+    party.load_a(a_in[:-1])  # A_k ← A
+    return int(a_in[-1])

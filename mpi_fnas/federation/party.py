@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.federation.flat import assign, flatten, numel
+from mpi_fnas.privacy import party_release, poisson_sample
 from mpi_fnas.space import SearchNetwork
 
 STATS = 4  # loss_sum, correct, count, compute_seconds appended to every release
@@ -35,6 +36,21 @@ class Shard:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+
+@dataclass(frozen=True)
+class DPSettings:
+    """How a DP-FNAS party privatises its releases (Algorithm 1): all public constants.
+
+    expected_batch_size: B; the Poisson rates are q = B / N of each shard, and releases are divided by B.
+    """
+
+    clip_w: float
+    clip_a: float
+    noise_multiplier_w: float
+    noise_multiplier_a: float
+    expected_batch_size: float
+    secure_rng: bool = False
 
 
 class BatchStream:
@@ -61,6 +77,13 @@ class BatchStream:
         self._pos += self.batch_size
         return idx
 
+    def state_dict(self) -> dict:
+        return {"order": self._order.clone(), "pos": self._pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._order = state["order"].clone()
+        self._pos = int(state["pos"])
+
 
 class Party:
     """Local DARTS computation of one party.
@@ -69,11 +92,14 @@ class Party:
         model: the supernet; its W and A are overwritten by the server's broadcasts.
         train, val: the party's shards (already on the model's device).
         batch_size: examples per step.
-        generator: CPU torch.Generator for batch order (seeded per party by the caller).
+        generator: CPU torch.Generator for batch order / Poisson sampling (seeded per party by the caller).
+        dp: DP-FNAS settings; None for FNAS (exact mean gradients).
+        noise_generator: torch.Generator on the model's device for the Gaussian noise (DP only).
     """
 
     def __init__(
-        self, model: SearchNetwork, train: Shard, val: Shard, batch_size: int, generator: torch.Generator
+        self, model: SearchNetwork, train: Shard, val: Shard, batch_size: int, generator: torch.Generator,
+        dp: DPSettings | None = None, noise_generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
         self.w_params = list(model.weights())
@@ -82,14 +108,41 @@ class Party:
         self.num_a = numel(self.a_params)
         self.train = train
         self.val = val
+        self.generator = generator
         self.train_stream = BatchStream(len(train), batch_size, generator)
         self.val_stream = BatchStream(len(val), batch_size, generator)
+        self.dp = dp
+        self.noise_generator = noise_generator
+        if dp is not None:
+            for name, shard in (("train", train), ("validation", val)):
+                if dp.expected_batch_size > len(shard):
+                    raise ValueError(f"search.batch_size {dp.expected_batch_size:g} exceeds this party's {name} shard "
+                                     f"({len(shard)} examples): the Poisson rate B/N would exceed 1")
+            if noise_generator is None and not dp.secure_rng:
+                raise ValueError("DP releases need a noise generator (or secure_rng)")
         self._train_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._w_before: np.ndarray | None = None  # W_k, kept for the second-order Hessian term
         self._val_a_grad: torch.Tensor | None = None
         self.w_out = np.zeros(self.num_w + STATS, dtype=np.float32)
         self.a_out = np.zeros(self.num_a + STATS, dtype=np.float32)
         self.v_out = np.zeros(self.num_w, dtype=np.float32)
+
+    # -- checkpointing ------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything that makes this party's future releases what they will be, besides W and A."""
+        return {
+            "generator": self.generator.get_state(),
+            "noise_generator": self.noise_generator.get_state() if self.noise_generator is not None else None,
+            "train_stream": self.train_stream.state_dict(),
+            "val_stream": self.val_stream.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        if self.noise_generator is not None and state["noise_generator"] is not None:
+            self.noise_generator.set_state(state["noise_generator"])
+        self.train_stream.load_state_dict(state["train_stream"])
+        self.val_stream.load_state_dict(state["val_stream"])
 
     # -- parameters from the server ------------------------------------------------------------------------------
     def load_w(self, flat: np.ndarray) -> None:
@@ -102,7 +155,13 @@ class Party:
 
     # -- releases ------------------------------------------------------------------------------------------------
     def w_release(self) -> np.ndarray:
-        """G_k: mean-loss gradient of W on the next train batch, plus STATS. Returns a view of `w_out`."""
+        """G_k: mean-loss gradient of W on the next train batch, plus STATS. Returns a view of `w_out`.
+
+        Under DP: the clipped, noised release of W gradients on a Poisson batch of the train shard (STATS zero).
+        """
+        if self.dp is not None:
+            return self._private_release(self.train, self.w_params, self.dp.clip_w, self.dp.noise_multiplier_w,
+                                         self.w_out)
         start = time.perf_counter()
         idx = self.train_stream.next()
         x, y = self.train.x[idx], self.train.y[idx]
@@ -112,7 +171,13 @@ class Party:
         return self.w_out
 
     def a_release(self) -> np.ndarray:
-        """H_k (first order, Algorithm 1): gradient of A on the next val batch at the current W (= W')."""
+        """H_k (first order, Algorithm 1): gradient of A on the next val batch at the current W (= W').
+
+        Under DP: the clipped, noised release of A gradients on a Poisson batch of the validation shard.
+        """
+        if self.dp is not None:
+            return self._private_release(self.val, self.a_params, self.dp.clip_a, self.dp.noise_multiplier_a,
+                                         self.a_out)
         start = time.perf_counter()
         idx = self.val_stream.next()
         (grad,), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx], [self.a_params])
@@ -164,6 +229,30 @@ class Party:
         return evaluate(self.model, self.val.x, self.val.y, batch_size)
 
     # -- internals -----------------------------------------------------------------------------------------------
+    def _private_release(self, shard: Shard, params: list[torch.Tensor], clip: float, noise: float,
+                         out: np.ndarray) -> np.ndarray:
+        """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
+
+        Nothing data-dependent leaves besides the release: the STATS tail is zero (loss, accuracy, even the
+        realised batch size and compute time would be unaccounted releases).
+        """
+        assert self.dp is not None
+        idx = poisson_sample(len(shard), self.dp.expected_batch_size / len(shard), self.generator)
+        idx = idx.to(shard.y.device)
+        self.model.train()
+        release = party_release(
+            self.model, self._named(params), shard.x[idx], shard.y[idx],
+            clip_bound=clip, noise_multiplier=noise, expected_batch_size=self.dp.expected_batch_size,
+            generator=self.noise_generator, secure_rng=self.dp.secure_rng,
+        )
+        out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
+        out[-STATS:] = 0.0
+        return out
+
+    def _named(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        wanted = {id(p) for p in params}
+        return {name: p for name, p in self.model.named_parameters() if id(p) in wanted}
+
     def _gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
                    ) -> tuple[list[torch.Tensor], float, float]:
         """Flat gradients of the batch-mean loss w.r.t. each parameter group, the loss sum and #correct.

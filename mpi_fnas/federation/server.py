@@ -90,6 +90,18 @@ class Server:
         for group in self.w_opt.param_groups:
             group["lr"] = w_learning_rate(self.search, epoch)
 
+    def state_dict(self) -> dict:
+        return {"w": self.w.data.clone(), "a": self.a.data.clone(), "w_opt": self.w_opt.state_dict(),
+                "a_opt": self.a_opt.state_dict(), "epoch": self.epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+            self.a.copy_(state["a"])
+        self.w_opt.load_state_dict(state["w_opt"])
+        self.a_opt.load_state_dict(state["a_opt"])
+        self.start_epoch(int(state["epoch"]))
+
     # -- views of the global state ---------------------------------------------------------------------------------
     def sync_model(self) -> SearchNetwork:
         """Copy the global W and A into the server's model (for evaluation / genotype) and return it."""

@@ -1,0 +1,160 @@
+"""The party's differentially-private release (Algorithm 1 of Singh, Zhou et al. 2020, DP-FNAS).
+
+For one Poisson batch I_t of a party's shard, the party sends
+
+    release = ( sum_{i in I_t} g_i / max(1, ||g_i||_2 / R)  +  N(0, (sigma * R)^2 I_P) ) / B
+
+where g_i is example i's gradient w.r.t. the released parameters (all of W for G_k, all of A for H_k), R the clip
+bound (R^G or R^H), sigma the noise multiplier and B the *expected* batch size q * N (a public constant).
+
+Deviation from the paper, on purpose: Algorithm 1 divides by |I_t|, the realised batch size. |I_t| depends on the
+data (it is the number of examples the coin flips picked), so dividing by it releases a data-dependent scale that
+the accountant does not cover (see Opacus issue #571). Dividing by the public B is a post-processing of the
+Gaussian mechanism, so the accounting of the sum is the accounting of the release.
+
+Nothing in this module talks to MPI: the caller sends the returned vector.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import torch
+from torch import nn
+
+from mpi_fnas.privacy.clipping import clipped_sum
+from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, per_sample_gradients
+from mpi_fnas.privacy.validators import check_model_for_dp
+
+
+def party_release(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    clip_bound: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator | None,
+    secure_rng: bool = False,
+    loss_fn: LossFn = per_example_cross_entropy,
+    method: Method = "auto",
+    max_chunk: int | None = None,
+) -> torch.Tensor:
+    """One DP release of a party: clipped per-example gradient sum plus Gaussian noise, over the expected B.
+
+    Args:
+        model: the network (must pass :func:`~mpi_fnas.privacy.validators.check_model_for_dp`: no BatchNorm).
+        params: ``{name: tensor}`` of the parameters whose gradient is released (names from
+            ``model.named_parameters()``); the flat release follows this order.
+        inputs: ``(b, ...)`` the Poisson batch (``b = 0`` is valid: the release is then pure noise / B).
+        targets: ``(b, ...)`` its targets.
+        clip_bound: R > 0, the per-example L2 bound (the sensitivity of the sum).
+        noise_multiplier: sigma > 0; the noise std per coordinate is ``sigma * R`` before the division by B.
+        expected_batch_size: B = q * N > 0, public; never pass the realised ``b``.
+        generator: torch.Generator on the params' device that draws the noise. Reproducible, NOT
+            cryptographic: see docs/privacy.md for the threat model. Ignored (may be None) with ``secure_rng``.
+        secure_rng: draw the noise from the operating system's CSPRNG (``os.urandom``) instead.
+        loss_fn: per-example loss ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
+        method, max_chunk: how per-example gradients are computed (see ``per_sample_gradients``).
+
+    Returns:
+        ``(P,)`` tensor, P = total numel of ``params``, on their device and dtype.
+    """
+    check_model_for_dp(model)
+    grads = per_sample_gradients(model, params, inputs, targets, loss_fn, method=method, max_chunk=max_chunk)
+    return privatize_per_sample_gradients(
+        grads,
+        clip_bound=clip_bound,
+        noise_multiplier=noise_multiplier,
+        expected_batch_size=expected_batch_size,
+        generator=generator,
+        secure_rng=secure_rng,
+    )
+
+
+def privatize_per_sample_gradients(
+    per_sample_grads: torch.Tensor,
+    *,
+    clip_bound: float,
+    noise_multiplier: float,
+    expected_batch_size: float,
+    generator: torch.Generator | None,
+    secure_rng: bool = False,
+) -> torch.Tensor:
+    """The Gaussian mechanism on already computed per-example gradients: clip, sum, add noise, divide by B.
+
+    This is the second half of :func:`party_release` (which only adds the per-example gradient computation),
+    exposed so that the mechanism can be audited on chosen gradients. It always clips: there is no way to
+    release an unclipped sum through it.
+
+    Args:
+        per_sample_grads: ``(b, P)``, row i depending on example i only.
+        clip_bound, noise_multiplier, expected_batch_size, generator, secure_rng: as in :func:`party_release`.
+
+    Returns:
+        ``(P,)`` = ``(sum_i clip(g_i, R) + N(0, (sigma R)^2 I)) / B``.
+    """
+    _check_release_arguments(clip_bound, noise_multiplier, expected_batch_size)
+    total = clipped_sum(per_sample_grads, clip_bound)
+    noise = gaussian_noise(
+        total.shape[0],
+        std=noise_multiplier * clip_bound,
+        generator=generator,
+        secure_rng=secure_rng,
+        device=total.device,
+        dtype=total.dtype,
+    )
+    return (total + noise) / expected_batch_size
+
+
+def gaussian_noise(
+    size: int,
+    *,
+    std: float,
+    generator: torch.Generator | None,
+    secure_rng: bool = False,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> torch.Tensor:
+    """``(size,)`` i.i.d. N(0, std^2) on ``device``.
+
+    With ``secure_rng=False`` the draws come from ``generator`` (which must live on ``device``): reproducible
+    from its seed, hence predictable to anyone who knows the seed. With ``secure_rng=True`` they come from
+    ``os.urandom`` through a float64 Box-Muller transform and ``generator`` is not used.
+    """
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if secure_rng:
+        return (_urandom_standard_normal(size) * std).to(device=device, dtype=dtype)
+    if generator is None:
+        raise ValueError("a torch.Generator is required for the noise unless secure_rng=True")
+    if generator.device.type != device.type:
+        raise ValueError(
+            f"the noise generator is on {generator.device} but the gradients are on {device}; "
+            "create the generator on the parameters' device"
+        )
+    return torch.randn(size, generator=generator, device=device, dtype=dtype) * std
+
+
+def _urandom_standard_normal(size: int) -> torch.Tensor:
+    """``(size,)`` float64 standard normals from the OS CSPRNG (Box-Muller on 53-bit uniforms in (0, 1])."""
+    pairs = (size + 1) // 2
+    words = torch.frombuffer(bytearray(os.urandom(16 * pairs)), dtype=torch.int64).reshape(2, pairs)
+    # Top 53 bits of each word (logical shift of the two's-complement int64) -> uniform in (0, 1], never 0 for log.
+    mantissa = torch.bitwise_right_shift(words, 11) & ((1 << 53) - 1)
+    uniform = (mantissa.to(torch.float64) + 1.0) * 2.0**-53
+    radius = torch.sqrt(-2.0 * torch.log(uniform[0]))
+    angle = 2.0 * math.pi * uniform[1]
+    return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:size]
+
+
+def _check_release_arguments(clip_bound: float, noise_multiplier: float, expected_batch_size: float) -> None:
+    if not (math.isfinite(clip_bound) and clip_bound > 0):
+        raise ValueError(f"clip_bound must be positive and finite, got {clip_bound}")
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise_multiplier must be positive and finite, got {noise_multiplier} (no DP without noise)")
+    if not (math.isfinite(expected_batch_size) and expected_batch_size > 0):
+        raise ValueError(f"expected_batch_size must be positive and finite, got {expected_batch_size}")

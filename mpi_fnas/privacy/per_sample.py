@@ -1,0 +1,326 @@
+"""Per-example gradients: one flat gradient vector per example of a batch.
+
+Two exact methods behind one function:
+
+* ``"vmap"`` — ``torch.func.vmap(torch.func.grad(loss of one example))`` over ``functional_call``. Works for
+  any parameter of any model (e.g. the DARTS alphas, used directly by the network rather than by a leaf module).
+* ``"hooks"`` — one ordinary batched forward, one backward to the *outputs* of the layers owning the parameters,
+  then each layer's per-example weight gradient from its input and output gradient: for convolutions a loop over
+  kernel offsets or one grouped weight-gradient kernel with the batch folded into the groups, an outer product
+  for linear layers, ``x_hat * grad`` for GroupNorm/LayerNorm. Autograd is never asked for parameter gradients,
+  so the backward skips the batched weight-gradient kernels that the per-example ones replace.
+  Supported owners: ``nn.Conv2d`` (zero padding, any stride/dilation/groups), ``nn.Linear``, ``nn.GroupNorm``,
+  ``nn.LayerNorm``. A module called several times in one forward (weight sharing) is handled by summing the
+  contributions of every call; an in-place op on a recorded layer output is detected and refused.
+* ``"auto"`` (default) — ``"hooks"`` when every requested parameter has a supported owner, else ``"vmap"``.
+
+Both methods assume no layer mixes the examples of a batch (no BatchNorm): then example i's gradient depends
+only on example i. ``mpi_fnas.privacy.validators.check_model_for_dp`` enforces that before any release.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+#: ``loss_fn(outputs (b, ...), targets (b, ...)) -> (b,)`` per-example losses. Not reduced: a mean would
+#: silently rescale the hooks method by 1/b, so a reduced loss is rejected.
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Method = Literal["auto", "vmap", "hooks"]
+
+_HOOKABLE = (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.LayerNorm)
+
+
+def per_example_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of each example: logits ``(b, classes)``, int64 targets ``(b,)`` -> ``(b,)``."""
+    return F.cross_entropy(outputs, targets, reduction="none")
+
+
+def per_sample_gradients(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn = per_example_cross_entropy,
+    *,
+    method: Method = "auto",
+    max_chunk: int | None = None,
+) -> torch.Tensor:
+    """Gradient of each example's loss w.r.t. ``params``, flattened and concatenated in ``params``' order.
+
+    Args:
+        model: the network; parameters and buffers not in ``params`` are held fixed (read, never updated).
+        params: ``{name in model.named_parameters(): value}`` — the tensors to differentiate; their values
+            replace the model's own for this computation (pass ``dict(model.named_parameters())`` to use them).
+        inputs: ``(B, ...)`` batch; ``B = 0`` is allowed.
+        targets: ``(B, ...)`` targets, passed to ``loss_fn``.
+        loss_fn: per-example loss, ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
+        method: ``"auto"``, ``"vmap"`` or ``"hooks"`` (see the module docstring); all give the same result.
+        max_chunk: process at most this many examples at a time (bounds peak memory); None = whole batch.
+
+    Returns:
+        ``(B, P)`` tensor on the params' device and dtype, ``P = sum(p.numel() for p in params.values())``;
+        row i is ``d loss_fn(model(inputs[i:i+1]), targets[i:i+1]) / d params``.
+    """
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"inputs and targets disagree on the batch size: {inputs.shape[0]} vs {targets.shape[0]}")
+    if max_chunk is not None and max_chunk < 1:
+        raise ValueError(f"max_chunk must be >= 1, got {max_chunk}")
+    _check_param_names(model, params)
+    if method == "auto":
+        method = "hooks" if hooks_supported(model, params) else "vmap"
+    if method == "vmap":
+        compute = _vmap_gradients
+    elif method == "hooks":
+        if not hooks_supported(model, params):
+            raise ValueError(
+                "method='hooks' needs every parameter to belong to an nn.Conv2d/Linear/GroupNorm/LayerNorm "
+                f"(unsupported: {', '.join(_unhookable(model, params))}); use method='vmap'"
+            )
+        compute = _hook_gradients
+    else:
+        raise ValueError(f"unknown method {method!r}; expected 'auto', 'vmap' or 'hooks'")
+
+    batch = int(inputs.shape[0])
+    first = next(iter(params.values()), None)
+    if first is None:
+        raise ValueError("params is empty: nothing to differentiate")
+    num_params = sum(p.numel() for p in params.values())
+    if batch == 0:
+        return torch.zeros(0, num_params, device=first.device, dtype=first.dtype)
+    chunk = batch if max_chunk is None else max_chunk
+    parts = [
+        compute(model, params, inputs[i : i + chunk], targets[i : i + chunk], loss_fn) for i in range(0, batch, chunk)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+
+def hooks_supported(model: nn.Module, params: Mapping[str, torch.Tensor]) -> bool:
+    """Whether every parameter in ``params`` is owned by a module type the ``"hooks"`` method handles."""
+    return not _unhookable(model, params)
+
+
+# -- vmap ------------------------------------------------------------------------------------------------------
+
+
+def _vmap_gradients(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+) -> torch.Tensor:
+    # Everything not differentiated is passed detached, so torch.func does not also build an outer autograd graph
+    # through the model's own requires_grad parameters.
+    fixed = {name: t.detach() for name, t in model.named_parameters()}
+    fixed.update({name: b for name, b in model.named_buffers()})
+    names = list(params)
+
+    def example_loss(diff: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        outputs = functional_call(model, {**fixed, **diff}, (x.unsqueeze(0),))
+        return _checked_losses(loss_fn(outputs, y.unsqueeze(0)), 1).sum()
+
+    # randomness="different": dropout/drop-path draw an independent mask per example, as in a batched forward.
+    grads = vmap(grad(example_loss), in_dims=(None, 0, 0), randomness="different")(
+        {n: params[n].detach() for n in names}, inputs, targets
+    )
+    return torch.cat([grads[n].reshape(inputs.shape[0], -1) for n in names], dim=1)
+
+
+# -- hooks -----------------------------------------------------------------------------------------------------
+
+
+def _hook_gradients(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+) -> torch.Tensor:
+    owners = {_owner_name(name) for name in params}
+    modules = {owner: model.get_submodule(owner) for owner in owners}
+    # (module name, layer input, layer output, output version at the call) of every call, in call order.
+    calls: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+
+    # enable_grad: a caller's no_grad() must not silently turn the layer outputs into constants.
+    with torch.enable_grad(), _record_calls(modules, calls):
+        # Differentiable copies of the requested tensors make every owner's output part of the graph; the rest is
+        # detached so no other gradient is computed.
+        diff = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        fixed = {name: t.detach() for name, t in model.named_parameters()}
+        fixed.update({name: b for name, b in model.named_buffers()})
+        outputs = functional_call(model, {**fixed, **diff}, (inputs,))
+        total_loss = _checked_losses(loss_fn(outputs, targets), int(inputs.shape[0])).sum()
+    batch = int(inputs.shape[0])
+    if not calls:  # no owner module ran: the loss does not depend on the parameters
+        return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
+    layer_outputs = [out for _, _, out, _ in calls]
+    if any(out._version != version for _, _, out, version in calls):
+        # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
+        raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
+    # Only the gradients at the layer outputs are requested: the parameter-gradient kernels are skipped.
+    out_grads = torch.autograd.grad(total_loss, layer_outputs, allow_unused=True)
+
+    per_param: dict[str, torch.Tensor] = {}
+    for (owner, layer_in, _, _), g_out in zip(calls, out_grads, strict=True):
+        if g_out is None:  # this call did not influence the loss
+            continue
+        for attr, g in _layer_per_example_grads(modules[owner], layer_in, g_out).items():
+            name = f"{owner}.{attr}" if owner else attr
+            if name in params:
+                per_param[name] = per_param[name] + g if name in per_param else g
+    rows = [
+        per_param[name].reshape(batch, -1)
+        if name in per_param
+        else torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype)
+        for name, p in params.items()
+    ]
+    return torch.cat(rows, dim=1)
+
+
+@contextmanager
+def _record_calls(
+    modules: Mapping[str, nn.Module], calls: list[tuple[str, torch.Tensor, torch.Tensor, int]]
+) -> Iterator[None]:
+    handles = []
+    for owner, module in modules.items():
+
+        def record(mod: nn.Module, args: tuple, output: torch.Tensor, owner: str = owner) -> None:
+            calls.append((owner, args[0].detach(), output, output._version))
+
+        handles.append(module.register_forward_hook(record))
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``{"weight": (B, *weight.shape), "bias": (B, *bias.shape)}`` for one call of ``module``."""
+    batch = x.shape[0]
+    result: dict[str, torch.Tensor] = {}
+    if isinstance(module, nn.Conv2d):
+        # Two exact ways, picked by speed (measured on CPU, see docs/privacy.md): a loop over kernel offsets
+        # wins for 1x1 and dilated kernels (mkldnn's dilated weight gradient is slow), a grouped convolution
+        # backward with one group per (example, group) wins elsewhere.
+        if module.kernel_size == (1, 1) or max(module.dilation) > 1:
+            result["weight"] = _conv_weight_grads_by_offsets(module, x, g_out)
+        else:
+            result["weight"] = _conv_weight_grads_by_grouped_backward(module, x, g_out)
+        if module.bias is not None:
+            result["bias"] = g_out.sum(dim=(2, 3))
+    elif isinstance(module, nn.Linear):
+        g = g_out.reshape(batch, -1, module.out_features)
+        result["weight"] = torch.einsum("bto,bti->boi", g, x.reshape(batch, -1, module.in_features))
+        if module.bias is not None:
+            result["bias"] = g.sum(dim=1)
+    elif isinstance(module, nn.GroupNorm) and module.affine:
+        # y = x_hat * weight + bias per channel, x_hat normalised per example and group: no parameter needed.
+        x_hat = F.group_norm(x, module.num_groups, eps=module.eps)
+        spatial = tuple(range(2, x.dim()))
+        result["weight"] = (g_out * x_hat).sum(dim=spatial)
+        result["bias"] = g_out.sum(dim=spatial)
+    elif isinstance(module, nn.LayerNorm) and module.elementwise_affine:
+        x_hat = F.layer_norm(x, module.normalized_shape, eps=module.eps)
+        # Sum over the dims between the batch and the normalised ones (none for (B, features) inputs; note that
+        # sum(dim=()) would reduce everything).
+        leading = tuple(range(1, x.dim() - len(module.normalized_shape)))
+        weighted = g_out * x_hat
+        result["weight"] = weighted.sum(dim=leading) if leading else weighted
+        if module.bias is not None:
+            result["bias"] = g_out.sum(dim=leading) if leading else g_out
+    return result
+
+
+def _conv_weight_grads_by_offsets(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
+    """Per-example conv weight gradients ``(B, *conv.weight.shape)`` as a sum over kernel offsets.
+
+    For offset (i, j), the weight gradient of example b is ``sum_{h,w} g_out[b, o, h, w] * x_pad[b, c, h*s + i*d,
+    w*s + j*d]`` within each group: a strided slice of the padded input contracted with the output gradient.
+    """
+    batch, groups = x.shape[0], conv.groups
+    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv.kernel_size, conv.stride, conv.dilation, conv.padding
+    out_h, out_w = g_out.shape[2:]
+    padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    padded = padded.reshape(batch, groups, conv.in_channels // groups, *padded.shape[2:])
+    g = g_out.reshape(batch, groups, conv.out_channels // groups, out_h, out_w)
+    depthwise = g.shape[2] == 1 and padded.shape[2] == 1
+    per_offset = []
+    for i in range(kh):
+        for j in range(kw):
+            patch = padded[
+                ..., i * dh : i * dh + sh * (out_h - 1) + 1 : sh, j * dw : j * dw + sw * (out_w - 1) + 1 : sw
+            ]
+            if depthwise:  # one channel per group: an elementwise product is cheaper than a batched matmul
+                per_offset.append((g * patch).sum(dim=(3, 4)).unsqueeze(-1))
+            else:
+                per_offset.append(torch.einsum("bgohw,bgihw->bgoi", g, patch))
+    return torch.stack(per_offset, dim=-1).reshape(batch, *conv.weight.shape)
+
+
+def _conv_weight_grads_by_grouped_backward(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
+    """Per-example conv weight gradients ``(B, *conv.weight.shape)`` from one grouped weight-gradient kernel.
+
+    Folding the batch into the channels, ``(1, B*Cin, H, W)`` with ``B*groups`` groups, makes the batched weight
+    gradient of that single "example" the stack of the per-example weight gradients.
+    """
+    batch = x.shape[0]
+    weight_shape = (batch * conv.out_channels, *conv.weight.shape[1:])
+    _, weight_grad, _ = torch.ops.aten.convolution_backward(
+        g_out.reshape(1, batch * conv.out_channels, *g_out.shape[2:]),
+        x.reshape(1, batch * conv.in_channels, *x.shape[2:]),
+        conv.weight.detach().expand(batch, *conv.weight.shape).reshape(weight_shape),
+        None,
+        conv.stride,
+        conv.padding,
+        conv.dilation,
+        False,
+        [0, 0],
+        batch * conv.groups,
+        [False, True, False],
+    )
+    return weight_grad.reshape(batch, *conv.weight.shape)
+
+
+def _hookable(module: nn.Module, attr: str) -> bool:
+    if isinstance(module, nn.Conv2d):
+        # Non-zero padding modes pad before the conv and string paddings are not unfold arguments.
+        return module.padding_mode == "zeros" and not isinstance(module.padding, str)
+    return isinstance(module, _HOOKABLE) and attr in ("weight", "bias")
+
+
+def _unhookable(model: nn.Module, params: Mapping[str, torch.Tensor]) -> list[str]:
+    bad = []
+    for name in params:
+        owner = _owner_name(name)
+        attr = name.rsplit(".", 1)[-1]
+        if not _hookable(model.get_submodule(owner), attr):
+            bad.append(name)
+    return bad
+
+
+def _owner_name(param_name: str) -> str:
+    return param_name.rsplit(".", 1)[0] if "." in param_name else ""
+
+
+def _check_param_names(model: nn.Module, params: Mapping[str, torch.Tensor]) -> None:
+    known = {name for name, _ in model.named_parameters()}
+    unknown = [name for name in params if name not in known]
+    if unknown:
+        raise KeyError(f"not parameters of the model: {', '.join(unknown)}")
+
+
+def _checked_losses(losses: torch.Tensor, batch: int) -> torch.Tensor:
+    if losses.shape != (batch,):
+        raise ValueError(
+            f"loss_fn must return one loss per example, shape ({batch},), got {tuple(losses.shape)}; "
+            "use e.g. F.cross_entropy(..., reduction='none')"
+        )
+    return losses

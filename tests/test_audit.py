@@ -1,0 +1,78 @@
+"""Empirical privacy audit: the real release stays under its claimed epsilon; broken releases are caught.
+
+Setting: q = 1, 2 steps, sigma = 3, R = 0.1 (not 1, so that a noise scaled by the wrong bound is visible),
+delta = 1e-5, 2000 trials per hypothesis. The claim (about 1.87) comes from the accountant at q = 1.
+Roughly 15 s of CPU for the three audits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from mpi_fnas.privacy import PrivacyLedger, audit_mechanism, clipped_sum, per_sample_gradients
+from mpi_fnas.privacy.audit import canary_loss, clopper_pearson_upper, epsilon_from_rates
+
+CLIP, SIGMA, STEPS, TRIALS, DELTA = 0.1, 3.0, 2, 2000, 1e-5
+EXPECTED_BATCH = 4.0  # the audit's default dataset with the canary: 3 ordinary examples + 1
+
+
+@pytest.fixture(scope="module")
+def claimed_epsilon() -> float:
+    ledger = PrivacyLedger()
+    ledger.step(noise_multiplier=SIGMA, sample_rate=1.0, num_steps=STEPS)
+    return ledger.get_epsilon(DELTA)
+
+
+def audit(release_fn=None):
+    return audit_mechanism(
+        release_fn, clip_bound=CLIP, noise_multiplier=SIGMA, steps=STEPS, trials=TRIALS, delta=DELTA, seed=0
+    )
+
+
+def release_without_clipping(model, params, inputs, targets, generator):
+    """Broken on purpose: the per-example gradients are summed unclipped."""
+    grads = per_sample_gradients(model, params, inputs, targets, canary_loss)
+    noise = torch.randn(grads.shape[1], generator=generator) * SIGMA * CLIP
+    return (grads.sum(dim=0) + noise) / EXPECTED_BATCH
+
+
+def release_with_noise_of_wrong_bound(model, params, inputs, targets, generator):
+    """Broken on purpose: clipped to R but the noise is scaled to R / 10 (e.g. R^G = 0.01 used for R^H = 0.1)."""
+    grads = per_sample_gradients(model, params, inputs, targets, canary_loss)
+    noise = torch.randn(grads.shape[1], generator=generator) * SIGMA * (CLIP / 10)
+    return (clipped_sum(grads, CLIP) + noise) / EXPECTED_BATCH
+
+
+def test_real_release_is_consistent_with_its_claim(claimed_epsilon):
+    result = audit()  # the real party_release
+    assert result.epsilon_lower_bound <= claimed_epsilon
+    # Not vacuous: the canary is detected somewhat, just not beyond what the accountant allows.
+    assert result.epsilon_lower_bound > 0.0
+
+
+def test_audit_catches_missing_clipping(claimed_epsilon):
+    result = audit(release_without_clipping)
+    assert result.epsilon_lower_bound > claimed_epsilon
+
+
+def test_audit_catches_noise_scaled_by_the_wrong_bound(claimed_epsilon):
+    result = audit(release_with_noise_of_wrong_bound)
+    assert result.epsilon_lower_bound > claimed_epsilon
+
+
+def test_clopper_pearson_upper_bound_closed_forms():
+    # 0 errors in n: the bound solves (1 - p)^n = alpha.
+    assert clopper_pearson_upper(0, 100, 0.05) == pytest.approx(1 - 0.05 ** (1 / 100), rel=1e-9)
+    # n errors in n: no information.
+    assert clopper_pearson_upper(100, 100, 0.05) == 1.0
+    # k errors: above the point estimate k / n.
+    assert clopper_pearson_upper(10, 100, 0.05) > 0.10
+
+
+def test_epsilon_from_rates():
+    # FPR 0.01, FNR 0.5: (1 - 0.5) / 0.01 = 50 is the binding ratio.
+    assert epsilon_from_rates(0.01, 0.5, 0.0) == pytest.approx(math.log(50))
+    assert epsilon_from_rates(0.5, 0.5, 1e-5) == 0.0  # a coin flip proves nothing

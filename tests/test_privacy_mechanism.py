@@ -1,0 +1,389 @@
+"""The party's DP release: Poisson sampling, per-example gradients, clipping, noise, and the model checks."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy import stats
+from torch import nn
+
+from mpi_fnas.privacy import (
+    PrivacyError,
+    check_dp_search_options,
+    check_model_for_dp,
+    clip_per_sample,
+    clipped_sum,
+    gaussian_noise,
+    party_release,
+    per_example_cross_entropy,
+    per_sample_gradients,
+    poisson_sample,
+    privatize_per_sample_gradients,
+)
+from mpi_fnas.privacy.per_sample import hooks_supported
+from mpi_fnas.space import SearchNetwork
+
+# Significance of the statistical tests. The seeds are fixed, so each test is deterministic; the level only says
+# how unlucky a correct implementation would have to be for its seed to fail.
+ALPHA = 1e-6
+
+
+class TinyConvNet(nn.Module):
+    """Every layer kind the hooks method handles, including a module called twice (weight sharing).
+
+    ``(b, 3, 8, 8) -> (b, 5)`` logits.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Conv2d(3, 6, 3, padding=1, bias=True)  # dense 3x3 with bias: grouped backward
+        self.norm = nn.GroupNorm(2, 6)  # affine
+        self.depthwise_dilated = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)  # offsets
+        self.depthwise_strided = nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6, bias=False)  # grouped
+        self.grouped = nn.Conv2d(6, 4, 3, padding=1, groups=2, bias=True)  # 2 groups of 3 -> 2
+        self.pointwise_strided = nn.Conv2d(4, 4, 1, stride=2, bias=False)  # offsets (1x1)
+        self.layer_norm = nn.LayerNorm(4)
+        self.classifier = nn.Linear(4, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(self.norm(self.stem(x)))
+        x = self.depthwise_dilated(x) + self.depthwise_dilated(F.relu(x))  # shared module
+        x = F.relu(self.grouped(self.depthwise_strided(x)))
+        x = self.pointwise_strided(x).mean(dim=(2, 3))
+        return self.classifier(self.layer_norm(x))
+
+
+def loop_gradients(model: nn.Module, names: list[str], inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Reference: one ordinary backward per example -> (B, P)."""
+    params = dict(model.named_parameters())
+    rows = []
+    for i in range(inputs.shape[0]):
+        model.zero_grad(set_to_none=True)
+        per_example_cross_entropy(model(inputs[i : i + 1]), targets[i : i + 1]).sum().backward()
+        rows.append(
+            torch.cat(
+                [
+                    (params[n].grad if params[n].grad is not None else torch.zeros_like(params[n])).reshape(-1)
+                    for n in names
+                ]
+            )
+        )
+    return torch.stack(rows)
+
+
+def max_relative_row_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float(((actual - expected).norm(dim=1) / expected.norm(dim=1)).max())
+
+
+def small_search_network(norm: str = "groupnorm") -> SearchNetwork:
+    torch.manual_seed(0)
+    return SearchNetwork(4, 10, 2, nodes=2, norm=norm)
+
+
+def image_batch(batch: int, size: int, classes: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(batch, 3, size, size, generator=gen), torch.randint(0, classes, (batch,), generator=gen)
+
+
+# -- Poisson sampling -----------------------------------------------------------------------------------------
+
+
+def test_poisson_sample_is_independent_inclusion_with_rate_q():
+    n, q = 20000, 0.05
+    gen = torch.Generator().manual_seed(3)
+    counts = torch.zeros(n)
+    sizes = []
+    for _ in range(20):
+        idx = poisson_sample(n, q, gen)
+        assert idx.dtype == torch.int64
+        assert torch.equal(idx, torch.unique(idx)), "indices must be distinct and increasing"
+        assert int(idx.min()) >= 0 and int(idx.max()) < n
+        counts[idx] += 1
+        sizes.append(idx.numel())
+    # Total inclusions over 20 draws ~ Binomial(20 n, q): a two-sided ALPHA interval from the sample size.
+    total = sum(sizes)
+    low, high = stats.binom.interval(1 - ALPHA, 20 * n, q)
+    assert low <= total <= high
+    # Sizes vary (not "shuffle and take B"): their spread matches Binomial(n, q) (chi-square on the variance).
+    var_stat = (len(sizes) - 1) * np.var(sizes, ddof=1) / (n * q * (1 - q))
+    assert stats.chi2.ppf(ALPHA / 2, len(sizes) - 1) <= var_stat <= stats.chi2.ppf(1 - ALPHA / 2, len(sizes) - 1)
+
+
+def test_poisson_sample_edge_rates_and_empty_batches():
+    gen = torch.Generator().manual_seed(0)
+    assert poisson_sample(100, 0.0, gen).numel() == 0
+    assert torch.equal(poisson_sample(100, 1.0, gen), torch.arange(100))
+    assert poisson_sample(0, 0.5, gen).numel() == 0
+    # With q = 0.01 and N = 5, P(empty) = 0.95: empty batches must come out as valid empty index tensors.
+    assert any(poisson_sample(5, 0.01, gen).numel() == 0 for _ in range(10))
+    with pytest.raises(ValueError):
+        poisson_sample(10, 1.5, gen)
+
+
+# -- per-example gradients ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["vmap", "hooks"])
+def test_per_sample_gradients_match_single_example_backward(method):
+    torch.manual_seed(0)
+    model = TinyConvNet()
+    inputs, targets = image_batch(6, 8, 5)
+    names = [n for n, _ in model.named_parameters()]
+    expected = loop_gradients(model, names, inputs, targets)
+    actual = per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method=method)
+    assert actual.shape == (6, sum(p.numel() for p in model.parameters()))
+    assert max_relative_row_error(actual, expected) <= 1e-5
+
+
+def test_per_sample_gradients_subset_order_chunking_and_no_grad():
+    torch.manual_seed(0)
+    model = TinyConvNet()
+    inputs, targets = image_batch(5, 8, 5)
+    names = ["classifier.weight", "stem.bias", "depthwise_dilated.weight"]  # not in model order on purpose
+    params = {n: dict(model.named_parameters())[n] for n in names}
+    expected = loop_gradients(model, names, inputs, targets)
+    for method in ("vmap", "hooks"):
+        with torch.no_grad():  # a caller's no_grad must not change the result
+            chunked = per_sample_gradients(model, params, inputs, targets, method=method, max_chunk=2)
+        assert max_relative_row_error(chunked, expected) <= 1e-5
+
+
+def test_search_network_per_sample_gradients_weights_and_alphas():
+    model = small_search_network()
+    inputs, targets = image_batch(4, 16, 10)
+    weights, alphas = dict(model.named_weights()), dict(model.named_alphas())
+    assert hooks_supported(model, weights) and not hooks_supported(model, alphas)
+    expected_w = loop_gradients(model, list(weights), inputs, targets)
+    expected_a = loop_gradients(model, list(alphas), inputs, targets)
+    for method in ("hooks", "vmap"):
+        got = per_sample_gradients(model, weights, inputs, targets, method=method)
+        assert max_relative_row_error(got, expected_w) <= 1e-5, method
+    got_a = per_sample_gradients(model, alphas, inputs, targets)  # auto -> vmap
+    assert max_relative_row_error(got_a, expected_a) <= 1e-5
+
+
+def test_per_sample_gradients_reject_reduced_loss_and_unknown_names():
+    model = TinyConvNet()
+    inputs, targets = image_batch(3, 8, 5)
+    params = dict(model.named_parameters())
+    for method in ("vmap", "hooks"):
+        with pytest.raises(ValueError, match="one loss per example"):
+            per_sample_gradients(model, params, inputs, targets, F.cross_entropy, method=method)
+    with pytest.raises(KeyError):
+        per_sample_gradients(model, {"nope": torch.zeros(1)}, inputs, targets)
+    with pytest.raises(ValueError, match="method='hooks'"):
+        search = small_search_network()
+        per_sample_gradients(search, dict(search.named_alphas()), *image_batch(2, 16, 10), method="hooks")
+
+
+def test_per_sample_gradients_of_empty_batch():
+    model = TinyConvNet()
+    empty = per_sample_gradients(model, dict(model.named_parameters()), torch.zeros(0, 3, 8, 8), torch.zeros(0))
+    assert empty.shape == (0, sum(p.numel() for p in model.parameters()))
+
+
+# -- clipping -------------------------------------------------------------------------------------------------
+
+
+def test_clipping_bounds_every_row_and_keeps_small_rows():
+    gen = torch.Generator().manual_seed(0)
+    scales = torch.tensor([1e-3, 0.5, 0.99, 1.0, 3.0, 1e3, 1e6])[:, None]
+    grads = torch.randn(7, 500, generator=gen)
+    grads = grads / grads.norm(dim=1, keepdim=True) * scales
+    bound = 1.0
+    clipped = clip_per_sample(grads, bound)
+    assert float(clipped.norm(dim=1).max()) <= bound + 1e-6
+    small = scales[:, 0] <= bound
+    assert torch.allclose(clipped[small], grads[small])  # inside the ball: unchanged
+    # Outside: rescaled onto the sphere, same direction (g / max(1, ||g|| / R)).
+    big = ~small
+    assert torch.allclose(clipped[big].norm(dim=1), torch.full((int(big.sum()),), bound), atol=1e-6)
+    cosine = F.cosine_similarity(clipped[big], grads[big], dim=1)
+    assert torch.allclose(cosine, torch.ones_like(cosine), atol=1e-6)
+
+
+def test_clipped_sum_sensitivity_on_the_search_network():
+    """Removing any one example changes the pre-noise sum by at most R, on real per-example gradients."""
+    model = small_search_network()
+    inputs, targets = image_batch(8, 16, 10)
+    grads = per_sample_gradients(model, dict(model.named_weights()), inputs, targets)
+    bound = 0.01  # the paper's R^G; every example's gradient is far larger, so every row is clipped
+    assert float(grads.norm(dim=1).min()) > bound
+    assert float(clip_per_sample(grads, bound).norm(dim=1).max()) <= bound + 1e-6
+    total = clipped_sum(grads, bound)
+    for i in range(grads.shape[0]):
+        without_i = clipped_sum(torch.cat([grads[:i], grads[i + 1 :]]), bound)
+        assert float((total - without_i).norm()) <= bound + 1e-6
+
+
+def test_non_finite_example_contributes_nothing():
+    grads = torch.ones(3, 4)
+    grads[1, 2] = float("nan")
+    grads[2, 0] = float("inf")
+    clipped = clip_per_sample(grads, 1.0)
+    assert torch.isfinite(clipped).all()
+    assert torch.equal(clipped[1], torch.zeros(4)) and torch.equal(clipped[2], torch.zeros(4))
+    assert torch.allclose(clipped_sum(grads, 1.0), torch.full((4,), 0.5))
+
+
+def test_clipped_sum_of_no_examples_is_zero():
+    assert torch.equal(clipped_sum(torch.zeros(0, 7), 0.1), torch.zeros(7))
+
+
+# -- the release ----------------------------------------------------------------------------------------------
+
+
+def assert_iid_normal(samples: torch.Tensor, std: float) -> None:
+    """Mean, variance (chi-square CI from the sample size) and shape (KS) of zero-mean normal samples."""
+    x = samples.double().numpy()
+    n = x.size
+    z = stats.norm.ppf(1 - ALPHA / 2)
+    chi2 = np.sum((x - x.mean()) ** 2) / std**2
+    low, high = stats.chi2.ppf(ALPHA / 2, n - 1), stats.chi2.ppf(1 - ALPHA / 2, n - 1)
+    assert low <= chi2 <= high, f"sample std {math.sqrt(chi2 / (n - 1)) * std} vs configured {std}"
+    assert abs(x.mean()) <= z * std / math.sqrt(n), f"mean {x.mean()} too far from 0"
+    assert stats.kstest(x / std, "norm").pvalue > ALPHA
+
+
+def test_release_noise_has_configured_std_and_zero_mean():
+    torch.manual_seed(0)
+    model = SearchNetwork(8, 10, 3, nodes=2, norm="groupnorm")  # ~10^5 weights: ~10^5 noise samples
+    params = dict(model.named_weights())
+    inputs, targets = image_batch(10, 16, 10)
+    clip, sigma, expected_batch = 0.01, 1.3, 64.0
+    gen = torch.Generator().manual_seed(123)
+    release = party_release(
+        model,
+        params,
+        inputs,
+        targets,
+        clip_bound=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected_batch,
+        generator=gen,
+    )
+    signal = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip) / expected_batch
+    assert release.shape == signal.shape and release.shape[0] > 50_000
+    assert_iid_normal(release - signal, sigma * clip / expected_batch)
+
+
+def test_release_divides_by_expected_not_realised_batch_size():
+    """release * B - (noise from the same seed) is exactly the clipped sum, for a batch of 5 and B = 64."""
+    model = small_search_network()
+    params = dict(model.named_weights())
+    inputs, targets = image_batch(5, 16, 10)
+    clip, sigma, expected_batch = 0.05, 0.7, 64.0
+    release = party_release(
+        model,
+        params,
+        inputs,
+        targets,
+        clip_bound=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected_batch,
+        generator=torch.Generator().manual_seed(9),
+    )
+    noise = gaussian_noise(release.numel(), std=sigma * clip, generator=torch.Generator().manual_seed(9))
+    total = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip)
+    assert torch.allclose(release * expected_batch - noise, total, atol=1e-6)
+    # The realised size would give a visibly different vector (5 != 64): this check has teeth.
+    assert not torch.allclose(release * inputs.shape[0] - noise, total, atol=1e-6)
+
+
+def test_empty_batch_release_is_pure_noise_over_expected_batch():
+    model = small_search_network()
+    params = dict(model.named_weights())
+    clip, sigma, expected_batch = 0.01, 1.0, 32.0
+    release = party_release(
+        model,
+        params,
+        torch.zeros(0, 3, 16, 16),
+        torch.zeros(0, dtype=torch.int64),
+        clip_bound=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected_batch,
+        generator=torch.Generator().manual_seed(4),
+    )
+    noise = gaussian_noise(release.numel(), std=sigma * clip, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(release, noise / expected_batch)
+    assert_iid_normal(release, sigma * clip / expected_batch)
+
+
+def test_secure_rng_noise_is_normal_and_not_reproducible():
+    a = gaussian_noise(200_000, std=0.3, generator=None, secure_rng=True)
+    b = gaussian_noise(200_000, std=0.3, generator=None, secure_rng=True)
+    assert not torch.equal(a, b)
+    assert_iid_normal(a, 0.3)
+
+
+def test_release_argument_checks():
+    grads = torch.ones(2, 3)
+    ok = {"clip_bound": 1.0, "noise_multiplier": 1.0, "expected_batch_size": 2.0}
+    gen = torch.Generator()
+    for key, bad in [("clip_bound", 0.0), ("noise_multiplier", 0.0), ("expected_batch_size", -1.0)]:
+        with pytest.raises(ValueError, match=key):
+            privatize_per_sample_gradients(grads, **{**ok, key: bad}, generator=gen)
+    with pytest.raises(ValueError, match="Generator is required"):
+        privatize_per_sample_gradients(grads, **ok, generator=None)
+    with pytest.raises(ValueError, match="noise generator is on"):
+        gaussian_noise(3, std=1.0, generator=gen, device="meta")
+
+
+def test_release_refuses_batchnorm_model():
+    model = small_search_network(norm="batchnorm")
+    inputs, targets = image_batch(4, 16, 10)
+    with pytest.raises(PrivacyError, match=r"space\.norm: groupnorm"):
+        party_release(
+            model,
+            dict(model.named_weights()),
+            inputs,
+            targets,
+            clip_bound=0.01,
+            noise_multiplier=1.0,
+            expected_batch_size=4.0,
+            generator=torch.Generator(),
+        )
+
+
+# -- validators -----------------------------------------------------------------------------------------------
+
+
+def test_batchnorm_is_refused_naming_the_module():
+    with pytest.raises(PrivacyError) as info:
+        check_model_for_dp(small_search_network(norm="batchnorm"))
+    message = str(info.value)
+    assert "'stem.1'" in message and "BatchNorm2d" in message
+    assert "space.norm: groupnorm" in message and "per-example clipping" in message.lower()
+    with pytest.raises(PrivacyError, match="'1'"):
+        check_model_for_dp(nn.Sequential(nn.Linear(2, 2), nn.BatchNorm1d(2, track_running_stats=False)))
+    with pytest.raises(PrivacyError, match="track_running_stats"):
+        check_model_for_dp(nn.Sequential(nn.InstanceNorm2d(3, track_running_stats=True)))
+
+
+def test_per_example_models_are_accepted():
+    check_model_for_dp(small_search_network(norm="groupnorm"))
+    check_model_for_dp(TinyConvNet())
+    check_model_for_dp(nn.Sequential(nn.InstanceNorm2d(3), nn.LayerNorm(3)))
+
+
+def test_batchnorm_really_mixes_examples():
+    """Why the refusal: under BatchNorm, example 0's gradient changes when only example 1 changes."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    inputs, targets = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
+    params = {n: p for n, p in model.named_parameters() if not n.startswith("1.")}  # the two Linear layers
+    before = per_sample_gradients(model, params, inputs, targets, method="hooks")
+    changed = inputs.clone()
+    changed[1] += 5.0
+    after = per_sample_gradients(model, params, changed, targets, method="hooks")
+    assert not torch.allclose(before[0], after[0], atol=1e-4)
+
+
+def test_second_order_is_refused_under_dp():
+    check_dp_search_options("first_order")
+    with pytest.raises(PrivacyError, match="Hessian term reads the train shard"):
+        check_dp_search_options("second_order")

@@ -1,0 +1,347 @@
+"""slurm/*.sh: static checks, and their launch/requeue/resume logic under the real loopback Slurm.
+
+The batch scripts run unchanged; only the Python module each rank starts is a stand-in (MPI_FNAS_MODULE, a
+documented launch.sh setting), which records its argv and environment and plays the run's exit-code contract:
+0 finished, 75 interrupted after writing RUN_DIR/checkpoint.pt. The end-to-end test with the real
+`mpi_fnas.run` lives with the run's tests.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
+
+REPO = Path(__file__).resolve().parent.parent
+SLURM_DIR = REPO / "slurm"
+WRAPPERS = sorted(SLURM_DIR.glob("*fnas_*.sh"))
+ALL_SCRIPTS = sorted(SLURM_DIR.glob("*.sh"))
+EXIT_INTERRUPTED = 75
+
+STAND_IN = '''
+"""Stand-in for mpi_fnas.run: records argv/env per rank and follows FAKE_RUN_BEHAVIOUR."""
+import json, os, signal, sys, time
+from pathlib import Path
+
+signals = []
+for sig in (signal.SIGUSR1, signal.SIGTERM):
+    signal.signal(sig, lambda num, frame: signals.append(signal.Signals(num).name))
+
+# PMI_RANK first: under mpirun inside a job every rank inherits the batch shell's SLURM_PROCID=0.
+rank = int(os.environ.get("PMI_RANK") or os.environ["SLURM_PROCID"])
+attempt = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+keys = ("SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_GPUS", "SLURM_RESTART_COUNT", "SLURM_ARRAY_TASK_ID",
+        "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "HDF5_USE_FILE_LOCKING", "PYTHONUNBUFFERED", "PMI_RANK")
+record = {"rank": rank, "attempt": attempt, "argv": sys.argv[1:], "cwd": os.getcwd(),
+          "env": {k: os.environ.get(k) for k in keys}, "signals": signals}
+out = Path(os.environ["FAKE_RUN_RECORDS"]) / os.environ.get("SLURM_JOB_ID", "nojob")
+out.mkdir(parents=True, exist_ok=True)
+
+def save():
+    tmp = out / f".attempt{attempt}-rank{rank}.json"
+    tmp.write_text(json.dumps(record))
+    os.replace(tmp, out / f"attempt{attempt}-rank{rank}.json")
+
+save()
+behaviour = os.environ.get("FAKE_RUN_BEHAVIOUR", "finish")
+if behaviour.startswith("exit:"):
+    sys.exit(int(behaviour.split(":")[1]))
+if behaviour == "checkpoint-on-signal" and attempt == 0:
+    deadline = time.monotonic() + 120
+    while not signals and time.monotonic() < deadline:
+        time.sleep(0.05)
+    save()
+    if rank == 0 and signals:
+        run_dir = Path(sys.argv[sys.argv.index("--out") + 1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "checkpoint.pt").write_text("stand-in checkpoint")
+    sys.exit(75 if signals else 1)
+'''
+
+
+def load_records(records: Path, job: int | str, attempt: int) -> list[dict]:
+    found = sorted((records / str(job)).glob(f"attempt{attempt}-rank*.json"))
+    return sorted((json.loads(p.read_text()) for p in found), key=lambda r: r["rank"])
+
+
+def wait_for_records(records: Path, job: int | str, attempt: int, count: int, timeout: float = 60.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = load_records(records, job, attempt)
+        if len(found) >= count:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} attempt {attempt}: {len(load_records(records, job, attempt))}/{count} ranks")
+
+
+# --- static checks (no cluster) ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("script", ALL_SCRIPTS, ids=lambda p: p.name)
+def test_script_parses_and_is_strict(script):
+    done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    text = script.read_text()
+    assert "set -euo pipefail" in text
+    if script.name != "launch.sh":
+        directives = re.findall(r"^#SBATCH (\S+)", text, flags=re.M)
+        for required in ("--signal=B:USR1@120", "--requeue", "--open-mode=append"):
+            assert required in directives, (script.name, required)
+        output = next(d for d in directives if d.startswith("--output="))
+        assert "%j" in output or "%A" in output, output
+
+
+@pytest.mark.parametrize("script", WRAPPERS, ids=lambda p: p.name)
+def test_wrapper_asks_for_server_plus_parties(script):
+    mode, parties = re.fullmatch(r"(dpfnas|fnas)_(\d+)\.sh", script.name).groups()
+    text = script.read_text()
+    directives = dict(re.findall(r"^#SBATCH (--[\w-]+)=(\S+)", text, flags=re.M))
+    assert directives["--ntasks"] == str(int(parties) + 1)
+    assert directives["--gpus"] == parties
+    assert f"configs/{mode}.yaml" in text
+    assert f"federation.parties={parties} " in text
+
+
+def test_launch_outside_slurm_forwards_usr1_through_mpirun(tmp_path):
+    """Without Slurm: mpirun starts the ranks, SIGUSR1 to launch.sh reaches every rank, and the run's 75 is
+    passed on (no scontrol outside a job)."""
+    module_dir, records, config = tmp_path / "module", tmp_path / "records", tmp_path / "tiny.yaml"
+    module_dir.mkdir()
+    (module_dir / "stand_in_run.py").write_text(STAND_IN)
+    config.write_text("seed: 0\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_"))}
+    env.update(
+        PYTHONPATH=str(module_dir), MPI_FNAS_MODULE="stand_in_run", FAKE_RUN_RECORDS=str(records),
+        FAKE_RUN_BEHAVIOUR="checkpoint-on-signal", CONFIG=str(config), RUN_DIR=str(tmp_path / "run"),
+        MPI_FNAS_LAUNCHER="mpirun", NTASKS="3", MPI_FNAS_HOME=str(REPO),
+    )  # fmt: skip
+    with subprocess.Popen(
+        ["bash", str(SLURM_DIR / "launch.sh")], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    ) as launch:
+        try:
+            wait_for_records(records, "nojob", 0, 3)
+            launch.send_signal(signal.SIGUSR1)
+            _, stderr = launch.communicate(timeout=60)
+        finally:
+            if launch.poll() is None:
+                os.killpg(launch.pid, signal.SIGKILL)
+    assert launch.returncode == EXIT_INTERRUPTED, stderr
+    assert [r["signals"] for r in load_records(records, "nojob", 0)] == [["SIGUSR1"]] * 3
+    assert (tmp_path / "run" / "checkpoint.pt").exists()
+    assert "got SIGUSR1" in stderr
+
+
+# --- under the loopback cluster ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+    """Submit environment with the stand-in module on PYTHONPATH; returns (env, records dir, config path)."""
+    module_dir = tmp_path / "module"
+    module_dir.mkdir()
+    (module_dir / "stand_in_run.py").write_text(STAND_IN)
+    config = tmp_path / "tiny.yaml"
+    config.write_text("seed: 0\n")
+    records = tmp_path / "records"
+
+    def env(slurm_cluster, **extra: str | None) -> dict[str, str]:  # noqa: F811
+        """The submit environment; a None value removes that variable. Thread/HDF5 settings are dropped so
+        the job shows what launch.sh itself sets."""
+        base = {k: v for k, v in slurm_cluster.env.items() if k not in ("OMP_NUM_THREADS", "HDF5_USE_FILE_LOCKING")}
+        base.update(PYTHONPATH=str(module_dir), MPI_FNAS_MODULE="stand_in_run")
+        base.update(FAKE_RUN_RECORDS=str(records), CONFIG=str(config))
+        base.update(extra)
+        return {k: v for k, v in base.items() if v is not None}
+
+    return env, records, config
+
+
+def job_output(slurm_cluster, job: int) -> str:  # noqa: F811
+    path = Path(slurm_cluster.job_info(job)["StdOut"])
+    return path.read_text() if path.exists() else "<no output file>"
+
+
+slurm = pytest.mark.slurm
+
+
+@slurm
+def test_dpfnas_8_starts_nine_ranks_with_eight_gpus(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, config = stand_in
+    submit_dir = tmp_path / "submit"
+    submit_dir.mkdir()
+    job = slurm_cluster.sbatch(
+        "--wait",
+        str(SLURM_DIR / "dpfnas_8.sh"),
+        env=env(slurm_cluster, EXTRA_ARGS="--set search.epochs=1"),
+        cwd=submit_dir,
+    )
+    info = slurm_cluster.job_info(job)
+    assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
+    ranks = load_records(records, job, 0)
+    assert [r["rank"] for r in ranks] == list(range(9))
+    run_dir = submit_dir / "runs" / f"dpfnas_8-{job}"  # default RUN_DIR: <submit dir>/runs/<job name>-<id>
+    expected_argv = [
+        "--config", str(config), "--out", str(run_dir),
+        "--set", "federation.parties=8", "--set", "search.epochs=1",
+    ]  # fmt: skip
+    for record in ranks:
+        assert record["argv"] == expected_argv
+        assert record["env"]["SLURM_GPUS"] == "8"
+        assert record["env"]["HDF5_USE_FILE_LOCKING"] == "FALSE"
+        assert record["env"]["OMP_NUM_THREADS"] == "1"
+        assert record["cwd"] == str(submit_dir)
+    # The output file is named by job name and id (--output=slurm-%x-%j.out) in the submit dir.
+    assert (submit_dir / f"slurm-dpfnas_8-{job}.out").exists()
+
+
+@slurm
+def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, config = stand_in
+    run_dir = tmp_path / "run"
+    job = slurm_cluster.sbatch(
+        str(SLURM_DIR / "dpfnas_8.sh"),
+        env=env(slurm_cluster, RUN_DIR=str(run_dir), FAKE_RUN_BEHAVIOUR="checkpoint-on-signal"),
+        cwd=tmp_path,
+    )
+    wait_for_records(records, job, 0, 9)
+    # What --signal=B:USR1@120 does before the time limit: SIGUSR1 to the batch shell only.
+    slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
+    info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    output = job_output(slurm_cluster, job)
+    assert info["JobState"] == "COMPLETED", output
+    assert info["Restarts"] == "1", info
+    first = load_records(records, job, 0)
+    assert [r["signals"] for r in first] == [["SIGUSR1"]] * 9, output  # every rank got it, through srun
+    assert all("--out" in r["argv"] for r in first)
+    second = load_records(records, job, 1)
+    assert [r["rank"] for r in second] == list(range(9))
+    for record in second:
+        assert record["env"]["SLURM_RESTART_COUNT"] == "1"
+        assert record["argv"][:4] == ["--config", str(config), "--resume", str(run_dir)]
+        assert "--out" not in record["argv"]
+    assert (run_dir / "checkpoint.pt").exists()
+    assert f"requeued job {job}" in output
+    # --open-mode=append: the first attempt's log survives the requeue.
+    assert output.count("launch.sh: job") == 2, output
+
+
+@slurm
+def test_checkpoint_in_run_dir_means_resume_and_relative_config_resolves(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    """A fresh job (no restart) whose RUN_DIR already holds a checkpoint resumes it; the wrapper's default
+    relative CONFIG, absent from the submit dir, resolves to the repository's file."""
+    env, records, _ = stand_in
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "checkpoint.pt").write_text("earlier attempt")
+    job = slurm_cluster.sbatch(
+        "--wait", str(SLURM_DIR / "fnas_1.sh"), env=env(slurm_cluster, CONFIG=None, RUN_DIR=str(run_dir)), cwd=tmp_path
+    )
+    assert slurm_cluster.job_info(job)["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
+    ranks = load_records(records, job, 0)
+    assert len(ranks) == 2
+    for record in ranks:
+        assert record["argv"] == [
+            "--config", str(REPO / "configs" / "fnas.yaml"), "--resume", str(run_dir), "--set", "federation.parties=1",
+        ]  # fmt: skip
+
+
+@slurm
+def test_failure_exit_code_is_kept_and_not_requeued(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, _ = stand_in
+    job = slurm_cluster.sbatch(
+        "--wait", str(SLURM_DIR / "fnas_1.sh"), env=env(slurm_cluster, FAKE_RUN_BEHAVIOUR="exit:3"), cwd=tmp_path
+    )
+    info = slurm_cluster.job_info(job)
+    assert info["JobState"] == "FAILED", info
+    assert info["ExitCode"] == "3:0", info
+    assert info["Restarts"] == "0", info
+    assert len(load_records(records, job, 0)) == 2
+
+
+@slurm
+def test_mpirun_launcher_inside_the_allocation(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, _ = stand_in
+    job = slurm_cluster.sbatch(
+        "--wait", str(SLURM_DIR / "fnas_2.sh"), env=env(slurm_cluster, MPI_FNAS_LAUNCHER="mpirun"), cwd=tmp_path
+    )
+    info = slurm_cluster.job_info(job)
+    assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
+    ranks = load_records(records, job, 0)
+    assert [r["env"]["PMI_RANK"] for r in ranks] == ["0", "1", "2"]
+    assert ".venv/bin/mpirun -n 3" in job_output(slurm_cluster, job)
+
+
+def wait_until_no_jobs(slurm_cluster, timeout: float = 120.0) -> None:  # noqa: F811
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not slurm_cluster.run("squeue", "-h", "-o", "%i").stdout.strip():
+            return
+        time.sleep(0.5)
+    raise AssertionError("jobs still queued: " + slurm_cluster.run("squeue").stdout)
+
+
+@slurm
+def test_table1_submits_one_sized_array_per_setting(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, _ = stand_in
+    root = tmp_path / "table1"
+    configs = {f"CONFIG_{mode.upper()}": str(tmp_path / f"{mode}.yaml") for mode in ("vanilla", "dpfnas")}
+    for path in configs.values():
+        Path(path).write_text("seed: 0\n")
+    done = subprocess.run(
+        ["bash", str(SLURM_DIR / "table1.sh")],
+        env=env(slurm_cluster, TABLE1_SETTINGS="vanilla:1 dpfnas:2", SEEDS="3 4", TABLE1_ROOT=str(root), **configs),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(re.findall(r"-> array job \d+", done.stdout)) == 2, done.stdout
+    wait_until_no_jobs(slurm_cluster)
+    seen = {}
+    for job_dir in records.iterdir():
+        ranks = load_records(records, int(job_dir.name), 0)
+        argv = ranks[0]["argv"]
+        run_dir = Path(argv[argv.index("--out") + 1])
+        seen[run_dir.name] = (len(ranks), ranks[0]["env"]["SLURM_GPUS"], argv)
+    assert sorted(seen) == ["dpfnas-K2-seed3", "dpfnas-K2-seed4", "vanilla-K1-seed3", "vanilla-K1-seed4"]
+    for name, (nranks, gpus, argv) in seen.items():
+        mode, k, seed = re.fullmatch(r"(\w+)-K(\d)-seed(\d)", name).groups()
+        assert (nranks, gpus) == (int(k) + 1, k), name
+        assert argv[:2] == ["--config", configs[f"CONFIG_{mode.upper()}"]]
+        assert argv[argv.index("--out") + 1] == str(root / name)
+        assert argv[4:] == ["--set", f"seed={seed}", "--set", f"federation.parties={k}"]
+
+
+@slurm
+def test_noise_sweep_maps_array_tasks_to_variance_and_seed(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    env, records, _ = stand_in
+    # Tasks 1 and 6 of 6 variances x 2 seeds: variance 1 with seed 5, variance 0.5 with seed 6.
+    slurm_cluster.sbatch(
+        "--array=1,6",
+        str(SLURM_DIR / "noise_sweep.sh"),
+        env=env(slurm_cluster, SEEDS="5 6", RUN_ROOT=str(tmp_path / "sweep")),
+        cwd=tmp_path,
+    )
+    wait_until_no_jobs(slurm_cluster)
+    argvs = {}
+    for job_dir in records.iterdir():
+        ranks = load_records(records, int(job_dir.name), 0)
+        assert len(ranks) == 5 and ranks[0]["env"]["SLURM_GPUS"] == "4"
+        argv = ranks[0]["argv"]
+        argvs[Path(argv[argv.index("--out") + 1]).name] = argv
+    assert sorted(argvs) == ["var0.5-seed6", "var1-seed5"]
+    for name, seed, sigma in (("var0.5-seed6", 6, f"{math.sqrt(0.5):.12g}"), ("var1-seed5", 5, "1")):
+        assert argvs[name][4:] == [
+            "--set", f"seed={seed}", "--set", "federation.parties=4",
+            "--set", f"privacy.noise_multiplier_w={sigma}", "--set", f"privacy.noise_multiplier_a={sigma}",
+        ]  # fmt: skip
