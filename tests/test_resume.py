@@ -1,0 +1,120 @@
+"""Checkpoint and resume: an interrupted + resumed run equals an uninterrupted one, bit for bit on CPU.
+
+Real `mpirun` jobs. `MPI_FNAS_STOP_AFTER=N` makes rank 0 act as if SIGUSR1 arrived during step N; one test
+sends the real signal.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mpi_fnas.checkpoint import load_checkpoint
+from mpi_fnas.runlog import read_run
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIRUN = str(Path(sys.executable).parent / "mpirun")
+TINY = [
+    "--set", "data.train_size=400", "--set", "data.test_size=40", "--set", "data.image_size=8",
+    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
+    "--set", "search.batch_size=8", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=4",
+    "--set", "runtime.progress=off", "--set", "checkpoint.every_steps=0",
+]
+
+
+def launch(*args: str, stop_after: int | None = None, ranks: int = 3) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MPI_FNAS_STOP_AFTER"}
+    if stop_after is not None:
+        env["MPI_FNAS_STOP_AFTER"] = str(stop_after)
+    return subprocess.run([MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"})
+
+
+def assert_same_result(straight: dict, resumed: dict) -> None:
+    for kind in ("normal", "reduce"):
+        assert np.array_equal(straight["alphas"][kind], resumed["alphas"][kind])  # bit for bit
+    assert straight["genotypes"] == resumed["genotypes"]
+    assert straight["final_genotype"] == resumed["final_genotype"]
+    np.testing.assert_array_equal(straight["metrics"]["step"], resumed["metrics"]["step"])
+    np.testing.assert_array_equal(straight["metrics"]["train_loss"], resumed["metrics"]["train_loss"])
+
+
+@pytest.mark.parametrize(("mode", "stop_after"), [("fnas", 3), ("dpfnas", 5)])
+def test_interrupt_and_resume_equals_uninterrupted(tmp_path, mode, stop_after):
+    common = [*TINY, "--set", f"mode={mode}"]
+    straight = launch(*common, "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr
+
+    run = tmp_path / "interrupted"
+    first = launch(*common, "--out", str(run), stop_after=stop_after)
+    assert first.returncode == 75, first.stderr
+    assert f"resume with: --resume {run}" in first.stderr
+    assert read_run(run / "search.h5")["status"] == "interrupted"
+    assert load_checkpoint(run)["step"] == stop_after
+
+    second = launch(*common, "--resume", str(run))  # same --config/--set as a requeued batch script passes
+    assert second.returncode == 0, second.stderr
+    a, b = read_run(tmp_path / "straight" / "search.h5"), read_run(run / "search.h5")
+    assert b["status"] == "finished" and b["attempts"] == 2
+    assert_same_result(a, b)
+    if mode == "dpfnas":
+        np.testing.assert_array_equal(a["privacy"]["steps"], b["privacy"]["steps"])
+        assert np.array_equal(a["privacy"]["epsilon"], b["privacy"]["epsilon"])
+    # Costs of both attempts add up.
+    assert b["cost"]["wall_seconds"] > 0 and b["cost"]["ranks"] == 3
+
+
+def test_sigusr1_checkpoints_and_exits_75(tmp_path):
+    run = tmp_path / "run"
+    cmd = [MPIRUN, "-n", "3", sys.executable, "-m", "mpi_fnas.run", *TINY, "--set", "search.epochs=100",
+           "--out", str(run)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # wait until a few steps are logged
+            if (run / "search.h5").exists():
+                try:
+                    if len(read_run(run / "search.h5")["metrics"]["step"]) >= 2:
+                        break
+                except OSError:
+                    pass
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 75, err
+    log = read_run(run / "search.h5")
+    assert log["status"] == "interrupted" and "SIGUSR1" in log["reason"]
+    state = load_checkpoint(run)
+    assert state["step"] == int(log["metrics"]["step"][-1])  # the checkpoint and the last row agree
+
+
+def test_resume_refusals_and_fresh_start(tmp_path):
+    run = tmp_path / "run"
+    assert launch(*TINY, "--out", str(run), stop_after=2).returncode == 75
+    changed = launch(*TINY, "--set", "search.w_lr=0.5", "--resume", str(run))
+    assert changed.returncode == 2
+    assert "differs from the one" in changed.stderr.strip().splitlines()[-1]
+    assert launch(*TINY, "--set", "runtime.log_every=2", "--resume", str(run)).returncode == 0  # runtime may change
+    again = launch(*TINY, "--resume", str(run))
+    assert again.returncode == 2 and "already finished" in again.stderr
+
+    # A run preempted before its first checkpoint starts afresh and keeps the earlier log.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "search.h5").write_bytes(b"earlier attempt")
+    out = launch(*TINY, "--resume", str(fresh))
+    assert out.returncode == 0, out.stderr
+    assert (fresh / "search-attempt1.h5").read_bytes() == b"earlier attempt"
+    assert read_run(fresh / "search.h5")["status"] == "finished"
