@@ -27,11 +27,13 @@ lint: $(STAMP)
 test-serial: $(STAMP)
 	$(PYTHON) -m pytest -q tests --ignore=tests/mpi
 
-# pytest-mpi: every rank runs pytest; ranks > 0 write to .pytest-rank<r>.log (shown when the run fails).
+# pytest-mpi: every rank runs pytest. Each rank's output goes to .pytest-rank<r>.log; rank 0's is shown,
+# the others' only when the run fails.
 test-mpi: $(STAMP)
 	@rm -f .pytest-rank*.log
-	timeout 900 $(MPIRUN) -n $(MPI_TEST_RANKS) $(PYTHON) -m pytest -q --with-mpi --only-mpi tests/mpi \
-	  || { for f in .pytest-rank*.log; do echo "== $$f"; tail -n 60 $$f; done; exit 1; }
+	@timeout 900 $(MPIRUN) -n $(MPI_TEST_RANKS) -outfile-pattern .pytest-rank%r.log -errfile-pattern .pytest-rank%r.log \
+	  $(PYTHON) -m pytest -q --with-mpi --only-mpi tests/mpi; rc=$$?; cat .pytest-rank0.log; \
+	  if [ $$rc -ne 0 ]; then for f in .pytest-rank*.log; do echo "== $$f"; tail -n 60 $$f; done; fi; exit $$rc
 
 bench: $(STAMP)
 	$(MPIRUN) -n 3 $(PYTHON) -m mpi_fnas.bench $(ARGS)
