@@ -120,6 +120,8 @@ class Party:
                                      f"({len(shard)} examples): the Poisson rate B/N would exceed 1")
             if noise_generator is None and not dp.secure_rng:
                 raise ValueError("DP releases need a noise generator (or secure_rng)")
+        self._named_w = self._named(self.w_params)
+        self._named_a = self._named(self.a_params)
         self._train_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._w_before: np.ndarray | None = None  # W_k, kept for the second-order Hessian term
         self._val_a_grad: torch.Tensor | None = None
@@ -160,7 +162,7 @@ class Party:
         Under DP: the clipped, noised release of W gradients on a Poisson batch of the train shard (STATS zero).
         """
         if self.dp is not None:
-            return self._private_release(self.train, self.w_params, self.dp.clip_w, self.dp.noise_multiplier_w,
+            return self._private_release(self.train, self._named_w, self.dp.clip_w, self.dp.noise_multiplier_w,
                                          self.w_out)
         start = time.perf_counter()
         idx = self.train_stream.next()
@@ -176,7 +178,7 @@ class Party:
         Under DP: the clipped, noised release of A gradients on a Poisson batch of the validation shard.
         """
         if self.dp is not None:
-            return self._private_release(self.val, self.a_params, self.dp.clip_a, self.dp.noise_multiplier_a,
+            return self._private_release(self.val, self._named_a, self.dp.clip_a, self.dp.noise_multiplier_a,
                                          self.a_out)
         start = time.perf_counter()
         idx = self.val_stream.next()
@@ -229,7 +231,7 @@ class Party:
         return evaluate(self.model, self.val.x, self.val.y, batch_size)
 
     # -- internals -----------------------------------------------------------------------------------------------
-    def _private_release(self, shard: Shard, params: list[torch.Tensor], clip: float, noise: float,
+    def _private_release(self, shard: Shard, params: dict[str, torch.Tensor], clip: float, noise: float,
                          out: np.ndarray) -> np.ndarray:
         """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
 
@@ -241,7 +243,7 @@ class Party:
         idx = idx.to(shard.y.device)
         self.model.train()
         release = party_release(
-            self.model, self._named(params), shard.x[idx], shard.y[idx],
+            self.model, params, shard.x[idx], shard.y[idx],
             clip_bound=clip, noise_multiplier=noise, expected_batch_size=self.dp.expected_batch_size,
             generator=self.noise_generator, secure_rng=self.dp.secure_rng,
         )
@@ -250,8 +252,13 @@ class Party:
         return out
 
     def _named(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{name: parameter} in the order of `params` — the wire order the server expects."""
         wanted = {id(p) for p in params}
-        return {name: p for name, p in self.model.named_parameters() if id(p) in wanted}
+        named = {name: p for name, p in self.model.named_parameters() if id(p) in wanted}
+        if [id(p) for p in named.values()] != [id(p) for p in params]:
+            raise RuntimeError("named_parameters() order differs from weights()/alphas(): releases would be "
+                               "scrambled on the wire")
+        return named
 
     def _gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
                    ) -> tuple[list[torch.Tensor], float, float]:
