@@ -29,7 +29,7 @@ MPIRUN = str(BIN / "mpirun")
 TINY = [
     "--set", "data.train_size=240", "--set", "data.test_size=40", "--set", "data.image_size=8",
     "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
-    "--set", "search.batch_size=8", "--set", "runtime.progress=off",
+    "--set", "search.batch_size=8", "--set", "runtime.progress=off", "--set", "runtime.log_every=1",
 ]
 
 
@@ -104,7 +104,8 @@ def test_existing_run_is_never_overwritten(tmp_path):
 
 def test_small_federated_run_writes_the_documented_log(tmp_path):
     run = tmp_path / "run"
-    out = launch(3, *TINY, "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--out", str(run))
+    out = launch(3, *TINY, "--set", "mode=fnas", "--set", "search.epochs=2",
+                 "--set", "search.steps_per_epoch=3", "--out", str(run))
     assert out.returncode == 0, out.stderr
     for needle in ("mode            fnas", "parties         2", "final val acc", "genotype", "wall time",
                    str(run / "search.h5")):
@@ -125,6 +126,17 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
     assert log["cost"]["ranks"] == 3 and log["cost"]["wall_seconds"] > 0
     with h5py.File(run / "search.h5", "r") as f:
         assert f.attrs["version"]
+
+
+def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
+    out = launch(3, *TINY, "--set", "search.epochs=1", "--set", "search.steps_per_epoch=2", "--out", str(tmp_path / "d"))
+    assert out.returncode == 0, out.stderr
+    assert "mode            dpfnas" in out.stdout and "tight PLD bound" in out.stdout
+    log = read_run(tmp_path / "d" / "search.h5")
+    assert log["mode"] == "dpfnas" and log["privacy"]["epsilon"].shape == (2, 2)
+    # Parties send no statistics under DP, so the party-side metric columns are NaN; the server's test split is not.
+    assert np.all(np.isnan(log["metrics"]["train_loss"])) and np.all(np.isnan(log["metrics"]["val_acc"]))
+    assert np.isfinite(log["metrics"]["test_acc"][-1])
 
 
 def test_vanilla_nas_runs_with_one_party(tmp_path):
