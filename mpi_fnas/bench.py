@@ -1,12 +1,18 @@
-"""Benchmark: one party step and the MPI exchange for a given config.
+"""Benchmark: one party step (non-private and private) and the MPI exchange for a given config.
 
-    python -m mpi_fnas.bench [--config FILE] [--set key=value ...] [--repeats N] [--json]
+    python -m mpi_fnas.bench [--config FILE] [--set key=value ...] [--repeats N] [--no-memory] [--json]
     mpirun -n K+1 python -m mpi_fnas.bench ...     # the exchange over K+1 real ranks
 
 The party step (G_k then H_k, first order, on random inputs of the configured shape) is timed on one rank while
-the others wait; the exchange (Reduce G, Bcast W, Reduce H, Bcast A — the collectives of one iteration, same
-buffers as the search) is timed with every rank taking part. Medians over `--repeats`.
-``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``.
+the others wait (in a sleeping poll, so they do not steal its core); the exchange (Reduce G, Bcast W, Reduce H,
+Bcast A — the collectives of one iteration, same buffers as the search) is timed with every rank taking part.
+Medians over `--repeats`. ``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``.
+
+The same step is also timed privately (DP-FNAS, ``Party(dp=DPSettings(...))``): same network and initial
+weights, same inputs, same batch size B. The private party's shard holds exactly B examples, so its Poisson rate
+is q = B / N = 1 and every Poisson batch is exactly those B examples, the batch the non-private party uses.
+The two variants are timed in alternation so that load changes on a shared machine hit both alike.
+Peak memory of each variant is the peak RSS of a fresh subprocess during one step (see docs/benchmarks.md).
 
 Speed and memory targets are checked here, never in timed tests.
 """
@@ -15,13 +21,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
+    from mpi_fnas.federation.comm import Channel
+    from mpi_fnas.federation.party import DPSettings, Party
+
+VARIANTS = ("plain", "private")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,48 +45,228 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (after one warm-up)")
+    p.add_argument("--no-memory", dest="memory", action="store_false",
+                   help="skip the peak-memory subprocesses (the rss fields are then null)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    # Internal: measure one variant's peak memory in this (fresh) process and print it as JSON.
+    p.add_argument("--_variant", dest="variant", choices=VARIANTS, help=argparse.SUPPRESS)
     return p
 
 
-def _input_shape(cfg) -> tuple[int, int, int, int]:
+def _input_shape(cfg: Config) -> tuple[int, int, int, int]:
     """(channels, height, width, classes) of the configured dataset, without loading it."""
     if cfg.data.dataset == "cifar10":
         return 3, 32, 32, 10
     return 3, cfg.data.image_size, cfg.data.image_size, 10
 
 
-def time_party_step(cfg, repeats: int) -> dict[str, float]:
-    """Median seconds of one party iteration's compute (w_release + a_release) on random data."""
+def dp_settings(cfg: Config, expected_batch_size: float) -> DPSettings:
+    """The DPSettings a DP-FNAS party would get from `cfg.privacy`, with the given expected batch size B."""
+    from mpi_fnas.federation.party import DPSettings
+
+    p = cfg.privacy
+    return DPSettings(clip_w=p.clip_w, clip_a=p.clip_a, noise_multiplier_w=p.noise_multiplier_w,
+                      noise_multiplier_a=p.noise_multiplier_a, expected_batch_size=float(expected_batch_size),
+                      secure_rng=p.secure_rng)
+
+
+def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:
+    """A party on random data: train and val shards of `examples` (default B = search.batch_size) examples each.
+
+    Both variants get the same model initialisation (``build_model`` seeds from ``cfg.seed``) and the same inputs
+    (a fixed data seed). The private party's expected batch size equals its shard size, so its Poisson rate is 1
+    and each private batch is the whole shard, exactly the examples of the non-private batch.
+    """
     import torch
 
     from mpi_fnas.federation.party import Party, Shard
     from mpi_fnas.federation.search import build_model
 
     c, h, w, classes = _input_shape(cfg)
-    gen = torch.Generator().manual_seed(0)
-    n = cfg.search.batch_size
+    n = examples or cfg.search.batch_size
+    data_gen = torch.Generator().manual_seed(0)
 
     def shard() -> Shard:
-        return Shard(torch.randn(n, c, h, w, generator=gen), torch.randint(0, classes, (n,), generator=gen))
+        return Shard(torch.randn(n, c, h, w, generator=data_gen),
+                     torch.randint(0, classes, (n,), generator=data_gen))
 
-    party = Party(build_model(cfg, c, classes), shard(), shard(), cfg.search.batch_size, gen)
-    w_times, a_times = [], []
+    train, val = shard(), shard()
+    model = build_model(cfg, c, classes)
+    sampling_gen = torch.Generator().manual_seed(1)
+    if not private:
+        return Party(model, train, val, n, sampling_gen)
+    return Party(model, train, val, n, sampling_gen, dp=dp_settings(cfg, n),
+                 noise_generator=torch.Generator().manual_seed(2))
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall seconds, process CPU seconds) of one call."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str, Any]:
+    """Median seconds of one party iteration's compute (w_release + a_release) on random data.
+
+    With `private`, also the DP-FNAS step on the same network, inputs and batch (interleaved with the non-private
+    one, repetition by repetition) and the per-example gradient computation of the W release alone.
+    """
+    from mpi_fnas.privacy import per_sample_gradients
+    from mpi_fnas.privacy.per_sample import hooks_supported
+    from mpi_fnas.privacy.validators import PrivacyError, check_model_for_dp
+
+    plain = make_party(cfg, private=False)
+    jobs: dict[str, Callable[[], Any]] = {"w": plain.w_release, "a": plain.a_release}
+    result: dict[str, Any] = {"num_w": plain.num_w, "num_a": plain.num_a}
+    dp = None
+    if private:
+        dp = make_party(cfg, private=True)
+        try:
+            check_model_for_dp(dp.model)
+        except PrivacyError as exc:
+            result["dp_note"] = f"private step not timed: {exc}"
+            dp = None
+    if dp is not None:
+        w_named, a_named = dict(dp.model.named_weights()), dict(dp.model.named_alphas())
+        x, y = dp.train.x, dp.train.y  # the whole shard = the private batch (q = 1)
+        jobs.update({
+            "dp_w": dp.w_release,
+            "dp_a": dp.a_release,
+            # The first stage of party_release alone (same method selection as the release: "auto").
+            "ps_w": lambda: per_sample_gradients(dp.model, w_named, x, y),
+            "ps_a": lambda: per_sample_gradients(dp.model, a_named, dp.val.x, dp.val.y),
+        })
+        result["per_sample_method_w"] = "hooks" if hooks_supported(dp.model, w_named) else "vmap"
+        result["per_sample_method_a"] = "hooks" if hooks_supported(dp.model, a_named) else "vmap"
+    wall: dict[str, list[float]] = {k: [] for k in jobs}
+    cpu: dict[str, list[float]] = {k: [] for k in jobs}
     for i in range(repeats + 1):
-        t0 = time.perf_counter()
-        party.w_release()
-        t1 = time.perf_counter()
-        party.a_release()
-        t2 = time.perf_counter()
-        if i:  # the first round warms up allocators and kernels
-            w_times.append(t1 - t0)
-            a_times.append(t2 - t1)
-    w_med, a_med = statistics.median(w_times), statistics.median(a_times)
-    return {"step_seconds": w_med + a_med, "w_release_seconds": w_med, "a_release_seconds": a_med,
-            "num_w": party.num_w, "num_a": party.num_a}
+        for key, job in jobs.items():
+            w, c = _timed(job)
+            if i:  # the first round warms up allocators and kernels
+                wall[key].append(w)
+                cpu[key].append(c)
+    med = {k: statistics.median(v) for k, v in wall.items()}
+    med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
+    result.update({"step_seconds": med["w"] + med["a"], "w_release_seconds": med["w"],
+                   "a_release_seconds": med["a"], "step_cpu_seconds": med_cpu["w"] + med_cpu["a"]})
+    if dp is not None:
+        dp_step = med["dp_w"] + med["dp_a"]
+        dp_cpu = med_cpu["dp_w"] + med_cpu["dp_a"]
+        result.update({
+            "dp_step_seconds": dp_step,
+            "dp_w_release_seconds": med["dp_w"],
+            "dp_a_release_seconds": med["dp_a"],
+            "dp_step_ratio": dp_step / result["step_seconds"],
+            "dp_step_cpu_seconds": dp_cpu,
+            "dp_step_ratio_cpu": dp_cpu / result["step_cpu_seconds"],
+            "per_sample_seconds": med["ps_w"],
+            "per_sample_a_seconds": med["ps_a"],
+        })
+    return result
 
 
-def time_exchange(channel, num_w: int, num_a: int, repeats: int) -> float:
+# -- peak memory ------------------------------------------------------------------------------------------------
+def _peak_rss_mb() -> float:
+    """This process's peak resident set size (since start or the last reset), in MB (10^6 bytes)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024 / 1e6  # kB
+    except OSError:
+        pass
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6  # bytes on macOS, KiB elsewhere
+
+
+def _reset_peak_rss() -> bool:
+    """Reset the peak RSS to the current RSS (Linux ``clear_refs`` 5); False where that is not possible.
+
+    Needed because on Linux a child's ``ru_maxrss`` starts at its parent's RSS at fork time (the high-water mark
+    survives exec): a child spawned by a 1 GB parent reports >= 1 GB whatever it does.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def measure_variant_memory(cfg: Config, variant: str) -> dict[str, Any]:
+    """Run in a fresh process: peak RSS of one party step of `variant` above the RSS before it.
+
+    Before the step: imports, model and data creation, and a warm-up step of the same variant on a 1-example
+    batch (it loads the lazily initialised kernels and allocator pools, a cost that does not scale with the
+    batch). Then the peak is reset to the current RSS (baseline) and one full step (w_release + a_release) at
+    batch B runs; ``peak_mb - baseline_mb`` is what the step itself needed.
+    """
+    import gc
+
+    warm = make_party(cfg, private=variant == "private", examples=1)
+    party = make_party(cfg, private=variant == "private")
+    warm.w_release()
+    warm.a_release()
+    del warm
+    gc.collect()
+    if _reset_peak_rss():
+        method, baseline = "VmHWM", _peak_rss_mb()
+    else:  # no reset: the peak so far is the best baseline there is (an overestimate of it)
+        method, baseline = "ru_maxrss", _peak_rss_mb()
+    party.w_release()
+    party.a_release()
+    return {"baseline_mb": baseline, "peak_mb": _peak_rss_mb(), "method": method}
+
+
+def _child_env() -> dict[str, str]:
+    # The child must not join the parent's MPI job: drop the process-manager variables mpirun set.
+    return {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "HYDI_", "OMPI_"))}
+
+
+def measure_memory(args: argparse.Namespace) -> dict[str, float]:
+    """Peak RSS of the non-private and private step, each in its own fresh subprocess; ratio of the step costs."""
+    base = [sys.executable, "-m", "mpi_fnas.bench"]
+    if args.config:
+        base += ["--config", args.config]
+    for item in args.overrides:
+        base += ["--set", item]
+    runs = {}
+    for variant in VARIANTS:
+        out = subprocess.run([*base, "--_variant", variant], capture_output=True, text=True, env=_child_env(),
+                             check=False)
+        if out.returncode != 0:
+            raise RuntimeError(f"memory subprocess ({variant}) failed:\n{out.stderr.strip()}")
+        runs[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+    step = runs["plain"]["peak_mb"] - runs["plain"]["baseline_mb"]
+    dp_step = runs["private"]["peak_mb"] - runs["private"]["baseline_mb"]
+    return {
+        "rss_baseline_mb": runs["plain"]["baseline_mb"],
+        "step_rss_mb": step,
+        "dp_step_rss_mb": dp_step,
+        "peak_rss_ratio": dp_step / step if step > 0 else float("nan"),
+        "rss_method": runs["private"]["method"],
+    }
+
+
+def _variant_main(cfg: Config, variant: str) -> int:
+    # Importing the package's MPI module must not initialise MPI in this helper process.
+    import mpi4py
+
+    mpi4py.rc.initialize = False
+    mpi4py.rc.finalize = False
+    import torch
+
+    torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
+    print(json.dumps(measure_variant_memory(cfg, variant)))
+    return 0
+
+
+# -- exchange ---------------------------------------------------------------------------------------------------
+def time_exchange(channel: Channel, num_w: int, num_a: int, repeats: int) -> float:
     """Median seconds of one iteration's collectives (all ranks must call this)."""
     from mpi_fnas.federation.party import STATS
 
@@ -91,6 +287,15 @@ def time_exchange(channel, num_w: int, num_a: int, repeats: int) -> float:
     return statistics.median(times)
 
 
+REPORT_KEYS_FROM_STEP = (
+    "step_seconds", "w_release_seconds", "a_release_seconds", "step_cpu_seconds",
+    "dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_ratio",
+    "dp_step_cpu_seconds", "dp_step_ratio_cpu", "per_sample_seconds", "per_sample_a_seconds",
+    "per_sample_method_w", "per_sample_method_a",
+    "rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -98,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"mpi_fnas.bench: error: {exc}", file=sys.stderr)
         return 2
+    if args.variant:
+        return _variant_main(cfg, args.variant)
     import torch
     from mpi4py import MPI
 
@@ -106,29 +313,34 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
     channel = Channel(MPI.COMM_WORLD)
     timer_rank = 1 if channel.size > 1 else 0
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
     if channel.rank == timer_rank:
         result = time_party_step(cfg, args.repeats)
+        if args.memory and "dp_step_seconds" in result:
+            result.update(measure_memory(args))
+    # The others wait here in a sleeping poll: a blocking MPICH call would spin and steal the timer's core.
+    channel.barrier()
     sizes = np.array([result.get("num_w", 0), result.get("num_a", 0)], dtype=np.float32)
     channel.comm.Bcast(sizes, root=timer_rank)  # setup: tell everyone the buffer sizes
     comm_seconds = time_exchange(channel, int(sizes[0]), int(sizes[1]), args.repeats)
     step = channel.comm.bcast(result, root=timer_rank)
     if channel.rank != 0:
         return 0
-    report = {
+    report: dict[str, Any] = {
         "ranks": channel.size,
         "parties": max(channel.size - 1, 1),
         "batch_size": cfg.search.batch_size,
         "num_w": int(sizes[0]),
         "num_a": int(sizes[1]),
         "threads_per_rank": torch.get_num_threads(),
-        "step_seconds": step["step_seconds"],
-        "w_release_seconds": step["w_release_seconds"],
-        "a_release_seconds": step["a_release_seconds"],
-        "comm_seconds": comm_seconds,
-        "comm_fraction": comm_seconds / (step["step_seconds"] + comm_seconds),
-        "comm_megabytes": 4 * 2 * (int(sizes[0]) + int(sizes[1])) / 1e6,
+        "repeats": args.repeats,
     }
+    report.update({key: step.get(key) for key in REPORT_KEYS_FROM_STEP})
+    report["comm_seconds"] = comm_seconds
+    report["comm_fraction"] = comm_seconds / (step["step_seconds"] + comm_seconds)
+    report["comm_megabytes"] = 4 * 2 * (int(sizes[0]) + int(sizes[1])) / 1e6
+    if "dp_note" in step:
+        report["dp_note"] = step["dp_note"]
     if args.json:
         print(json.dumps(report))
     else:
@@ -136,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             print("note: 1 rank — the exchange is a self-copy; run under mpirun -n K+1 for a real one")
         width = max(len(k) for k in report)
         for key, value in report.items():
-            text = f"{value:.6g}" if isinstance(value, float) else str(value)
+            text = "n/a" if value is None else f"{value:.6g}" if isinstance(value, float) else str(value)
             print(f"{key:<{width}}  {text}")
     return 0
 

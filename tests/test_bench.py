@@ -3,33 +3,121 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from mpi_fnas import bench
+from mpi_fnas.config import load_config
+from mpi_fnas.federation.party import STATS
+from mpi_fnas.privacy import per_sample_gradients
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=1",
-        "--set", "data.image_size=8", "--set", "search.batch_size=4", "--repeats", "1", "--json"]
+TINY_SETTINGS = ["space.channels=4", "space.layers=3", "space.nodes=1", "data.image_size=8", "search.batch_size=4"]
+TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--repeats", "1", "--json"]
+DP_TIMES = ("dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_cpu_seconds",
+            "per_sample_seconds", "per_sample_a_seconds")
+RSS_FIELDS = ("rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method")
 
 
-@pytest.mark.parametrize("ranks", [1, 3])
-def test_bench_json_fields(ranks):
-    cmd = [sys.executable, "-m", "mpi_fnas.bench", *TINY]
+def _run_bench(ranks: int, *extra: str) -> dict:
+    cmd = [sys.executable, "-m", "mpi_fnas.bench", *TINY, *extra]
     if ranks > 1:
         cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", str(ranks), *cmd]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180, cwd=ROOT)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if line.strip()]
     assert len(lines) == 1  # rank 0 only
-    report = json.loads(lines[0])
+    return json.loads(lines[0])
+
+
+# 1 rank without the memory subprocesses, 3 ranks with them: the subprocess path that must not join the MPI job
+# is the one under mpirun.
+@pytest.mark.parametrize(("ranks", "memory"), [(1, False), (3, True)])
+def test_bench_json_fields(ranks, memory):
+    report = _run_bench(ranks, *([] if memory else ["--no-memory"]))
     assert report["ranks"] == ranks
     assert report["step_seconds"] > 0 and report["comm_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(report["w_release_seconds"] + report["a_release_seconds"])
     assert report["comm_fraction"] == pytest.approx(
         report["comm_seconds"] / (report["step_seconds"] + report["comm_seconds"]))
     assert report["num_a"] == 2 * 2 * 8  # 2 cells kinds × 2 edges (1 node) × 8 ops
+
+    # The private step: every timing present and positive, ratios consistent with the times they divide.
+    for key in DP_TIMES:
+        assert report[key] > 0, key
+    assert report["dp_step_seconds"] == pytest.approx(
+        report["dp_w_release_seconds"] + report["dp_a_release_seconds"])
+    assert report["dp_step_ratio"] == pytest.approx(report["dp_step_seconds"] / report["step_seconds"])
+    assert report["dp_step_ratio_cpu"] == pytest.approx(report["dp_step_cpu_seconds"] / report["step_cpu_seconds"])
+    # The supernet's W is all Conv/GroupNorm/Linear (fast hooks); the alphas are used directly (vmap).
+    assert (report["per_sample_method_w"], report["per_sample_method_a"]) == ("hooks", "vmap")
+
+    if memory:
+        assert report["rss_baseline_mb"] > 0
+        assert report["step_rss_mb"] > 0 and report["dp_step_rss_mb"] > 0
+        assert report["peak_rss_ratio"] == pytest.approx(report["dp_step_rss_mb"] / report["step_rss_mb"])
+        # Not the inherited high-water mark of the (much larger) parent rank: the baseline is the child's own.
+        assert report["rss_method"] in ("VmHWM", "ru_maxrss")
+    else:
+        assert all(report[key] is None for key in RSS_FIELDS)
+
+
+def test_bench_batchnorm_skips_private_step_with_reason():
+    # An FNAS config may use BatchNorm (the config refuses it under mode dpfnas); DP cannot time a private step.
+    report = _run_bench(1, "--no-memory", "--set", "mode=fnas", "--set", "space.norm=batchnorm")
+    assert report["step_seconds"] > 0
+    assert report["dp_step_seconds"] is None and report["dp_step_ratio"] is None
+    assert "BatchNorm" in report["dp_note"]
+
+
+def test_private_and_plain_steps_compute_on_the_same_network_and_batch():
+    """With clipping inactive and negligible noise, the private release is the non-private mean gradient.
+
+    That holds only if both parties have the same weights, the same inputs and the same batch (the whole shard of
+    B examples: Poisson rate 1) and the release is divided by B = the realised batch size. Noise std σR = 1e-9.
+    """
+    cfg = load_config(None, [*TINY_SETTINGS, "privacy.clip_w=1000.0", "privacy.clip_a=1000.0",
+                             "privacy.noise_multiplier_w=1.0e-12", "privacy.noise_multiplier_a=1.0e-12"])
+    plain, private = bench.make_party(cfg, private=False), bench.make_party(cfg, private=True)
+    assert private.dp is not None and plain.dp is None
+    assert private.dp.expected_batch_size == len(private.train) == cfg.search.batch_size
+    per_example = per_sample_gradients(private.model, dict(private.model.named_weights()), private.train.x,
+                                       private.train.y)
+    assert float(per_example.norm(dim=1).max()) < 1000.0  # the premise: clipping does not act
+    for release in ("w_release", "a_release"):
+        mean_grad = getattr(plain, release)().copy()
+        dp_release = getattr(private, release)().copy()
+        assert mean_grad[-2] == cfg.search.batch_size  # the STATS count: the non-private batch is B examples
+        assert np.all(dp_release[-STATS:] == 0)  # nothing but the release leaves a private party
+        # float32 sums in a different order: compare the vectors, not the tiniest coordinates.
+        error = np.linalg.norm(dp_release[:-STATS] - mean_grad[:-STATS]) / np.linalg.norm(mean_grad[:-STATS])
+        assert error < 1e-5, (release, error)
+
+
+def test_private_party_uses_the_configured_privacy_settings():
+    cfg = load_config(None, [*TINY_SETTINGS, "privacy.clip_w=0.5", "privacy.noise_multiplier_a=3.0"])
+    party = bench.make_party(cfg, private=True)
+    assert party.dp == bench.dp_settings(cfg, cfg.search.batch_size)
+    assert (party.dp.clip_w, party.dp.clip_a, party.dp.noise_multiplier_a) == (0.5, cfg.privacy.clip_a, 3.0)
+
+
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
+def test_peak_rss_probe_sees_an_allocation_after_reset():
+    """The memory probe measures what happens after the reset, not the process's earlier high-water mark."""
+    big = np.ones(60_000_000 // 8)  # 60 MB, touched
+    del big
+    assert bench._reset_peak_rss()
+    before = bench._peak_rss_mb()
+    block = np.ones(40_000_000 // 8)  # 40 MB, touched
+    after = bench._peak_rss_mb()
+    del block
+    assert 35 <= after - before <= 60
+    assert math.isfinite(before) and before > 0
 
 
 def test_bench_bad_config_exit_2():
