@@ -283,7 +283,7 @@ def _launcher_rank() -> int | None:
 
 
 def _local_ranks() -> int:
-    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE", "PMI_SIZE"):
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(var, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
@@ -291,9 +291,12 @@ def _local_ranks() -> int:
 
 
 def _threads(cfg: Config | None) -> int:
-    """runtime.threads_per_rank, else the cores this process may use divided by the ranks on this node."""
+    """runtime.threads_per_rank, else OMP_NUM_THREADS (a launcher's choice, e.g. --cpus-per-task), else the cores
+    this process may use divided by the ranks on this node."""
     if cfg is not None and cfg.runtime.threads_per_rank:
         return cfg.runtime.threads_per_rank
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, cores // _local_ranks())
 

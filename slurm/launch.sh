@@ -93,6 +93,37 @@ case $launcher in
   *) die "MPI_FNAS_LAUNCHER must be srun or mpirun, got '$launcher'" ;;
 esac
 
+# --- stale MPICH shared memory of a killed attempt ---------------------------------------------------------------
+# MPICH (ch4) names a step's node-local shared-memory segment /dev/shm/mpich_shm_<h>_<node> (and mpich_vci_<h>_<node>),
+# h = FNV-1a hash of the PMI job id "<job id>.<step id>", and unlinks it in MPI_Finalize. When Slurm SIGKILLs an
+# attempt (KillWait after a requeue or preemption) the segment stays behind; the requeued job keeps its id and numbers
+# its steps from 0 again, so the next attempt's ranks would attach to the dead segment and hang in MPI_Init for good.
+# So a restarted job first removes its own old segments on every node, in a step of its own (step 0): the run is
+# step 0 of a first attempt and step 1 of a restarted one, and both names are removed.
+fnv1a32() {
+  local text=$1 hash=2166136261 i byte
+  for ((i = 0; i < ${#text}; i++)); do
+    printf -v byte '%d' "'${text:i:1}"
+    hash=$(((hash ^ byte) * 16777619 & 0xFFFFFFFF))
+  done
+  printf '%x' "$hash"
+}
+remove_stale_mpich_segments() {
+  local patterns=() step hash
+  for step in 0 1; do
+    hash=$(fnv1a32 "$SLURM_JOB_ID.$step")
+    patterns+=("/dev/shm/mpich_shm_${hash}_*" "/dev/shm/mpich_vci_${hash}_*")
+  done
+  log "removing stale MPICH segments of job $SLURM_JOB_ID on its nodes: ${patterns[*]}"
+  # The globs expand on each node; --gres=none and --mpi=none keep this step from needing the GPUs or PMI.
+  srun --ntasks-per-node=1 --ntasks="${SLURM_JOB_NUM_NODES:-1}" --gres=none --mpi=none \
+    bash -c 'shopt -s nullglob; rm -f -- $*' rm_stale "${patterns[@]}" ||
+    log "warning: could not remove stale MPICH segments (a resumed run may hang in MPI_Init)"
+}
+if [[ $launcher == srun && $restarts -gt 0 ]]; then
+  remove_stale_mpich_segments
+fi
+
 # Threads per rank: what Slurm gave each task, unless the caller decided. HDF5 locks break on parallel file
 # systems and rank 0 is the only writer.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
@@ -124,6 +155,13 @@ log "run exited with $status"
 if [[ $status -eq $EXIT_INTERRUPTED && -n ${SLURM_JOB_ID:-} ]]; then
   if scontrol requeue "$SLURM_JOB_ID"; then
     log "requeued job $SLURM_JOB_ID; it resumes from $run_dir"
+    exit 0
+  fi
+  # The stop request may itself have come from a requeue (`scontrol requeue`, preemption in REQUEUE mode): Slurm
+  # then has already counted the restart and refuses a second requeue ("Job is pending execution").
+  now=$(scontrol show job -o "$SLURM_JOB_ID" | grep -m1 -o ' Restarts=[0-9]*' | cut -d= -f2) || now=""
+  if [[ -n $now && $now -gt $restarts ]]; then
+    log "job $SLURM_JOB_ID was already requeued by Slurm (restart $now); it resumes from $run_dir"
     exit 0
   fi
   log "scontrol requeue failed: resubmit with RUN_DIR=$run_dir to resume"

@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import h5py
@@ -129,7 +130,8 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
 
 
 def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
-    out = launch(3, *TINY, "--set", "search.epochs=1", "--set", "search.steps_per_epoch=2", "--out", str(tmp_path / "d"))
+    out = launch(3, *TINY, "--set", "search.epochs=1", "--set", "search.steps_per_epoch=2",
+                 "--out", str(tmp_path / "d"))
     assert out.returncode == 0, out.stderr
     assert "mode            dpfnas" in out.stdout and "tight PLD bound" in out.stdout
     log = read_run(tmp_path / "d" / "search.h5")
@@ -149,18 +151,18 @@ def test_vanilla_nas_runs_with_one_party(tmp_path):
 
 def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path):
     run = tmp_path / "run"
-    start = time.monotonic()
     out = launch(4, *TINY, "--set", "search.epochs=50", "--out", str(run),
-                 env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=120)
-    elapsed = time.monotonic() - start
+                 env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=180)
+    ended = time.time()
     assert out.returncode != 0
     assert "injected fault at step 3" in out.stderr
     log = read_run(run / "search.h5")
     assert log["status"] == "failed"
     assert "party rank 2 failed" in log["reason"]
     assert len(log["metrics"]["step"]) == 2  # the rows written before the failure are kept
-    # Generous bound for a loaded 2-core box; the abort itself takes well under a second once the fault fires.
-    assert elapsed < 60, f"job took {elapsed:.1f} s to end"
+    # Measured from the log's creation (after the slow torch imports): 3 tiny steps, the fault, the abort.
+    started = datetime.fromisoformat(log["created"]).timestamp()
+    assert ended - started < 30, f"job took {ended - started:.1f} s to end after the search started"
 
 
 def _descendants(pid: int) -> list[int]:

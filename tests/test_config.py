@@ -34,7 +34,7 @@ def test_required_configs_exist():
 def test_overrides_are_parsed_as_yaml_and_applied_last(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("search:\n  epochs: 7\n  w_lr: 0.1\n")
-    cfg = load_config(f, ["search.epochs=2", "space.norm=batchnorm", "federation.parties=null",
+    cfg = load_config(f, ["mode=fnas", "search.epochs=2", "space.norm=batchnorm", "federation.parties=null",
                           "runtime.progress=off", "data.download=true"])
     assert cfg.search.epochs == 2
     assert cfg.search.w_lr == 0.1

@@ -3,7 +3,7 @@
 The batch scripts run unchanged; only the Python module each rank starts is a stand-in (MPI_FNAS_MODULE, a
 documented launch.sh setting), which records its argv and environment and plays the run's exit-code contract:
 0 finished, 75 interrupted after writing RUN_DIR/checkpoint.pt. The end-to-end test with the real
-`mpi_fnas.run` lives with the run's tests.
+`mpi_fnas.run` is tests/test_slurm_e2e.py.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
+from slurm_cluster import mpich_segment, slurm_cluster  # noqa: F401  (slurm_cluster is the fixture)
 
 REPO = Path(__file__).resolve().parent.parent
 SLURM_DIR = REPO / "slurm"
@@ -212,10 +212,23 @@ def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in
         cwd=tmp_path,
     )
     wait_for_records(records, job, 0, 9)
-    # What --signal=B:USR1@120 does before the time limit: SIGUSR1 to the batch shell only.
-    slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
-    info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    # What an attempt SIGKILLed inside MPI leaves behind: segments named by this job's steps 0 and 1 (the run's
+    # step in a first and in a restarted attempt). The restart must remove them, and nothing else.
+    stale = [mpich_segment(f"{job}.0"), mpich_segment(f"{job}.1", node=1)]
+    unrelated = mpich_segment(f"{job}.7")
+    try:
+        for path in [*stale, unrelated]:
+            path.write_bytes(b"stale")
+        # What --signal=B:USR1@120 does before the time limit: SIGUSR1 to the batch shell only.
+        slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
+        info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+        assert [p.exists() for p in stale] == [False, False]
+        assert unrelated.exists()
+    finally:
+        for path in [*stale, unrelated]:
+            path.unlink(missing_ok=True)
     output = job_output(slurm_cluster, job)
+    assert "removing stale MPICH segments" in output, output
     assert info["JobState"] == "COMPLETED", output
     assert info["Restarts"] == "1", info
     first = load_records(records, job, 0)
@@ -231,6 +244,31 @@ def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in
     assert f"requeued job {job}" in output
     # --open-mode=append: the first attempt's log survives the requeue.
     assert output.count("launch.sh: job") == 2, output
+
+
+@slurm
+def test_scontrol_requeue_from_outside_is_not_requeued_twice(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    """`scontrol requeue` (or preemption in REQUEUE mode) sends SIGTERM to the whole job and has already requeued
+    it: the run still checkpoints (exit 75), the script's own requeue is refused, and the script must see that
+    the job is requeued instead of reporting a failure; the job comes back exactly once."""
+    env, records, _ = stand_in
+    run_dir = tmp_path / "run"
+    job = slurm_cluster.sbatch(
+        str(SLURM_DIR / "fnas_2.sh"),
+        env=env(slurm_cluster, RUN_DIR=str(run_dir), FAKE_RUN_BEHAVIOUR="checkpoint-on-signal"),
+        cwd=tmp_path,
+    )
+    wait_for_records(records, job, 0, 3)
+    slurm_cluster.run("scontrol", "requeue", str(job))
+    info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    output = job_output(slurm_cluster, job)
+    assert info["JobState"] == "COMPLETED", output
+    assert info["Restarts"] == "1", info
+    assert all(r["signals"] for r in load_records(records, job, 0)), output  # every rank was asked to stop
+    assert (run_dir / "checkpoint.pt").exists()
+    assert f"job {job} was already requeued by Slurm (restart 1)" in output, output
+    assert "scontrol requeue failed" not in output
+    assert [r["argv"][2:4] for r in load_records(records, job, 1)] == [["--resume", str(run_dir)]] * 3
 
 
 @slurm
