@@ -22,7 +22,13 @@ def test_default_yaml_is_exactly_the_built_in_default():
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
-    cfg = load_config(path)
+    if "sweep" in yaml.safe_load(path.read_text()):  # a sweep file: base config + sweep section
+        from mpi_fnas.sweep import load_sweep
+
+        cfg, spec = load_sweep(path)
+        assert spec.points()
+    else:
+        cfg = load_config(path)
     assert cfg.mode in ("vanilla", "fnas", "dpfnas")
 
 

@@ -1,0 +1,557 @@
+"""Noise sweep (the paper's Table 2 in small): every (noise variance, seed) point of a DP-FNAS run, in one MPI job.
+
+    mpirun -n K+1 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml [--set key=value ...] [--out DIR]
+    python -m mpi_fnas.sweep --summarize DIR        # table an existing sweep (e.g. slurm/noise_sweep.sh's output)
+
+The config is a normal run config plus an optional top-level ``sweep:`` section, which this tool strips before
+the run config is validated (so ``mpi_fnas.run`` does not accept the file as it is; the rest of it is an ordinary
+run config)::
+
+    sweep:
+      variances: [0.5, 1, 2, 5, 8, 10]   # the paper's "variance of noise" σ²; each point sets σ_W = σ_A = √σ²
+      seeds: [0, 1, 2]
+
+``--set sweep.variances=[1,10]`` / ``--set sweep.seeds=[0]`` override it like any other key. Without the section
+the sweep is the paper's six variances with seed 0 (the defaults of ``slurm/noise_sweep.sh``, which runs the same
+points as an array job with the same σ and the same directory names).
+
+Every rank loops over the same points in the same order on one :class:`~mpi_fnas.federation.comm.Channel`;
+point (v, s) writes ``DIR/var<v>-seed<s>/search.h5`` (DIR default ``runs/<name>-sweep-<timestamp>``). After every
+point rank 0 rewrites ``DIR/points.csv`` (one row per run) and ``DIR/summary.csv`` (one row per variance: test
+error mean ± std over seeds, worst party's ε), so a crash keeps the finished points' results, and at the end it
+prints the table. The error is the supernet's on the server's test split: under DP the parties' validation
+accuracy is not released (it would be an unaccounted release), so it stands in for the paper's validation error.
+
+Exit codes as ``mpi_fnas.run``: 0 finished · 1 failure (job aborted, that point's log ``failed``) · 2 bad input
+(one line from rank 0) · 75 interrupted by SIGTERM/SIGUSR1/SIGINT (the current point checkpointed; resume it with
+``mpi_fnas.run --resume DIR/var<v>-seed<s>``, run the points not yet done with ``--set sweep.…`` into the same
+``--out`` — a point that already has a log is refused, never overwritten — then ``--summarize DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import math
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from mpi_fnas import __version__
+from mpi_fnas.config import Config, ConfigError, check_world, config_from_text, parse_override, validate
+from mpi_fnas.run import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    StopRequest,
+    _bad_input,
+    _fail,
+    _launcher_rank,
+    _limit_threads,
+    _make_dir,
+    _threads,
+)
+
+SWEEP_KEY = "sweep"
+PAPER_VARIANCES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)  # Table 2
+DEFAULT_SEEDS = (0,)
+NOISE_KEYS = ("noise_multiplier_w", "noise_multiplier_a")  # both releases get the same σ (as slurm/noise_sweep.sh)
+SUMMARY_CSV = "summary.csv"
+POINTS_CSV = "points.csv"
+_POINT_DIR = re.compile(r"^var(?P<variance>[^/]+)-seed(?P<seed>\d+)$")
+
+_EPILOG = """\
+the sweep config is a run config (see python -m mpi_fnas.run --help for its keys) plus an optional section
+  sweep:
+    variances: [0.5, 1, 2, 5, 8, 10]   # noise variance sigma^2 per point; sigma_W = sigma_A = sqrt(variance)
+    seeds: [0, 1, 2]                   # every variance is run with every seed (default: [0])
+  which --set sweep.variances=[1,10] / --set sweep.seeds=[0] override. mode must be dpfnas and
+  privacy.target_epsilon unset (the sweep sets sigma itself).
+
+output: DIR/var<variance>-seed<seed>/search.h5 per point (DIR: --out, default runs/<name>-sweep-<timestamp>),
+  DIR/points.csv (one row per run) and DIR/summary.csv (one row per variance), rewritten after every point.
+  --summarize DIR reads the logs of a finished sweep (or of slurm/noise_sweep.sh's array job) without MPI.
+exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (current point checkpointed).
+"""
+
+
+# -- the sweep's points --------------------------------------------------------------------------------------------
+def noise_multiplier(variance: float) -> float:
+    """σ = √variance, rounded to 12 significant digits exactly as ``slurm/noise_sweep.sh`` (awk "%.12g") does,
+    so the array job and this sweep run bit-identical configs."""
+    return float(f"{math.sqrt(variance):.12g}")
+
+
+def variance_label(variance: float) -> str:
+    """How a variance appears in directory names and tables: 0.5 → "0.5", 1.0 → "1", 10.0 → "10"."""
+    return f"{variance:.12g}"
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """One run of the sweep."""
+
+    variance: float
+    seed: int
+
+    @property
+    def sigma(self) -> float:
+        return noise_multiplier(self.variance)
+
+    @property
+    def dirname(self) -> str:
+        return f"var{variance_label(self.variance)}-seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """The ``sweep:`` section: every variance is run with every seed, variances in the outer loop."""
+
+    variances: tuple[float, ...] = PAPER_VARIANCES
+    seeds: tuple[int, ...] = DEFAULT_SEEDS
+
+    def points(self) -> list[SweepPoint]:
+        return [SweepPoint(v, s) for v in self.variances for s in self.seeds]
+
+    def to_dict(self) -> dict[str, list]:
+        return {"variances": list(self.variances), "seeds": list(self.seeds)}
+
+
+def parse_sweep_section(section: Any) -> SweepSpec:
+    """Validate the ``sweep:`` mapping (None → defaults). A bare number is taken as a one-element list."""
+    if section is None:
+        return SweepSpec()
+    if not isinstance(section, dict):
+        raise ConfigError(f"{SWEEP_KEY}: expected a mapping with keys variances, seeds; got {section!r}")
+    unknown = [k for k in section if k not in ("variances", "seeds")]
+    if unknown:
+        raise ConfigError(f"{SWEEP_KEY}.{unknown[0]}: unknown key (valid keys here: variances, seeds)")
+    variances = _number_list(section.get("variances", list(PAPER_VARIANCES)), "variances", integer=False)
+    seeds = _number_list(section.get("seeds", list(DEFAULT_SEEDS)), "seeds", integer=True)
+    return SweepSpec(tuple(float(v) for v in variances), tuple(int(s) for s in seeds))
+
+
+def _number_list(value: Any, name: str, *, integer: bool) -> list:
+    key = f"{SWEEP_KEY}.{name}"
+    items = value if isinstance(value, list) else [value]
+    if not items:
+        raise ConfigError(f"{key}: must list at least one value")
+    for item in items:
+        if integer:
+            if not isinstance(item, int) or isinstance(item, bool) or item < 0:
+                raise ConfigError(f"{key}: {item!r} is not an integer >= 0")
+        elif isinstance(item, bool) or not isinstance(item, (int, float)) or not (math.isfinite(item) and item > 0):
+            raise ConfigError(f"{key}: {item!r} is not a finite number > 0")
+    # Two equal entries would write the same run directory twice (1 and 1.0 are the same variance).
+    labels = [str(i) if integer else variance_label(float(i)) for i in items]
+    for label in labels:
+        if labels.count(label) > 1:
+            raise ConfigError(f"{key}: {label} is listed twice")
+    return items
+
+
+def point_config(base: Config, point: SweepPoint) -> Config:
+    """The run config of one point: `base` with its seed and σ_W = σ_A = √variance."""
+    cfg = copy.deepcopy(base)
+    cfg.seed = point.seed
+    for key in NOISE_KEYS:
+        setattr(cfg.privacy, key, point.sigma)
+    return validate(cfg)
+
+
+def load_sweep(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[Config, SweepSpec]:
+    """Defaults ← YAML file (its ``sweep:`` section stripped) ← ``--set`` overrides; ``sweep.*`` overrides go to
+    the sweep section. Raises ConfigError (one line naming the key) on any problem, including a config whose
+    points could not run as a noise sweep."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        tree = _read_yaml_mapping(Path(path))
+    section = tree.pop(SWEEP_KEY, None)
+    run_overrides = []
+    for item in overrides:
+        key, value = parse_override(item)
+        if key == SWEEP_KEY or key.startswith(SWEEP_KEY + "."):
+            parts = key.split(".")[1:]
+            if len(parts) != 1:
+                raise ConfigError(f"--set {key}: expected sweep.variances=[...] or sweep.seeds=[...]")
+            if section is None:
+                section = {}
+            if not isinstance(section, dict):
+                raise ConfigError(f"{SWEEP_KEY}: expected a mapping with keys variances, seeds; got {section!r}")
+            section = {**section, parts[0]: value}
+        else:
+            run_overrides.append(item)
+    spec = parse_sweep_section(section)
+    base = config_from_text(yaml.safe_dump(tree, sort_keys=False), run_overrides, where=str(path or ""))
+    if base.mode != "dpfnas":
+        raise ConfigError(f"mode: a noise sweep needs mode dpfnas (got {base.mode}); the noise multipliers would "
+                          "be ignored")
+    if base.privacy.target_epsilon is not None:
+        raise ConfigError("privacy.target_epsilon: the sweep sets the noise multipliers itself; drop target_epsilon "
+                          "(privacy.max_epsilon may stay)")
+    for point in spec.points():  # all points must be valid before the first one runs
+        point_config(base, point)
+    return base, spec
+
+
+def _read_yaml_mapping(path: Path) -> dict[str, Any]:
+    # The same messages as mpi_fnas.config.load_config, which cannot read the file itself (the sweep key).
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file: {path}") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"--config: {path} is not valid YAML{at}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config: {path} must contain a mapping at the top level")
+    return loaded
+
+
+def sweep_yaml(base: Config, spec: SweepSpec) -> str:
+    """The resolved sweep config: the base run config with the sweep section appended (loadable by load_sweep)."""
+    return base.to_yaml() + yaml.safe_dump({SWEEP_KEY: spec.to_dict()}, sort_keys=False, default_flow_style=None)
+
+
+# -- results -------------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PointResult:
+    """One finished run, as read back from its log."""
+
+    variance: float
+    seed: int
+    sigma: float  # the σ_W the run used (σ_A is the same)
+    test_acc: float  # the server's test split, supernet, after the last step
+    epsilon_worst: float  # max over parties of the tight ε (PLD) after the last step
+    epsilon_best: float
+    delta: float  # max over parties
+    mu_gdp_worst: float  # the paper's Theorem 3.1 μ (an approximation, not the guarantee)
+    steps: int
+    status: str
+    stop_reason: str
+    wall_seconds: float
+    run_dir: Path
+
+    @property
+    def test_error_pct(self) -> float:
+        return 100.0 * (1.0 - self.test_acc)
+
+
+def read_point(run_dir: str | Path) -> PointResult:
+    """Read point ``DIR/var<v>-seed<s>`` from its search.h5 (written by this tool or by slurm/noise_sweep.sh).
+
+    Raises ValueError when the directory name, the log's config and its privacy parameters disagree.
+    """
+    from mpi_fnas.runlog import read_run
+
+    run_dir = Path(run_dir)
+    match = _POINT_DIR.match(run_dir.name)
+    if match is None:
+        raise ValueError(f"{run_dir}: not a sweep point directory (var<variance>-seed<seed>)")
+    variance, seed = float(match["variance"]), int(match["seed"])
+    log = read_run(run_dir / "search.h5")
+    privacy = log["privacy"]
+    if privacy is None or len(privacy["steps"]) == 0:
+        raise ValueError(f"{run_dir}: the log holds no privacy record (not a finished DP-FNAS run)")
+    cfg = config_from_text(log["config"])
+    sigma = float(np.max(privacy["noise_multiplier_w"]))
+    if cfg.seed != seed or not math.isclose(sigma, noise_multiplier(variance), rel_tol=1e-9):
+        raise ValueError(f"{run_dir}: the log's seed {cfg.seed} / σ {sigma:.6g} do not match the directory name")
+    test = log["metrics"]["test_acc"]
+    evaluated = test[np.isfinite(test)]
+    epsilon = np.asarray(privacy["epsilon"][-1], dtype=float)
+    return PointResult(
+        variance=variance, seed=seed, sigma=sigma,
+        test_acc=float(evaluated[-1]) if evaluated.size else float("nan"),
+        epsilon_worst=float(epsilon.max()), epsilon_best=float(epsilon.min()),
+        delta=float(np.max(privacy["delta"])), mu_gdp_worst=float(np.max(privacy["mu_gdp"][-1])),
+        steps=int(log["metrics"]["step"][-1]) if len(log["metrics"]["step"]) else 0,
+        status=log["status"], stop_reason=log["reason"], wall_seconds=float(log["cost"]["wall_seconds"]),
+        run_dir=run_dir,
+    )
+
+
+@dataclass(frozen=True)
+class SummaryRow:
+    """One line of the Table-2-like summary: one variance over its seeds."""
+
+    variance: float
+    sigma: float
+    seeds: int
+    test_error_mean_pct: float
+    test_error_std_pct: float  # sample standard deviation over seeds (ddof 1); NaN with one seed
+    epsilon_worst: float  # max over seeds and parties (ε does not depend on the seed: same q, σ, T, δ)
+    delta: float
+    mu_gdp_worst: float
+    steps: int
+
+
+def summarize(results: Sequence[PointResult]) -> list[SummaryRow]:
+    """Group finished runs by variance (ascending)."""
+    rows = []
+    for variance in sorted({r.variance for r in results}):
+        group = [r for r in results if r.variance == variance]
+        errors = np.array([r.test_error_pct for r in group])
+        rows.append(SummaryRow(
+            variance=variance, sigma=group[0].sigma, seeds=len(group),
+            test_error_mean_pct=float(errors.mean()),
+            test_error_std_pct=float(errors.std(ddof=1)) if len(group) > 1 else float("nan"),
+            epsilon_worst=max(r.epsilon_worst for r in group), delta=max(r.delta for r in group),
+            mu_gdp_worst=max(r.mu_gdp_worst for r in group), steps=max(r.steps for r in group),
+        ))
+    return rows
+
+
+def format_table(rows: Sequence[SummaryRow], parties: int | None = None) -> str:
+    """The summary as the paper prints Table 2, plus σ and the privacy cost."""
+    who = f"{parties} parties, " if parties is not None else ""
+    lines = [
+        f"== noise sweep ({who}test error of the supernet on the server's test split; ε: tight PLD bound, worst "
+        "party) ==",
+        f"{'variance':>9} {'σ':>7} {'seeds':>5} {'test error (%)':>17} {'ε (worst)':>10} {'δ':>9} {'steps':>6}",
+    ]
+    for r in rows:
+        spread = f"± {r.test_error_std_pct:5.2f}" if math.isfinite(r.test_error_std_pct) else "(1 seed)"
+        lines.append(f"{variance_label(r.variance):>9} {r.sigma:>7.4g} {r.seeds:>5} "
+                     f"{r.test_error_mean_pct:>7.2f} {spread:>9} {r.epsilon_worst:>10.4g} {r.delta:>9.3g} "
+                     f"{r.steps:>6}")
+    return "\n".join(lines)
+
+
+def write_results(out_dir: str | Path, results: Sequence[PointResult]) -> tuple[Path, Path]:
+    """Write ``points.csv`` (one row per run) and ``summary.csv`` (one row per variance); return their paths."""
+    out_dir = Path(out_dir)
+    points_path, summary_path = out_dir / POINTS_CSV, out_dir / SUMMARY_CSV
+    point_rows = [{
+        "variance": variance_label(r.variance), "sigma": r.sigma, "seed": r.seed, "test_acc": r.test_acc,
+        "test_error_pct": r.test_error_pct, "epsilon_worst": r.epsilon_worst, "epsilon_best": r.epsilon_best,
+        "delta": r.delta, "mu_gdp_worst": r.mu_gdp_worst, "steps": r.steps, "status": r.status,
+        "stop_reason": r.stop_reason, "wall_seconds": r.wall_seconds, "run_dir": r.run_dir.name,
+    } for r in sorted(results, key=lambda r: (r.variance, r.seed))]
+    summary_rows = [{
+        "variance": variance_label(r.variance), "sigma": r.sigma, "seeds": r.seeds,
+        "test_error_mean_pct": r.test_error_mean_pct, "test_error_std_pct": r.test_error_std_pct,
+        "epsilon_worst": r.epsilon_worst, "delta": r.delta, "mu_gdp_worst": r.mu_gdp_worst, "steps": r.steps,
+    } for r in summarize(results)]
+    _write_csv(points_path, point_rows)
+    _write_csv(summary_path, summary_rows)
+    return points_path, summary_path
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:  # whole file then rename: a reader never sees half a table
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [])
+        writer.writeheader()
+        writer.writerows(rows)
+    tmp.replace(path)
+
+
+def summarize_dir(out_dir: str | Path) -> list[PointResult]:
+    """Every finished point under `out_dir` (``var*-seed*/search.h5``); raises ConfigError if there is none."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        raise ConfigError(f"--summarize: no such directory: {out_dir}")
+    results, skipped = [], []
+    for child in sorted(out_dir.iterdir()):
+        if _POINT_DIR.match(child.name) and (child / "search.h5").exists():
+            try:
+                result = read_point(child)
+            except (ValueError, OSError, KeyError) as exc:
+                raise ConfigError(f"--summarize: {exc}") from None
+            (results if result.status == "finished" else skipped).append(result)
+    for r in skipped:
+        print(f"mpi_fnas.sweep: skipping {r.run_dir.name}: status {r.status}", file=sys.stderr)
+    if not results:
+        raise ConfigError(f"--summarize: {out_dir} holds no finished var<v>-seed<s>/search.h5")
+    return results
+
+
+# -- command line --------------------------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mpi_fnas.sweep",
+        description="DP-FNAS noise sweep (paper Table 2): one run per (noise variance, seed), all inside one MPI "
+        "job. Rank 0 is the parameter server; ranks 1..K are the parties.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", metavar="FILE", help="run config with an optional sweep: section "
+                        "(e.g. configs/dpfnas_noise_sweep.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key, e.g. --set search.epochs=2 or --set sweep.seeds=[0,1,2]")
+    parser.add_argument("--out", metavar="DIR", help="sweep directory (default runs/<name>-sweep-<timestamp>)")
+    parser.add_argument("--summarize", metavar="DIR", help="print and write the table of an existing sweep "
+                        "directory, then exit (no MPI)")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved sweep config and exit")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for bad input too")
+    parser.add_argument("--version", action="version", version=f"mpi_fnas {__version__}")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.summarize:
+        return _summarize_command(args)
+    # Parse the config before touching MPI or torch: bad input should be cheap and identical on every rank.
+    try:
+        base, spec = load_sweep(args.config, args.overrides)
+        config_error = None
+    except ConfigError as exc:
+        base, spec, config_error = None, None, exc
+    if args.print_config and config_error is None and _launcher_rank() in (None, 0):
+        print(sweep_yaml(base, spec), end="")
+        return EXIT_OK
+
+    _limit_threads(base)
+    from mpi4py import MPI  # MPI_Init happens here, after cheap argument checks
+
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    try:
+        if config_error is not None:
+            raise config_error
+        if comm.Get_size() < 2:
+            raise ConfigError("mpi_fnas.sweep needs at least 2 MPI ranks (1 server + K parties); launch it as: "
+                              "mpirun -n 5 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml")
+        base, spec, out_dir = _agree_setup(comm, base, spec, args.out)
+        check_world(base, comm.Get_size())
+    except ConfigError as exc:
+        return _bad_input(rank, exc, args.debug)
+    return _run_sweep(base, spec, comm, out_dir, args.debug)
+
+
+def _summarize_command(args: argparse.Namespace) -> int:
+    try:
+        if args.config or args.overrides or args.out:
+            raise ConfigError("--summarize takes only the sweep directory")
+        results = summarize_dir(args.summarize)
+    except ConfigError as exc:
+        return _bad_input(0, exc, args.debug)
+    _, summary_path = write_results(args.summarize, results)
+    print(format_table(summarize(results)) + f"\nsummary         {summary_path}", flush=True)
+    return EXIT_OK
+
+
+def _agree_setup(comm, base: Config, spec: SweepSpec, out: str | None) -> tuple[Config, SweepSpec, Path]:
+    """Rank 0 checks and creates the sweep directory; every rank gets rank 0's config, points and directory."""
+    decision: tuple[str, str, str] | None = None
+    if comm.Get_rank() == 0:
+        try:
+            decision = ("ok", sweep_yaml(base, spec), str(_decide_dir(base, spec, out)))
+        except ConfigError as exc:
+            decision = ("error", str(exc), "")
+    kind, text, path_text = comm.bcast(decision, root=0)
+    if kind == "error":
+        raise ConfigError(text)
+    tree = yaml.safe_load(text)
+    spec = parse_sweep_section(tree.pop(SWEEP_KEY))
+    return config_from_text(yaml.safe_dump(tree, sort_keys=False)), spec, Path(path_text)
+
+
+def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
+    path = Path(out) if out else Path("runs") / f"{base.name}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    for point in spec.points():  # refuse before anything runs: nothing is ever overwritten
+        if (path / point.dirname / "search.h5").exists():
+            raise ConfigError(f"--out: {path / point.dirname} already holds a run log (search.h5); choose another "
+                              "directory (nothing was overwritten)")
+    _make_dir(path)
+    try:
+        (path / "sweep.yaml").write_text(sweep_yaml(base, spec))  # what ran, loadable by --config
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot write {path / 'sweep.yaml'}: {exc.strerror}") from None
+    return path
+
+
+def _run_sweep(base: Config, spec: SweepSpec, comm, out_dir: Path, debug: bool) -> int:
+    import torch  # after thread limits are in the environment
+
+    from mpi_fnas.federation.comm import Channel, PartyFailedError
+    from mpi_fnas.federation.search import ServerReportedError, SetupError, run_search
+    from mpi_fnas.progress import Progress
+
+    torch.set_num_threads(_threads(base))
+    channel = Channel(comm, timeout=base.runtime.comm_timeout)
+    rank = channel.rank
+    stop = StopRequest.install()
+    points = spec.points()
+    if rank == 0:
+        print(f"mpi_fnas {__version__}: noise sweep: {len(spec.variances)} variances x {len(spec.seeds)} seeds = "
+              f"{len(points)} runs, parties={channel.parties} ranks={channel.size} "
+              f"threads/rank={torch.get_num_threads()} out={out_dir}", flush=True)
+        print("# resolved sweep config\n" + sweep_yaml(base, spec), end="", flush=True)
+    results: list[PointResult] = []
+    for index, point in enumerate(points, start=1):
+        cfg = point_config(base, point)
+        run_dir = out_dir / point.dirname
+        if rank == 0:
+            print(f"[{index}/{len(points)}] variance {variance_label(point.variance)} (σ = {point.sigma:.6g}) "
+                  f"seed {point.seed} → {run_dir / 'search.h5'}", flush=True)
+        # The same failure policy as mpi_fnas.run: bad input ends every rank with 2, anything else aborts the job.
+        try:
+            if rank == 0:
+                run_dir.mkdir(parents=True, exist_ok=True)
+            outcome = run_search(cfg, channel, run_dir, resume=None, stop_requested=stop,
+                                 progress=Progress(cfg.runtime.progress) if rank == 0 else None)
+        except ServerReportedError:
+            return EXIT_BAD_INPUT  # rank 0 prints the line
+        except SetupError as exc:
+            if rank == 0:
+                return _bad_input(rank, exc, debug)
+            _fail(channel, f"{type(exc).__name__}: {exc}")
+        except PartyFailedError as exc:
+            print(f"mpi_fnas: error: {exc}; aborting the job (log of {point.dirname} marked failed)",
+                  file=sys.stderr, flush=True)
+            channel.abort(EXIT_FAILURE)
+        except KeyboardInterrupt:
+            print(f"mpi_fnas: rank {rank} interrupted; aborting the job", file=sys.stderr, flush=True)
+            channel.abort(130)
+        except BaseException as exc:  # anything else must end the whole job, never hang it
+            _fail(channel, f"{type(exc).__name__}: {exc}")
+        if rank != 0:
+            if outcome:
+                return EXIT_INTERRUPTED
+            continue
+        if outcome.interrupted:
+            if results:
+                write_results(out_dir, results)
+            print(f"\nmpi_fnas: {outcome.stop_reason} in {point.dirname}; resume that run with "
+                  f"mpi_fnas.run --resume {run_dir}; points after it did not run", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+        try:
+            results.append(_record(out_dir, run_dir, results, f"[{index}/{len(points)}]"))
+        except BaseException as exc:  # the parties already wait in the next point's setup: abort, never hang
+            _fail(channel, f"{type(exc).__name__}: {exc}")
+    if rank == 0:
+        print("\n" + format_table(summarize(results), channel.parties), flush=True)
+        print(f"summary         {out_dir / SUMMARY_CSV} (per run: {out_dir / POINTS_CSV})", flush=True)
+    return EXIT_OK
+
+
+def _record(out_dir: Path, run_dir: Path, earlier: list[PointResult], tag: str) -> PointResult:
+    """Rank 0: read a finished point back from its log, rewrite the CSVs, print one line."""
+    result = read_point(run_dir)
+    write_results(out_dir, [*earlier, result])  # after every point, so a later failure keeps what finished
+    print(f"{tag} variance {variance_label(result.variance)} seed {result.seed}: test error "
+          f"{result.test_error_pct:.2f}%  ε = {result.epsilon_worst:.4g} (worst party)  {result.steps} steps  "
+          f"{result.wall_seconds:.1f} s", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    sys.exit(main())
