@@ -87,10 +87,11 @@ class PrivacyConfig:
     noise_multiplier_a: float = 1.0  # σ_A: for H_k
     clip_w: float = 1.0  # R^G: per-example L2 bound of W gradients (paper: 0.01, see configs/dpfnas.yaml)
     clip_a: float = 0.1  # R^H: per-example L2 bound of A gradients
-    delta: float | None = None  # per party; default min(1e-5, 1/N_k), N_k = the party's smaller shard
+    delta: float | None = None  # per party; must be < 1/N_k; default min(1e-5, 1/(10·N_k)), N_k = smaller shard
     target_epsilon: float | None = None  # if set: calibrate σ_W = σ_A so the worst party ends at this ε
     max_epsilon: float | None = None  # if set: stop (status finished) before a step would exceed this ε
-    secure_rng: bool = False  # noise and sampling from the OS CSPRNG (os.urandom); not reproducible
+    secure_rng: bool = False  # every noise draw and coin flip straight from the OS CSPRNG (os.urandom)
+    reproducible_noise: bool = False  # tests/debugging only: noise and sampling seeded from (seed, rank); VOIDS ε
 
 
 @dataclass
@@ -289,6 +290,9 @@ def validate(cfg: Config) -> Config:
                 f"space.norm: {cfg.space.norm} mixes examples within a batch, which voids per-example clipping "
                 "under DP (mode: dpfnas); use space.norm: groupnorm"
             )
+        if cfg.privacy.reproducible_noise and cfg.privacy.secure_rng:
+            raise ConfigError("privacy.reproducible_noise: cannot be combined with privacy.secure_rng (one asks for "
+                              "seeded, predictable noise, the other for OS entropy); set one of them")
         if cfg.search.order != "first_order":
             raise ConfigError(
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
