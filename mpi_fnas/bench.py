@@ -8,7 +8,7 @@ the others wait (in a sleeping poll, so they do not steal its core); the exchang
 Bcast A — the collectives of one iteration, same buffers as the search) is timed with every rank taking part.
 Medians over `--repeats`. ``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``.
 
-The same step is also timed privately (DP-FNAS, ``Party(dp=DPSettings(...))``): same network and initial
+The same step is also timed privately (DP-FNAS, ``Party(dp=DPParams(...))``): same network and initial
 weights, same inputs, same batch size B. The private party's shard holds exactly B examples, so its Poisson rate
 is q = B / N = 1 and every Poisson batch is exactly those B examples, the batch the non-private party uses.
 The two variants are timed in alternation so that load changes on a shared machine hit both alike.
@@ -35,7 +35,7 @@ from mpi_fnas.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
     from mpi_fnas.federation.comm import Channel
-    from mpi_fnas.federation.party import DPSettings, Party
+    from mpi_fnas.federation.party import Party
 
 VARIANTS = ("plain", "private")
 
@@ -60,16 +60,6 @@ def _input_shape(cfg: Config) -> tuple[int, int, int, int]:
     return 3, cfg.data.image_size, cfg.data.image_size, 10
 
 
-def dp_settings(cfg: Config, expected_batch_size: float) -> DPSettings:
-    """The DPSettings a DP-FNAS party would get from `cfg.privacy`, with the given expected batch size B."""
-    from mpi_fnas.federation.party import DPSettings
-
-    p = cfg.privacy
-    return DPSettings(clip_w=p.clip_w, clip_a=p.clip_a, noise_multiplier_w=p.noise_multiplier_w,
-                      noise_multiplier_a=p.noise_multiplier_a, expected_batch_size=float(expected_batch_size),
-                      secure_rng=p.secure_rng)
-
-
 def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:
     """A party on random data: train and val shards of `examples` (default B = search.batch_size) examples each.
 
@@ -81,6 +71,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
 
     from mpi_fnas.federation.party import Party, Shard
     from mpi_fnas.federation.search import build_model
+    from mpi_fnas.privacy import DPParams
 
     c, h, w, classes = _input_shape(cfg)
     n = examples or cfg.search.batch_size
@@ -95,7 +86,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     sampling_gen = torch.Generator().manual_seed(1)
     if not private:
         return Party(model, train, val, n, sampling_gen)
-    return Party(model, train, val, n, sampling_gen, dp=dp_settings(cfg, n),
+    return Party(model, train, val, n, sampling_gen, dp=DPParams.from_config(cfg.privacy, n),
                  noise_generator=torch.Generator().manual_seed(2))
 
 

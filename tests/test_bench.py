@@ -14,7 +14,7 @@ import pytest
 from mpi_fnas import bench
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party import STATS
-from mpi_fnas.privacy import per_sample_gradients
+from mpi_fnas.privacy import DPParams, per_sample_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_SETTINGS = ["space.channels=4", "space.layers=3", "space.nodes=1", "data.image_size=8", "search.batch_size=4"]
@@ -102,7 +102,7 @@ def test_private_and_plain_steps_compute_on_the_same_network_and_batch():
 def test_private_party_uses_the_configured_privacy_settings():
     cfg = load_config(None, [*TINY_SETTINGS, "privacy.clip_w=0.5", "privacy.noise_multiplier_a=3.0"])
     party = bench.make_party(cfg, private=True)
-    assert party.dp == bench.dp_settings(cfg, cfg.search.batch_size)
+    assert party.dp == DPParams.from_config(cfg.privacy, cfg.search.batch_size)
     assert (party.dp.clip_w, party.dp.clip_a, party.dp.noise_multiplier_a) == (0.5, cfg.privacy.clip_a, 3.0)
 
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.federation.flat import assign, flatten, numel
-from mpi_fnas.privacy import party_release, poisson_sample
+from mpi_fnas.privacy import DPParams, party_release, poisson_sample
 from mpi_fnas.space import SearchNetwork
 
 STATS = 4  # loss_sum, correct, count, compute_seconds appended to every release
@@ -36,21 +36,6 @@ class Shard:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
-
-
-@dataclass(frozen=True)
-class DPSettings:
-    """How a DP-FNAS party privatises its releases (Algorithm 1): all public constants.
-
-    expected_batch_size: B; the Poisson rates are q = B / N of each shard, and releases are divided by B.
-    """
-
-    clip_w: float
-    clip_a: float
-    noise_multiplier_w: float
-    noise_multiplier_a: float
-    expected_batch_size: float
-    secure_rng: bool = False
 
 
 class BatchStream:
@@ -99,7 +84,7 @@ class Party:
 
     def __init__(
         self, model: SearchNetwork, train: Shard, val: Shard, batch_size: int, generator: torch.Generator,
-        dp: DPSettings | None = None, noise_generator: torch.Generator | None = None,
+        dp: DPParams | None = None, noise_generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
         self.w_params = list(model.weights())

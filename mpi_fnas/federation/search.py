@@ -38,9 +38,10 @@ from mpi_fnas.federation.algorithm import (
     server_iteration,
 )
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party import DPSettings, Party, Shard
+from mpi_fnas.federation.party import Party, Shard
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.server import Server, w_learning_rate
+from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan, plan_privacy
 from mpi_fnas.runlog import PrivacySchema, RunLog
 from mpi_fnas.space import PRIMITIVES, SearchNetwork, max_genotype_length, num_edges
@@ -61,7 +62,7 @@ class Assignment:
     val_indices: np.ndarray
     steps_per_epoch: int
     steps: int = 0  # iterations of the whole run (0: epochs × steps_per_epoch, filled in by plan_run)
-    dp: DPSettings | None = None
+    dp: DPParams | None = None
     start_step: int = 1  # > 1 when resuming
     party_state: dict | None = None  # the party's checkpointed state when resuming
 
@@ -153,26 +154,17 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
     privacy = None
     reason = "completed"
     if cfg.mode == "dpfnas":
-        p = cfg.privacy
         try:
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
-                expected_batch_size=cfg.search.batch_size, planned_steps=steps,
-                noise_multiplier_w=p.noise_multiplier_w, noise_multiplier_a=p.noise_multiplier_a,
-                clip_w=p.clip_w, clip_a=p.clip_a, delta=p.delta,
-                target_epsilon=p.target_epsilon, max_epsilon=p.max_epsilon,
+                DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
             )
         except ValueError as exc:
             raise SetupError(f"privacy: {exc}") from None
         steps, reason = privacy.steps, privacy.stop_reason
-        settings = DPSettings(
-            clip_w=privacy.clip_w, clip_a=privacy.clip_a, noise_multiplier_w=privacy.noise_multiplier_w,
-            noise_multiplier_a=privacy.noise_multiplier_a, expected_batch_size=float(cfg.search.batch_size),
-            secure_rng=p.secure_rng,
-        )
     for a in assignments:
         a.steps = steps
-        a.dp = settings if privacy is not None else None
+        a.dp = privacy.params if privacy is not None else None
     return RunPlan(assignments, steps_per_epoch, steps, privacy, reason)
 
 
@@ -268,8 +260,8 @@ def _privacy_schema(plan: PrivacyPlan) -> PrivacySchema:
     return PrivacySchema(
         delta=plan.delta, accountant=PrivacyLedger().description(),
         sample_rate_train=plan.sample_rate_train, sample_rate_val=plan.sample_rate_val,
-        noise_multiplier_w=plan.noise_multiplier_w, noise_multiplier_a=plan.noise_multiplier_a,
-        clip_w=plan.clip_w, clip_a=plan.clip_a,
+        noise_multiplier_w=plan.params.noise_multiplier_w, noise_multiplier_a=plan.params.noise_multiplier_a,
+        clip_w=plan.params.clip_w, clip_a=plan.params.clip_a,
     )
 
 

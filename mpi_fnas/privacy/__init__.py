@@ -15,12 +15,14 @@ from mpi_fnas.privacy.accountant import (
 from mpi_fnas.privacy.audit import AuditResult, audit_mechanism
 from mpi_fnas.privacy.clipping import clip_per_sample, clipped_sum
 from mpi_fnas.privacy.mechanism import gaussian_noise, party_release, privatize_per_sample_gradients
+from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.per_sample import per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.sampling import poisson_sample
 from mpi_fnas.privacy.validators import PrivacyError, check_dp_search_options, check_model_for_dp
 
 __all__ = [
     "AuditResult",
+    "DPParams",
     "PrivacyError",
     "PrivacyLedger",
     "audit_mechanism",

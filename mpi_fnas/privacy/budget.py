@@ -20,19 +20,20 @@ from typing import Any
 import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, calibrate_noise_multiplier, default_delta
+from mpi_fnas.privacy.params import DPParams
 
 
 @dataclass(frozen=True)
 class PrivacyPlan:
-    """Public constants of a DP run. Arrays are (K,), party k at index k - 1."""
+    """Public constants of a DP run. Arrays are (K,), party k at index k - 1.
 
+    ``params`` is what every party receives (σ calibrated here under ``target_epsilon``).
+    """
+
+    params: DPParams
     sample_rate_train: np.ndarray
     sample_rate_val: np.ndarray
     delta: np.ndarray
-    noise_multiplier_w: float
-    noise_multiplier_a: float
-    clip_w: float
-    clip_a: float
     steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
     stop_reason: str  # "completed" or why fewer steps were planned
 
@@ -40,18 +41,12 @@ class PrivacyPlan:
 def plan_privacy(
     train_sizes: Sequence[int],
     val_sizes: Sequence[int],
-    *,
-    expected_batch_size: float,
+    params: DPParams,
     planned_steps: int,
-    noise_multiplier_w: float,
-    noise_multiplier_a: float,
-    clip_w: float,
-    clip_a: float,
-    delta: float | None = None,
-    target_epsilon: float | None = None,
-    max_epsilon: float | None = None,
 ) -> PrivacyPlan:
     """Plan the DP parameters of a run (see the module docstring). Raises ValueError on impossible settings."""
+    expected_batch_size = params.expected_batch_size
+    delta, target_epsilon, max_epsilon = params.delta, params.target_epsilon, params.max_epsilon
     n_tr = np.asarray(train_sizes, dtype=np.float64)
     n_val = np.asarray(val_sizes, dtype=np.float64)
     if np.any(n_tr < expected_batch_size) or np.any(n_val < expected_batch_size):
@@ -62,7 +57,7 @@ def plan_privacy(
     q_val = expected_batch_size / n_val
     smaller_shard = np.minimum(n_tr, n_val).astype(int)
     deltas = np.array([delta if delta is not None else default_delta(int(n)) for n in smaller_shard])
-    sigma_w, sigma_a = float(noise_multiplier_w), float(noise_multiplier_a)
+    sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     if target_epsilon is not None:
         # The worst party has the largest rate and the smallest δ: calibrating there bounds everyone.
         worst_q = float(max(q_tr.max(), q_val.max()))
@@ -72,7 +67,7 @@ def plan_privacy(
         steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps)
         if steps < planned_steps:
             reason = f"max_epsilon reached: {max_epsilon:g} allows {steps} of {planned_steps} steps"
-    return PrivacyPlan(q_tr, q_val, deltas, sigma_w, sigma_a, float(clip_w), float(clip_a), steps, reason)
+    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason)
 
 
 def _worst_epsilon(steps: int, q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, sigma_w: float,
@@ -119,9 +114,9 @@ class FederationLedger:
     def record_step(self) -> None:
         """One iteration: every party released one G_k (train) and one H_k (validation)."""
         for k in range(len(self.train)):
-            self.train[k].step(noise_multiplier=self.plan.noise_multiplier_w,
+            self.train[k].step(noise_multiplier=self.plan.params.noise_multiplier_w,
                                sample_rate=float(self.plan.sample_rate_train[k]))
-            self.val[k].step(noise_multiplier=self.plan.noise_multiplier_a,
+            self.val[k].step(noise_multiplier=self.plan.params.noise_multiplier_a,
                              sample_rate=float(self.plan.sample_rate_val[k]))
 
     def epsilons(self) -> np.ndarray:

@@ -1,0 +1,63 @@
+"""The privacy parameters of a DP-FNAS run: one object from the config to the plan, the party and the log.
+
+:class:`DPParams` is built once from the ``privacy`` section (:meth:`DPParams.from_config`), completed by the
+plan (a calibrated σ under ``target_epsilon``) and handed as it is to every party and to the run log. Adding a
+privacy key therefore takes four edits: the config field, the field here, the place that uses it, and its doc.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Randomness = Literal["secret", "os", "reproducible"]
+
+
+@dataclass(frozen=True)
+class DPParams:
+    """Public constants of the party releases (Algorithm 1) and the budget they are planned against.
+
+    noise_multiplier_w / noise_multiplier_a: σ_W, σ_A; the noise std per coordinate is σ·R before the ÷ B.
+    clip_w / clip_a: R^G, R^H, the per-example L2 bounds.
+    expected_batch_size: B; the Poisson rate of a shard of N examples is q = B / N, and every release is ÷ B.
+    delta: the configured δ per party, or None for the default (see ``mpi_fnas.privacy.budget``).
+    target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
+    secure_rng: every noise draw and coin flip straight from the OS CSPRNG.
+    reproducible_noise: seed the party's randomness from (seed, rank): for tests only, it voids the guarantee.
+    """
+
+    noise_multiplier_w: float
+    noise_multiplier_a: float
+    clip_w: float
+    clip_a: float
+    expected_batch_size: float
+    delta: float | None = None
+    target_epsilon: float | None = None
+    max_epsilon: float | None = None
+    secure_rng: bool = False
+    reproducible_noise: bool = False
+
+    @classmethod
+    def from_config(cls, privacy: Any, batch_size: float) -> DPParams:
+        """From the ``privacy`` config section (every field of the same name) and ``search.batch_size``."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"expected_batch_size"}
+        return cls(expected_batch_size=float(batch_size), **{name: getattr(privacy, name) for name in names})
+
+    @property
+    def randomness(self) -> Randomness:
+        """Where the party's noise and Poisson coins come from (see docs/privacy.md, "Randomness")."""
+        if self.reproducible_noise:
+            return "reproducible"
+        return "os" if self.secure_rng else "secret"
+
+    @property
+    def guarantee(self) -> str:
+        """``"holds"``, or one line saying why the accounted ε does not hold (the log's ``privacy_guarantee``)."""
+        if self.reproducible_noise:
+            return ("void: privacy.reproducible_noise seeds every party's noise and sampling from the public config, "
+                    "so anyone holding the config can subtract the noise")
+        return "holds"
+
+    def with_noise(self, noise_multiplier_w: float, noise_multiplier_a: float) -> DPParams:
+        return dataclasses.replace(self, noise_multiplier_w=noise_multiplier_w, noise_multiplier_a=noise_multiplier_a)
