@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import Config, ConfigError, load_config
+from mpi_fnas import cli
+from mpi_fnas.config import Config
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
     from mpi_fnas.federation.comm import Channel
@@ -42,8 +43,7 @@ VARIANTS = ("plain", "private")
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpi_fnas.bench", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", metavar="FILE")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    cli.add_config_arguments(p)
     p.add_argument("--repeats", type=int, default=5, help="timed repetitions (after one warm-up)")
     p.add_argument("--no-memory", dest="memory", action="store_false",
                    help="skip the peak-memory subprocesses (the rss fields are then null)")
@@ -63,15 +63,15 @@ def _input_shape(cfg: Config) -> tuple[int, int, int, int]:
 def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:
     """A party on random data: train and val shards of `examples` (default B = search.batch_size) examples each.
 
-    Both variants get the same model initialisation (``build_model`` seeds from ``cfg.seed``) and the same inputs
+    Both variants get the same model initialisation (``build_supernet`` seeds from ``cfg.seed``) and the same inputs
     (a fixed data seed). The private party's expected batch size equals its shard size, so its Poisson rate is 1
     and each private batch is the whole shard, exactly the examples of the non-private batch.
     """
     import torch
 
     from mpi_fnas.federation.party import Party, Shard
-    from mpi_fnas.federation.search import build_model
     from mpi_fnas.privacy import DPParams
+    from mpi_fnas.space import build_supernet
 
     c, h, w, classes = _input_shape(cfg)
     n = examples or cfg.search.batch_size
@@ -82,7 +82,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
                      torch.randint(0, classes, (n,), generator=data_gen))
 
     train, val = shard(), shard()
-    model = build_model(cfg, c, classes)
+    model = build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
     sampling_gen = torch.Generator().manual_seed(1)
     if not private:
         return Party(model, train, val, n, sampling_gen)
@@ -259,7 +259,7 @@ def _variant_main(cfg: Config, variant: str) -> int:
 # -- exchange ---------------------------------------------------------------------------------------------------
 def time_exchange(channel: Channel, num_w: int, num_a: int, repeats: int) -> float:
     """Median seconds of one iteration's collectives (all ranks must call this)."""
-    from mpi_fnas.federation.party import STATS
+    from mpi_fnas.federation.flat import STATS
 
     g = np.ones(num_w + STATS, dtype=np.float32)
     h = np.ones(num_a + STATS, dtype=np.float32)
@@ -289,20 +289,17 @@ REPORT_KEYS_FROM_STEP = (
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    try:
-        cfg = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        print(f"mpi_fnas.bench: error: {exc}", file=sys.stderr)
-        return 2
+    cfg, error = cli.load_config_args(args)
+    if error is not None:
+        return cli.report_bad_input(cli.launcher_rank() or 0, error, args.debug)
     if args.variant:
         return _variant_main(cfg, args.variant)
     import torch
-    from mpi4py import MPI
 
     from mpi_fnas.federation.comm import Channel
 
+    channel = Channel(cli.start_mpi(cfg))
     torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
-    channel = Channel(MPI.COMM_WORLD)
     timer_rank = 1 if channel.size > 1 else 0
     result: dict[str, Any] = {}
     if channel.rank == timer_rank:

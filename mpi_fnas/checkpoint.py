@@ -1,14 +1,14 @@
-"""Atomic checkpoints of a search (rank 0 writes, every rank's state inside).
+"""Atomic checkpoint files: the server's ``RUN_DIR/checkpoint.pt`` and each party's own state files.
 
-A checkpoint is one ``torch.save`` file, ``RUN_DIR/checkpoint.pt``, written to a temporary file in the same
-directory, flushed to disk and moved over the old one with ``os.replace`` — so a crash or a preemption at any
-moment leaves either the previous checkpoint or the new one, never half a file.
+Every file is written to a temporary file in the same directory, flushed to disk and moved over the old one with
+``os.replace``, so a crash or a preemption at any moment leaves either the previous file or the new one, never half
+a file. Loading uses ``weights_only=True``: only tensors and plain Python containers, no arbitrary pickled objects.
 
-It holds everything a resumed run needs to continue exactly where the interrupted one stopped (same results bit
-for bit on CPU): the step, W, A and both optimizer states, every party's random-number-generator states (batch
-order / Poisson sampling and noise) and batch-stream positions, the privacy ledgers, the log's row counts, the
-metric accumulator, and the resolved config. Loading uses ``weights_only=True``: only tensors and plain Python
-containers, no arbitrary pickled objects.
+The server's checkpoint holds what rank 0 owns and nothing else: the step, W, A and both optimizer states, the
+privacy ledgers, the log's row counts, the metric accumulator and the resolved config. A party's random-number
+generator states never leave the party: each party saves them in its own directory
+(:mod:`mpi_fnas.federation.party_store`), and a resumed run equals an uninterrupted one bit for bit on CPU because
+every party restores its own state.
 """
 
 from __future__ import annotations
@@ -20,16 +20,15 @@ from typing import Any
 import torch
 
 CHECKPOINT_NAME = "checkpoint.pt"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: party states left the server's checkpoint
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT_NAME
 
 
-def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
-    """Write `state` atomically to ``run_dir/checkpoint.pt`` and return the path."""
-    path = checkpoint_path(run_dir)
+def atomic_save(path: Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` (tensors and plain containers) to ``path`` atomically and durably."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "wb") as f:
         torch.save({"format_version": FORMAT_VERSION, **state}, f)
@@ -44,12 +43,22 @@ def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """The checkpoint in `run_dir`, or None if there is none. Raises ValueError on an unknown format."""
-    path = checkpoint_path(run_dir)
-    if not path.exists():
-        return None
+def atomic_load(path: Path) -> dict[str, Any]:
+    """Read a file written by :func:`atomic_save`. Raises ValueError on an unknown format."""
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format_version") != FORMAT_VERSION:
         raise ValueError(f"{path}: unsupported checkpoint format {state.get('format_version')!r}")
     return state
+
+
+def save_checkpoint(run_dir: str | Path, state: dict[str, Any]) -> Path:
+    """Write the server's ``state`` atomically to ``run_dir/checkpoint.pt`` and return the path."""
+    return atomic_save(checkpoint_path(run_dir), state)
+
+
+def load_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
+    """The server's checkpoint in `run_dir`, or None if there is none. Raises ValueError on an unknown format."""
+    path = checkpoint_path(run_dir)
+    if not path.exists():
+        return None
+    return atomic_load(path)

@@ -45,21 +45,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mpi_fnas import __version__
+from mpi_fnas import __version__, cli
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text, parse_override, validate
-from mpi_fnas.run import (
-    EXIT_BAD_INPUT,
-    EXIT_FAILURE,
-    EXIT_INTERRUPTED,
-    EXIT_OK,
-    StopRequest,
-    _bad_input,
-    _fail,
-    _launcher_rank,
-    _limit_threads,
-    _make_dir,
-    _threads,
-)
 
 SWEEP_KEY = "sweep"
 PAPER_VARIANCES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)  # Table 2
@@ -391,16 +378,11 @@ def build_parser() -> argparse.ArgumentParser:
         "job. Rank 0 is the parameter server; ranks 1..K are the parties.",
         epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", metavar="FILE", help="run config with an optional sweep: section "
-                        "(e.g. configs/dpfnas_noise_sweep.yaml)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config key, e.g. --set search.epochs=2 or --set sweep.seeds=[0,1,2]")
+    cli.add_config_arguments(parser)  # --config takes an optional sweep: section; --set sweep.seeds=[0,1,2] works
     parser.add_argument("--out", metavar="DIR", help="sweep directory (default runs/<name>-sweep-<timestamp>)")
     parser.add_argument("--summarize", metavar="DIR", help="print and write the table of an existing sweep "
                         "directory, then exit (no MPI)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved sweep config and exit")
-    parser.add_argument("--debug", action="store_true", help="show full tracebacks for bad input too")
-    parser.add_argument("--version", action="version", version=f"mpi_fnas {__version__}")
     return parser
 
 
@@ -414,26 +396,36 @@ def main(argv: list[str] | None = None) -> int:
         config_error = None
     except ConfigError as exc:
         base, spec, config_error = None, None, exc
-    if args.print_config and config_error is None and _launcher_rank() in (None, 0):
+    if args.print_config and config_error is None and cli.launcher_rank() in (None, 0):
         print(sweep_yaml(base, spec), end="")
-        return EXIT_OK
+        return cli.EXIT_OK
 
-    _limit_threads(base)
-    from mpi4py import MPI  # MPI_Init happens here, after cheap argument checks
+    from mpi_fnas.federation.comm import Channel
 
-    comm = MPI.COMM_WORLD
-    rank = comm.Get_rank()
-    try:
+    channel = Channel(cli.start_mpi(base))
+    stop = cli.StopRequest.install()
+    state: dict = {}
+
+    def setup() -> int:
         if config_error is not None:
             raise config_error
-        if comm.Get_size() < 2:
+        if channel.size < 2:
             raise ConfigError("mpi_fnas.sweep needs at least 2 MPI ranks (1 server + K parties); launch it as: "
                               "mpirun -n 5 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml")
-        base, spec, out_dir = _agree_setup(comm, base, spec, args.out)
-        check_world(base, comm.Get_size())
-    except ConfigError as exc:
-        return _bad_input(rank, exc, args.debug)
-    return _run_sweep(base, spec, comm, out_dir, args.debug)
+        text, path = cli.decide_on_root(channel, lambda: (sweep_yaml(base, spec), str(_decide_dir(base, spec,
+                                                                                                   args.out))))
+        tree = yaml.safe_load(text)
+        state["spec"] = parse_sweep_section(tree.pop(SWEEP_KEY))
+        state["base"] = config_from_text(yaml.safe_dump(tree, sort_keys=False))
+        state["out"] = Path(path)
+        check_world(state["base"], channel.size)
+        return cli.EXIT_OK
+
+    code = cli.run_guarded(channel, setup, debug=args.debug)
+    if code != cli.EXIT_OK:
+        return code
+    channel.timeout = state["base"].runtime.comm_timeout
+    return _run_sweep(state["base"], state["spec"], channel, state["out"], args, stop)
 
 
 def _summarize_command(args: argparse.Namespace) -> int:
@@ -442,26 +434,10 @@ def _summarize_command(args: argparse.Namespace) -> int:
             raise ConfigError("--summarize takes only the sweep directory")
         results = summarize_dir(args.summarize)
     except ConfigError as exc:
-        return _bad_input(0, exc, args.debug)
+        return cli.report_bad_input(0, exc, args.debug)
     _, summary_path = write_results(args.summarize, results)
     print(format_table(summarize(results)) + f"\nsummary         {summary_path}", flush=True)
-    return EXIT_OK
-
-
-def _agree_setup(comm, base: Config, spec: SweepSpec, out: str | None) -> tuple[Config, SweepSpec, Path]:
-    """Rank 0 checks and creates the sweep directory; every rank gets rank 0's config, points and directory."""
-    decision: tuple[str, str, str] | None = None
-    if comm.Get_rank() == 0:
-        try:
-            decision = ("ok", sweep_yaml(base, spec), str(_decide_dir(base, spec, out)))
-        except ConfigError as exc:
-            decision = ("error", str(exc), "")
-    kind, text, path_text = comm.bcast(decision, root=0)
-    if kind == "error":
-        raise ConfigError(text)
-    tree = yaml.safe_load(text)
-    spec = parse_sweep_section(tree.pop(SWEEP_KEY))
-    return config_from_text(yaml.safe_dump(tree, sort_keys=False)), spec, Path(path_text)
+    return cli.EXIT_OK
 
 
 def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
@@ -470,7 +446,7 @@ def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
         if (path / point.dirname / "search.h5").exists():
             raise ConfigError(f"--out: {path / point.dirname} already holds a run log (search.h5); choose another "
                               "directory (nothing was overwritten)")
-    _make_dir(path)
+    cli.make_dir(path)
     try:
         (path / "sweep.yaml").write_text(sweep_yaml(base, spec))  # what ran, loadable by --config
     except OSError as exc:
@@ -478,23 +454,21 @@ def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
     return path
 
 
-def _run_sweep(base: Config, spec: SweepSpec, comm, out_dir: Path, debug: bool) -> int:
-    import torch  # after thread limits are in the environment
-
-    from mpi_fnas.federation.comm import Channel, PartyFailedError
-    from mpi_fnas.federation.search import ServerReportedError, SetupError, run_search
+def _run_sweep(base: Config, spec: SweepSpec, channel, out_dir: Path, args: argparse.Namespace,
+               stop: cli.StopRequest) -> int:
+    from mpi_fnas.federation.party_store import party_dir
+    from mpi_fnas.federation.search import run_search
     from mpi_fnas.progress import Progress
 
-    torch.set_num_threads(_threads(base))
-    channel = Channel(comm, timeout=base.runtime.comm_timeout)
+    threads = cli.limit_torch_threads(base)
     rank = channel.rank
-    stop = StopRequest.install()
     points = spec.points()
     if rank == 0:
         print(f"mpi_fnas {__version__}: noise sweep: {len(spec.variances)} variances x {len(spec.seeds)} seeds = "
               f"{len(points)} runs, parties={channel.parties} ranks={channel.size} "
-              f"threads/rank={torch.get_num_threads()} out={out_dir}", flush=True)
-        print("# resolved sweep config\n" + sweep_yaml(base, spec), end="", flush=True)
+              f"threads/rank={threads} out={out_dir}", flush=True)
+        if args.verbose:
+            print("# resolved sweep config\n" + sweep_yaml(base, spec), end="", flush=True)
     results: list[PointResult] = []
     for index, point in enumerate(points, start=1):
         cfg = point_config(base, point)
@@ -502,45 +476,33 @@ def _run_sweep(base: Config, spec: SweepSpec, comm, out_dir: Path, debug: bool) 
         if rank == 0:
             print(f"[{index}/{len(points)}] variance {variance_label(point.variance)} (σ = {point.sigma:.6g}) "
                   f"seed {point.seed} → {run_dir / 'search.h5'}", flush=True)
-        # The same failure policy as mpi_fnas.run: bad input ends every rank with 2, anything else aborts the job.
-        try:
+
+        def one_point(cfg: Config = cfg, run_dir: Path = run_dir, tag: str = f"[{index}/{len(points)}]") -> int:
             if rank == 0:
                 run_dir.mkdir(parents=True, exist_ok=True)
             outcome = run_search(cfg, channel, run_dir, resume=None, stop_requested=stop,
                                  progress=Progress(cfg.runtime.progress) if rank == 0 else None)
-        except ServerReportedError:
-            return EXIT_BAD_INPUT  # rank 0 prints the line
-        except SetupError as exc:
-            if rank == 0:
-                return _bad_input(rank, exc, debug)
-            _fail(channel, f"{type(exc).__name__}: {exc}")
-        except PartyFailedError as exc:
-            print(f"mpi_fnas: error: {exc}; aborting the job (log of {point.dirname} marked failed)",
-                  file=sys.stderr, flush=True)
-            channel.abort(EXIT_FAILURE)
-        except KeyboardInterrupt:
-            print(f"mpi_fnas: rank {rank} interrupted; aborting the job", file=sys.stderr, flush=True)
-            channel.abort(130)
-        except BaseException as exc:  # anything else must end the whole job, never hang it
-            _fail(channel, f"{type(exc).__name__}: {exc}")
-        if rank != 0:
-            if outcome:
-                return EXIT_INTERRUPTED
-            continue
-        if outcome.interrupted:
-            if results:
-                write_results(out_dir, results)
-            print(f"\nmpi_fnas: {outcome.stop_reason} in {point.dirname}; resume that run with "
-                  f"mpi_fnas.run --resume {run_dir}; points after it did not run", file=sys.stderr, flush=True)
-            return EXIT_INTERRUPTED
-        try:
-            results.append(_record(out_dir, run_dir, results, f"[{index}/{len(points)}]"))
-        except BaseException as exc:  # the parties already wait in the next point's setup: abort, never hang
-            _fail(channel, f"{type(exc).__name__}: {exc}")
+            if rank != 0:
+                return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
+            if outcome.interrupted:
+                if results:
+                    write_results(out_dir, results)
+                print(f"\nmpi_fnas: {outcome.stop_reason} in {run_dir.name}; resume that run with "
+                      f"mpi_fnas.run --resume {run_dir}; points after it did not run", file=sys.stderr, flush=True)
+                return cli.EXIT_INTERRUPTED
+            # Inside the guard: the parties already wait in the next point's setup, so a failure here must abort.
+            results.append(_record(out_dir, run_dir, results, tag))
+            return cli.EXIT_OK
+
+        # The same failure policy as mpi_fnas.run: bad input ends every rank with 2, anything else aborts the job.
+        code = cli.run_guarded(channel, one_point, debug=args.debug,
+                               private=cfg.mode == "dpfnas" and rank != 0, party_dir=party_dir(run_dir, rank))
+        if code != cli.EXIT_OK:
+            return code
     if rank == 0:
         print("\n" + format_table(summarize(results), channel.parties), flush=True)
         print(f"summary         {out_dir / SUMMARY_CSV} (per run: {out_dir / POINTS_CSV})", flush=True)
-    return EXIT_OK
+    return cli.EXIT_OK
 
 
 def _record(out_dir: Path, run_dir: Path, earlier: list[PointResult], tag: str) -> PointResult:

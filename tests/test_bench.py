@@ -13,7 +13,7 @@ import pytest
 
 from mpi_fnas import bench
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.party import STATS
+from mpi_fnas.federation.flat import STATS
 from mpi_fnas.privacy import DPParams, per_sample_gradients
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.config import SearchConfig
-from mpi_fnas.federation.flat import assign, flatten, numel
-from mpi_fnas.federation.party import STATS, BatchStream, Party, Shard
+from mpi_fnas.federation.flat import STATS, assign, flatten, numel
+from mpi_fnas.federation.party import BatchStream, Party, Shard
 from mpi_fnas.federation.server import Server, w_learning_rate
 from mpi_fnas.space import SearchNetwork
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party import STATS, Party
+from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.party import Party
 from mpi_fnas.federation.server import Server
 
 CONTINUE, CHECKPOINT, STOP = 0, 1, 2

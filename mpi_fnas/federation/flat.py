@@ -11,6 +11,10 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+#: Numbers appended to every party vector on the wire: loss sum, correct predictions, examples, compute seconds
+#: (logging only; all zero under DP, where they would be unaccounted releases).
+STATS = 4
+
 
 def numel(tensors: Sequence[torch.Tensor]) -> int:
     """Total number of elements of `tensors`."""
@@ -27,11 +31,6 @@ def flatten(tensors: Sequence[torch.Tensor], out: np.ndarray | None = None) -> n
     flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
     out[:] = flat.to(device="cpu", dtype=torch.float32).numpy()
     return out
-
-
-def flatten_grads(params: Sequence[torch.Tensor], out: np.ndarray | None = None) -> np.ndarray:
-    """Like :func:`flatten` over ``p.grad`` (a missing gradient counts as zeros)."""
-    return flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in params], out)
 
 
 def assign(tensors: Sequence[torch.Tensor], flat: np.ndarray | torch.Tensor) -> None:

@@ -20,11 +20,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mpi_fnas.federation.flat import assign, flatten, numel
-from mpi_fnas.privacy import DPParams, party_release, poisson_sample
+from mpi_fnas.evaluation import evaluate
+from mpi_fnas.federation.flat import STATS, assign, flatten, numel
+from mpi_fnas.federation.randomness import os_seed
+from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp, party_release, poisson_sample
 from mpi_fnas.space import SearchNetwork
-
-STATS = 4  # loss_sum, correct, count, compute_seconds appended to every release
 
 
 @dataclass
@@ -99,6 +99,7 @@ class Party:
         self.dp = dp
         self.noise_generator = noise_generator
         if dp is not None:
+            check_model_for_dp(model)
             for name, shard in (("train", train), ("validation", val)):
                 if dp.expected_batch_size > len(shard):
                     raise ValueError(f"search.batch_size {dp.expected_batch_size:g} exceeds this party's {name} shard "
@@ -173,6 +174,7 @@ class Party:
 
     def val_gradients(self) -> np.ndarray:
         """Second order, stage 1: v_k = ∇_{W'} L(D_k^val batch) (returned) and ∇_A L (kept for stage 2)."""
+        self._refuse_under_dp("the second-order validation gradient v_k")
         start = time.perf_counter()
         idx = self.val_stream.next()
         (v, a_grad), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx],
@@ -189,6 +191,7 @@ class Party:
         all parties (so the sum of the H_k is the exact unrolled gradient of the aggregated validation loss),
         ε = 0.01 / ‖v‖, and the train batch the one this party used for G_k.
         """
+        self._refuse_under_dp("the second-order architecture gradient")
         if self._train_batch is None or self._w_before is None or self._val_a_grad is None:
             raise RuntimeError("a_release_second_order needs w_release, load_w and val_gradients first")
         start = time.perf_counter()
@@ -213,9 +216,17 @@ class Party:
     @torch.no_grad()
     def evaluate_val(self, batch_size: int = 256) -> np.ndarray:
         """[loss_sum, correct, count] over the whole validation shard (float32 (3,))."""
+        self._refuse_under_dp("the validation loss and accuracy")
         return evaluate(self.model, self.val.x, self.val.y, batch_size)
 
     # -- internals -----------------------------------------------------------------------------------------------
+    def _refuse_under_dp(self, what: str) -> None:
+        """The refusal lives where releases are made, not only in config validation: a DP party never computes a
+        vector it could send unnoised, whatever Config object it was built from."""
+        if self.dp is not None:
+            raise PrivacyError(f"a DP party does not release {what}: it is neither clipped per example nor noised, "
+                               "so the accountant would not cover it (docs/privacy.md)")
+
     def _private_release(self, shard: Shard, params: dict[str, torch.Tensor], clip: float, noise: float,
                          out: np.ndarray) -> np.ndarray:
         """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
@@ -224,6 +235,8 @@ class Party:
         realised batch size and compute time would be unaccounted releases).
         """
         assert self.dp is not None
+        if self.dp.secure_rng:  # fresh OS entropy for every batch's coins: nothing to predict, nothing to save
+            self.generator.manual_seed(os_seed())
         idx = poisson_sample(len(shard), self.dp.expected_batch_size / len(shard), self.generator)
         idx = idx.to(shard.y.device)
         self.model.train()
@@ -271,20 +284,3 @@ class Party:
                start: float) -> None:
         out[:-STATS] = grad.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = (loss_sum, correct, count, time.perf_counter() - start)
-
-
-@torch.no_grad()
-def evaluate(model: SearchNetwork, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> np.ndarray:
-    """[loss_sum, correct, count] of `model` on (x (N, C, H, W), y (N,)) as float32 (3,).
-
-    Runs in train mode on purpose: the search network normalises with batch statistics (no running buffers).
-    """
-    model.train()
-    loss_sum = 0.0
-    correct = 0.0
-    for i in range(0, int(y.shape[0]), batch_size):
-        logits = model(x[i : i + batch_size])
-        target = y[i : i + batch_size]
-        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
-        correct += float((logits.argmax(1) == target).sum())
-    return np.array([loss_sum, correct, float(y.shape[0])], dtype=np.float32)

@@ -13,8 +13,8 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import SearchConfig
+from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import assign, flatten
-from mpi_fnas.federation.party import evaluate
 from mpi_fnas.space import Genotype, SearchNetwork
 
 

@@ -12,7 +12,8 @@ from mpi4py import MPI
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.search import Assignment, plan_assignments, run_search
+from mpi_fnas.federation.plan import Assignment, plan_assignments
+from mpi_fnas.federation.search import run_search
 
 TOLERANCE = 1e-5
 

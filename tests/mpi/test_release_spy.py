@@ -18,7 +18,7 @@ from scipy import stats
 import mpi_fnas.federation.party as party_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party import STATS
+from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.search import run_search
 from mpi_fnas.privacy import clipped_sum, per_sample_gradients
 

@@ -1,0 +1,232 @@
+"""The launch layer every entry point shares (``run``, ``sweep``, ``bench``, and those to come).
+
+* arguments: ``--config``, ``--set``, ``--verbose``, ``--debug``, ``--version``, parsed the same way everywhere;
+* exit codes: 0 finished · 1 failure (the whole job is aborted) · 2 bad input (one line, from rank 0) ·
+  75 interrupted after a checkpoint (resume me);
+* thread limits, set before torch is imported (9 ranks on 2 cores must not each start 2 threads);
+* "decide on rank 0 and broadcast the decision or the error" (:func:`decide_on_root`), so no rank ever waits for
+  a decision that will not come;
+* the failure policy (:func:`run_guarded`): any exception on any rank ends the whole job quickly with a non-zero
+  exit; a DP party sends the server only a generic reason and keeps the details in its own ``error.log``;
+* signals (:class:`StopRequest`): SIGTERM, SIGUSR1 and SIGINT ask for a checkpoint at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from mpi_fnas import __version__
+from mpi_fnas.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from mpi_fnas.federation.comm import Channel
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: checkpointed, resume me (the Slurm scripts requeue on it)
+
+T = TypeVar("T")
+
+
+class LaunchFailedError(RuntimeError):
+    """Rank 0 failed while deciding something every rank waits for (not bad input): exit code 1 everywhere."""
+
+
+# -- arguments ------------------------------------------------------------------------------------------------------
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every entry point takes: the config, overrides, verbosity and the version."""
+    parser.add_argument("--config", metavar="FILE", help="YAML config (default: built-in = configs/default.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override one config key, e.g. --set search.epochs=2 (repeatable; value is YAML)")
+    parser.add_argument("--verbose", action="store_true", help="print the resolved config at the start")
+    parser.add_argument("--debug", action="store_true", help="show full tracebacks for bad input too")
+    parser.add_argument("--version", action="version", version=f"mpi_fnas {__version__}")
+
+
+def load_config_args(args: argparse.Namespace) -> tuple[Config | None, ConfigError | None]:
+    """The config of ``--config``/``--set``, or the error; parsed before MPI so bad input is cheap everywhere."""
+    try:
+        return load_config(args.config, args.overrides), None
+    except ConfigError as exc:
+        return None, exc
+
+
+def make_dir(path: Path) -> None:
+    """Create a run directory (and its parents); a failure is bad input naming the path."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot create {path}: {exc.strerror}") from None
+
+
+# -- processes, threads and MPI -------------------------------------------------------------------------------------
+def launcher_rank() -> int | None:
+    """This process's rank as the launcher set it (before MPI_Init), or None outside a launcher."""
+    for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        if var in os.environ:
+            return int(os.environ[var])
+    return None
+
+
+def _local_ranks() -> int:
+    for var in ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(var, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def threads(cfg: Config | None) -> int:
+    """runtime.threads_per_rank, else OMP_NUM_THREADS (a launcher's choice, e.g. --cpus-per-task), else the cores
+    this process may use divided by the ranks on this node."""
+    if cfg is not None and cfg.runtime.threads_per_rank:
+        return cfg.runtime.threads_per_rank
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit() and int(os.environ["OMP_NUM_THREADS"]) > 0:
+        return int(os.environ["OMP_NUM_THREADS"])
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // _local_ranks())
+
+
+def start_mpi(cfg: Config | None) -> Any:
+    """Limit the thread pools (before torch is imported), initialise MPI and return COMM_WORLD."""
+    n = str(threads(cfg))
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(var, n)
+    from mpi4py import MPI  # MPI_Init happens here, after the cheap argument checks
+
+    return MPI.COMM_WORLD
+
+
+def limit_torch_threads(cfg: Config | None) -> int:
+    import torch
+
+    torch.set_num_threads(threads(cfg))
+    return torch.get_num_threads()
+
+
+# -- decisions ------------------------------------------------------------------------------------------------------
+def decide_on_root(channel: Channel, decide: Callable[[], T]) -> T:
+    """Rank 0 runs `decide()`; every rank returns its value, or raises its error.
+
+    A :class:`ConfigError` becomes a ConfigError on every rank (bad input: exit 2, printed once by rank 0); any
+    other exception becomes :class:`LaunchFailedError` (exit 1), with rank 0's traceback printed by rank 0. The
+    broadcast is polled, so the parties sleep while rank 0 decides.
+    """
+    message: tuple[str, Any] = ("ok", None)
+    if channel.is_server:
+        try:
+            message = ("ok", decide())
+        except ConfigError as exc:
+            message = ("bad_input", str(exc))
+        except Exception as exc:
+            traceback.print_exc()
+            message = ("failure", f"{type(exc).__name__}: {exc}".splitlines()[0])
+    kind, value = channel.bcast_object(message)
+    if kind == "bad_input":
+        raise ConfigError(value)
+    if kind == "failure":
+        raise LaunchFailedError(value)
+    return value
+
+
+def report_bad_input(rank: int, exc: BaseException, debug: bool) -> int:
+    """Rank 0 prints the one line; every rank returns exit code 2."""
+    if rank == 0:
+        if debug:
+            traceback.print_exception(exc)
+        print(f"mpi_fnas: error: {exc}", file=sys.stderr, flush=True)
+    return EXIT_BAD_INPUT
+
+
+# -- failures -------------------------------------------------------------------------------------------------------
+def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = False, private: bool = False,
+                party_dir: Path | None = None) -> int:
+    """Run `body()` and map every way it can end to an exit code, ending the whole job on a failure.
+
+    `private`: this rank is a DP party, whose error texts could carry data (an out-of-memory message holds an
+    allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
+    """
+    from mpi_fnas.federation.comm import PartyFailedError
+    from mpi_fnas.federation.participate import ServerReportedError
+    from mpi_fnas.federation.plan import SetupError
+
+    try:
+        return body()
+    except ServerReportedError:
+        return EXIT_BAD_INPUT  # rank 0 prints the line
+    except (SetupError, ConfigError) as exc:
+        if channel.is_server:
+            return report_bad_input(channel.rank, exc, debug)
+        fail_job(channel, exc, private=private, party_dir=party_dir)
+    except LaunchFailedError as exc:
+        if channel.is_server:
+            print(f"mpi_fnas: error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_FAILURE
+    except PartyFailedError as exc:
+        print(f"mpi_fnas: error: {exc}; aborting the job (log marked failed)", file=sys.stderr, flush=True)
+        channel.abort(EXIT_FAILURE)
+    except KeyboardInterrupt:
+        print(f"mpi_fnas: rank {channel.rank} interrupted; aborting the job", file=sys.stderr, flush=True)
+        channel.abort(130)
+    except BaseException as exc:  # anything else must end the whole job, never hang it
+        fail_job(channel, exc, private=private, party_dir=party_dir)
+    return EXIT_FAILURE  # not reached: abort ends the process
+
+
+def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: Path | None) -> None:
+    """Report this rank's failure (rank 0 marks the log) and abort the whole job."""
+    details = f"[mpi_fnas rank {channel.rank}] " + "".join(traceback.format_exception(exc))
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    if channel.is_server:
+        sys.stderr.write(details)
+        print(f"mpi_fnas: error: server failed: {message}; aborting the job (log marked failed)",
+              file=sys.stderr, flush=True)
+    elif private:
+        where = "its own error.log"
+        if party_dir is not None:
+            from mpi_fnas.federation.party_store import PartyStore
+
+            where = str(PartyStore(party_dir).write_error(details))
+        generic = f"the party failed; under DP its error text stays with it (details in {where})"
+        print(f"[mpi_fnas rank {channel.rank}] {generic}", file=sys.stderr, flush=True)
+        channel.notify_failure(generic)
+    else:
+        sys.stderr.write(details)
+        sys.stderr.flush()
+        channel.notify_failure(message)
+    channel.abort(EXIT_FAILURE)
+
+
+# -- signals --------------------------------------------------------------------------------------------------------
+class StopRequest:
+    """SIGTERM / SIGUSR1 / SIGINT only set a flag; rank 0 turns it into a checkpoint at the next step boundary.
+
+    Every rank installs it (SIGUSR1 would otherwise kill a party); only rank 0's flag decides, and the parties
+    learn the decision from the server's control word. A second SIGINT raises KeyboardInterrupt as usual.
+    """
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    @classmethod
+    def install(cls) -> StopRequest:
+        request = cls()
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
+            signal.signal(sig, request._handle)
+        return request
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT and self.reason is not None:
+            raise KeyboardInterrupt
+        self.reason = signal.Signals(signum).name
+
+    def __call__(self) -> str | None:
+        return self.reason

@@ -1,0 +1,25 @@
+"""Loss and accuracy of a model on a set of examples (used by the server on its test split). No MPI here."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> np.ndarray:
+    """[loss_sum, correct, count] of `model` on (x (N, C, H, W), y (N,)) as float32 (3,).
+
+    Runs in train mode on purpose: the search network normalises with batch statistics (no running buffers).
+    """
+    model.train()
+    loss_sum = 0.0
+    correct = 0.0
+    for i in range(0, int(y.shape[0]), batch_size):
+        logits = model(x[i : i + batch_size])
+        target = y[i : i + batch_size]
+        loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
+        correct += float((logits.argmax(1) == target).sum())
+    return np.array([loss_sum, correct, float(y.shape[0])], dtype=np.float32)

@@ -1,0 +1,118 @@
+"""A party's side of a search (ranks 1..K): its own data, its own randomness, its own state on its own disk.
+
+What a party hands to MPI, and nothing else (tests/mpi/test_release_spy.py checks every call):
+
+* at setup: its device name and how many iterations it has ever sent (``sent_steps``, data-independent);
+* per iteration: the releases of Algorithm 1 (under DP: clipped and noised, with a zero STATS tail);
+* at a checkpoint: an empty acknowledgement once it has saved its own state;
+* on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
+
+Its generator states never leave it: they are saved in its own directory
+(:class:`~mpi_fnas.federation.party_store.PartyStore`), restored by the party itself on a resume.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpi_fnas.config import Config
+from mpi_fnas.federation.algorithm import CONTINUE, STOP, party_iteration
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.party import Party, Shard
+from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.plan import Assignment, SetupError, open_split
+from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.federation.server import w_learning_rate
+from mpi_fnas.space import build_supernet
+
+FAULT_ENV = "MPI_FNAS_INJECT_FAULT"  # "RANK:STEP": that party raises at that step (failure tests)
+SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"  # "RANK:STEP:SECONDS": that party sleeps at that step (timeout tests)
+
+
+class ServerReportedError(SetupError):
+    """On a party: the server found bad input during setup and prints it; stop quietly with exit code 2."""
+
+
+def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
+    """Run party `channel.rank`'s side of the whole search; True when the run stopped as interrupted."""
+    got = channel.scatter_objects(None)
+    if isinstance(got, tuple) and got and got[0] == "error":
+        raise ServerReportedError(got[1])
+    assert isinstance(got, Assignment)
+    device = torch.device(device_for_rank(channel.comm, preference=cfg.runtime.device))
+    store = PartyStore(party_dir(run_dir, channel.rank)) if run_dir is not None else None
+    party = _build_party(cfg, got, channel.rank, device, store)
+    channel.gather_objects({"device": str(device), "sent_steps": store.sent_steps if store and got.dp else 0})
+
+    w_in = np.zeros(party.num_w, dtype=np.float32)
+    a_in = np.zeros(party.num_a + 1, dtype=np.float32)  # A and the control word
+    v_in = np.zeros(party.num_w, dtype=np.float32)
+    channel.bcast(w_in)
+    channel.bcast(a_in[:-1])
+    party.load_w(w_in)
+    party.load_a(a_in[:-1])
+
+    injected = _Injections(channel.rank)
+    second_order = cfg.search.order == "second_order"
+    journal = store if (store is not None and got.dp is not None) else None
+    for step in range(got.checkpoint_step + 1, got.steps + 1):
+        injected.at(step)
+        if journal is not None:
+            journal.record_send()  # before anything of this step leaves the party
+        xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
+        control = party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
+        if control != CONTINUE:
+            if store is not None:
+                store.save_state(step, {"randomness": got.dp.randomness if got.dp else "reproducible",
+                                        "party": party.state_dict()})
+            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
+            if control == STOP:
+                channel.barrier()  # wait for the server to finish its checkpoint and the log
+                return True
+    if got.dp is None:
+        channel.reduce_sum(party.evaluate_val())
+    return False
+
+
+def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
+    data = open_split(cfg, "train")
+    x_tr, y_tr = data.render(got.train_indices)
+    x_val, y_val = data.render(got.val_indices)
+    model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
+    source = got.dp.randomness if got.dp is not None else "reproducible"
+    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
+    party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),
+                  cfg.search.batch_size, rng.sampling, dp=got.dp, noise_generator=rng.noise)
+    if got.checkpoint_step > 0:
+        if store is None:
+            raise SetupError("--resume needs the run directory")
+        saved = store.load_state(got.checkpoint_step)
+        if saved["randomness"] != source:
+            raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
+        party.load_state_dict(saved["party"])  # its own generator states: the resumed run continues its streams
+    return party
+
+
+class _Injections:
+    """Fault and delay injection for the failure tests (environment variables, off by default)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        fault = os.environ.get(FAULT_ENV, "")
+        self.fault_step = int(fault.split(":")[1]) if fault and int(fault.split(":")[0]) == rank else -1
+        sleep = os.environ.get(SLEEP_ENV, "")
+        parts = sleep.split(":") if sleep else []
+        self.sleep_step = int(parts[1]) if parts and int(parts[0]) == rank else -1
+        self.sleep_seconds = float(parts[2]) if parts else 0.0
+
+    def at(self, step: int) -> None:
+        if step == self.fault_step:
+            raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
+        if step == self.sleep_step:
+            time.sleep(self.sleep_seconds)

@@ -1,0 +1,98 @@
+"""A party's own disk: its generator states, its count of sent releases, and its error details.
+
+In the simulation every party's directory is ``RUN_DIR/parties/rank<k>/``; in a real deployment it is the party's
+own disk. Nothing in it is ever sent to the server: the server's checkpoint holds only what the server owns.
+
+* ``state-<step>.pt``: the party's generator states and batch-stream positions at a checkpoint step (written
+  before the server writes its own checkpoint of that step, so every server checkpoint has its party states).
+* ``sent_steps``: how many iterations' releases this party has ever handed to MPI, across every attempt of the
+  run. It is written (and fsynced) *before* each send, so a crash can only over-count. On a resume the server
+  charges each party ``sent_steps − charged_steps`` extra releases: the releases of steps that ran after the last
+  checkpoint and will run again (docs/privacy.md, "Replays"). The count is data-independent: it says when the job
+  died, not what the data is.
+* ``error.log``: the full text of a failure under DP, where the party sends the server only a generic reason.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from mpi_fnas.checkpoint import atomic_load, atomic_save
+
+_STATE = re.compile(r"^state-(\d+)\.pt$")
+
+
+def party_dir(run_dir: Path, rank: int) -> Path:
+    """The directory of party `rank` under `run_dir`."""
+    return Path(run_dir) / "parties" / f"rank{rank}"
+
+
+class PartyStore:
+    """The files of one party in its own directory (created on first use)."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._journal = self.directory / "sent_steps"
+        self._sent = self._read_journal()
+        self._fd: int | None = None
+
+    # -- sent releases -------------------------------------------------------------------------------------------
+    @property
+    def sent_steps(self) -> int:
+        """Iterations whose releases this party has handed to MPI, over every attempt of the run."""
+        return self._sent
+
+    def record_send(self) -> None:
+        """Count one more iteration's releases, durably, before they are sent."""
+        if self._fd is None:
+            self._fd = os.open(self._journal, os.O_RDWR | os.O_CREAT, 0o600)
+        self._sent += 1
+        os.pwrite(self._fd, f"{self._sent:020d}\n".encode(), 0)
+        os.fsync(self._fd)
+
+    def _read_journal(self) -> int:
+        try:
+            text = self._journal.read_text().strip()
+        except FileNotFoundError:
+            return 0
+        return int(text) if text else 0
+
+    # -- generator states ----------------------------------------------------------------------------------------
+    def save_state(self, step: int, state: dict[str, Any]) -> None:
+        """Keep the party's state of checkpoint `step`; drop older ones except the previous checkpoint's.
+
+        States of steps after `step` are left by an attempt that died before the server's checkpoint: stale.
+        """
+        atomic_save(self.directory / f"state-{step}.pt", {"step": step, **state})
+        steps = self._saved_steps()
+        older = [s for s in steps if s < step]
+        for s in steps:
+            if s > step or (older and s < max(older)):
+                (self.directory / f"state-{s}.pt").unlink(missing_ok=True)
+
+    def load_state(self, step: int) -> dict[str, Any]:
+        """The state saved at checkpoint `step`. Raises FileNotFoundError when this party has none."""
+        path = self.directory / f"state-{step}.pt"
+        if not path.exists():
+            raise FileNotFoundError(f"party has no saved state for checkpoint step {step} in its own directory")
+        return atomic_load(path)
+
+    def _saved_steps(self) -> list[int]:
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _STATE.match(p.name)))
+
+    # -- failures ------------------------------------------------------------------------------------------------
+    def write_error(self, text: str) -> Path:
+        """Append the details of a failure to the party's own ``error.log``; return its path."""
+        path = self.directory / "error.log"
+        with open(path, "a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
+        return path
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

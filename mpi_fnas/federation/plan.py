@@ -1,0 +1,110 @@
+"""Planning a search, on rank 0 before any party computes: partitions, step counts and the privacy plan.
+
+No MPI and no autograd here: the plan is a pure function of the config, the train split's *labels* and the
+number of parties. Rank 0 reads the labels to partition the data (a simulation convenience, and a trust
+assumption: see docs/privacy.md, "Threat model"); it never reads the parties' inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from mpi_fnas.config import Config, ConfigError
+from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
+from mpi_fnas.privacy import DPParams
+from mpi_fnas.privacy.budget import PrivacyPlan, plan_privacy
+
+
+class SetupError(ConfigError):
+    """Bad input discovered during setup (missing dataset, impossible partition or budget): exit code 2."""
+
+
+@dataclass
+class Assignment:
+    """What the server tells a party at setup (global indices into the dataset's train split)."""
+
+    train_indices: np.ndarray
+    val_indices: np.ndarray
+    steps_per_epoch: int
+    steps: int = 0  # iterations of the whole run (filled in by plan_run)
+    dp: DPParams | None = None  # the privacy parameters under dpfnas
+    checkpoint_step: int = 0  # > 0 when resuming: the party restores its own state of that step
+
+
+@dataclass
+class RunPlan:
+    """Rank 0's plan of the run: one Assignment per party, and the privacy plan under DP."""
+
+    assignments: list[Assignment]
+    steps_per_epoch: int
+    steps: int
+    privacy: PrivacyPlan | None
+    stop_reason: str = "completed"
+
+    @property
+    def shard_sizes(self) -> list[list[int]]:
+        """[[N_k^train, N_k^val], ...] per party: public (the sample rates are B / N)."""
+        return [[len(a.train_indices), len(a.val_indices)] for a in self.assignments]
+
+
+def open_split(cfg: Config, split: str, *, download: bool = False):
+    """The dataset object for `split` ("train" or "test"); raises SetupError when it cannot be found."""
+    size = cfg.data.train_size if split == "train" else cfg.data.test_size
+    try:
+        return open_dataset(cfg.data.dataset, split, root=cfg.data.root, image_size=cfg.data.image_size,
+                            size=size, seed=cfg.seed)
+    except DatasetNotFoundError as exc:
+        raise SetupError(str(exc)) from None
+
+
+def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
+    """Split and partition the train split by labels; one Assignment per party."""
+    labels = open_split(cfg, "train").labels
+    train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
+    try:
+        kw = {"dirichlet_alpha": cfg.data.dirichlet_alpha, "classes_per_party": cfg.data.classes_per_party}
+        train_parts = partition_indices(labels[train_idx], parties, cfg.data.partition, cfg.seed, **kw)
+        val_parts = partition_indices(labels[val_idx], parties, cfg.data.partition, cfg.seed + 1, **kw)
+    except ValueError as exc:
+        raise SetupError(f"data.partition: {exc}") from None
+    steps = cfg.search.steps_per_epoch
+    if steps is None:  # one epoch = one pass over the mean party's train shard
+        steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
+    return [Assignment(train_idx[tp], val_idx[vp], steps) for tp, vp in zip(train_parts, val_parts, strict=True)]
+
+
+def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = None) -> RunPlan:
+    """The whole plan: partition (unless given), step count, and under DP the privacy plan."""
+    if assignments is None:
+        assignments = plan_assignments(cfg, parties)
+    steps_per_epoch = assignments[0].steps_per_epoch
+    steps = cfg.search.epochs * steps_per_epoch
+    privacy = None
+    reason = "completed"
+    if cfg.mode == "dpfnas":
+        try:
+            privacy = plan_privacy(
+                [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
+                DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
+            )
+        except ValueError as exc:
+            raise SetupError(f"privacy: {exc}") from None
+        steps, reason = privacy.steps, privacy.stop_reason
+    for a in assignments:
+        a.steps = steps
+        a.dp = privacy.params if privacy is not None else None
+    return RunPlan(assignments, steps_per_epoch, steps, privacy, reason)
+
+
+def attach_resume(plan: RunPlan, checkpoint: dict) -> None:
+    """Check that the re-planned run is the checkpointed one; tell each party which state to restore."""
+    if checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
+        raise SetupError("--resume: the checkpoint was written by a run with a different plan "
+                         f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
+    if [list(s) for s in checkpoint["shard_sizes"]] != plan.shard_sizes:
+        raise SetupError("--resume: the data partition differs from the checkpointed run's")
+    for assignment in plan.assignments:
+        assignment.checkpoint_step = int(checkpoint["step"])

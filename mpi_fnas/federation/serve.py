@@ -1,0 +1,313 @@
+"""Rank 0's side of a search: set the parties up, run the iterations, log, checkpoint, and report.
+
+Setup: plan the run (:mod:`mpi_fnas.federation.plan`) and scatter each party its assignment (or the setup error,
+so no party waits for a decision that never comes); agree on devices; learn from every party how many
+iterations it has ever sent (non-zero only after a crash) and charge the replays; open the log; broadcast the
+initial W and A. Then the iterations of :mod:`mpi_fnas.federation.algorithm`.
+
+What rank 0 writes is public by construction: W, A, its optimizers, the test-split metrics it computes itself,
+and ε, which depends only on public quantities and is computed by the ledger's worker thread while the parties
+compute. Under DP no per-step timing is logged (a step's duration reveals the realised Poisson batch size).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpi_fnas.checkpoint import save_checkpoint
+from mpi_fnas.config import Config
+from mpi_fnas.federation.algorithm import CHECKPOINT, CONTINUE, STOP, ServerBuffers, StepStats, server_iteration
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
+from mpi_fnas.federation.server import Server
+from mpi_fnas.privacy.accountant import PrivacyLedger
+from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
+from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+from mpi_fnas.space import PRIMITIVES, build_supernet, max_genotype_length, num_edges
+
+STOP_ENV = "MPI_FNAS_STOP_AFTER"  # "STEP": behave as if SIGUSR1 arrived during that step (resume tests)
+TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
+
+
+@dataclass
+class SearchOutcome:
+    """Rank 0's result of a search."""
+
+    mode: str
+    parties: int
+    epochs: int
+    steps: int
+    val_acc: float  # NaN under DP (not released)
+    val_loss: float
+    test_acc: float
+    genotype: str
+    wall_seconds: float
+    log_path: Path | None
+    stop_reason: str
+    w: np.ndarray = field(repr=False)
+    a: np.ndarray = field(repr=False)
+    interrupted: bool = False  # stopped by a signal after writing a checkpoint
+    epsilon: np.ndarray | None = None  # (K,) tight ε per party (DP only)
+    mu_gdp: np.ndarray | None = None
+    delta: np.ndarray | None = None
+    privacy_guarantee: str = "holds"
+
+
+def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
+          progress: Callable[[int, int, dict[str, float]], None] | None = None, resume: dict | None = None,
+          stop_requested: Callable[[], str | None] = lambda: None, stop_after: int = 0) -> SearchOutcome:
+    """Run the server's side of the whole search (see :func:`mpi_fnas.federation.search.run_search`)."""
+    start = time.perf_counter()
+    try:
+        plan = plan_run(cfg, channel.parties, assignments)
+        test = open_split(cfg, "test")
+        if resume is not None:
+            attach_resume(plan, resume)
+    except SetupError as exc:
+        channel.scatter_objects([None] + [("error", str(exc))] * channel.parties)
+        raise
+    channel.scatter_objects([None, *plan.assignments])
+    device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
+    reports = channel.gather_objects(None)[1:]
+    devices = ["cpu"] + [r["device"] for r in reports]
+
+    ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
+    if ledger is not None:
+        if resume is not None:
+            ledger.load_state_dict(resume["ledger"])
+        _charge_replays(ledger, [int(r["sent_steps"]) for r in reports])
+    guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
+        f"none: mode {cfg.mode} makes no privacy claim"
+    log = _open_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
+    gpus = len({d for d in devices if d.startswith("cuda")})
+    try:
+        server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
+                                       num_classes=test.num_classes), cfg.search, channel.parties)
+        if resume is not None:
+            server.load_state_dict(resume["server"])
+        channel.bcast(server.w_buffer)
+        channel.bcast(server.a_buffer)
+        x_test, y_test = test.render(np.arange(len(test.labels)))
+        loop = _ServerLoop(cfg, channel, server, plan, ledger, log, progress, run_dir, stop_requested, stop_after)
+        outcome = loop.run(x_test, y_test, resume, start)
+        outcome.privacy_guarantee = guarantee
+    except BaseException as exc:
+        if ledger is not None:
+            ledger.close()
+        if log is not None:
+            status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+            log.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=_cost(channel, start, gpus))
+        raise
+    if log is not None:
+        log.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
+                   final_genotype=None if outcome.interrupted else outcome.genotype, cost=_cost(channel, start, gpus))
+    if outcome.interrupted:
+        channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
+    return outcome
+
+
+def _charge_replays(ledger: FederationLedger, sent_steps: list[int]) -> None:
+    """Charge every party the iterations it sent beyond what the ledger counts: steps replayed after a crash."""
+    charged = ledger.charged_steps()
+    for k, (sent, counted) in enumerate(zip(sent_steps, charged, strict=True)):
+        if sent > counted:
+            ledger.charge_replays(k, sent - int(counted))
+
+
+def _open_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
+              guarantee: str) -> RunLog:
+    if resume is not None:
+        log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
+        log.truncate(*resume["log_rows"])
+        return log
+    return RunLog.create(
+        run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
+        metric_names=SEARCH_METRICS, alpha_shape=(num_edges(cfg.space.nodes), len(PRIMITIVES)),
+        genotype_length=max_genotype_length(cfg.space.nodes, PRIMITIVES),
+        privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
+        rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
+    )
+
+
+def _privacy_schema(plan: PrivacyPlan) -> PrivacySchema:
+    return PrivacySchema(
+        delta=plan.delta, accountant=PrivacyLedger().description(),
+        sample_rate_train=plan.sample_rate_train, sample_rate_val=plan.sample_rate_val,
+        noise_multiplier_w=plan.params.noise_multiplier_w, noise_multiplier_a=plan.params.noise_multiplier_a,
+        clip_w=plan.params.clip_w, clip_a=plan.params.clip_a,
+    )
+
+
+class _ServerLoop:
+    """The iterations on rank 0, with their logging and checkpoints."""
+
+    def __init__(self, cfg: Config, channel: Channel, server: Server, plan: RunPlan, ledger: FederationLedger | None,
+                 log: RunLog | None, progress, run_dir: Path | None, stop_requested: Callable[[], str | None],
+                 stop_after: int) -> None:
+        self.cfg, self.channel, self.server, self.plan = cfg, channel, server, plan
+        self.ledger, self.log, self.progress, self.run_dir = ledger, log, progress, run_dir
+        self.stop_requested, self.stop_after = stop_requested, stop_after
+        self.acc = _Accumulator()
+        self.epsilon_so_far = math.nan
+
+    def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, start: float) -> SearchOutcome:
+        cfg, channel, server, plan = self.cfg, self.channel, self.server, self.plan
+        buffers = ServerBuffers(server.w.numel(), server.a.numel())
+        second_order = cfg.search.order == "second_order"
+        first = 1
+        if resume is not None:
+            first = int(resume["step"]) + 1
+            self.acc.load_state_dict(resume["accumulator"])
+        test_stats = np.full(3, np.nan)
+        stop_reason, interrupted, step = plan.stop_reason, False, first - 1
+        for step in range(first, plan.steps + 1):
+            epoch = (step - 1) // plan.steps_per_epoch
+            if (step - 1) % plan.steps_per_epoch == 0:
+                server.start_epoch(epoch)
+            signal_name = self.stop_requested() or (f"{STOP_ENV}={step}" if step == self.stop_after else None)
+            control = CONTINUE
+            if signal_name is not None and step < plan.steps:
+                control = STOP
+            elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < plan.steps:
+                control = CHECKPOINT
+            t0, c0 = time.perf_counter(), channel.comm_seconds
+            stats = server_iteration(server, channel, buffers, second_order, control)
+            if self.ledger is not None:
+                self.ledger.record_step()
+            self.acc.add(stats, time.perf_counter() - t0, channel.comm_seconds - c0)
+            epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
+            if epoch_end:
+                test_stats = server.evaluate(x_test, y_test)
+                if self.log is not None:
+                    soft = server.alpha_softmax()
+                    self.log.append_epoch(soft["normal"], soft["reduce"], server.genotype().to_string())
+            if step % cfg.runtime.log_every == 0 or epoch_end or control != CONTINUE:
+                self._log_row(step, epoch, test_stats if epoch_end else None)
+            elif self.log is not None:
+                self.log.heartbeat()
+            self._write_privacy_rows(wait=False)
+            if control != CONTINUE:
+                self._checkpoint(step)
+                if control == STOP:
+                    stop_reason, interrupted = f"interrupted by {signal_name}: checkpointed at step {step}", True
+                    break
+        self._write_privacy_rows(wait=True)
+        val = np.full(3, np.nan, dtype=np.float32)
+        if self.ledger is None and not interrupted:  # under DP the parties' validation accuracy is not released
+            val[:] = 0
+            channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
+        outcome = SearchOutcome(
+            mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
+            steps=step, val_acc=_ratio(val[1], val[2]), val_loss=_ratio(val[0], val[2]),
+            test_acc=_ratio(test_stats[1], test_stats[2]), genotype=server.genotype().to_string(),
+            wall_seconds=time.perf_counter() - start, log_path=self.log.path if self.log is not None else None,
+            stop_reason=stop_reason, w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=interrupted,
+        )
+        if self.ledger is not None:
+            outcome.epsilon, outcome.mu_gdp = self.ledger.epsilons(), self.ledger.mu_gdp()
+            outcome.delta = plan.privacy.delta
+            self.ledger.close()
+        return outcome
+
+    def _log_row(self, step: int, epoch: int, test_stats: np.ndarray | None) -> None:
+        row = self.acc.row(step, epoch, self.channel.parties, self.server.xi)
+        if self.ledger is not None:  # a step's duration tracks its realised Poisson batch size: not released
+            for column in TIMING_COLUMNS:
+                row[column] = math.nan
+            self.ledger.submit(step)
+        if test_stats is not None:
+            row["test_loss"] = _ratio(test_stats[0], test_stats[2])
+            row["test_acc"] = _ratio(test_stats[1], test_stats[2])
+        if self.log is not None:
+            self.log.append_metrics(row)
+        if self.progress is not None:
+            self._write_privacy_rows(wait=False)
+            shown = dict(row)
+            if self.ledger is not None:
+                shown["epsilon"] = self.epsilon_so_far
+            self.progress(step, self.plan.steps, shown)
+
+    def _write_privacy_rows(self, wait: bool) -> None:
+        """Log the ε rows the ledger's worker has finished (all of them with `wait`)."""
+        if self.ledger is None:
+            return
+        for row in self.ledger.drain() if wait else self.ledger.ready():
+            self.epsilon_so_far = float(np.max(row.epsilon))
+            if self.log is not None:
+                self.log.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
+
+    def _checkpoint(self, step: int) -> None:
+        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
+        self.channel.gather_objects(None)
+        self._write_privacy_rows(wait=True)
+        if self.run_dir is None:
+            return
+        save_checkpoint(self.run_dir, {
+            "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
+            "server": self.server.state_dict(), "shard_sizes": self.plan.shard_sizes,
+            "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+            "accumulator": self.acc.state_dict(),
+            "log_rows": list(self.log.row_counts()) if self.log is not None else [0, 0, 0],
+        })
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if b > 0 else float("nan")
+
+
+def _cost(channel: Channel, start: float, gpus: int) -> dict[str, float]:
+    """This attempt's cost (the log adds the attempts of a requeued run up). Core-hours count 1 core a rank."""
+    wall = time.perf_counter() - start
+    return {"wall_seconds": wall, "ranks": channel.size, "gpus": gpus, "gpu_hours": wall * gpus / 3600.0,
+            "cpu_core_hours": wall * channel.size / 3600.0}
+
+
+class _Accumulator:
+    """Sums StepStats between two logged rows."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.train = np.zeros(4)
+        self.val = np.zeros(4)
+        self.steps = 0
+        self.wall = 0.0
+        self.comm = 0.0
+
+    def add(self, stats: StepStats, wall: float, comm: float) -> None:
+        self.train += stats.train
+        self.val += stats.val
+        self.steps += 1
+        self.wall += wall
+        self.comm += comm
+
+    def row(self, step: int, epoch: int, parties: int, w_lr: float) -> dict[str, float]:
+        # Under DP the parties send no statistics: counts are 0 and the loss/accuracy columns are NaN.
+        row = {
+            "step": step, "epoch": epoch,
+            "train_loss": _ratio(self.train[0], self.train[2]), "train_acc": _ratio(self.train[1], self.train[2]),
+            "val_loss": _ratio(self.val[0], self.val[2]), "val_acc": _ratio(self.val[1], self.val[2]),
+            "step_seconds": self.wall / self.steps, "comm_seconds": self.comm / self.steps,
+            "party_seconds": (self.train[3] + self.val[3]) / parties / self.steps if self.train[2] > 0
+            else float("nan"),
+            "w_lr": w_lr,
+        }
+        self.reset()
+        return row
+
+    def state_dict(self) -> dict:
+        return {"train": self.train.tolist(), "val": self.val.tolist(), "steps": self.steps, "wall": self.wall,
+                "comm": self.comm}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train, self.val = np.array(state["train"]), np.array(state["val"])
+        self.steps, self.wall, self.comm = int(state["steps"]), float(state["wall"]), float(state["comm"])
