@@ -494,7 +494,7 @@ _WRITER = textwrap.dedent(
     privacy = PrivacySchema(delta=[1e-5, 1e-5], accountant="pld", sample_rate_train=[0.1, 0.1],
                             sample_rate_val=[0.1, 0.1], noise_multiplier_w=1.0, noise_multiplier_a=1.0,
                             clip_w=0.1, clip_a=0.1)
-    runlog = RunLog.create(sys.argv[1], mode="dpfnas", parties=2, config_text="x: 1\\n",
+    runlog = RunLog.create(sys.argv[1], mode="dpfnas", parties=2, config_text="x: 1",
                            metric_names=SEARCH_METRICS, alpha_shape=(2, 3), genotype_length=16,
                            privacy_guarantee="holds", privacy=privacy)
     for step in range(5):

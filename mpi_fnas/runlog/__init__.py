@@ -5,15 +5,13 @@ writer's liveness record and the dead-writer rule), ``writer`` (``RunLog``), ``r
 """
 
 from mpi_fnas.runlog.reader import DEFAULT_STALE_SECONDS, read_run
-from mpi_fnas.runlog.schema import FINAL_STATUSES, SEARCH_METRICS, STATUSES, PrivacySchema, RowCounts
+from mpi_fnas.runlog.schema import SEARCH_METRICS, PrivacySchema, RowCounts
 from mpi_fnas.runlog.writer import HEARTBEAT_SECONDS, RunLog
 
 __all__ = [
     "DEFAULT_STALE_SECONDS",
-    "FINAL_STATUSES",
     "HEARTBEAT_SECONDS",
     "SEARCH_METRICS",
-    "STATUSES",
     "PrivacySchema",
     "RowCounts",
     "RunLog",

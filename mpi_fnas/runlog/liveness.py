@@ -101,20 +101,14 @@ def store_writer_record(handle: h5py.File, record: WriterRecord) -> None:
 
 
 def read_writer_record(handle: h5py.File) -> WriterRecord:
-    """``/writer`` of an open log (refreshing datasets that a SWMR read handle may have cached)."""
+    """``/writer`` as stored in an open log (a fresh open sees the latest flushed values)."""
     group = handle[WRITER_GROUP]
-    values = {}
-    for name in ("host", "pid", "process", "started", "heartbeat"):
-        dataset = group[name]
-        if handle.swmr_mode:
-            dataset.refresh()
-        values[name] = dataset[()]
     return WriterRecord(
-        host=values["host"].decode("utf-8"),
-        pid=int(values["pid"]),
-        process=values["process"].decode("utf-8"),
-        started=float(values["started"]),
-        heartbeat=float(values["heartbeat"]),
+        host=group["host"][()].decode("utf-8", errors="replace"),  # truncation may have split a character
+        pid=int(group["pid"][()]),
+        process=group["process"][()].decode("utf-8", errors="replace"),
+        started=float(group["started"][()]),
+        heartbeat=float(group["heartbeat"][()]),
     )
 
 

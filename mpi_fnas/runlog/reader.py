@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import time
 from pathlib import Path
@@ -50,7 +51,7 @@ def read_run(
             "reason": str(root["reason"]),
             "stale": False,
             "last_step": int(steps[-1]) if len(steps) else None,
-            "writer": vars(writer),
+            "writer": dataclasses.asdict(writer),
             "mode": str(root["mode"]),
             "parties": int(root["parties"]),
             "config": str(root["config"]),

@@ -18,7 +18,6 @@ import numpy as np
 
 from mpi_fnas import __version__
 
-STATUSES = ("running", "finished", "failed", "interrupted")
 FINAL_STATUSES = ("finished", "failed", "interrupted")
 
 # The search's metric columns, in the order they are listed in /metrics (one float64 dataset each).
@@ -49,9 +48,9 @@ PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "
 
 # Chunk lengths along the growing axis: big enough that a long run has few chunks, small enough that a
 # flush per row rewrites little.
-METRIC_CHUNK_ROWS = 256
-EPOCH_CHUNK_ROWS = 16
-PRIVACY_CHUNK_ROWS = 64
+_METRIC_CHUNK_ROWS = 256
+_EPOCH_CHUNK_ROWS = 16
+_PRIVACY_CHUNK_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -132,12 +131,12 @@ def build_skeleton(
     metrics = handle.create_group("metrics", track_order=True)
     for name in metric_names:
         # fill value NaN: a row caught half-written reads as NaN, not as a plausible 0
-        _growing(metrics, name, (), np.float64, METRIC_CHUNK_ROWS, math.nan)
+        _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
 
     alphas = handle.create_group("alphas")
     for cell in ("normal", "reduce"):
         _growing(alphas, cell, tuple(alpha_shape), np.float32, 1, math.nan)
-    _growing(handle, "genotype", (), f"S{genotype_length}", EPOCH_CHUNK_ROWS, None)
+    _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
 
     cost = handle.create_group("cost").attrs
     for name in COST_ADDITIVE:
@@ -153,10 +152,10 @@ def build_skeleton(
         group = handle.create_group("privacy")
         group.attrs["delta"] = privacy["delta"]
         group.attrs["accountant"] = privacy["accountant"]
-        _growing(group, "steps", (), np.int64, PRIVACY_CHUNK_ROWS, -1)
-        _growing(group, "charged_steps", (parties,), np.int64, PRIVACY_CHUNK_ROWS, -1)
+        _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+        _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
         for name in ("epsilon", "mu_gdp"):
-            _growing(group, name, (parties,), np.float64, PRIVACY_CHUNK_ROWS, math.nan)
+            _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
         for name in PRIVACY_FIXED:
             group.create_dataset(name, data=privacy[name])
 

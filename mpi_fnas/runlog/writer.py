@@ -191,7 +191,8 @@ class RunLog:
 
     def heartbeat(self) -> None:
         """Record that the writer is alive (``/writer/heartbeat`` = now, Unix seconds). Cheap enough to call
-        every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too."""
+        every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too. Like them, raises
+        RuntimeError once ``finish`` has closed the log."""
         self._require_open()
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
