@@ -1,10 +1,13 @@
-"""Tests of the HDF5 run log (mpi_fnas.runlog): schema, SWMR live reading, failure, resume, truncation."""
+"""Tests of the HDF5 run log (mpi_fnas.runlog): schema, SWMR live reading, failure, resume, truncation, and the
+liveness record that turns a killed writer's ``running`` into ``failed``."""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -17,11 +20,11 @@ import numpy as np
 import pytest
 
 import mpi_fnas
-from mpi_fnas.runlog import REQUIRED_METRICS, PrivacySchema, RunLog, read_run
+from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, PrivacySchema, RunLog, liveness, read_run, writer
 
 EDGES, OPS = 14, 8
 PARTIES = 3
-METRICS = (*REQUIRED_METRICS, "lr")
+METRICS = SEARCH_METRICS
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -46,6 +49,7 @@ def _create(path: Path, *, mode: str = "fnas", genotype_length: int = 64, **over
         metric_names=METRICS,
         alpha_shape=(EDGES, OPS),
         genotype_length=genotype_length,
+        privacy_guarantee="holds" if mode == "dpfnas" else f"none: mode {mode} makes no privacy claim",
         privacy=_privacy() if mode == "dpfnas" else None,
     )
     arguments.update(overrides)
@@ -68,11 +72,11 @@ def _metric_row(step: int) -> dict[str, float]:
 
 def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, mode="dpfnas", rank_attrs={"device": ["cpu", "cuda:0", "cuda:1", "cuda:0"]})
+    runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cuda:0", "cuda:1", "cuda:0"]})
     for step in range(3):
         runlog.append_metrics(_metric_row(step))
     runlog.append_epoch(_softmax_rows(0), _softmax_rows(1), "normal=[sep_conv_3x3]")
-    runlog.append_privacy(3, np.array([0.5, 0.6, 0.7]), np.array([0.05, 0.06, 0.07]))
+    runlog.append_privacy(3, np.array([3, 4, 3]), np.array([0.5, 0.6, 0.7]), np.array([0.05, 0.06, 0.07]))
     runlog.finish(
         "finished",
         reason="completed",
@@ -84,19 +88,19 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         root = f.attrs
         assert set(root) == {
             "status", "mode", "parties", "config", "version", "final_genotype", "created", "reason",
-            "attempts",
+            "attempts", "privacy_guarantee",
         }  # fmt: skip
-        for name in ("status", "mode", "config", "version", "final_genotype", "created", "reason"):
+        for name in ("status", "mode", "config", "version", "final_genotype", "created", "reason", "privacy_guarantee"):
             string_info = h5py.check_string_dtype(root.get_id(name).dtype)
             assert string_info is not None and string_info.encoding == "utf-8", name
         assert (root["status"], root["mode"], root["reason"]) == ("finished", "dpfnas", "completed")
         assert root.get_id("parties").dtype.kind == "i" and root["parties"] == PARTIES
-        assert root["config"] == "search:\n  epochs: 2\n"
+        assert root["config"] == "search:\n  epochs: 2\n" and root["privacy_guarantee"] == "holds"
         assert root["version"] == mpi_fnas.__version__
         assert root["final_genotype"] == "normal=[sep_conv_3x3]"
         assert datetime.fromisoformat(root["created"]).tzinfo is not None
 
-        assert set(f) == {"metrics", "alphas", "genotype", "cost", "privacy", "ranks"}
+        assert set(f) == {"metrics", "alphas", "genotype", "cost", "privacy", "ranks", "writer"}
         assert list(f["metrics"]) == list(METRICS)  # caller's column order survives
         for name in METRICS:
             dataset = f["metrics"][name]
@@ -124,7 +128,7 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert set(privacy.attrs) == {"delta", "accountant"}
         assert privacy.attrs["delta"].shape == (PARTIES,) and privacy.attrs["accountant"] == "pld"
         assert set(privacy) == {
-            "epsilon", "mu_gdp", "steps", "sample_rate_train", "sample_rate_val",
+            "epsilon", "mu_gdp", "steps", "charged_steps", "sample_rate_train", "sample_rate_val",
             "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a",
         }  # fmt: skip
         for name in ("epsilon", "mu_gdp"):
@@ -133,20 +137,29 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert privacy["steps"].shape == (1,) and privacy["steps"].maxshape == (None,)
         assert privacy["steps"].dtype.kind == "i" and privacy["steps"][0] == 3
         np.testing.assert_array_equal(privacy["epsilon"][0], [0.5, 0.6, 0.7])
+        charged = privacy["charged_steps"]
+        assert charged.dtype == np.int64 and charged.shape == (1, PARTIES) and charged.maxshape == (None, PARTIES)
+        np.testing.assert_array_equal(charged[0], [3, 4, 3])
         assert privacy["sample_rate_train"].shape == (PARTIES,) == privacy["sample_rate_val"].shape
         assert privacy["noise_multiplier_w"].shape == () and privacy["noise_multiplier_a"].shape == (PARTIES,)
         assert privacy["clip_w"][()] == 0.01 and privacy["clip_a"][()] == 0.1
 
-        devices = f["ranks"].attrs["device"]
+        devices = f["ranks"].attrs["devices"]
         assert [str(device) for device in devices] == ["cpu", "cuda:0", "cuda:1", "cuda:0"]
+
+        record = f["writer"]
+        assert set(record) == {"host", "pid", "process", "started", "heartbeat"}
+        assert record["host"][()].decode() == socket.gethostname() and record["pid"][()] == os.getpid()
+        assert record["heartbeat"][()] >= record["started"][()] > 0
 
 
 def test_privacy_group_only_when_requested(tmp_path: Path) -> None:
     runlog = _create(tmp_path / "fnas.h5", mode="fnas")
     with pytest.raises(RuntimeError, match="without a privacy schema"):
-        runlog.append_privacy(1, np.zeros(PARTIES), np.zeros(PARTIES))
+        runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
     runlog.finish("finished", reason="completed")
-    assert read_run(tmp_path / "fnas.h5")["privacy"] is None
+    fnas = read_run(tmp_path / "fnas.h5")
+    assert fnas["privacy"] is None and fnas["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
     with h5py.File(tmp_path / "fnas.h5", "r") as f:
         assert "privacy" not in f
 
@@ -160,18 +173,19 @@ def test_privacy_group_only_when_requested(tmp_path: Path) -> None:
 
     dp = _create(tmp_path / "dp.h5", mode="dpfnas")
     with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
-        dp.append_privacy(1, np.zeros(PARTIES + 1), np.zeros(PARTIES))
-    dp.append_privacy(1, np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is a legitimate value
+        dp.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES + 1), np.zeros(PARTIES))
+    with pytest.raises(ValueError, match=r"charged_steps must have shape \(3,\)"):
+        dp.append_privacy(1, 1, np.zeros(PARTIES), np.zeros(PARTIES))  # a scalar would be broadcast silently
+    dp.append_privacy(1, np.ones(PARTIES), np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is legitimate
     dp.finish("finished", reason="completed")
-    assert read_run(tmp_path / "dp.h5")["privacy"]["epsilon"].shape == (1, PARTIES)
+    dp_privacy = read_run(tmp_path / "dp.h5")["privacy"]
+    assert dp_privacy["epsilon"].shape == (1, PARTIES) and dp_privacy["charged_steps"].tolist() == [[1, 1, 1]]
 
 
 def test_status_and_mode_are_validated(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="mode must be one of"):
         _create(tmp_path / "bad_mode.h5", mode="dp")
     assert not (tmp_path / "bad_mode.h5").exists()
-    with pytest.raises(ValueError, match="must include"):
-        _create(tmp_path / "few_metrics.h5", metric_names=("step", "epoch"))
 
     path = tmp_path / "search.h5"
     runlog = _create(path)
@@ -205,12 +219,12 @@ def test_missing_metrics_are_nan_and_unknown_names_write_nothing(tmp_path: Path)
     runlog.append_metrics({"step": 0, "train_loss": 1.5})
     with pytest.raises(KeyError, match="train_los"):
         runlog.append_metrics({"step": 1, "train_los": 1.0})
-    assert runlog.rows() == 1
-    runlog.close()
+    assert runlog.row_counts().metric_rows == 1
+    runlog.finish("finished", reason="completed")
     run = read_run(path)
     assert {name: values.shape for name, values in run["metrics"].items()} == {name: (1,) for name in METRICS}
     assert run["metrics"]["train_loss"][0] == 1.5
-    assert np.isnan(run["metrics"]["val_acc"][0]) and np.isnan(run["metrics"]["lr"][0])
+    assert np.isnan(run["metrics"]["val_acc"][0]) and np.isnan(run["metrics"]["test_acc"][0])
 
 
 def test_genotype_too_long_raises_and_writes_nothing(tmp_path: Path) -> None:
@@ -351,13 +365,13 @@ def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path)
 
 def test_failure_keeps_rows_and_sets_status(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    with pytest.raises(RuntimeError, match="party 3 diverged"), _create(path) as runlog:
-        for step in range(4):
-            runlog.append_metrics(_metric_row(step))
-        runlog.append_epoch(_softmax_rows(0), _softmax_rows(1), "partial")
-        raise RuntimeError("party 3 diverged\nsecond line of detail")
+    runlog = _create(path)
+    for step in range(4):
+        runlog.append_metrics(_metric_row(step))
+    runlog.append_epoch(_softmax_rows(0), _softmax_rows(1), "partial")
+    runlog.finish("failed", reason="RuntimeError: party 3 diverged")
     run = read_run(path)
-    assert run["status"] == "failed"
+    assert (run["status"], run["stale"]) == ("failed", False)  # a recorded failure, not a dead writer
     assert run["reason"] == "RuntimeError: party 3 diverged"
     assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0]
     assert run["genotypes"] == ["partial"]
@@ -371,24 +385,24 @@ def test_failure_keeps_rows_and_sets_status(tmp_path: Path) -> None:
 
 def test_reopen_continues_rows_and_adds_up_cost(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, mode="dpfnas", rank_attrs={"device": ["cpu", "cpu", "cpu", "cpu"]})
+    runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cpu", "cpu", "cpu"]})
     for step in range(3):
         runlog.append_metrics(_metric_row(step))
-    runlog.append_privacy(3, np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
+    runlog.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
     runlog.finish(
         "interrupted",
         reason="SIGUSR1",
         cost={"wall_seconds": 10.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.5},
     )
 
-    resumed = RunLog.reopen(path, rank_attrs={"device": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
-    assert resumed.rows() == 3 and resumed.row_counts() == (3, 0, 1)
+    resumed = RunLog.reopen(path, rank_attrs={"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
+    assert resumed.row_counts() == (3, 0, 1)
     live = read_run(path)
     assert (live["status"], live["reason"], live["attempts"]) == ("running", "", 2)
-    assert live["ranks"]["device"] == ["cpu", "cuda:0", "cuda:0", "cuda:1"]
+    assert live["ranks"] == {"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]}
     for step in range(3, 5):
         resumed.append_metrics(_metric_row(step))
-    resumed.append_privacy(5, np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
+    resumed.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
     resumed.finish(
         "finished",
         reason="completed",
@@ -400,51 +414,11 @@ def test_reopen_continues_rows_and_adds_up_cost(tmp_path: Path) -> None:
     assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
     assert run["metrics"]["train_loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
     assert run["privacy"]["steps"].tolist() == [3, 5]
+    assert run["privacy"]["charged_steps"].tolist() == [[3, 3, 3], [6, 6, 6]]  # 5 steps + 1 replayed
     assert run["cost"]["wall_seconds"] == pytest.approx(15.0)
     assert run["cost"]["cpu_core_hours"] == pytest.approx(0.75)
     assert run["cost"]["gpu_hours"] == pytest.approx(0.004)
     assert (run["cost"]["ranks"], run["cost"]["gpus"]) == (4, 3)  # layout of the latest attempt
-
-
-_CRASHING_WRITER = textwrap.dedent(
-    """
-    import os, sys
-    import numpy as np
-    from mpi_fnas.runlog import REQUIRED_METRICS, RunLog
-
-    runlog = RunLog.create(sys.argv[1], mode="fnas", parties=2, config_text="x: 1\\n",
-                           metric_names=REQUIRED_METRICS, alpha_shape=(2, 3), genotype_length=16)
-    for step in range(4):
-        runlog.append_metrics({"step": step, "train_loss": 1.0 / (step + 1)})
-    runlog.append_epoch(np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), "g0")
-    os._exit(9)  # like SIGKILL: no close, no finish
-    """
-)
-
-
-def test_reopen_salvages_a_log_whose_writer_was_killed(tmp_path: Path) -> None:
-    path = tmp_path / "search.h5"
-    crashed = subprocess.run(
-        [sys.executable, "-c", _CRASHING_WRITER, str(path)], cwd=REPO_ROOT, capture_output=True, text=True
-    )
-    assert crashed.returncode == 9, crashed.stderr
-    # HDF5 itself refuses a write open of such a file; this is why reopen must salvage it.
-    with pytest.raises(OSError, match="already open for write"):
-        h5py.File(path, "r+", libver="latest")
-    before = read_run(path)
-    assert before["status"] == "running" and before["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0]
-
-    resumed = RunLog.reopen(path)
-    assert resumed.row_counts() == (4, 1, 0)
-    resumed.append_metrics({"step": 4, "train_loss": 0.2})
-    resumed.finish("finished", reason="completed")
-    run = read_run(path)
-    assert run["status"] == "finished" and run["attempts"] == 2
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert run["metrics"]["train_loss"].tolist() == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, 0.2])
-    assert run["genotypes"] == ["g0"]
-    assert not Path(str(path) + ".salvage").exists()
-    assert sorted(os.listdir(tmp_path)) == ["search.h5"]
 
 
 def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path) -> None:
@@ -452,7 +426,7 @@ def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path)
     runlog = _create(path)
     for step in range(2):
         runlog.append_metrics(_metric_row(step))
-    runlog.close()
+    runlog.finish("interrupted", reason="SIGUSR1")
     # What a crash between two datasets of one append leaves behind: one column a row longer.
     with h5py.File(path, "r+", libver="latest") as f:
         f["metrics/step"].resize((3,))
@@ -460,7 +434,7 @@ def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path)
     assert read_run(path)["metrics"]["step"].tolist() == [0.0, 1.0]
 
     resumed = RunLog.reopen(path)
-    assert resumed.rows() == 2
+    assert resumed.row_counts().metric_rows == 2
     # The file itself is consistent again, also for plain h5py readers that do not use read_run.
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
         assert {f["metrics"][name].shape for name in METRICS} == {(2,)}
@@ -479,7 +453,9 @@ def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
     for epoch in range(3):
         runlog.append_epoch(_softmax_rows(epoch), _softmax_rows(epoch + 10), f"g{epoch}")
     for row in range(4):
-        runlog.append_privacy(row + 1, np.full(PARTIES, 0.1 * row), np.full(PARTIES, 0.01 * row))
+        runlog.append_privacy(
+            row + 1, np.full(PARTIES, row + 1), np.full(PARTIES, 0.1 * row), np.full(PARTIES, 0.01 * row)
+        )
     checkpoint = (3, 1, 2)
 
     with pytest.raises(ValueError, match="metric_rows=6"):
@@ -489,10 +465,10 @@ def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
     assert runlog.row_counts() == (5, 3, 4)  # a rejected truncate changes nothing
 
     runlog.truncate(*checkpoint)
-    assert runlog.row_counts() == checkpoint and runlog.rows() == 3
+    assert runlog.row_counts() == checkpoint
     runlog.append_metrics(_metric_row(30))
     runlog.append_epoch(_softmax_rows(7), _softmax_rows(8), "g-new")
-    runlog.append_privacy(9, np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
+    runlog.append_privacy(9, np.full(PARTIES, 9), np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
     runlog.finish("finished", reason="completed")
 
     run = read_run(path)
@@ -501,4 +477,205 @@ def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
     assert run["genotypes"] == ["g0", "g-new"]
     np.testing.assert_array_equal(run["alphas"]["normal"][1], _softmax_rows(7))
     assert run["privacy"]["steps"].tolist() == [1, 2, 9]
+    assert run["privacy"]["charged_steps"][:, 0].tolist() == [1, 2, 9]
     np.testing.assert_allclose(run["privacy"]["epsilon"][:, 0], [0.0, 0.1, 0.9])
+
+
+# ---------------------------------------------------------------------- a writer that dies says so
+
+# A real writer process: logs 5 metric rows, 2 epochs and 2 ledger rows, heartbeats, reports its PID, then
+# waits (alive) until the test kills it.
+_WRITER = textwrap.dedent(
+    """
+    import json, os, sys
+    import numpy as np
+    from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+
+    privacy = PrivacySchema(delta=[1e-5, 1e-5], accountant="pld", sample_rate_train=[0.1, 0.1],
+                            sample_rate_val=[0.1, 0.1], noise_multiplier_w=1.0, noise_multiplier_a=1.0,
+                            clip_w=0.1, clip_a=0.1)
+    runlog = RunLog.create(sys.argv[1], mode="dpfnas", parties=2, config_text="x: 1",
+                           metric_names=SEARCH_METRICS, alpha_shape=(2, 3), genotype_length=16,
+                           privacy_guarantee="holds", privacy=privacy)
+    for step in range(5):
+        runlog.append_metrics({"step": step, "train_loss": 1.0 / (step + 1)})
+        runlog.heartbeat()
+        if step % 2 == 1:
+            runlog.append_epoch(np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), f"g{step}")
+            runlog.append_privacy(step + 1, np.array([step + 1, step + 2]), np.full(2, 0.1 * step), np.full(2, 0.01))
+    print(json.dumps({"pid": os.getpid()}), flush=True)
+    sys.stdin.readline()  # alive until killed (or told to go)
+    """
+)
+
+
+def _start_writer(path: Path) -> tuple[subprocess.Popen, int]:
+    """A writer subprocess that has logged everything and is now idle; returns it and its PID."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO_ROOT,
+    )
+    try:
+        pid = _LineReader(process).json(timeout=60)["pid"]
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    assert pid == process.pid
+    return process, pid
+
+
+def _sigkill(process: subprocess.Popen, pid: int, *, reap: bool) -> None:
+    """SIGKILL the writer by PID, as mpirun does; without reap it is left a zombie (exited, not yet waited for)."""
+    os.kill(pid, signal.SIGKILL)
+    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # wait for the death, but keep the zombie
+    if reap:
+        process.wait(timeout=30)
+
+
+def _assert_every_row_of_the_killed_writer(run: dict) -> None:
+    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert run["metrics"]["train_loss"].tolist() == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, 1 / 5])
+    assert run["genotypes"] == ["g1", "g3"] and run["alphas"]["normal"].shape == (2, 2, 3)
+    assert run["privacy"]["steps"].tolist() == [2, 4]
+    assert run["privacy"]["charged_steps"].tolist() == [[2, 3], [4, 5]]
+
+
+def test_a_killed_writer_is_reported_failed_with_every_row(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    process, pid = _start_writer(path)
+    try:
+        live = read_run(path)
+        # A live writer on this machine is never failed, however old its heartbeat (stale_after=0).
+        silent = read_run(path, stale_after=0.0)
+        _sigkill(process, pid, reap=False)
+        zombie = read_run(path)
+        process.wait(timeout=30)
+        dead = read_run(path)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+    assert (live["status"], live["reason"], live["stale"]) == ("running", "", False)
+    assert live["writer"]["pid"] == pid and live["writer"]["host"] == socket.gethostname()
+    assert (silent["status"], silent["stale"]) == ("running", False)
+    for run in (zombie, dead):
+        assert (run["status"], run["stale"], run["last_step"]) == ("failed", True, 4)
+        assert run["reason"] == f"writer died: process {pid} on {socket.gethostname()} is gone; last logged step 4"
+        _assert_every_row_of_the_killed_writer(run)
+
+
+def test_plain_h5py_opens_a_dead_writers_log_only_with_swmr(tmp_path: Path) -> None:
+    """Pins the recipe of docs/hdf5.md ("Reading a run whose writer died") on this machine's HDF5."""
+    path = tmp_path / "search.h5"
+    process, pid = _start_writer(path)
+    _sigkill(process, pid, reap=True)
+    for options in ({}, {"locking": False}, {"libver": "latest"}):
+        with pytest.raises(OSError, match="already open for write"):
+            h5py.File(path, "r", **options)
+    with h5py.File(path, "r", swmr=True) as f:
+        assert f.attrs["status"] == "running"  # what the file itself says; read_run judges the writer
+        assert f["metrics/step"][:].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+        assert f["writer/pid"][()] == pid
+
+
+def test_without_a_pid_check_the_heartbeat_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader on another machine (simulated: no machine scope) can only judge the heartbeat's age."""
+    path = tmp_path / "search.h5"
+    process, pid = _start_writer(path)
+    _sigkill(process, pid, reap=True)
+    monkeypatch.setattr(liveness, "machine_scope", lambda: "")
+    recent = read_run(path, stale_after=3600.0)
+    assert (recent["status"], recent["stale"]) == ("running", False)  # silent for < 1 h: may be alive
+    stale = read_run(path, stale_after=0.0)
+    assert (stale["status"], stale["stale"]) == ("failed", True)
+    assert stale["reason"].startswith(f"writer stopped heartbeating: process {pid} on {socket.gethostname()}")
+    assert stale["reason"].endswith("(stale after 0 s); last logged step 4")
+    _assert_every_row_of_the_killed_writer(stale)
+
+
+def test_reopen_refuses_a_live_writer_and_salvages_a_killed_one(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    process, pid = _start_writer(path)
+    try:
+        with pytest.raises(RuntimeError, match=f"still being written by process {pid}"):
+            RunLog.reopen(path)
+        _sigkill(process, pid, reap=True)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    killed_writer = read_run(path)["writer"]
+
+    resumed = RunLog.reopen(path)
+    assert resumed.row_counts() == (5, 2, 2)
+    live = read_run(path)
+    assert (live["status"], live["stale"], live["attempts"]) == ("running", False, 2)
+    assert live["writer"]["pid"] == os.getpid() != killed_writer["pid"]  # owner reset
+    assert live["writer"]["started"] >= killed_writer["started"]
+    assert live["writer"]["heartbeat"] >= killed_writer["heartbeat"]
+    resumed.append_metrics({"step": 5, "train_loss": 0.1})
+    resumed.append_privacy(6, np.array([6, 7]), np.full(2, 0.6), np.full(2, 0.01))
+    resumed.finish("finished", reason="completed")
+    run = read_run(path)
+    assert (run["status"], run["stale"], run["last_step"]) == ("finished", False, 5)
+    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert run["privacy"]["charged_steps"].tolist() == [[2, 3], [4, 5], [6, 7]]
+    assert sorted(os.listdir(tmp_path)) == ["search.h5"]  # the salvage copy replaced the original
+
+
+class _FakeClock:
+    """Stands in for the ``time`` module inside the writer so the throttle can be tested without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 2_000_000_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_heartbeat_is_throttled_and_appends_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = _FakeClock()
+    monkeypatch.setattr(writer, "time", clock)
+    path = tmp_path / "search.h5"
+    runlog = _create(path)
+    created = read_run(path)["writer"]["heartbeat"]  # real wall time, written by create
+
+    clock.now += HEARTBEAT_SECONDS / 2
+    runlog.heartbeat()
+    assert read_run(path)["writer"]["heartbeat"] == created  # too soon: not written
+    clock.now += HEARTBEAT_SECONDS / 2
+    runlog.heartbeat()
+    assert read_run(path)["writer"]["heartbeat"] == clock.now
+    clock.now += HEARTBEAT_SECONDS
+    runlog.append_metrics(_metric_row(0))
+    assert read_run(path)["writer"]["heartbeat"] == clock.now
+    runlog.finish("finished", reason="completed")
+
+
+def test_the_dead_writer_rule() -> None:
+    here = liveness.current_writer()
+    now = here.heartbeat
+    ancient = liveness.WriterRecord(here.host, here.pid, here.process, now - 1e6, now - 1e6)
+    assert liveness.writer_gone_reason(ancient, now=now, stale_after=1.0) is None  # alive here: PID decides
+
+    scope, start_tick = here.process.rsplit("/", 1)
+    reused = liveness.WriterRecord(here.host, here.pid, f"{scope}/{int(start_tick) + 1}", now, now)
+    assert liveness.writer_gone_reason(reused, now=now, stale_after=1e9) == (
+        f"writer died: process {here.pid} on {here.host} is gone"
+    )  # our PID, but not the process that took the file
+
+    for process in ("", "another-boot/pid:[1]/42"):  # no /proc there, or another machine or container
+        remote = liveness.WriterRecord("node-7", 123, process, now - 300, now - 300)
+        assert liveness.writer_gone_reason(remote, now=now, stale_after=301) is None
+        assert liveness.writer_gone_reason(remote, now=now, stale_after=120) == (
+            "writer stopped heartbeating: process 123 on node-7 last heartbeat 300 s ago (stale after 120 s)"
+        )

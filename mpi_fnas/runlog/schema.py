@@ -1,0 +1,172 @@
+"""Names and layout of the HDF5 run log: what exists in the file, with which dtype and shape.
+
+docs/hdf5.md documents every name below; tests/test_hdf5_doc.py checks that the document and a freshly created
+file list exactly the same groups, datasets and attributes. Everything that will ever exist in the file is
+created here before the writer enters SWMR mode (SWMR cannot create objects or attributes later).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+import h5py
+import numpy as np
+
+from mpi_fnas import __version__
+
+FINAL_STATUSES = ("finished", "failed", "interrupted")
+
+# The search's metric columns, in the order they are listed in /metrics (one float64 dataset each).
+SEARCH_METRICS = (
+    "step",
+    "epoch",
+    "train_loss",
+    "train_acc",
+    "val_loss",
+    "val_acc",
+    "step_seconds",
+    "comm_seconds",
+    "party_seconds",
+    "w_lr",
+    "test_loss",
+    "test_acc",
+)
+
+# Costs of successive attempts (requeues) add up; the layout fields describe the latest attempt.
+COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours")
+COST_LAYOUT = ("ranks", "gpus")
+COST_FIELDS = COST_ADDITIVE + COST_LAYOUT
+
+EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
+# /privacy datasets that grow by one row per append_privacy, and those written once at creation.
+PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
+PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a")
+
+# Chunk lengths along the growing axis: big enough that a long run has few chunks, small enough that a
+# flush per row rewrites little.
+_METRIC_CHUNK_ROWS = 256
+_EPOCH_CHUNK_ROWS = 16
+_PRIVACY_CHUNK_ROWS = 64
+
+
+@dataclass(frozen=True)
+class PrivacySchema:
+    """Fixed privacy facts of a DP run, written once into ``/privacy`` at creation. K = number of parties.
+
+    delta: (K,) target δ per party. accountant: name of the ε accountant (e.g. ``"pld"``).
+    sample_rate_train / sample_rate_val: (K,) Poisson rates q_tr = B/N_k^tr, q_val = B/N_k^val.
+    noise_multiplier_w / noise_multiplier_a: σ_W, σ_A as a scalar or (K,).
+    clip_w / clip_a: R^G, R^H (scalars).
+    """
+
+    delta: Sequence[float] | np.ndarray
+    accountant: str
+    sample_rate_train: Sequence[float] | np.ndarray
+    sample_rate_val: Sequence[float] | np.ndarray
+    noise_multiplier_w: float | Sequence[float] | np.ndarray
+    noise_multiplier_a: float | Sequence[float] | np.ndarray
+    clip_w: float
+    clip_a: float
+
+
+class RowCounts(NamedTuple):
+    """Rows written per growing family; what a checkpoint records and ``RunLog.truncate`` restores."""
+
+    metric_rows: int
+    epoch_rows: int
+    privacy_rows: int
+
+
+def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset], list[h5py.Dataset]]:
+    """The datasets of each growing family (metrics, epoch ends, privacy ledger), in ``RowCounts`` order.
+
+    The datasets of one family always gain a row together; the privacy family is empty without ``/privacy``.
+    """
+    metrics = handle["metrics"]
+    privacy = handle.get("privacy")
+    return (
+        [metrics[name] for name in metrics],
+        [handle[name] for name in EPOCH_DATASETS],
+        [] if privacy is None else [privacy[name] for name in PRIVACY_GROWING],
+    )
+
+
+def common_length(datasets: Sequence[h5py.Dataset]) -> int:
+    """Rows every dataset of a family has (a crash between the datasets of one append leaves one longer)."""
+    return min((int(dataset.shape[0]) for dataset in datasets), default=0)
+
+
+def build_skeleton(
+    handle: h5py.File,
+    *,
+    mode: str,
+    parties: int,
+    config_text: str,
+    privacy_guarantee: str,
+    metric_names: Sequence[str],
+    alpha_shape: tuple[int, int],
+    genotype_length: int,
+    privacy: Mapping[str, Any] | None,
+    rank_values: Mapping[str, Any],
+) -> None:
+    """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
+    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None."""
+    root = handle.attrs
+    root["status"] = "running"
+    root["mode"] = mode
+    root["parties"] = np.int64(parties)
+    root["config"] = config_text
+    root["privacy_guarantee"] = privacy_guarantee
+    root["version"] = __version__
+    root["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    root["reason"] = ""
+    root["final_genotype"] = ""
+    root["attempts"] = np.int64(1)
+
+    # track_order keeps the caller's column order when the group is listed (default listing is alphabetical).
+    metrics = handle.create_group("metrics", track_order=True)
+    for name in metric_names:
+        # fill value NaN: a row caught half-written reads as NaN, not as a plausible 0
+        _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
+
+    alphas = handle.create_group("alphas")
+    for cell in ("normal", "reduce"):
+        _growing(alphas, cell, tuple(alpha_shape), np.float32, 1, math.nan)
+    _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
+
+    cost = handle.create_group("cost").attrs
+    for name in COST_ADDITIVE:
+        cost[name] = np.float64(math.nan)  # NaN = no attempt has reported its cost yet
+    for name in COST_LAYOUT:
+        cost[name] = np.int64(0)
+
+    ranks = handle.create_group("ranks")
+    for key, value in rank_values.items():
+        ranks.attrs[key] = value
+
+    if privacy is not None:
+        group = handle.create_group("privacy")
+        group.attrs["delta"] = privacy["delta"]
+        group.attrs["accountant"] = privacy["accountant"]
+        _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+        _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+        for name in ("epsilon", "mu_gdp"):
+            _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+        for name in PRIVACY_FIXED:
+            group.create_dataset(name, data=privacy[name])
+
+
+def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: Any, chunk_rows: int, fill: Any) -> None:
+    """A dataset of shape (0, *row_shape) that grows along axis 0."""
+    parent.create_dataset(
+        name,
+        shape=(0, *row_shape),
+        maxshape=(None, *row_shape),
+        chunks=(chunk_rows, *row_shape),
+        dtype=dtype,
+        fillvalue=fill,
+    )

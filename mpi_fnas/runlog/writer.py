@@ -1,0 +1,436 @@
+"""``RunLog``: rank 0's writer of the HDF5 run log (the only writer; layout in ``schema``, docs/hdf5.md).
+
+Lifecycle of the file:
+
+1. ``RunLog.create`` builds every group, dataset and attribute that will ever exist (HDF5's SWMR mode
+   forbids creating objects or attributes later), records the writer (``/writer``), then switches the handle
+   to SWMR-write mode.
+2. ``append_metrics`` / ``append_epoch`` / ``append_privacy`` grow datasets along axis 0 and flush each
+   dataset right away, so a SWMR reader sees every appended row after ``Dataset.refresh()`` and a crash never
+   loses a row that was appended. ``heartbeat`` (and every append) overwrites ``/writer/heartbeat`` in place,
+   at most once every ``HEARTBEAT_SECONDS``.
+3. ``finish`` closes the SWMR handle (all rows are already on disk), reopens the file in ordinary "r+"
+   mode for a few milliseconds and writes the final root and ``/cost`` attributes there. SWMR readers hold
+   a shared file lock for as long as they keep the file open (HDF5 2.0), which would make that "r+" open
+   fail while a monitor is attached; in that case (and only then) the file is reopened with
+   ``locking=False``. This is safe for the file because rank 0 is the only writer; an attached reader
+   keeps its cached (old) attributes and must reopen the file to see the final status.
+4. ``RunLog.reopen`` continues a log after a requeue and takes over ``/writer``. If the previous writer died
+   without closing (SIGKILL, node loss), HDF5 leaves the superblock marked "open for SWMR write" and refuses
+   every write open; the log is then salvaged through a SWMR read open into a fresh file that replaces it
+   (all flushed rows survive) -- unless the liveness record shows the previous writer is still alive.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from mpi_fnas.config import MODES
+from mpi_fnas.runlog.liveness import (
+    WRITER_GROUP,
+    alive_here,
+    current_writer,
+    read_writer_record,
+    store_writer_record,
+)
+from mpi_fnas.runlog.schema import (
+    COST_ADDITIVE,
+    COST_FIELDS,
+    FINAL_STATUSES,
+    PrivacySchema,
+    RowCounts,
+    build_skeleton,
+    common_length,
+    growing_families,
+)
+
+_logger = logging.getLogger(__name__)
+
+# Minimum wall time between two heartbeat writes: a write is a flush (a few syscalls), the reader's staleness
+# threshold is minutes, and the server may call heartbeat() many times per second.
+HEARTBEAT_SECONDS = 5.0
+# Tolerance for "each edge's op weights sum to 1" (float32 softmax over ≤ a few dozen ops).
+_SOFTMAX_SUM_ATOL = 1e-3
+
+
+class RunLog:
+    """Rank 0's writer of the HDF5 run log. Not thread-safe; one instance per file."""
+
+    def __init__(self, path: Path, handle: h5py.File) -> None:
+        """Internal: use ``create`` or ``reopen``. ``handle`` is an open SWMR-write handle of ``path``."""
+        self._path = path
+        self._finished = False
+        self._attach(handle)
+
+    def _attach(self, handle: h5py.File) -> None:
+        """Take the open SWMR-write ``handle`` and read the layout and row counts back from the file."""
+        self._file: h5py.File | None = handle
+        self._metrics, epoch_sets, self._privacy_sets = growing_families(handle)
+        self._metric_names = tuple(dataset.name.rsplit("/", 1)[1] for dataset in self._metrics)
+        self._alphas_normal, self._alphas_reduce, self._genotypes = epoch_sets
+        self._alpha_shape = tuple(int(n) for n in self._alphas_normal.shape[1:])
+        self._genotype_length = int(self._genotypes.dtype.itemsize)
+        self._parties = int(handle.attrs["parties"])
+        self._heartbeat = handle[WRITER_GROUP]["heartbeat"]
+        self._last_beat = time.monotonic()  # create/reopen has just written the heartbeat
+        self._rows = RowCounts(
+            common_length(self._metrics), common_length(epoch_sets), common_length(self._privacy_sets)
+        )
+
+    # ------------------------------------------------------------------ opening
+
+    @classmethod
+    def create(
+        cls,
+        path: str | Path,
+        *,
+        mode: str,
+        parties: int,
+        config_text: str,
+        metric_names: Sequence[str],
+        alpha_shape: tuple[int, int],
+        genotype_length: int,
+        privacy_guarantee: str,
+        privacy: PrivacySchema | None = None,
+        rank_attrs: Mapping[str, Any] | None = None,
+    ) -> RunLog:
+        """Create a new log at ``path`` (must not exist) and enter SWMR-write mode.
+
+        metric_names: names of the ``/metrics`` datasets (normally ``SEARCH_METRICS``), in column order.
+        alpha_shape: (edges, ops) of one cell's softmax weights. genotype_length: bytes per ``/genotype`` row
+        (UTF-8). privacy_guarantee: ``"holds"``, or one line saying why there is no DP guarantee. privacy:
+        required for mode ``dpfnas`` and refused otherwise, so a DP run always has a ledger. rank_attrs:
+        per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of either indexed by rank).
+        """
+        path = Path(path)
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if (privacy is not None) != (mode == "dpfnas"):
+            raise ValueError("a privacy schema is required for mode 'dpfnas' and only for it")
+        handle = h5py.File(path, "x", libver="latest")  # "x": never clobber an earlier run's log
+        try:
+            build_skeleton(
+                handle,
+                mode=mode,
+                parties=parties,
+                config_text=config_text,
+                privacy_guarantee=privacy_guarantee,
+                metric_names=metric_names,
+                alpha_shape=alpha_shape,
+                genotype_length=genotype_length,
+                privacy=None if privacy is None else _privacy_arrays(privacy, parties),
+                rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},
+            )
+            store_writer_record(handle, current_writer())
+            handle.swmr_mode = True
+        except BaseException:
+            handle.close()
+            path.unlink(missing_ok=True)
+            raise
+        return cls(path, handle)
+
+    @classmethod
+    def reopen(cls, path: str | Path, *, rank_attrs: Mapping[str, Any] | None = None) -> RunLog:
+        """Continue an existing log (resume after a requeue): rows are kept, status goes back to ``running``.
+
+        ``attempts`` is incremented, ``reason`` cleared and ``/writer`` taken over by this process. Rows of a
+        family left ragged by a crash mid-append are trimmed to the shortest dataset. rank_attrs, when given,
+        replaces the ``/ranks`` attrs (placement may differ after a requeue). A log left open by a dead writer
+        is salvaged (module doc); one whose writer is provably still alive raises RuntimeError.
+        """
+        path = Path(path)
+        if not path.exists():
+            raise FileNotFoundError(f"no run log at {path}")
+
+        def restart(handle: h5py.File) -> None:
+            handle.attrs["status"] = "running"
+            handle.attrs["reason"] = ""
+            handle.attrs["attempts"] = np.int64(int(handle.attrs["attempts"]) + 1)
+            _trim_ragged(handle)
+            if rank_attrs is not None:
+                ranks = handle["ranks"]
+                for key in list(ranks.attrs):
+                    del ranks.attrs[key]
+                for key, value in rank_attrs.items():
+                    ranks.attrs[key] = _attr_value(value)
+            store_writer_record(handle, current_writer())
+
+        try:
+            handle = _open_swmr_writer(path, restart)
+        except OSError as exc:
+            # HDF5's only signal for "superblock still marked open by a writer" is this message.
+            if "already open for write" not in str(exc):
+                raise
+            with h5py.File(path, "r", swmr=True) as previous:
+                writer = read_writer_record(previous)
+            if alive_here(writer):
+                raise RuntimeError(
+                    f"run log {path} is still being written by process {writer.pid} on {writer.host}"
+                ) from exc
+            _logger.warning("run log %s was left open by a writer that died; salvaging it", path)
+            _salvage(path)
+            handle = _open_swmr_writer(path, restart)
+        return cls(path, handle)
+
+    @property
+    def path(self) -> Path:
+        """Path of the HDF5 file."""
+        return self._path
+
+    # ------------------------------------------------------------------ appending
+
+    def heartbeat(self) -> None:
+        """Record that the writer is alive (``/writer/heartbeat`` = now, Unix seconds). Cheap enough to call
+        every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too. Like them, raises
+        RuntimeError once ``finish`` has closed the log."""
+        self._require_open()
+        now = time.monotonic()
+        if now - self._last_beat < HEARTBEAT_SECONDS:
+            return
+        self._heartbeat[()] = time.time()
+        self._heartbeat.flush()
+        self._last_beat = now
+
+    def append_metrics(self, row: Mapping[str, float]) -> None:
+        """Append one row to every ``/metrics`` dataset. Missing names are stored as NaN; unknown names raise
+        KeyError before anything is written."""
+        self._require_open()
+        unknown = sorted(set(row) - set(self._metric_names))
+        if unknown:
+            raise KeyError(f"unknown metric name(s) {unknown}; the log has {list(self._metric_names)}")
+        values = [float(row.get(name, math.nan)) for name in self._metric_names]
+        _append_row(self._metrics, self._rows.metric_rows, values)
+        self._rows = self._rows._replace(metric_rows=self._rows.metric_rows + 1)
+        self.heartbeat()
+
+    def append_epoch(self, alphas_normal: np.ndarray, alphas_reduce: np.ndarray, genotype: str) -> None:
+        """Append one epoch-end row: softmax weights (edges, ops) of the normal and reduction cell (CPU
+        arrays, e.g. ``tensor.detach().cpu().numpy()``) and the derived genotype string.
+
+        Raises ValueError for a wrong shape, weights that are not per-edge softmax distributions, or a
+        genotype longer than ``genotype_length`` bytes in UTF-8 (h5py would silently truncate it).
+        """
+        self._require_open()
+        normal = self._softmax_weights("alphas_normal", alphas_normal)
+        reduce = self._softmax_weights("alphas_reduce", alphas_reduce)
+        encoded = genotype.encode("utf-8")
+        if len(encoded) > self._genotype_length:
+            raise ValueError(
+                f"genotype is {len(encoded)} bytes in UTF-8 but the log stores at most {self._genotype_length}; "
+                "create the log with a larger genotype_length"
+            )
+        datasets = [self._alphas_normal, self._alphas_reduce, self._genotypes]
+        _append_row(datasets, self._rows.epoch_rows, [normal, reduce, encoded])
+        self._rows = self._rows._replace(epoch_rows=self._rows.epoch_rows + 1)
+        self.heartbeat()
+
+    def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
+        """Append one ledger row. steps: iterations so far. charged_steps (K,): releases per shard each
+        party's ledgers have charged (steps plus steps replayed after a crash). epsilon (K,): tight ε per
+        party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
+        self._require_open()
+        if not self._privacy_sets:
+            raise RuntimeError("this run log was created without a privacy schema")
+        charged = _per_party("charged_steps", charged_steps, self._parties, np.int64)
+        eps = _per_party("epsilon", epsilon, self._parties, np.float64)
+        mu = _per_party("mu_gdp", mu_gdp, self._parties, np.float64)
+        # Same order as schema.PRIVACY_GROWING: steps, charged_steps, epsilon, mu_gdp.
+        _append_row(self._privacy_sets, self._rows.privacy_rows, [np.int64(steps), charged, eps, mu])
+        self._rows = self._rows._replace(privacy_rows=self._rows.privacy_rows + 1)
+        self.heartbeat()
+
+    # ------------------------------------------------------------------ counts and resume
+
+    def row_counts(self) -> RowCounts:
+        """Rows of the metric, epoch (alphas + genotype) and privacy families; store it in a checkpoint."""
+        return self._rows
+
+    def truncate(self, metric_rows: int, epoch_rows: int, privacy_rows: int) -> None:
+        """Drop rows written after a checkpoint (crash between checkpoint and log): shrink each family to the
+        given count. Counts above what exists raise ValueError (growing would invent fill-value rows). The
+        shrink happens outside SWMR mode (HDF5 only guarantees SWMR readers growing datasets), then the
+        handle returns to SWMR mode."""
+        self._require_open()
+        wanted = RowCounts(int(metric_rows), int(epoch_rows), int(privacy_rows))
+        for name, want, have in zip(RowCounts._fields, wanted, self._rows, strict=True):
+            if not 0 <= want <= have:
+                raise ValueError(f"truncate {name}={want}: must be between 0 and the {have} rows written")
+
+        def shrink(handle: h5py.File) -> None:
+            for datasets, rows in zip(growing_families(handle), wanted, strict=True):
+                for dataset in datasets:
+                    dataset.resize(rows, axis=0)
+
+        self._release_handle()
+        self._attach(_open_swmr_writer(self._path, shrink))
+
+    # ------------------------------------------------------------------ ending
+
+    def finish(
+        self,
+        status: str,
+        *,
+        reason: str,
+        final_genotype: str | None = None,
+        cost: Mapping[str, float] | None = None,
+    ) -> None:
+        """Close the log with a final ``status`` (finished, failed or interrupted) and ``reason``.
+
+        final_genotype: stored in the root attr (None keeps the current value). cost: this attempt's
+        ``wall_seconds``, ``gpu_hours``, ``cpu_core_hours`` (added to earlier attempts') and ``ranks``,
+        ``gpus`` (replace). Idempotent: after a successful finish further calls do nothing, so the first
+        status wins. Rows are never at risk: they were flushed when appended.
+        """
+        if self._finished:
+            return
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
+        unknown = sorted(set(cost or {}) - set(COST_FIELDS))
+        if unknown:
+            raise KeyError(f"unknown cost field(s) {unknown}; known: {list(COST_FIELDS)}")
+        self._release_handle()
+        handle = _open_read_write(self._path)
+        try:
+            handle.attrs["status"] = status
+            handle.attrs["reason"] = reason
+            if final_genotype is not None:
+                handle.attrs["final_genotype"] = final_genotype
+            cost_attrs = handle["cost"].attrs
+            for name, value in (cost or {}).items():
+                if name in COST_ADDITIVE:
+                    previous = float(cost_attrs[name])
+                    cost_attrs[name] = np.float64((0.0 if math.isnan(previous) else previous) + float(value))
+                else:
+                    cost_attrs[name] = np.int64(value)
+        finally:
+            handle.close()
+        self._finished = True
+
+    # ------------------------------------------------------------------ internals
+
+    def _require_open(self) -> None:
+        if self._file is None:
+            raise RuntimeError(f"run log {self._path} is closed")
+
+    def _release_handle(self) -> None:
+        handle, self._file = self._file, None
+        if handle is None:
+            return
+        try:
+            handle.flush()
+        finally:
+            handle.close()
+
+    def _softmax_weights(self, name: str, alphas: np.ndarray) -> np.ndarray:
+        """Refuse raw alphas: the file promises per-edge distributions (docs/hdf5.md)."""
+        array = np.asarray(alphas, dtype=np.float32)
+        if array.shape != self._alpha_shape:
+            raise ValueError(f"{name} must have shape {self._alpha_shape} (edges, ops), got {array.shape}")
+        if np.any(array < 0) or not np.allclose(array.sum(axis=1), 1.0, atol=_SOFTMAX_SUM_ATOL):
+            raise ValueError(f"{name} rows must be non-negative and sum to 1 (softmax over ops), not raw alphas")
+        return array
+
+
+def _append_row(datasets: Sequence[h5py.Dataset], index: int, values: Sequence[Any]) -> None:
+    """Write row ``index`` of each dataset, flushing each at once (values are converted beforehand, so a bad
+    value cannot leave a half-written row)."""
+    for dataset, value in zip(datasets, values, strict=True):
+        dataset.resize(index + 1, axis=0)
+        dataset[index] = value
+        dataset.flush()
+
+
+# ---------------------------------------------------------------------- opening helpers
+
+
+def _open_read_write(path: Path) -> h5py.File:
+    """Open ``path`` in ordinary "r+" mode; bypass the HDF5 file lock only when a reader holds it."""
+    try:
+        return h5py.File(path, "r+", libver="latest")
+    except OSError as exc:
+        if not (exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES) or "unable to lock file" in str(exc)):
+            raise
+        # An attached reader (SWMR readers keep a shared lock in HDF5 >= 1.14) must not stop rank 0 from
+        # recording the outcome; rank 0 is the only writer, so the lock protects nothing here.
+        _logger.debug("run log %s is locked by a reader; reopening without file locking", path)
+        return h5py.File(path, "r+", libver="latest", locking=False)
+
+
+def _open_swmr_writer(path: Path, edit: Callable[[h5py.File], None]) -> h5py.File:
+    """Open ``path`` for writing, apply ``edit(handle)`` (attribute changes, shrinking, new objects) while
+    still outside SWMR mode, then enter SWMR-write mode."""
+    handle = _open_read_write(path)
+    try:
+        edit(handle)
+        handle.swmr_mode = True
+    except BaseException:
+        handle.close()
+        raise
+    return handle
+
+
+def _salvage(path: Path) -> None:
+    """Copy a log whose writer died into a fresh file (through a SWMR read open, the only open HDF5 allows on
+    it) and atomically replace the original. Flushed rows survive; ragged families are trimmed on reopen."""
+    temp = path.with_name(path.name + ".salvage")
+    temp.unlink(missing_ok=True)
+    with (
+        h5py.File(path, "r", libver="latest", swmr=True) as source,
+        h5py.File(temp, "x", libver="latest") as copy,
+    ):
+        for key, value in source.attrs.items():
+            copy.attrs[key] = value
+        for name in source:
+            source.copy(source[name], copy, name=name)
+    os.replace(temp, path)
+
+
+def _trim_ragged(handle: h5py.File) -> None:
+    """Cut each growing family to its shortest dataset (a crash may interrupt an append between datasets)."""
+    for datasets in growing_families(handle):
+        rows = common_length(datasets)
+        for dataset in datasets:
+            if dataset.shape[0] != rows:
+                dataset.resize(rows, axis=0)
+
+
+# ---------------------------------------------------------------------- conversion
+
+
+def _privacy_arrays(privacy: PrivacySchema, parties: int) -> dict[str, Any]:
+    """The schema's fields as float64 arrays; per-party fields must have shape (K,)."""
+    values: dict[str, Any] = {"accountant": privacy.accountant}
+    values["delta"] = _per_party("delta", privacy.delta, parties, np.float64)
+    for name in ("sample_rate_train", "sample_rate_val"):
+        values[name] = _per_party(name, getattr(privacy, name), parties, np.float64)
+    for name in ("noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a"):  # scalar or (K,)
+        values[name] = np.asarray(getattr(privacy, name), dtype=np.float64)
+    return values
+
+
+def _per_party(name: str, values: Any, parties: int, dtype: Any) -> np.ndarray:
+    """``values`` as a (K,) array; any other shape raises (h5py would broadcast a scalar into every party)."""
+    array = np.asarray(values, dtype=dtype)
+    if array.shape != (parties,):
+        raise ValueError(f"{name} must have shape ({parties},) (one value per party), got {array.shape}")
+    return array
+
+
+def _attr_value(value: Any) -> Any:
+    """A per-rank fact as something h5py stores portably: a list of str becomes a UTF-8 string array."""
+    if isinstance(value, (Sequence, np.ndarray)) and not isinstance(value, str):
+        items = list(value)
+        if items and all(isinstance(item, str) for item in items):
+            return np.array(items, dtype=h5py.string_dtype())
+        return np.asarray(items)
+    return value

@@ -1,0 +1,95 @@
+"""docs/hdf5.md lists exactly the groups, datasets and attributes that ``RunLog.create`` writes.
+
+The doc's "## Layout" section has one "### `/group`" subsection per group, each with a table whose rows start
+with "| `name` | kind |" (kind: attr, dataset or group). That is what is parsed here; everything else in the
+doc is prose.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
+PARTIES = 2
+
+# One documented member: (group path, name, kind).
+Member = tuple[str, str, str]
+
+_HEADING = re.compile(r"^### `(/[^`]*)`")
+_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*(attr|dataset|group)\s*\|")
+
+
+def documented_members(text: str) -> set[Member]:
+    """Members declared by the Layout section of ``text`` (the markdown of docs/hdf5.md)."""
+    layout = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    members: set[Member] = set()
+    group = None
+    for line in layout.splitlines():
+        heading = _HEADING.match(line)
+        if heading:
+            group = heading.group(1)
+            continue
+        row = _ROW.match(line)
+        if row:
+            assert group is not None, f"table row outside a group subsection: {line}"
+            member = (group, row.group(1), row.group(2))
+            assert member not in members, f"documented twice: {member}"
+            members.add(member)
+    return members
+
+
+def file_members(path: Path) -> set[Member]:
+    """Every attribute, dataset and group in the file at ``path``, as (group path, name, kind); attributes of
+    datasets count too (under the dataset's path), so an undocumented one cannot hide there."""
+    members: set[Member] = set()
+
+    def add(parent: str, obj: h5py.Group | h5py.Dataset) -> None:
+        members.update((parent, name, "attr") for name in obj.attrs)
+        if isinstance(obj, h5py.Group):
+            for name, child in obj.items():
+                members.add((parent, name, "group" if isinstance(child, h5py.Group) else "dataset"))
+                add(f"{parent.rstrip('/')}/{name}", child)
+
+    with h5py.File(path, "r") as f:
+        add("/", f)
+    return members
+
+
+def _fresh_log(path: Path, mode: str) -> Path:
+    privacy = None
+    if mode == "dpfnas":
+        privacy = PrivacySchema(
+            delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.01] * PARTIES,
+            sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
+        )  # fmt: skip
+    runlog = RunLog.create(
+        path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=(14, 8),
+        genotype_length=64, privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
+        privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
+    )  # fmt: skip
+    runlog.append_metrics({"step": 1})
+    if privacy is not None:
+        runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
+    runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
+    return path
+
+
+def _is_privacy(member: Member) -> bool:
+    return member[0].startswith("/privacy") or member == ("/", "privacy", "group")
+
+
+@pytest.mark.parametrize("mode", ["dpfnas", "fnas"])
+def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str) -> None:
+    documented = documented_members(DOC.read_text(encoding="utf-8"))
+    if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only
+        documented = {member for member in documented if not _is_privacy(member)}
+    written = file_members(_fresh_log(tmp_path / "search.h5", mode))
+    assert sorted(written - documented) == [], "written but not documented"
+    assert sorted(documented - written) == [], "documented but not written"
