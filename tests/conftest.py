@@ -1,9 +1,88 @@
-"""Shared test setup: one torch thread per process so parallel MPI ranks on a 2-core box do not thrash."""
+"""Shared test setup: one torch thread per process (parallel MPI ranks on a 2-core box must not thrash), and the
+helpers that launch real `mpirun` jobs of the command line in subprocesses."""
+
+from __future__ import annotations
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
 
 torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parents[1]
+MPIRUN = str(Path(sys.executable).parent / "mpirun")
+#: A search small enough for a few seconds per run on 2 cores (2 epochs of 4 steps, a row per step).
+TINY = [
+    "--set", "data.train_size=400", "--set", "data.test_size=40", "--set", "data.image_size=8",
+    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
+    "--set", "search.batch_size=8", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=4",
+    "--set", "runtime.progress=off", "--set", "checkpoint.every_steps=0", "--set", "runtime.log_every=1",
+]
+#: Environment variables of the failure-injection hooks; never inherited by a launch unless given.
+INJECTION_ENV = ("MPI_FNAS_STOP_AFTER", "MPI_FNAS_INJECT_FAULT", "MPI_FNAS_INJECT_SLEEP")
+
+
+def _env(extra: dict | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in INJECTION_ENV}
+    return {**env, "OMP_NUM_THREADS": "1", **(extra or {})}
+
+
+def mpirun(ranks: int, *args: str, module: str = "mpi_fnas.run", env: dict | None = None,
+           timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run ``mpirun -n RANKS python -m MODULE ARGS`` to completion (output captured)."""
+    cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", module, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=_env(env))
+
+
+def mpirun_background(ranks: int, *args: str, env: dict | None = None) -> subprocess.Popen:
+    """Start ``mpirun -n RANKS python -m mpi_fnas.run ARGS``; the caller waits for it or kills it."""
+    cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(env))
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (from /proc)."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid == pid:
+                children.append(int(entry.name))
+    return children + [g for c in children for g in descendants(c)]
+
+
+def rank_of(pid: int) -> int | None:
+    """The MPI rank of process `pid` (PMI_RANK in its environment), or None."""
+    try:
+        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for item in env:
+        if item.startswith(b"PMI_RANK="):
+            return int(item.split(b"=", 1)[1])
+    return None
+
+
+def wait_for(condition, timeout: float = 120.0, poll: float = 0.3) -> bool:
+    """Poll `condition()` until it is true (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(poll)
+    return False
+
+
+def rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
+    """The PID of MPI rank `rank` of the job started by `proc`, or None."""
+    return next((p for p in descendants(proc.pid) if rank_of(p) == rank), None)

@@ -14,19 +14,16 @@ import subprocess
 import sys
 import time
 from datetime import datetime
-from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
+from conftest import ROOT, mpirun, mpirun_background, rank_pid
 
 from mpi_fnas.config import Config
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import Genotype
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
-MPIRUN = str(BIN / "mpirun")
 TINY = [
     "--set", "data.train_size=240", "--set", "data.test_size=40", "--set", "data.image_size=8",
     "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
@@ -35,9 +32,7 @@ TINY = [
 
 
 def launch(ranks: int, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    return mpirun(ranks, *args, env=env, timeout=timeout)
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -151,7 +146,7 @@ def test_vanilla_nas_runs_with_one_party(tmp_path):
 
 def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path):
     run = tmp_path / "run"
-    out = launch(4, *TINY, "--set", "search.epochs=50", "--out", str(run),
+    out = launch(4, *TINY, "--set", "mode=fnas", "--set", "search.epochs=50", "--out", str(run),
                  env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=180)
     ended = time.time()
     assert out.returncode != 0
@@ -165,43 +160,15 @@ def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path
     assert ended - started < 30, f"job took {ended - started:.1f} s to end after the search started"
 
 
-def _descendants(pid: int) -> list[int]:
-    children = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == pid:
-                children.append(int(entry.name))
-    return children + [g for c in children for g in _descendants(c)]
-
-
-def _rank_of(pid: int) -> int | None:
-    try:
-        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for item in env:
-        if item.startswith(b"PMI_RANK="):
-            return int(item.split(b"=", 1)[1])
-    return None
-
-
 def test_a_killed_party_ends_the_whole_job(tmp_path):
     run = tmp_path / "run"
-    cmd = [MPIRUN, "-n", "3", sys.executable, "-m", "mpi_fnas.run", *TINY, "--set", "search.epochs=200",
-           "--out", str(run)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = mpirun_background(3, *TINY, "--set", "search.epochs=200", "--out", str(run))
     try:
         victim = None
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and victim is None:  # wait until the search is under way
             if (run / "search.h5").exists():
-                victim = next((p for p in _descendants(proc.pid) if _rank_of(p) == 2), None)
+                victim = rank_pid(proc, 2)
             time.sleep(0.5)
         assert victim is not None, "party rank 2 never started"
         time.sleep(2)

@@ -179,3 +179,21 @@ def test_flat_round_trip_and_shape_check():
     assert numel(tensors) == 10
     with pytest.raises(ValueError):
         assign(tensors, np.zeros(9, dtype=np.float32))
+
+
+def test_a_dp_party_refuses_every_unnoised_path_whatever_its_config():
+    """The refusal lives where releases are made: a Config changed in code cannot slip second order (or the final
+    validation evaluation) past a DP party, because the party itself refuses to compute those vectors."""
+    from mpi_fnas.privacy import DPParams, PrivacyError
+
+    plain = tiny_party()
+    dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=2.0)
+    party = Party(plain.model, plain.train, plain.val, batch_size=2, generator=torch.Generator().manual_seed(0),
+                  dp=dp, noise_generator=torch.Generator().manual_seed(1))
+    party.w_release()
+    party.load_w(flatten(party.w_params))
+    for unnoised in (party.val_gradients, party.evaluate_val,
+                     lambda: party.a_release_second_order(np.zeros(party.num_w, np.float32), 0.1)):
+        with pytest.raises(PrivacyError, match="DP party does not release"):
+            unnoised()
+    assert np.all(party.a_release()[-STATS:] == 0)  # the noised path still works, with a zero tail

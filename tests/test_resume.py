@@ -6,35 +6,23 @@ sends the real signal.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import TINY, mpirun, mpirun_background, wait_for
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.runlog import read_run
 
-ROOT = Path(__file__).resolve().parents[1]
-MPIRUN = str(Path(sys.executable).parent / "mpirun")
-TINY = [
-    "--set", "data.train_size=400", "--set", "data.test_size=40", "--set", "data.image_size=8",
-    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
-    "--set", "search.batch_size=8", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=4",
-    "--set", "runtime.progress=off", "--set", "checkpoint.every_steps=0", "--set", "runtime.log_every=1",
-]
+# Bit-identical comparisons under DP need noise that two runs share: reproducible mode (its ε is void, which is
+# fine for a test of the resume mechanics; tests/test_privacy_system.py resumes a run with secret noise).
+REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
 
 
-def launch(*args: str, stop_after: int | None = None, ranks: int = 3) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "MPI_FNAS_STOP_AFTER"}
-    if stop_after is not None:
-        env["MPI_FNAS_STOP_AFTER"] = str(stop_after)
-    return subprocess.run([MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env={**env, "OMP_NUM_THREADS": "1"})
+def launch(*args: str, stop_after: int | None = None, ranks: int = 3):
+    env = {"MPI_FNAS_STOP_AFTER": str(stop_after)} if stop_after is not None else None
+    return mpirun(ranks, *args, env=env)
 
 
 def assert_same_result(straight: dict, resumed: dict) -> None:
@@ -48,7 +36,7 @@ def assert_same_result(straight: dict, resumed: dict) -> None:
 
 @pytest.mark.parametrize(("mode", "stop_after"), [("fnas", 3), ("dpfnas", 5)])
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path, mode, stop_after):
-    common = [*TINY, "--set", f"mode={mode}"]
+    common = [*TINY, "--set", f"mode={mode}", *(REPRODUCIBLE if mode == "dpfnas" else [])]
     straight = launch(*common, "--out", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr
 
@@ -73,20 +61,15 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, mode, stop_after):
 
 def test_sigusr1_checkpoints_and_exits_75(tmp_path):
     run = tmp_path / "run"
-    cmd = [MPIRUN, "-n", "3", sys.executable, "-m", "mpi_fnas.run", *TINY, "--set", "search.epochs=100",
-           "--out", str(run)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = mpirun_background(3, *TINY, "--set", "search.epochs=100", "--out", str(run))
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # wait until a few steps are logged
-            if (run / "search.h5").exists():
-                try:
-                    if len(read_run(run / "search.h5")["metrics"]["step"]) >= 2:
-                        break
-                except OSError:
-                    pass
-            time.sleep(0.5)
+        def logged_two_rows() -> bool:
+            try:
+                return len(read_run(run / "search.h5")["metrics"]["step"]) >= 2
+            except OSError:
+                return False
+
+        wait_for(logged_two_rows, timeout=120, poll=0.5)
         proc.send_signal(signal.SIGUSR1)  # mpiexec forwards it to every rank
         _, err = proc.communicate(timeout=120)
     finally:

@@ -1,13 +1,21 @@
-"""Every buffer a DP party hands to MPI is a noised release, never a raw gradient.
+"""Everything a DP party hands to MPI is a noised release or data-independent; no generator state ever leaves it.
 
-Each party's Channel records what it passes to ``reduce_sum``; ``party_release`` is wrapped to record its output
-and, independently, the clipped sum it must contain. Then, on every party:
+Each party's Channel records every call that can send something (``reduce_sum``, ``gather_objects``,
+``notify_failure``, and the object/buffer collectives, whose payload a party does not send); ``party_release`` is
+wrapped to record its output and, independently, the clipped sum it must contain. The run checkpoints every 2
+steps, so the checkpoint path is spied too. Then, on every party:
   * it sent exactly 2 buffers per step (G_k, H_k) and nothing else (no statistics, no final evaluation);
   * each buffer's gradient part is bit-for-bit the output of a ``party_release`` call, with a zero tail;
-  * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance).
+  * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
+  * every object it sent is made of short strings, ints and None (its device, its sent-steps count, checkpoint
+    acknowledgements): no tensor, no bytes, no generator state;
+and on the server: its checkpoint holds no party state, while each party's own directory does.
 """
 
 from __future__ import annotations
+
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,14 +37,58 @@ STEPS = 3
 
 
 class RecordingChannel(Channel):
+    """Records what this rank hands to MPI in every Channel call."""
+
     def __init__(self, comm) -> None:
         super().__init__(comm)
         self.sent: list[np.ndarray] = []
+        self.objects: list[object] = []
+        self.calls: list[str] = []
 
     def reduce_sum(self, send, recv=None) -> None:
+        self.calls.append("reduce_sum")
         if not self.is_server:
             self.sent.append(send.copy())
         super().reduce_sum(send, recv)
+
+    def gather_objects(self, obj):
+        self.calls.append("gather_objects")
+        self.objects.append(obj)
+        return super().gather_objects(obj)
+
+    def notify_failure(self, message, grace=3.0):
+        self.calls.append("notify_failure")
+        self.objects.append(message)
+        return super().notify_failure(message, grace)
+
+    def bcast(self, buf) -> None:
+        self.calls.append("bcast")
+        super().bcast(buf)
+
+    def bcast_object(self, obj):
+        self.calls.append("bcast_object")
+        if not self.is_server:
+            assert obj is None  # a party contributes nothing to a broadcast
+        return super().bcast_object(obj)
+
+    def scatter_objects(self, objs):
+        self.calls.append("scatter_objects")
+        if not self.is_server:
+            assert objs is None
+        return super().scatter_objects(objs)
+
+
+def plain_data(obj: object) -> bool:
+    """Only None, bools, ints, short strings, and dicts/lists of them: nothing that could hold a generator state."""
+    if obj is None or isinstance(obj, (bool, int)):
+        return True
+    if isinstance(obj, str):
+        return len(obj) < 300
+    if isinstance(obj, dict):
+        return all(isinstance(k, str) and plain_data(v) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return all(plain_data(v) for v in obj)
+    return False
 
 
 @pytest.mark.mpi(min_size=3)
@@ -59,12 +111,26 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
         "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
         f"search.steps_per_epoch={STEPS}", f"privacy.noise_multiplier_w={SIGMA}",
         f"privacy.noise_multiplier_a={SIGMA}", f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}",
-        "runtime.progress=off",
+        "runtime.progress=off", "checkpoint.every_steps=2",
     ])
-    channel = RecordingChannel(MPI.COMM_WORLD)
-    run_search(cfg, channel, None)
+    world = MPI.COMM_WORLD
+    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-") if world.Get_rank() == 0 else None, root=0))
+    channel = RecordingChannel(world)
+    run_search(cfg, channel, run_dir)
+    world.Barrier()
     if channel.is_server:
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        assert "parties" not in state and not any("generator" in key for key in state)
+        assert sorted(state) == sorted(["format_version", "step", "plan_steps", "config", "server", "shard_sizes",
+                                        "ledger", "accumulator", "log_rows"])
+        for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
+            own = torch.load(run_dir / "parties" / f"rank{rank}" / "state-2.pt", weights_only=True)
+            assert own["randomness"] == "secret" and "generator" in own["party"]
         return
+
+    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
+    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
