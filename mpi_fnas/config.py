@@ -1,7 +1,9 @@
 """Run configuration: a typed schema, YAML loading, ``--set`` overrides and validation.
 
-The schema's defaults *are* the default configuration (``configs/default.yaml`` is a documented copy that a test
-keeps in sync), so ``python -m mpi_fnas.run`` works from an installed wheel without any file.
+The schema's defaults *are* the default configuration, so ``python -m mpi_fnas.run`` works from an installed wheel
+without any file. Every leaf field also carries its meaning (``metadata[HELP]``): ``--help`` prints it beside the
+type and default (:func:`describe_keys`), and ``configs/default.yaml`` is generated from the schema with the
+meanings as comments (:func:`documented_defaults_yaml`; a test keeps the file identical to it).
 
 Every problem with user input raises :class:`ConfigError` whose message is one line naming the key; the CLI turns
 it into exit code 2. Nothing here touches MPI, torch or the file system beyond reading the YAML file.
@@ -10,7 +12,9 @@ it into exit code 2. Nothing here touches MPI, torch or the file system beyond r
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
+import textwrap
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,53 +30,78 @@ class ConfigError(ValueError):
 
 MODES = ("vanilla", "fnas", "dpfnas")
 
+# Metadata key of every leaf field: its meaning, one line, printed by --help and written into configs/default.yaml.
+# The meanings live on the fields (not in a separate table) so a key cannot be added or renamed without its text.
+HELP = "help"
+
+
+def _key(default: Any, meaning: str) -> Any:
+    """A schema field whose one-line ``meaning`` is shown by ``--help`` and in configs/default.yaml."""
+    return field(default=default, metadata={HELP: meaning})
+
 
 @dataclass
 class DataConfig:
     """Where the examples come from and how they are split among parties."""
 
-    dataset: Literal["synthetic-shapes", "cifar10"] = "synthetic-shapes"
-    root: str = "data"  # cifar10: folder holding cifar-10-batches-py/
-    download: bool = False  # cifar10 only: fetch into `root` before the run (needs internet)
-    image_size: int = 16  # synthetic-shapes only (cifar10 is 32)
-    train_size: int | None = 16000  # examples in the train split (synthetic: generated; cifar10: truncation)
-    test_size: int | None = 2000  # examples in the server's test split
-    val_fraction: float = 0.5  # share of the train split held out as search-validation (DARTS: 0.5)
-    partition: Literal["iid", "dirichlet", "pathological"] = "iid"
-    dirichlet_alpha: float = 0.5
-    classes_per_party: int = 2
+    dataset: Literal["synthetic-shapes", "cifar10"] = _key(
+        "synthetic-shapes", "images to search on: synthetic-shapes (generated, offline) or cifar10 (read from root)")
+    root: str = _key("data", "cifar10: folder holding cifar-10-batches-py/ (relative to the working directory)")
+    download: bool = _key(
+        False, "cifar10 only: if files are missing under root, rank 0 downloads CIFAR-10 there first (needs internet)")
+    image_size: int = _key(16, "image side in pixels; synthetic-shapes only (cifar10 is 32)")
+    train_size: int | None = _key(
+        16000, "examples in the train split (synthetic: generated; cifar10: the first N); null: all (50,000)")
+    test_size: int | None = _key(2000, "examples in the server's test split; null: all (10,000)")
+    val_fraction: float = _key(
+        0.5, "share of the train split held out as search-validation, the data of the A updates (DARTS: 0.5)")
+    partition: Literal["iid", "dirichlet", "pathological"] = _key(
+        "iid", "how train and validation are divided among parties: iid, dirichlet (label skew set by "
+        "dirichlet_alpha) or pathological (classes_per_party label-sorted shards each)")
+    dirichlet_alpha: float = _key(
+        0.5, "partition dirichlet: concentration α of the class proportions (small: few classes per party)")
+    classes_per_party: int = _key(
+        2, "partition pathological: label-sorted shards per party (= classes per party if K·shards = classes)")
 
 
 @dataclass
 class SpaceConfig:
     """The DARTS supernet."""
 
-    channels: int = 8
-    layers: int = 3
-    nodes: int = 2  # DARTS uses 4; 2 keeps the default run within minutes on a laptop CPU
-    stem_multiplier: int = 3
-    norm: Literal["batchnorm", "groupnorm"] = "groupnorm"
+    channels: int = _key(8, "initial channels C of the cells (doubled at each reduction cell)")
+    layers: int = _key(3, "cells in the supernet; those at layers//3 and 2·layers//3 are reduction cells")
+    nodes: int = _key(
+        2, "intermediate nodes per cell (DARTS uses 4; 2 keeps the default run within minutes on a laptop CPU)")
+    stem_multiplier: int = _key(3, "the stem convolution outputs stem_multiplier·channels channels")
+    norm: Literal["batchnorm", "groupnorm"] = _key(
+        "groupnorm", "normalisation inside the ops: groupnorm (per example; required under DP) or batchnorm (DARTS)")
 
 
 @dataclass
 class SearchConfig:
     """The bilevel optimisation (DARTS hyper-parameters unless noted)."""
 
-    epochs: int = 2
-    batch_size: int = 32  # per party, per step (under DP: the expected Poisson batch size)
-    order: Literal["first_order", "second_order"] = "first_order"
-    aggregate: Literal["mean", "sum"] = "mean"  # how the server combines party gradients (paper: sum)
-    steps_per_epoch: int | None = None  # default: ceil(mean party train-shard size / batch_size)
-    w_lr: float = 0.1
-    w_lr_min: float = 0.001
-    w_momentum: float = 0.9
-    w_weight_decay: float = 3e-4
-    w_grad_clip: float = 5.0  # server-side clip of the aggregated W gradient norm; 0 disables
-    a_optimizer: Literal["adam", "sgd"] = "adam"  # adam: DARTS; sgd: the paper's plain A ← A − η·ΣH_k (Eq. 4)
-    a_lr: float = 3e-3
-    a_beta1: float = 0.5
-    a_beta2: float = 0.999
-    a_weight_decay: float = 1e-3
+    epochs: int = _key(2, "search epochs of steps_per_epoch iterations of Algorithm 1 each")
+    batch_size: int = _key(32, "examples per party and step (under DP: the expected Poisson batch size B)")
+    order: Literal["first_order", "second_order"] = _key(
+        "first_order", "first_order, or second_order: adds the DARTS finite-difference Hessian term (Eq. 5); "
+        "refused under DP")
+    aggregate: Literal["mean", "sum"] = _key(
+        "mean", "how the server combines the K party gradients: mean, or sum (the paper's Eq. 3-4)")
+    steps_per_epoch: int | None = _key(
+        None, "iterations per epoch; null: ceil(mean party train-shard size / batch_size)")
+    w_lr: float = _key(0.1, "initial learning rate ξ of the weights W (cosine-annealed per epoch to w_lr_min)")
+    w_lr_min: float = _key(0.001, "final learning rate of the cosine schedule of W")
+    w_momentum: float = _key(0.9, "SGD momentum of the W update")
+    w_weight_decay: float = _key(3e-4, "L2 weight decay of the W update")
+    w_grad_clip: float = _key(
+        5.0, "server-side clip of the aggregated W gradient's L2 norm (not the DP clip); 0 disables")
+    a_optimizer: Literal["adam", "sgd"] = _key(
+        "adam", "update of the architecture A: adam (DARTS) or sgd (the paper's plain A ← A − η·ΣH_k, Eq. 4)")
+    a_lr: float = _key(3e-3, "learning rate η of the architecture A")
+    a_beta1: float = _key(0.5, "Adam β1 of the A update (a_optimizer: adam)")
+    a_beta2: float = _key(0.999, "Adam β2 of the A update (a_optimizer: adam)")
+    a_weight_decay: float = _key(1e-3, "weight decay of the A update")
 
 
 @dataclass
@@ -83,49 +112,69 @@ class PrivacyConfig:
     move in the few dozen steps of the laptop default. configs/dpfnas.yaml keeps the paper's value.
     """
 
-    noise_multiplier_w: float = 1.0  # σ_W: noise std per coordinate of G_k is σ_W·R^G (before ÷ B)
-    noise_multiplier_a: float = 1.0  # σ_A: for H_k
-    clip_w: float = 1.0  # R^G: per-example L2 bound of W gradients (paper: 0.01, see configs/dpfnas.yaml)
-    clip_a: float = 0.1  # R^H: per-example L2 bound of A gradients
-    delta: float | None = None  # per party; must be < 1/N_k; default min(1e-5, 1/(10·N_k)), N_k = smaller shard
-    target_epsilon: float | None = None  # if set: calibrate σ_W = σ_A so the worst party ends at this ε
-    max_epsilon: float | None = None  # if set: stop (status finished) before a step would exceed this ε
-    secure_rng: bool = False  # every noise draw and coin flip straight from the OS CSPRNG (os.urandom)
-    reproducible_noise: bool = False  # tests/debugging only: noise and sampling seeded from (seed, rank); VOIDS ε
+    noise_multiplier_w: float = _key(
+        1.0, "σ_W: the noise std per coordinate of a party's W release G_k is σ_W·R^G (before ÷ B)")
+    noise_multiplier_a: float = _key(1.0, "σ_A: the same for the A release H_k (noise std σ_A·R^H)")
+    clip_w: float = _key(
+        1.0, "R^G: per-example L2 bound of the gradients w.r.t. W (paper: 0.01, see configs/dpfnas.yaml)")
+    clip_a: float = _key(0.1, "R^H: per-example L2 bound of the gradients w.r.t. A (paper: 0.1)")
+    delta: float | None = _key(
+        None, "δ of every party's (ε, δ) guarantee; must be < 1/N_k; null: min(1e-5, 1/(10·N_k)), "
+        "N_k = the party's smaller shard")
+    target_epsilon: float | None = _key(
+        None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
+    max_epsilon: float | None = _key(
+        None, "if set: stop (status finished) before a step would take any party past this ε")
+    secure_rng: bool = _key(
+        False, "draw every noise sample and sampling coin straight from the OS CSPRNG (os.urandom)")
+    reproducible_noise: bool = _key(
+        False, "tests/debugging only: noise and sampling seeded from (seed, rank); VOIDS ε (the noise is "
+        "predictable)")
 
 
 @dataclass
 class FederationConfig:
     """Who takes part. The number of parties is always the MPI world size minus one."""
 
-    parties: int | None = None  # if set, must equal world size - 1 (a guard for batch scripts)
+    parties: int | None = _key(None, "if set, must equal MPI world size − 1 (a guard for batch scripts)")
 
 
 @dataclass
 class CheckpointConfig:
     """Checkpoints for resuming (``--resume RUN_DIR``); also written on SIGTERM/SIGUSR1 before stopping."""
 
-    every_steps: int = 100  # 0 disables periodic checkpoints (signals still checkpoint)
+    every_steps: int = _key(
+        100, "write RUN_DIR/checkpoint.pt every N steps; 0 disables periodic checkpoints (signals still checkpoint)")
 
 
 @dataclass
 class RuntimeConfig:
     """Execution details that do not change the result."""
 
-    threads_per_rank: int | None = None  # torch intra-op threads; default: max(1, cores // ranks_on_node)
-    device: Literal["auto", "cpu", "cuda"] = "auto"  # parties' device; rank 0 always uses the CPU
-    log_every: int = 4  # write a /metrics (and, under DP, /privacy) row every N steps and at every epoch end
-    progress: Literal["auto", "on", "off"] = "auto"  # rank 0's progress bar ("auto": only on a terminal)
-    comm_timeout: float = 1800.0  # seconds one collective may take (incl. the slowest party's step) before abort
+    threads_per_rank: int | None = _key(
+        None, "torch intra-op threads per rank; null: OMP_NUM_THREADS if set, else cores // ranks on the node")
+    device: Literal["auto", "cpu", "cuda"] = _key(
+        "auto", "the parties' device: auto (a visible GPU, else the CPU), cpu, or cuda (an error without a GPU); "
+        "rank 0 always uses the CPU")
+    log_every: int = _key(4, "write a /metrics (and, under DP, /privacy) row every N steps and at every epoch end")
+    progress: Literal["auto", "on", "off"] = _key(
+        "auto", "rank 0's progress display on stderr: on (a live bar), off, or auto (the bar on a terminal, "
+        "otherwise one line per tenth of the run)")
+    comm_timeout: float = _key(
+        1800.0, "seconds one collective may take (incl. the slowest party's step) before the job is aborted")
 
 
 @dataclass
 class Config:
     """The whole run."""
 
-    name: str = "default"
-    mode: Literal["vanilla", "fnas", "dpfnas"] = "dpfnas"
-    seed: int = 0
+    name: str = _key("default", "run name: the default run directory is runs/<name>-<YYYYmmdd-HHMMSS>/")
+    mode: Literal["vanilla", "fnas", "dpfnas"] = _key(
+        "dpfnas", "vanilla (NAS, one party holds all data), fnas (K parties, no noise) or dpfnas (K parties, "
+        "clipped and noised releases, Algorithm 1)")
+    seed: int = _key(
+        0, "seed of the initial supernet, the train/validation split, the partition and the synthetic images "
+        "(the parties' sampling and noise: see privacy.secure_rng and privacy.reproducible_noise)")
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -303,9 +352,19 @@ def validate(cfg: Config) -> Config:
     return cfg
 
 
-def describe_keys() -> list[str]:
-    """One line per config key: ``section.key  type  (default …)``, generated from the schema for ``--help``."""
-    lines: list[str] = []
+@dataclass(frozen=True)
+class KeyDoc:
+    """One leaf config key as documented by the schema."""
+
+    key: str  # dotted, e.g. "search.epochs"
+    kind: str  # the accepted values, e.g. "int or null", "iid, dirichlet, pathological"
+    default: Any
+    meaning: str  # one line, from the field's metadata
+
+
+def key_docs() -> list[KeyDoc]:
+    """Every leaf key of :class:`Config` in schema order, with its type, default and meaning."""
+    docs: list[KeyDoc] = []
 
     def walk(cls: type, prefix: str, defaults: Any) -> None:
         hints = typing.get_type_hints(cls)
@@ -316,11 +375,58 @@ def describe_keys() -> list[str]:
                 walk(hints[f.name], key + ".", value)
             else:
                 kind = _type_name(hints[f.name]).replace("one of ", "").replace("'", "")
-                default = yaml.safe_dump(value).strip().removesuffix("...").strip()
-                lines.append(f"  {key:<28} {kind}  (default {default})")
+                docs.append(KeyDoc(key, kind, value, str(f.metadata.get(HELP, ""))))
 
     walk(Config, "", Config())
-    return [line.replace("\n", " ") for line in lines]
+    return docs
+
+
+def _yaml_scalar(value: Any) -> str:
+    return yaml.safe_dump(value).strip().removesuffix("...").strip().replace("\n", " ")
+
+
+def describe_keys(width: int = 100) -> list[str]:
+    """Lines for ``--help``: per key ``  section.key  type  (default …)``, then its meaning indented below."""
+    lines: list[str] = []
+    for doc in key_docs():
+        lines.append(f"  {doc.key:<28} {doc.kind}  (default {_yaml_scalar(doc.default)})")
+        lines += textwrap.wrap(doc.meaning, width, initial_indent=" " * 6, subsequent_indent=" " * 6,
+                               break_long_words=False, break_on_hyphens=False)
+    return lines
+
+
+_DEFAULTS_HEADER = (
+    "The built-in defaults of python -m mpi_fnas.run with the meaning of every key, generated from the schema in "
+    "mpi_fnas/config.py by mpi_fnas.config.documented_defaults_yaml() (tests/test_config.py keeps this file "
+    "identical to it). A config file only needs the keys it changes."
+)
+
+
+def documented_defaults_yaml(width: int = 118) -> str:
+    """The default configuration as YAML with every key's meaning (and each section's purpose) as comments.
+
+    This is the exact text of ``configs/default.yaml``.
+    """
+
+    def comment(text: str, indent: str) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=indent + "# ", subsequent_indent=indent + "# ",
+                             break_long_words=False, break_on_hyphens=False)
+
+    lines = comment(_DEFAULTS_HEADER, "")
+    hints = typing.get_type_hints(Config)
+    defaults = Config()
+    for f in dataclasses.fields(Config):
+        value = getattr(defaults, f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            purpose = " ".join(inspect.getdoc(hints[f.name]).split("\n\n")[0].replace("``", "").split())
+            lines += ["", *comment(purpose, ""), f"{f.name}:"]
+            for sub in dataclasses.fields(hints[f.name]):
+                lines += comment(sub.metadata[HELP], "  ")
+                lines.append(f"  {sub.name}: {_yaml_scalar(getattr(value, sub.name))}")
+        else:
+            lines += comment(f.metadata[HELP], "")
+            lines.append(f"{f.name}: {_yaml_scalar(value)}")
+    return "\n".join(lines) + "\n"
 
 
 def parse_override(text: str) -> tuple[str, Any]:

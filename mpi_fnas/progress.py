@@ -1,9 +1,17 @@
-"""Rank 0's progress display: a one-line bar on a terminal, a few plain lines in a log file."""
+"""Rank 0's progress display: a one-line bar on a terminal, a few plain lines in a log file.
+
+It shows only what is known. Under DP the parties release no loss or accuracy (those row values are NaN) and the
+per-step timing columns are NaN too (per-step timings would reveal the realised batch size), so a line there reads
+``step/total, epoch, ε so far, last test accuracy, s/step, ETA`` with the timing taken from this object's own wall
+clock rather than from the row.
+"""
 
 from __future__ import annotations
 
+import math
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import TextIO
 
 
@@ -12,37 +20,91 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600:d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _finite(row: Mapping[str, float], key: str) -> float | None:
+    """``row[key]`` as a float if present and finite, else None."""
+    value = row.get(key)
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
 class Progress:
     """Callable ``(step, total, row)`` for :func:`mpi_fnas.federation.search.run_search`.
+
+    ``row`` is a metrics row as logged to ``/metrics``: ``step``, ``epoch`` (0-based), ``train_loss``, ``val_acc``,
+    ``step_seconds`` (NaN under DP), ``test_acc`` (epoch ends only; the last one is remembered) and, under DP,
+    ``epsilon`` (the worst party's ε so far). Loss and accuracies are shown only when finite.
+
+    s/step is wall time since the first call divided by the steps done since then (so it includes evaluation,
+    logging and checkpoints, and a resumed run measures only its own steps); the ETA is s/step × steps left.
+    Before a second call there is no such measurement: the row's ``step_seconds`` is used if finite, else
+    neither is shown.
 
     Args:
         mode: "on" (a live bar), "off", or "auto" (a live bar only when `stream` is a terminal; otherwise one
             line per 10 % so batch logs stay short).
+        stream: where to write (default: standard error).
+        width: characters of the bar.
+        clock: seconds, monotonic (tests pass a fake one).
     """
 
-    def __init__(self, mode: str = "auto", stream: TextIO | None = None, width: int = 24) -> None:
+    def __init__(self, mode: str = "auto", stream: TextIO | None = None, width: int = 24,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.stream = stream or sys.stderr
         self.live = mode == "on" or (mode == "auto" and self.stream.isatty())
         self.enabled = mode != "off"
         self.width = width
-        self.start = time.perf_counter()
+        self.clock = clock
+        self._first: tuple[float, int] | None = None  # (clock, step) of the first call
+        self._test_acc: float | None = None
         self._next_tenth = 1
+        self._shown = 0  # length of the live line on screen, to blank a longer previous one
 
-    def __call__(self, step: int, total: int, row: dict[str, float]) -> None:
+    def __call__(self, step: int, total: int, row: Mapping[str, float]) -> None:
         if not self.enabled:
             return
-        elapsed = time.perf_counter() - self.start
-        eta = elapsed / step * (total - step) if step else 0.0
-        filled = int(self.width * step / total)
-        text = (
-            f"[{'#' * filled}{'.' * (self.width - filled)}] {step}/{total} ep {int(row['epoch']) + 1} "
-            f"loss {row['train_loss']:.3f} val_acc {row['val_acc']:.3f} "
-            f"{row['step_seconds']:.2f}s/step eta {_clock(eta)}"
-        )
+        text = self._line(step, total, row)
         if self.live:
-            self.stream.write("\r" + text + ("\n" if step == total else ""))
+            self.stream.write("\r" + text.ljust(self._shown) + ("\n" if step == total else ""))
+            self._shown = len(text)
             self.stream.flush()
         elif step * 10 >= self._next_tenth * total or step == total:
-            self._next_tenth = step * 10 // total + 1
+            self._next_tenth = step * 10 // max(total, 1) + 1
             self.stream.write(text + "\n")
             self.stream.flush()
+
+    def _line(self, step: int, total: int, row: Mapping[str, float]) -> str:
+        """The text for this call (updates the clock and the remembered test accuracy)."""
+        now = self.clock()
+        if self._first is None:
+            self._first = (now, step)
+        test_acc = _finite(row, "test_acc")
+        if test_acc is not None:
+            self._test_acc = test_acc
+
+        filled = min(self.width, int(self.width * step / total)) if total > 0 else self.width
+        parts = [f"[{'#' * filled}{'.' * (self.width - filled)}] {step}/{total}"]
+        epoch = _finite(row, "epoch")
+        if epoch is not None:
+            parts.append(f"ep {int(epoch) + 1}")
+        for key, label in (("train_loss", "loss"), ("val_acc", "val_acc")):
+            value = _finite(row, key)
+            if value is not None:
+                parts.append(f"{label} {value:.3f}")
+        if self._test_acc is not None:
+            parts.append(f"test_acc {self._test_acc:.3f}")
+        epsilon = row.get("epsilon")
+        if epsilon is not None and not math.isnan(float(epsilon)):  # inf is a meaningful ε ("no guarantee")
+            parts.append(f"ε {float(epsilon):.3g}")
+        seconds_per_step = self._seconds_per_step(now, step, row)
+        if seconds_per_step is not None:
+            parts.append(f"{seconds_per_step:.2f}s/step eta {_clock(seconds_per_step * max(0, total - step))}")
+        return " ".join(parts)
+
+    def _seconds_per_step(self, now: float, step: int, row: Mapping[str, float]) -> float | None:
+        assert self._first is not None
+        first_time, first_step = self._first
+        if step > first_step:
+            return (now - first_time) / (step - first_step)
+        return _finite(row, "step_seconds")

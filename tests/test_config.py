@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 import yaml
 
-from mpi_fnas.config import Config, ConfigError, check_world, load_config
+from mpi_fnas.config import (
+    Config,
+    ConfigError,
+    check_world,
+    describe_keys,
+    documented_defaults_yaml,
+    key_docs,
+    load_config,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -18,6 +27,43 @@ def test_default_yaml_is_exactly_the_built_in_default():
     from_file = load_config(ROOT / "configs" / "default.yaml")
     assert from_file == Config()
     assert yaml.safe_load((ROOT / "configs" / "default.yaml").read_text()) == Config().to_dict()
+
+
+def test_default_yaml_is_the_generated_documented_copy():
+    """Values *and* comments come from the schema; after changing a meaning, regenerate the file."""
+    text = (ROOT / "configs" / "default.yaml").read_text(encoding="utf-8")
+    assert text == documented_defaults_yaml(), (
+        "configs/default.yaml is stale; regenerate it with: python -c \"from mpi_fnas.config import "
+        "documented_defaults_yaml as d; open('configs/default.yaml', 'w', encoding='utf-8').write(d())\""
+    )
+    for doc in key_docs():  # every key's meaning is written above it as a comment
+        leaf = doc.key.rsplit(".", 1)[-1]
+        first_words = " ".join(doc.meaning.split()[:4])
+        assert f"# {first_words}" in text, doc.key
+        assert f"{leaf}:" in text, doc.key
+
+
+def test_every_key_has_a_meaning_and_help_prints_it():
+    docs = key_docs()
+    keys = [doc.key for doc in docs]
+    leaves = [f"{section}.{key}" if isinstance(value, dict) else section
+              for section, value in Config().to_dict().items() for key in (value if isinstance(value, dict) else [0])]
+    assert keys == leaves
+    for doc in docs:
+        assert doc.meaning.strip(), f"{doc.key} has no meaning in the schema"
+        assert "\n" not in doc.meaning, doc.key
+    help_text = "\n".join(describe_keys())
+    flat = " ".join(help_text.split())
+    for doc in docs:
+        assert f"  {doc.key} " in help_text, doc.key
+        assert " ".join(doc.meaning.split()) in flat, doc.key  # the whole meaning, however it is wrapped
+    assert re.search(r"^  data\.download +bool  \(default false\)$", help_text, re.M)
+    assert re.search(r"^  search\.steps_per_epoch +int or null  \(default null\)$", help_text, re.M)
+    # A key line is followed by its meaning, indented: key, type, default and meaning read together.
+    lines = describe_keys()
+    at = next(i for i, line in enumerate(lines) if line.startswith("  search.batch_size "))
+    assert "(default 32)" in lines[at]
+    assert lines[at + 1].startswith("      examples per party and step")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pickle
+import shutil
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -325,6 +327,143 @@ def test_cifar_missing_folder_and_missing_file(tmp_path: Path) -> None:
         open_dataset("cifar10", "train", root=tmp_path / "partial", image_size=32, size=None, seed=0)
     # The test split does not need the train files.
     assert len(Cifar10Folder(tmp_path / "partial", "test")) == _TEST_SIZE
+
+
+# ----------------------------------------------------------------------------------------------------
+# data.download (no network here: torchvision's downloader is replaced, or pointed at a local file / dead port)
+
+
+class _FakeDownloader:
+    """Stands in for ``torchvision.datasets.utils.download_and_extract_archive``; records its arguments."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.calls: list[dict[str, object]] = []
+        self.error = error
+
+    def __call__(self, url: str, download_root: str, extract_root: str | None = None, filename: str | None = None,
+                 md5: str | None = None, remove_finished: bool = False) -> None:
+        self.calls.append({"url": url, "download_root": download_root, "extract_root": extract_root,
+                           "filename": filename, "md5": md5})
+        if self.error is not None:
+            raise self.error
+        # What extracting the real archive leaves behind (extraction overwrites an existing folder).
+        shutil.rmtree(Path(download_root) / "cifar-10-batches-py", ignore_errors=True)
+        _write_cifar(Path(download_root), "py2")
+
+
+def test_download_fetches_into_root_when_files_are_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchvision")
+    from torchvision.datasets import CIFAR10
+
+    fake = _FakeDownloader()
+    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", fake)
+    root = tmp_path / "nested" / "data"  # not there yet: created
+    data = open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
+    assert len(data) == 5 * _PER_TRAIN_BATCH
+    assert fake.calls == [{"url": CIFAR10.url, "download_root": str(root), "extract_root": None,
+                           "filename": "cifar-10-python.tar.gz", "md5": CIFAR10.tgz_md5}]
+    # Present now: neither split downloads again (a cluster node without network may run with download: true).
+    assert len(open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)) == 4
+    assert len(fake.calls) == 1
+    # A missing file of the other split is enough to fetch the archive again (extraction restores it).
+    (root / "cifar-10-batches-py" / "test_batch").unlink()
+    open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
+    assert len(fake.calls) == 2
+
+
+def test_no_download_unless_asked_and_never_for_synthetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchvision")
+    fake = _FakeDownloader()
+    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", fake)
+    with pytest.raises(DatasetNotFoundError, match=r"data\.download: true"):
+        open_dataset("cifar10", "train", root=tmp_path, image_size=32, size=None, seed=0)
+    data = open_dataset("synthetic-shapes", "test", root=tmp_path, image_size=16, size=5, seed=0, download=True)
+    assert len(data) == 5
+    assert fake.calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_offline_download_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torchvision")
+    import urllib.error
+
+    offline = urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
+    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", _FakeDownloader(offline))
+    with pytest.raises(DatasetNotFoundError) as info:
+        open_dataset("cifar10", "train", root=tmp_path / "data", image_size=32, size=None, seed=0, download=True)
+    message = str(info.value)
+    assert "\n" not in message and info.value.__cause__ is offline
+    for needle in (f"CIFAR-10 download into {tmp_path / 'data'} failed", "URLError",
+                   "Temporary failure in name resolution", "https://www.cs.toronto.edu/~kriz/cifar.html",
+                   "data.download: false"):
+        assert needle in message
+
+
+@pytest.fixture
+def local_http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A plain HTTP server on 127.0.0.1 serving a temporary folder: (base URL, folder). Stopped afterwards."""
+    import functools
+    import threading
+    from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+
+    class QuietHandler(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # keep pytest's output clean
+            pass
+
+    served = tmp_path / "served"
+    served.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(served)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", served
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def test_download_through_the_real_torchvision_downloader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_http_server: tuple[str, Path]
+) -> None:
+    """torchvision's own download, MD5 check and extraction, with the archive served from 127.0.0.1."""
+    pytest.importorskip("torchvision")
+    import hashlib
+    import socket
+    import tarfile
+
+    from torchvision.datasets import CIFAR10
+
+    base_url, served = local_http_server
+    _, train_labels, _, test_labels = _write_cifar(tmp_path / "source", "py2")
+    archive = served / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(tmp_path / "source" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    monkeypatch.setattr(CIFAR10, "url", f"{base_url}/cifar-10-python.tar.gz")
+    monkeypatch.setattr(CIFAR10, "tgz_md5", hashlib.md5(archive.read_bytes()).hexdigest())
+
+    root = tmp_path / "data"
+    train = open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
+    assert np.array_equal(train.labels, train_labels)
+    test = open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0)
+    assert np.array_equal(test.labels, test_labels)
+
+    # A corrupted download fails torchvision's MD5 check: one line, not a traceback.
+    (root / "cifar-10-python.tar.gz").unlink()
+    (root / "cifar-10-batches-py" / "batches.meta").unlink()
+    archive.write_bytes(b"truncated")
+    with pytest.raises(DatasetNotFoundError, match=r"^CIFAR-10 download into .* failed \(RuntimeError: ") as info:
+        open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)
+    assert "\n" not in str(info.value)
+
+    # Nobody listening (a port just released by the OS) stands for "no network".
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    monkeypatch.setattr(CIFAR10, "url", f"http://127.0.0.1:{dead_port}/cifar-10-python.tar.gz")
+    (root / "cifar-10-python.tar.gz").unlink()
+    with pytest.raises(DatasetNotFoundError, match=r"^CIFAR-10 download into .* failed \(URLError: ") as info:
+        open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)
+    assert "\n" not in str(info.value) and "Connection refused" in str(info.value)
 
 
 # ----------------------------------------------------------------------------------------------------

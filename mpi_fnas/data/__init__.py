@@ -1,4 +1,4 @@
-"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder) and label-only federated partitions."""
+"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded) and label-only partitions."""
 
 from mpi_fnas.data.cifar10 import (
     CIFAR10_MEAN,
@@ -6,6 +6,7 @@ from mpi_fnas.data.cifar10 import (
     Cifar10Folder,
     DatasetNotFoundError,
     download_cifar10,
+    missing_cifar10_files,
     read_label_names,
 )
 from mpi_fnas.data.datasets import DATASETS, SYNTHETIC_DEFAULT_SIZES, Dataset, open_dataset
@@ -24,6 +25,7 @@ __all__ = [
     "DatasetNotFoundError",
     "SyntheticShapes",
     "download_cifar10",
+    "missing_cifar10_files",
     "open_dataset",
     "partition_indices",
     "read_label_names",

@@ -147,15 +147,34 @@ class Cifar10Folder:
         return x, torch.from_numpy(self._labels[idx])
 
 
-def download_cifar10(root: str | Path) -> Path:
-    """Download and extract CIFAR-10 into ``<root>/cifar-10-batches-py/`` via torchvision (needs network).
+def missing_cifar10_files(root: str | Path) -> list[Path]:
+    """The files of ``<root>/cifar-10-batches-py/`` (both splits and the metadata) that do not exist."""
+    folder = Path(root) / FOLDER
+    return [folder / name for name in (*TRAIN_FILES, *TEST_FILES, META_FILE) if not (folder / name).is_file()]
 
-    Only called when the configuration sets ``data.download: true``. Returns the batches folder.
+
+def download_cifar10(root: str | Path) -> Path:
+    """Download ``cifar-10-python.tar.gz`` into ``root`` and extract it to ``<root>/cifar-10-batches-py/``.
+
+    Uses torchvision's downloader (needs network; an archive already in ``root`` with the right MD5 is reused).
+    Called for ``data.download: true`` on rank 0 only. Returns the batches folder.
+
+    Raises:
+        DatasetNotFoundError: the download or the extraction failed (no network, proxy, disk full, bad archive);
+            the message is one line, the original exception is chained.
     """
     from torchvision.datasets import CIFAR10  # deferred: importing torchvision is slow and rarely needed
+    from torchvision.datasets.utils import download_and_extract_archive
 
     root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    for train in (True, False):
-        CIFAR10(str(root), train=train, download=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        download_and_extract_archive(CIFAR10.url, str(root), filename=CIFAR10.filename, md5=CIFAR10.tgz_md5)
+    except Exception as exc:  # whatever the third-party downloader raised, the user can only fetch it by hand
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        raise DatasetNotFoundError(
+            f"CIFAR-10 download into {root} failed ({reason}); on a machine without internet fetch "
+            f"cifar-10-python.tar.gz from https://www.cs.toronto.edu/~kriz/cifar.html, extract it into {root}/ "
+            f"and set data.download: false"
+        ) from exc
     return root / FOLDER

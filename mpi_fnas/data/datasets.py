@@ -8,7 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from mpi_fnas.data.cifar10 import Cifar10Folder
+from mpi_fnas.data.cifar10 import Cifar10Folder, download_cifar10, missing_cifar10_files
 from mpi_fnas.data.synthetic import SyntheticShapes
 
 DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10")
@@ -38,16 +38,20 @@ class Dataset(Protocol):
 
 
 def open_dataset(
-    name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int
+    name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int, download: bool = False
 ) -> Dataset:
     """Open split ``split`` ("train" | "test") of dataset ``name`` (one of ``DATASETS``).
 
     - ``synthetic-shapes``: ``size`` is the split size (default ``SYNTHETIC_DEFAULT_SIZES``), ``seed`` selects
       the images, ``root`` is unused.
     - ``cifar10``: read from ``<root>/cifar-10-batches-py/``; ``size`` keeps only the first ``size`` examples
-      (for smoke tests); ``image_size`` must be 32; ``seed`` is unused (the files are fixed).
+      (for smoke tests); ``image_size`` must be 32; ``seed`` is unused (the files are fixed). With
+      ``download`` (``data.download``), any missing file of either split first makes it download the archive
+      into ``root`` (needs network; call it on one rank only, the others after it finished).
+      ``synthetic-shapes`` ignores ``download``.
 
-    Raises ValueError for an unknown name or bad arguments, DatasetNotFoundError for missing CIFAR-10 files.
+    Raises ValueError for an unknown name or bad arguments, DatasetNotFoundError for missing CIFAR-10 files or a
+    failed download.
     """
     if size is not None and size < 1:
         raise ValueError(f"size must be >= 1 or None, got {size}")
@@ -62,5 +66,7 @@ def open_dataset(
                 f"cifar10 images are {Cifar10Folder.image_size}x{Cifar10Folder.image_size}; "
                 f"data.image_size must be {Cifar10Folder.image_size}, got {image_size}"
             )
+        if download and missing_cifar10_files(root):
+            download_cifar10(root)
         return Cifar10Folder(root, split, limit=size)
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
