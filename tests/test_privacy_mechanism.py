@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from scipy import stats
+from scipy import special, stats
 from torch import nn
 
 from mpi_fnas.privacy import (
@@ -24,6 +24,7 @@ from mpi_fnas.privacy import (
     poisson_sample,
     privatize_per_sample_gradients,
 )
+from mpi_fnas.privacy.mechanism import standard_normal_from_bits, uniform_bits
 from mpi_fnas.privacy.per_sample import hooks_supported
 from mpi_fnas.space import SearchNetwork
 
@@ -122,6 +123,44 @@ def test_poisson_sample_edge_rates_and_empty_batches():
     assert any(poisson_sample(5, 0.01, gen).numel() == 0 for _ in range(10))
     with pytest.raises(ValueError):
         poisson_sample(10, 1.5, gen)
+
+
+def coin_thresholds(num_examples: int, state: torch.Tensor) -> np.ndarray:
+    """``(num_examples, 2)``: for each example, adjacent float64 ``lo < hi`` with the example out at q = lo, in at hi.
+
+    Example i is in ``poisson_sample(N, q, g)`` iff its coin is below q, so bisection on q, with the generator
+    restored to ``state`` before every call, brackets each coin as tightly as float64 q allows, without looking
+    inside the sampler.
+    """
+    brackets = np.zeros((num_examples, 2))
+    for i in range(num_examples):
+        lo, hi = 0.0, 1.0  # i not picked at q = lo (coins are >= 0), picked at q = hi (coins are < 1)
+        while lo < (middle := (lo + hi) / 2) < hi:
+            generator = torch.Generator()
+            generator.set_state(state)
+            if i in set(poisson_sample(num_examples, middle, generator).tolist()):
+                hi = middle
+            else:
+                lo = middle
+        brackets[i] = lo, hi
+    return brackets
+
+
+def test_poisson_coins_are_resolved_far_below_float32():
+    """The inclusion threshold of every coin lies on no coarse grid: the sampler realises q, not q rounded.
+
+    float32 coins sit on a 2^-24 grid and are compared with q rounded to float32, so coin i's threshold (the q
+    where example i enters) is a float32 rounding midpoint, a multiple of 2^-30 for every coin >= 2^-6 (~98% of
+    them). A float64 coin's bracket (two adjacent doubles) holds a multiple of 2^-30 with probability ~2^-22.
+    """
+    num_examples = 64
+    state = torch.Generator().manual_seed(11).get_state()
+    brackets = coin_thresholds(num_examples, state)
+    assert np.all(brackets[:, 1] - brackets[:, 0] <= 2.0**-53)
+    on_grid = np.floor(brackets[:, 1] * 2.0**30) >= brackets[:, 0] * 2.0**30  # a multiple of 2^-30 in [lo, hi]
+    assert int(on_grid.sum()) <= 1, f"{int(on_grid.sum())} of {num_examples} coin thresholds on the 2^-30 grid"
+    # The thresholds are the coins: uniform on [0, 1) (KS at the suite's level).
+    assert stats.kstest(brackets[:, 0], "uniform").pvalue > ALPHA
 
 
 # -- per-example gradients ------------------------------------------------------------------------------------
@@ -318,6 +357,104 @@ def test_secure_rng_noise_is_normal_and_not_reproducible():
     b = gaussian_noise(200_000, std=0.3, generator=None, secure_rng=True)
     assert not torch.equal(a, b)
     assert_iid_normal(a, 0.3)
+
+
+# -- the noise sampler: exact far into the tail ---------------------------------------------------------------
+#
+# A sampler whose largest output is m leaks: an output beyond m sigma is impossible without the canary, so delta
+# is at least P(|N(0,1)| > m) per coordinate. torch.randn in float32 has m = 5.77 (1.6e-8 per coordinate, 4.6e-5 on a
+# whole W release of configs/cifar10_dpfnas.yaml). Brute force at 5.8 sigma needs ~3e9 draws; instead:
+#
+# 1. the transform's tail is counted EXACTLY over all 2^53 inputs (bisection: |z| is monotone in the input),
+#    deterministic and with no sampling error, at 5.8 to 8 sigma;
+# 2. gaussian_noise is that transform of the generator's 53-bit integers, bit for bit (the old torch.randn path
+#    fails here), times std, cast last;
+# 3. those integers are uniform on all 53 bits (per-bit frequencies, byte patterns), on both randomness paths;
+# 4. a moderate brute-force check of the whole path at 4 and 4.5 sigma (8e6 draws).
+# 1-3 make the rate beyond 5.8 sigma the Gaussian one up to 2^-52 absolute; 4 checks the assembly end to end.
+
+
+def transform_tail_count(threshold: float) -> int:
+    """#{k in [0, 2^52): |standard_normal_from_bits(2k)| > threshold}, i.e. the sampler's ``P(|z| > t) 2^52``.
+
+    Bit 0 is the sign and |z| decreases in k, so the count is the first k with |z| <= threshold (bisection).
+    """
+
+    def magnitude(k: int) -> float:
+        return abs(float(standard_normal_from_bits(torch.tensor([2 * k], dtype=torch.int64))[0]))
+
+    lo, hi = 0, 2**52 - 1
+    assert magnitude(lo) > threshold >= magnitude(hi)
+    while hi - lo > 1:  # invariant: magnitude(lo) > threshold >= magnitude(hi)
+        middle = (lo + hi) // 2
+        if magnitude(middle) > threshold:
+            lo = middle
+        else:
+            hi = middle
+    return hi
+
+
+@pytest.mark.parametrize("threshold", [5.8, 6.5, 7.0, 7.5, 8.0])
+def test_noise_transform_has_the_exact_gaussian_tail(threshold):
+    """Step 1: P(|z| > t) of the transform over uniform 53-bit inputs equals erfc(t / sqrt 2) to one input (2^-52)."""
+    count = transform_tail_count(threshold)
+    expected = special.erfc(threshold / math.sqrt(2.0)) * 2.0**52  # 2 Phi(-t) 2^52, from erfc, not from ndtri
+    assert abs(count - expected) <= 1.0, f"{count} inputs beyond {threshold} sigma, Gaussian {expected:.3f}"
+
+
+def test_noise_transform_is_monotone_symmetric_and_bounded():
+    """What the bisection of step 1 relies on, plus the sign bit: |z| decreasing in k, z(2k + 1) = -z(2k)."""
+    for start in (0, 2**20, 2**40, 2**52 - 2**16):
+        k = torch.arange(start, start + 2**16, dtype=torch.int64)
+        z = standard_normal_from_bits(2 * k)
+        assert z.dtype == torch.float64 and bool((z < 0).all())
+        assert bool((z[1:] > z[:-1]).all()), f"not strictly increasing near k = {start}"
+        assert torch.equal(standard_normal_from_bits(2 * k + 1), -z)
+    extremes = standard_normal_from_bits(torch.tensor([0, 1, 2**53 - 2, 2**53 - 1]))
+    assert float(extremes.abs().max()) == pytest.approx(-special.ndtri(2.0**-54), rel=1e-12)  # 8.29
+    assert float(extremes[2:].abs().max()) < 1e-15  # the cells next to the median
+
+
+def test_gaussian_noise_is_the_transform_of_the_generators_53_bit_integers():
+    """Step 2: the release noise is the exact transform of ``torch.randint(0, 2^53)`` on the generator, scaled."""
+    size, std = 10_000, 0.7
+    bits = torch.randint(0, 2**53, (size,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    expected = standard_normal_from_bits(bits) * std
+    noise64 = gaussian_noise(size, std=std, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    assert torch.equal(noise64, expected)
+    noise32 = gaussian_noise(size, std=std, generator=torch.Generator().manual_seed(5))
+    assert noise32.dtype == torch.float32 and torch.equal(noise32, expected.float())  # cast after scaling
+    assert torch.equal(uniform_bits(size, generator=torch.Generator().manual_seed(5)), bits)
+
+
+@pytest.mark.parametrize("secure_rng", [False, True])
+def test_uniform_bits_are_53_fair_independent_bits(secure_rng):
+    """Step 3: every one of the 53 bits is fair, and byte patterns at the top, middle and bottom are uniform."""
+    n = 400_000
+    bits = uniform_bits(n, generator=torch.Generator().manual_seed(2), secure_rng=secure_rng)
+    assert bits.shape == (n,) and bits.dtype == torch.int64
+    assert int(bits.min()) >= 0 and int(bits.max()) < 2**53
+    ones = torch.stack([torch.bitwise_and(torch.bitwise_right_shift(bits, i), 1).sum() for i in range(53)])
+    low, high = stats.binom.interval(1 - ALPHA / 53, n, 0.5)
+    assert bool(((ones >= low) & (ones <= high)).all()), f"bit frequencies {(ones / n).tolist()}"
+    for shift in (0, 24, 45):  # bits 0-7, 24-31 (above a float32 mantissa), 45-52 (the top)
+        cells = torch.bincount(torch.bitwise_and(torch.bitwise_right_shift(bits, shift), 255), minlength=256)
+        assert stats.chisquare(cells.numpy()).pvalue > ALPHA / 3, f"byte at bit {shift} not uniform"
+
+
+@pytest.mark.parametrize("secure_rng", [False, True])
+def test_noise_tail_frequencies_at_4_and_4_5_sigma(secure_rng):
+    """Step 4: 8e6 draws of the whole path; counts beyond 4 and 4.5 std (~506 and ~54) in Binomial intervals."""
+    std, chunk, chunks = 2.0, 2_000_000, 4
+    generator = torch.Generator().manual_seed(8)
+    beyond = {4.0: 0, 4.5: 0}
+    for _ in range(chunks):
+        z = gaussian_noise(chunk, std=std, generator=generator, secure_rng=secure_rng, dtype=torch.float64).abs()
+        for t in beyond:
+            beyond[t] += int((z > t * std).sum())
+    for t, count in beyond.items():
+        low, high = stats.binom.interval(1 - ALPHA / 2, chunk * chunks, special.erfc(t / math.sqrt(2.0)))
+        assert low <= count <= high, f"{count} draws beyond {t} sigma, expected {low:.0f}..{high:.0f}"
 
 
 def test_release_argument_checks():

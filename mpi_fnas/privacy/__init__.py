@@ -9,7 +9,6 @@ from mpi_fnas.privacy.accountant import (
     calibrate_noise_multiplier,
     default_delta,
     gdp_epsilon,
-    gdp_mu,
     party_epsilon,
 )
 from mpi_fnas.privacy.audit import AuditResult, audit_mechanism
@@ -34,7 +33,6 @@ __all__ = [
     "default_delta",
     "gaussian_noise",
     "gdp_epsilon",
-    "gdp_mu",
     "party_epsilon",
     "party_release",
     "per_example_cross_entropy",

@@ -38,16 +38,15 @@ _STATE_VERSION = 1
 
 
 def default_delta(num_examples: int) -> float:
-    """The default delta of a dataset of ``num_examples`` examples: ``min(1e-5, 1 / n)``."""
+    """The default delta of a dataset of ``num_examples`` examples: ``min(1e-5, 1 / (10 n))``.
+
+    delta must stay well below 1 / n: the mechanism that publishes each record with probability delta is
+    (0, delta)-DP and leaks delta * n records in expectation (Dwork & Roth 2014, section 2.3). A tenth of 1 / n
+    keeps that expectation at 0.1 for large datasets, where 1e-5 alone would not.
+    """
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
-    return min(1e-5, 1.0 / num_examples)
-
-
-def gdp_mu(sample_rate: float, steps: int, noise_multiplier: float) -> float:
-    """Theorem 3.1 (after Bu et al. 2019): ``mu = q sqrt(T (exp(1 / sigma^2) - 1))`` (a CLT approximation)."""
-    _check_step_arguments(noise_multiplier, sample_rate, steps)
-    return _mu_squared_of_steps(noise_multiplier, sample_rate, steps) ** 0.5
+    return min(1e-5, 0.1 / num_examples)
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:
@@ -155,62 +154,9 @@ class PrivacyLedger:
         """Tight (PLD) epsilon upper bound at ``delta`` of all releases so far (0 before any step)."""
         return _pld_epsilon(_canonical(self._runs), float(delta), self.value_discretization_interval)
 
-    def epsilon_after(self, delta: float, *, noise_multiplier: float, sample_rate: float, num_steps: int = 1) -> float:
-        """The epsilon this ledger would have after ``num_steps`` more releases (the ledger is not changed).
-
-        For a budget check *before* a step: stop if this exceeds the budget.
-        """
-        _check_step_arguments(noise_multiplier, sample_rate, num_steps)
-        runs = [*self._runs, [float(noise_multiplier), float(sample_rate), int(num_steps)]]
-        return _pld_epsilon(_canonical(runs), float(delta), self.value_discretization_interval)
-
-    def remaining_steps(
-        self,
-        max_epsilon: float,
-        delta: float,
-        *,
-        noise_multiplier: float,
-        sample_rate: float,
-        limit: int = 10**8,
-    ) -> int:
-        """The largest k <= ``limit`` such that k more equal releases keep epsilon <= ``max_epsilon``.
-
-        Computed once (exponential then binary search over k, ~2 log2(k) PLD evaluations), it turns the budget
-        check before every step into a counter comparison instead of one PLD composition per step.
-        """
-        _check_step_arguments(noise_multiplier, sample_rate, 0)
-
-        def within(k: int) -> bool:
-            eps = self.epsilon_after(delta, noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=k)
-            return eps <= max_epsilon
-
-        if not within(0):
-            return 0
-        low, high = 0, 1  # invariant: within(low) and, once found, not within(high)
-        while within(high):
-            low = high
-            if high >= limit:
-                return limit
-            high = min(2 * high, limit)
-        while high - low > 1:
-            middle = (low + high) // 2
-            if within(middle):
-                low = middle
-            else:
-                high = middle
-        return low
-
     def mu_gdp(self) -> float:
         """Theorem 3.1's mu (a CLT approximation, not a bound); 0 before any step."""
         return math.sqrt(sum(_mu_squared_of_steps(s, q, int(c)) for s, q, c in self._runs))
-
-    def gdp_epsilon(self, delta: float) -> float:
-        """``gdp_epsilon(self.mu_gdp(), delta)`` — for comparison with the paper only (see module docstring)."""
-        return gdp_epsilon(self.mu_gdp(), delta)
-
-    def dp_event(self) -> dp_accounting.DpEvent:
-        """The releases as a ``dp_accounting`` event, for anyone who wants to account them independently."""
-        return dp_accounting.ComposedDpEvent([_poisson_gaussian_event(s, q, int(c)) for s, q, c in self._runs])
 
     def description(self) -> str:
         """What computed ``get_epsilon`` (for logs and the HDF5 ``accountant`` attribute)."""
