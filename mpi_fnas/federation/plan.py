@@ -51,18 +51,21 @@ class RunPlan:
 
 
 def open_split(cfg: Config, split: str, *, download: bool = False):
-    """The dataset object for `split` ("train" or "test"); raises SetupError when it cannot be found."""
+    """The dataset object for `split` ("train" or "test"); raises SetupError when it cannot be found.
+
+    `download` (rank 0 only, which opens the train split before any party does): fetch a missing CIFAR-10.
+    """
     size = cfg.data.train_size if split == "train" else cfg.data.test_size
     try:
         return open_dataset(cfg.data.dataset, split, root=cfg.data.root, image_size=cfg.data.image_size,
-                            size=size, seed=cfg.seed)
+                            size=size, seed=cfg.seed, download=download)
     except DatasetNotFoundError as exc:
         raise SetupError(str(exc)) from None
 
 
 def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     """Split and partition the train split by labels; one Assignment per party."""
-    labels = open_split(cfg, "train").labels
+    labels = open_split(cfg, "train", download=cfg.data.download).labels
     train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
     try:
         kw = {"dirichlet_alpha": cfg.data.dirichlet_alpha, "classes_per_party": cfg.data.classes_per_party}

@@ -229,7 +229,7 @@ class _ServerLoop:
         if self.log is not None:
             self.log.append_metrics(row)
         if self.progress is not None:
-            self._write_privacy_rows(wait=False)
+            self._write_privacy_rows(wait=step == self.plan.steps)  # the last line shows the final ε
             shown = dict(row)
             if self.ledger is not None:
                 shown["epsilon"] = self.epsilon_so_far
