@@ -199,9 +199,9 @@ def test_sweep_epsilon_composes_each_partys_ledgers_over_every_point_of_its_seed
 
     expected = [party(0), party(1)]
     for c in compositions:
-        assert c.runs == 2 and c.exact and c.delta == max(deltas)
         assert c.per_party == pytest.approx(expected, rel=1e-6)
         assert c.epsilon == pytest.approx(max(expected), rel=1e-6)
+        assert c.runs == 2 and c.exact and c.delta == max(deltas)
     # Composition matters: the sweep ε is well above the one-point ε of either point.
     one_point = max(reference_epsilon(((2.0, 0.25, 6),), 1e-5), reference_epsilon(((4.0, 0.25, 9),), 1e-5))
     assert compositions[0].epsilon > 1.05 * one_point
@@ -228,10 +228,10 @@ def test_seeds_that_repartition_the_same_examples_get_the_worst_case_over_placem
                                      (5, 5), delta)),
     ]
     (composition,) = compose_sweep(points)
-    assert composition.per_party is None and composition.runs == 2
     placements = {((4.0, a, 5), (4.0, b, 5)) for a in (small, large) for b in (small, large)}
     bounds = {events: reference_epsilon(events, 1e-5) for events in placements}
     assert composition.epsilon == pytest.approx(max(bounds.values()), rel=1e-6)
+    assert composition.per_party is None and composition.runs == 2
     assert composition.epsilon == pytest.approx(reference_epsilon(((4.0, large, 5), (4.0, large, 5)), 1e-5), rel=1e-6)
     assert all(composition.epsilon >= value * (1 - 1e-9) for value in bounds.values())
     # What a per-party composition would claim (each party's own two ledgers) is less: not a bound here.
