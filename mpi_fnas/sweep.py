@@ -104,12 +104,12 @@ the sweep config is a run config (see python -m mpi_fnas.run --help for its keys
 
 output: DIR/var<variance>-seed<seed>/search.h5 per point (DIR: --out, default runs/<name>-sweep-<timestamp>),
   DIR/points.csv (one row per run) and DIR/summary.csv (one row per variance), rewritten after every point.
-privacy: epsilon_worst is one run alone. epsilon_sweep_composed (table: "eps sweep") is what a party really
+  --summarize DIR reads the logs of a finished sweep (or of slurm/noise_sweep.sh's array job) without MPI.
+privacy: epsilon_worst is one run alone. epsilon_sweep_composed (table column "ε sweep") is what a party really
   spent over the sweep: every variance of a seed reuses the same examples on the same parties, so its epsilon
   composes (PLD) over all of them, at delta_sweep_composed; synthetic-shapes seeds draw different examples
   (one composition per seed), CIFAR-10 seeds only re-partition the same images (one composition over every
   point, worst case over which party held an image). Unfinished or requeued runs count at an upper bound.
-  --summarize DIR reads the logs of a finished sweep (or of slurm/noise_sweep.sh's array job) without MPI.
 exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (current point checkpointed).
 """
 
