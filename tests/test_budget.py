@@ -74,11 +74,6 @@ def test_replays_are_charged_on_both_ledgers_like_extra_steps():
         ledger.record_step()
     ledger.charge_replays(1, replays)
     ledger.charge_replays(2, 0)
-    assert ledger.charged_steps().dtype == np.int64
-    assert ledger.charged_steps().tolist() == [steps, steps + replays, steps]
-    assert ledger.train[1].steps == ledger.val[1].steps == steps + replays  # both of party 1's shards
-    val_expected = direct_epsilon(1.5, 0.05, steps + replays, DELTA)
-    assert ledger.val[1].get_epsilon(DELTA) == pytest.approx(val_expected, rel=1e-9)
 
     def expected(count: int) -> float:  # a party's ε is the larger of its train (σ_W) and val (σ_A) ledgers'
         return max(direct_epsilon(1.0, 0.05, count, DELTA), direct_epsilon(1.5, 0.05, count, DELTA))
@@ -87,6 +82,11 @@ def test_replays_are_charged_on_both_ledgers_like_extra_steps():
     assert eps[1] == pytest.approx(expected(steps + replays), rel=1e-9)
     assert eps[0] == eps[2] == pytest.approx(expected(steps), rel=1e-9)
     assert eps[1] > eps[0]
+    assert ledger.charged_steps().dtype == np.int64
+    assert ledger.charged_steps().tolist() == [steps, steps + replays, steps]
+    assert ledger.train[1].steps == ledger.val[1].steps == steps + replays  # both of party 1's shards
+    val_expected = direct_epsilon(1.5, 0.05, steps + replays, DELTA)
+    assert ledger.val[1].get_epsilon(DELTA) == pytest.approx(val_expected, rel=1e-9)
     mu = ledger.mu_gdp()  # Theorem 3.1 with T = charged releases, σ_W the binding one
     assert mu[1] == pytest.approx(0.05 * math.sqrt((steps + replays) * math.expm1(1.0)), rel=1e-12)
 
