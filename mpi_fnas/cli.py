@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mpi_fnas import __version__
-from mpi_fnas.config import Config, ConfigError, load_config
+from mpi_fnas.config import Config, ConfigError, ServerReportedError, load_config
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -131,7 +131,7 @@ def decide_on_root(channel: Channel, decide: Callable[[], T]) -> T:
             message = ("failure", f"{type(exc).__name__}: {exc}".splitlines()[0])
     kind, value = channel.bcast_object(message)
     if kind == "bad_input":
-        raise ConfigError(value)
+        raise ConfigError(value) if channel.is_server else ServerReportedError(value)
     if kind == "failure":
         raise LaunchFailedError(value)
     return value
@@ -155,17 +155,18 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
     from mpi_fnas.federation.comm import PartyFailedError
-    from mpi_fnas.federation.participate import ServerReportedError
     from mpi_fnas.federation.plan import SetupError
 
     try:
         return body()
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line
-    except (SetupError, ConfigError) as exc:
+    except SetupError as exc:  # found while running: on a party only that party knows, so it must fail the job
         if channel.is_server:
             return report_bad_input(channel.rank, exc, debug)
         fail_job(channel, exc, private=private, party_dir=party_dir)
+    except ConfigError as exc:  # the same input on every rank: rank 0 prints it once, everyone exits 2
+        return report_bad_input(channel.rank, exc, debug)
     except LaunchFailedError as exc:
         if channel.is_server:
             print(f"mpi_fnas: error: {exc}", file=sys.stderr, flush=True)

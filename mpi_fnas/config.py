@@ -28,6 +28,10 @@ class ConfigError(ValueError):
     """Invalid user input (config file, ``--set`` override, or a mismatch with the MPI world)."""
 
 
+class ServerReportedError(ConfigError):
+    """On a party: rank 0 found bad input and prints the one line; this rank exits with code 2 quietly."""
+
+
 MODES = ("vanilla", "fnas", "dpfnas")
 
 # Metadata key of every leaf field: its meaning, one line, printed by --help and written into configs/default.yaml.

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpi_fnas.config import Config
+from mpi_fnas.config import Config, ServerReportedError
 from mpi_fnas.federation.algorithm import CONTINUE, STOP, party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party import Party, Shard
@@ -33,10 +33,6 @@ from mpi_fnas.space import build_supernet
 
 FAULT_ENV = "MPI_FNAS_INJECT_FAULT"  # "RANK:STEP": that party raises at that step (failure tests)
 SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"  # "RANK:STEP:SECONDS": that party sleeps at that step (timeout tests)
-
-
-class ServerReportedError(SetupError):
-    """On a party: the server found bad input during setup and prints it; stop quietly with exit code 2."""
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
