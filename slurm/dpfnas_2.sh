@@ -7,7 +7,7 @@
 #SBATCH --requeue
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
-# DP-FNAS (clipped, noised party releases) with 2 parties.
+# DP-FNAS (clipped, noised party releases) with 2 parties: `slurm/launch.sh dpfnas 2` on 3 tasks.
 # Rank 0 = parameter server (CPU), ranks 1..2 = parties (one GPU each).
 # Edit the #SBATCH lines for your cluster (partition, account, time, --cpus-per-task). Everything else is
 # overridable by environment without editing (see slurm/launch.sh), e.g.
@@ -15,15 +15,9 @@
 # Multi-node form (two nodes with 1 GPU each), replacing --ntasks/--gpus above:
 #   #SBATCH --nodes=2 --ntasks=3 --ntasks-per-node=2 --gpus-per-node=1
 set -euo pipefail
-export CONFIG=${CONFIG:-configs/dpfnas.yaml}
-# The party count is the world size minus one; naming it makes a mismatched --ntasks fail fast (exit 2).
-export EXTRA_ARGS="--set federation.parties=2 ${EXTRA_ARGS:-}"
-
-if [[ -z ${MPI_FNAS_HOME:-} ]]; then
-  # sbatch runs a spooled copy of this file: find the original through the job's Command, else the submit dir.
-  self=${BASH_SOURCE[0]}
-  [[ -z ${SLURM_JOB_ID:-} ]] || self=$(scontrol show job -o "$SLURM_JOB_ID" | grep -m1 -o ' Command=[^ ]*' | cut -d= -f2-) || true
-  MPI_FNAS_HOME=$(cd "$(dirname "${self:-${SLURM_SUBMIT_DIR:-.}/slurm/-}")/.." && pwd)
-fi
-export MPI_FNAS_HOME
-exec bash "$MPI_FNAS_HOME/slurm/launch.sh"
+# sbatch runs a spooled copy of this file: launch.sh is in $MPI_FNAS_HOME/slurm, next to this file, or else next to
+# the submitted file (the job's Command=, relative to the submit dir); see "Finding the repository" in launch.sh.
+slurm_dir=${MPI_FNAS_HOME:-$(dirname "$0")/..}/slurm
+[[ -f $slurm_dir/launch.sh || -z ${SLURM_JOB_ID:-} ]] || slurm_dir=$(cd "$SLURM_SUBMIT_DIR" &&
+  realpath -m "$(scontrol show job "$SLURM_JOB_ID" | sed -n '/^ *Command=/{s///p;q}')/..")
+exec bash "$slurm_dir/launch.sh" dpfnas 2

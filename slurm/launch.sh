@@ -1,9 +1,22 @@
 #!/usr/bin/env bash
-# The launcher behind every slurm/*.sh wrapper: starts `python -m mpi_fnas.run` on all tasks of the allocation,
-# survives preemption, and requeues itself when the run stopped early after writing a checkpoint.
+# The one launcher behind every slurm/*.sh batch script: starts `python -m mpi_fnas.run` on all tasks of the
+# allocation, survives preemption, and requeues itself when the run stopped early after writing a checkpoint.
 #
-# Environment (all optional; the wrappers set sensible defaults):
-#   CONFIG              YAML config (default configs/dpfnas.yaml; relative paths: submit dir, then repository)
+#   bash slurm/launch.sh [MODE PARTIES]      (the batch scripts `exec` it; MODE: vanilla | fnas | dpfnas)
+#
+# MODE picks the default config (configs/vanilla_nas.yaml, configs/fnas.yaml, configs/dpfnas.yaml); PARTIES adds
+# `--set federation.parties=PARTIES` before EXTRA_ARGS, so a job whose task count is not PARTIES+1 fails at once
+# (exit 2). Without arguments: CONFIG default configs/dpfnas.yaml and the config's own party count.
+#
+# Finding the repository. sbatch runs a spooled copy of the batch script (slurmd's spool dir), so a script cannot
+# find this file relative to its own path ($0). Each batch script therefore looks for launch.sh in this order:
+# $MPI_FNAS_HOME/slurm, its own directory (`bash slurm/x.sh`, also inside salloc), and, in a batch job, the
+# directory of the file that was submitted: the job's Command= (`scontrol show job`), which is the path exactly
+# as given to sbatch, so relative to the submit directory (SLURM_SUBMIT_DIR), not to --chdir. Requeued jobs keep
+# both. Submitting the script on stdin (`sbatch < file`) leaves Command=(null): set MPI_FNAS_HOME then.
+#
+# Environment (all optional; the batch scripts set sensible defaults):
+#   CONFIG              YAML config (default: MODE's; relative paths: submit dir, then repository)
 #   EXTRA_ARGS          extra arguments for mpi_fnas.run, e.g. "--set search.epochs=2 --debug"
 #   RUN_DIR             run directory (default <submit dir>/runs/<job name>-<job id>[_<array task>]); a
 #                       requeued job keeps its id, so it comes back to the same directory
@@ -13,7 +26,7 @@
 #   MPI_FNAS_LAUNCHER   srun (default: `srun --mpi=pmi2`) or mpirun (the one in VENV, else on PATH)
 #   SRUN_ARGS           extra srun options;  MPIRUN_ARGS  extra mpirun options
 #   NTASKS              ranks for mpirun outside Slurm (inside an allocation: SLURM_NTASKS)
-#   MPI_FNAS_HOME       repository root (the wrappers find it; needed to locate the venv and relative configs)
+#   MPI_FNAS_HOME       repository root (default: the parent of this file's directory; the venv, relative configs)
 #   MPI_FNAS_MODULE     the Python module to run (default mpi_fnas.run; tests substitute a stand-in)
 #
 # Exit codes of mpi_fnas.run: 0 finished, 2 bad input, 75 interrupted after writing RUN_DIR/checkpoint.pt
@@ -31,9 +44,20 @@ log() { printf '%s launch.sh: %s\n' "$(date '+%F %T')" "$*" >&2; }
 die() { log "error: $*"; exit 2; }
 
 home=${MPI_FNAS_HOME:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}
+[[ -f $home/slurm/launch.sh ]] || die "MPI_FNAS_HOME=$home is not an mpi_fnas repository (no slurm/launch.sh)"
 launcher=${MPI_FNAS_LAUNCHER:-srun}
 module=${MPI_FNAS_MODULE:-mpi_fnas.run}
-config=${CONFIG:-configs/dpfnas.yaml}
+
+# --- what to run: MODE and PARTIES -----------------------------------------------------------------------------
+(($# == 0 || $# == 2)) || die "usage: launch.sh [MODE PARTIES], got $# arguments: $*"
+mode=${1:-dpfnas} parties=${2:-}
+case $mode in
+  vanilla) default_config=configs/vanilla_nas.yaml ;;
+  fnas | dpfnas) default_config=configs/$mode.yaml ;;
+  *) die "MODE must be vanilla, fnas or dpfnas, got '$mode'" ;;
+esac
+[[ -z $parties || $parties =~ ^[1-9][0-9]*$ ]] || die "PARTIES must be a positive whole number, got '$parties'"
+config=${CONFIG:-$default_config}
 
 # A relative config names a file in the submit directory or, failing that, in the repository.
 if [[ $config != /* && ! -f $config && -f $home/$config ]]; then
@@ -72,6 +96,7 @@ else
   mkdir -p "$(dirname "$run_dir")"
   run_args+=(--out "$run_dir")
 fi
+[[ -z $parties ]] || run_args+=(--set "federation.parties=$parties")
 # shellcheck disable=SC2206  # EXTRA_ARGS is a list of arguments, split on purpose
 run_args+=(${EXTRA_ARGS:-})
 

@@ -18,16 +18,13 @@
 # Multi-node form (two nodes with 2 GPUs each), replacing --ntasks/--gpus above:
 #   #SBATCH --nodes=2 --ntasks=5 --ntasks-per-node=3 --gpus-per-node=2
 set -euo pipefail
-
-if [[ -z ${MPI_FNAS_HOME:-} ]]; then
-  # sbatch runs a spooled copy of this file: find the original through the job's Command, else the submit dir.
-  self=${BASH_SOURCE[0]}
-  [[ -z ${SLURM_JOB_ID:-} ]] || self=$(scontrol show job -o "$SLURM_JOB_ID" | grep -m1 -o ' Command=[^ ]*' | cut -d= -f2-) || true
-  MPI_FNAS_HOME=$(cd "$(dirname "${self:-${SLURM_SUBMIT_DIR:-.}/slurm/-}")/.." && pwd)
-fi
-export MPI_FNAS_HOME
-
 [[ -n ${SLURM_ARRAY_TASK_ID:-} ]] || { echo "noise_sweep.sh: submit it as an array job: sbatch slurm/noise_sweep.sh" >&2; exit 2; }
+# sbatch runs a spooled copy of this file: launch.sh is in $MPI_FNAS_HOME/slurm, next to this file, or else next to
+# the submitted file (the job's Command=, relative to the submit dir); see "Finding the repository" in launch.sh.
+slurm_dir=${MPI_FNAS_HOME:-$(dirname "$0")/..}/slurm
+[[ -f $slurm_dir/launch.sh || -z ${SLURM_JOB_ID:-} ]] || slurm_dir=$(cd "$SLURM_SUBMIT_DIR" &&
+  realpath -m "$(scontrol show job "$SLURM_JOB_ID" | sed -n '/^ *Command=/{s///p;q}')/..")
+
 read -ra variances <<< "${VARIANCES:-0.5 1 2 5 8 10}"
 read -ra seeds <<< "${SEEDS:-0}"
 task=$SLURM_ARRAY_TASK_ID count=${#variances[@]}
@@ -44,7 +41,6 @@ noise_args=""
 for key in ${NOISE_KEYS:-privacy.noise_multiplier_w privacy.noise_multiplier_a}; do
   noise_args+=" --set $key=$sigma"
 done
-export CONFIG=${CONFIG:-configs/dpfnas.yaml}
 export RUN_DIR=${RUN_ROOT:-${SLURM_SUBMIT_DIR:-$PWD}/runs/noise_sweep-$SLURM_ARRAY_JOB_ID}/var$variance-seed$seed
-export EXTRA_ARGS="--set seed=$seed --set federation.parties=4$noise_args ${EXTRA_ARGS:-}"
-exec bash "$MPI_FNAS_HOME/slurm/launch.sh"
+export EXTRA_ARGS="--set seed=$seed$noise_args ${EXTRA_ARGS:-}"
+exec bash "$slurm_dir/launch.sh" dpfnas 4

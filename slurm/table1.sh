@@ -17,13 +17,13 @@
 # Re-running with the same TABLE1_ROOT resumes interrupted runs (their run dir holds a checkpoint).
 set -euo pipefail
 
-if [[ -z ${MPI_FNAS_HOME:-} ]]; then
-  # sbatch runs a spooled copy of this file: find the original through the job's Command, else the submit dir.
-  self=${BASH_SOURCE[0]}
-  [[ -z ${SLURM_JOB_ID:-} ]] || self=$(scontrol show job -o "$SLURM_JOB_ID" | grep -m1 -o ' Command=[^ ]*' | cut -d= -f2-) || true
-  MPI_FNAS_HOME=$(cd "$(dirname "${self:-${SLURM_SUBMIT_DIR:-.}/slurm/-}")/.." && pwd)
-fi
-export MPI_FNAS_HOME
+# Run by bash, this is the original file; its array tasks (spooled copies) get MPI_FNAS_HOME from the submitter's
+# environment, which sbatch exports to them (--export=ALL, its default).
+export MPI_FNAS_HOME=${MPI_FNAS_HOME:-$(cd "$(dirname "$0")/.." && pwd)}
+[[ -f $MPI_FNAS_HOME/slurm/launch.sh ]] || {
+  echo "table1.sh: no slurm/launch.sh in MPI_FNAS_HOME=$MPI_FNAS_HOME: run it with bash (bash slurm/table1.sh)" >&2
+  exit 2
+}
 
 export TABLE1_SETTINGS=${TABLE1_SETTINGS:-vanilla:1 fnas:2 fnas:4 fnas:8 dpfnas:1 dpfnas:2 dpfnas:4 dpfnas:8}
 export SEEDS=${SEEDS:-0 1 2}
@@ -52,11 +52,12 @@ fi
 mode=${TABLE1_MODE:?} parties=${TABLE1_PARTIES:?}
 (( SLURM_ARRAY_TASK_ID < ${#seeds[@]} )) || { echo "table1.sh: task $SLURM_ARRAY_TASK_ID has no seed in [$SEEDS]" >&2; exit 2; }
 seed=${seeds[$SLURM_ARRAY_TASK_ID]}
+# An unset CONFIG_<MODE> leaves CONFIG empty: launch.sh then takes the mode's default config.
 case $mode in
-  vanilla) export CONFIG=${CONFIG_VANILLA:-configs/vanilla_nas.yaml} ;;
-  fnas) export CONFIG=${CONFIG_FNAS:-configs/fnas.yaml} ;;
-  dpfnas) export CONFIG=${CONFIG_DPFNAS:-configs/dpfnas.yaml} ;;
+  vanilla) export CONFIG=${CONFIG_VANILLA:-} ;;
+  fnas) export CONFIG=${CONFIG_FNAS:-} ;;
+  dpfnas) export CONFIG=${CONFIG_DPFNAS:-} ;;
 esac
 export RUN_DIR=${TABLE1_ROOT:?}/$mode-K$parties-seed$seed
-export EXTRA_ARGS="--set seed=$seed --set federation.parties=$parties ${EXTRA_ARGS:-}"
-exec bash "$MPI_FNAS_HOME/slurm/launch.sh"
+export EXTRA_ARGS="--set seed=$seed ${EXTRA_ARGS:-}"
+exec bash "$MPI_FNAS_HOME/slurm/launch.sh" "$mode" "$parties"

@@ -14,6 +14,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -58,6 +59,10 @@ if behaviour == "checkpoint-on-signal" and attempt == 0:
     deadline = time.monotonic() + 120
     while not signals and time.monotonic() < deadline:
         time.sleep(0.05)
+    # Exiting now: Python restores the default handlers during interpreter shutdown, so a second stop signal
+    # arriving then (Slurm's SIGTERM and launch.sh's forwarded SIGUSR1 come separately) would kill the process.
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     save()
     if rank == 0 and signals:
         run_dir = Path(sys.argv[sys.argv.index("--out") + 1])
@@ -106,8 +111,206 @@ def test_wrapper_asks_for_server_plus_parties(script):
     directives = dict(re.findall(r"^#SBATCH (--[\w-]+)=(\S+)", text, flags=re.M))
     assert directives["--ntasks"] == str(int(parties) + 1)
     assert directives["--gpus"] == parties
-    assert f"configs/{mode}.yaml" in text
-    assert f"federation.parties={parties} " in text
+    assert directives["--job-name"] == script.stem
+    # The one parameterised launcher, told the mode (-> default config) and K (-> federation.parties).
+    assert text.splitlines()[-1] == f'exec bash "$slurm_dir/launch.sh" {mode} {parties}'
+
+
+def locator_block(script: Path) -> list[str]:
+    """The lines of a batch script that find slurm/launch.sh (from `slurm_dir=` up to the line before `exec`)."""
+    lines = script.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("slurm_dir="))
+    return lines[start : start + 3]
+
+
+def test_batch_scripts_share_one_locator():
+    """Every script sbatch runs as a spooled copy finds launch.sh with the same lines (tested below once per
+    script); a drifting copy would show up here."""
+    scripts = [*WRAPPERS, SLURM_DIR / "noise_sweep.sh"]
+    blocks = {script.name: locator_block(script) for script in scripts}
+    assert len({tuple(block) for block in blocks.values()}) == 1, blocks
+    assert "Command=" in blocks["dpfnas_8.sh"][2]
+
+
+# --- a batch script's spooled copy, without a cluster -------------------------------------------------------------
+# sbatch runs a copy of the script from slurmd's spool directory. These tests run such a copy with stand-ins on PATH:
+# `scontrol show job` answers the job's Command= (what sbatch was given), and `srun` runs the rank command once.
+
+FAKE_SCONTROL = """#!/usr/bin/env bash
+# `scontrol show job ID` -> Command=$FAKE_COMMAND in scontrol's multi-line layout; anything else fails.
+[[ $1 == show && $2 == job && -n ${FAKE_COMMAND:-} ]] || { echo "fake scontrol: no answer for: $*" >&2; exit 1; }
+printf 'JobId=%s JobName=x\n   Command=%s\n   WorkDir=/nonexistent\n' "$3" "$FAKE_COMMAND"
+"""
+FAKE_SRUN = """#!/usr/bin/env bash
+# srun --opt... CMD ARGS -> CMD ARGS as task 0.
+while [[ $1 == -* ]]; do shift; done
+SLURM_PROCID=0 exec "$@"
+"""
+
+
+@pytest.fixture
+def spooled(tmp_path):
+    """run(script, command=..., cwd=..., **env) -> (CompletedProcess, argv of the stand-in run or None).
+
+    Runs a copy of `script` at <tmp>/spool/job42/slurm_script as batch job 42, with the stand-in module."""
+    bin_dir, module_dir, records = tmp_path / "bin", tmp_path / "module", tmp_path / "records"
+    for directory in (bin_dir, module_dir):
+        directory.mkdir()
+    for name, text in (("scontrol", FAKE_SCONTROL), ("srun", FAKE_SRUN)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    (module_dir / "stand_in_run.py").write_text(STAND_IN)
+    spool = tmp_path / "spool" / "job42"
+    spool.mkdir(parents=True)
+
+    def run(script: Path, cwd: Path, direct: bool = False, **extra: str) -> tuple[subprocess.CompletedProcess, list]:
+        copy = script if direct else spool / "slurm_script"
+        if not direct:
+            copy.write_text(script.read_text())
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "MPI_FNAS_"))}
+        env.pop("CONFIG", None)
+        env.update(
+            PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", PYTHONPATH=str(module_dir), MPI_FNAS_MODULE="stand_in_run",
+            FAKE_RUN_RECORDS=str(records), SLURM_JOB_ID="42", SLURM_JOB_NAME=script.stem, RUN_DIR=str(tmp_path / "run"),
+            VENV=str(Path(sys.executable).parent.parent),
+        )  # fmt: skip
+        env.update(extra)
+        done = subprocess.run(
+            ["bash", str(copy)], cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False
+        )
+        ranks = load_records(records, "42", 0)
+        return done, (ranks[0]["argv"] if ranks else None)
+
+    return run
+
+
+def expected_argv(mode: str, parties: str, run_dir: Path) -> list[str]:
+    config = REPO / "configs" / ("vanilla_nas.yaml" if mode == "vanilla" else f"{mode}.yaml")
+    return ["--config", str(config), "--out", str(run_dir), "--set", f"federation.parties={parties}"]
+
+
+@pytest.mark.parametrize("script", WRAPPERS, ids=lambda p: p.name)
+def test_spooled_wrapper_finds_the_repository_from_an_absolute_command(script, spooled, tmp_path):
+    """Submitted by absolute path from a directory outside the repository."""
+    mode, parties = re.fullmatch(r"(dpfnas|fnas)_(\d+)\.sh", script.name).groups()
+    done, argv = spooled(script, cwd=tmp_path, FAKE_COMMAND=str(script), SLURM_SUBMIT_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert argv == expected_argv(mode, parties, tmp_path / "run")
+
+
+def test_spooled_wrapper_resolves_a_relative_command_against_the_submit_dir(spooled, tmp_path):
+    """`cd repo/tests && sbatch --chdir=/elsewhere ../slurm/fnas_4.sh`: Command= is relative to the submit dir,
+    not to the job's working directory."""
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    done, argv = spooled(
+        SLURM_DIR / "fnas_4.sh", cwd=workdir, FAKE_COMMAND="../slurm/fnas_4.sh", SLURM_SUBMIT_DIR=str(REPO / "tests")
+    )
+    assert done.returncode == 0, done.stderr
+    assert argv == expected_argv("fnas", "4", tmp_path / "run")
+
+
+def test_wrapper_run_in_place_needs_no_scontrol(spooled, tmp_path):
+    """`bash slurm/dpfnas_2.sh` inside salloc: the file is the original (Command= of an salloc job is (null))."""
+    done, argv = spooled(
+        SLURM_DIR / "dpfnas_2.sh", cwd=tmp_path, direct=True, FAKE_COMMAND="(null)", SLURM_SUBMIT_DIR=str(tmp_path)
+    )
+    assert done.returncode == 0, done.stderr
+    assert argv == expected_argv("dpfnas", "2", tmp_path / "run")
+
+
+def test_mpi_fnas_home_overrides_the_lookup(spooled, tmp_path):
+    """MPI_FNAS_HOME alone suffices: scontrol is not asked (the fake one has no answer here)."""
+    done, argv = spooled(SLURM_DIR / "fnas_1.sh", cwd=tmp_path, MPI_FNAS_HOME=str(REPO), SLURM_SUBMIT_DIR=str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert argv == expected_argv("fnas", "1", tmp_path / "run")
+
+
+def test_unfindable_repository_fails_naming_launch_sh(spooled, tmp_path):
+    """Submitted on stdin (Command=(null)) from outside the repository: a clear failure, not a wrong run."""
+    done, argv = spooled(SLURM_DIR / "fnas_1.sh", cwd=tmp_path, FAKE_COMMAND="(null)", SLURM_SUBMIT_DIR=str(tmp_path))
+    assert done.returncode != 0 and argv is None
+    assert "launch.sh: No such file or directory" in done.stderr, done.stderr
+
+
+def test_wrong_mpi_fnas_home_is_bad_input(spooled, tmp_path):
+    """A wrong MPI_FNAS_HOME inside a job: the locator falls back to Command=, and launch.sh refuses it (exit 2)."""
+    done, argv = spooled(
+        SLURM_DIR / "fnas_1.sh", cwd=tmp_path, MPI_FNAS_HOME=str(tmp_path), FAKE_COMMAND=str(SLURM_DIR / "fnas_1.sh"),
+        SLURM_SUBMIT_DIR=str(tmp_path),
+    )  # fmt: skip
+    assert (done.returncode, argv) == (2, None), done.stderr
+    assert f"MPI_FNAS_HOME={tmp_path} is not an mpi_fnas repository" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_spooled_noise_sweep_task(spooled, tmp_path):
+    """Array task 7 of 6 variances x 2 seeds: variance 1, seed 9; DP-FNAS with 4 parties."""
+    done, argv = spooled(
+        SLURM_DIR / "noise_sweep.sh", cwd=tmp_path, FAKE_COMMAND="slurm/noise_sweep.sh", SLURM_SUBMIT_DIR=str(REPO),
+        SLURM_ARRAY_TASK_ID="7", SLURM_ARRAY_JOB_ID="41", SEEDS="8 9", RUN_ROOT=str(tmp_path / "sweep"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert argv == [
+        *expected_argv("dpfnas", "4", tmp_path / "sweep" / "var1-seed9"), "--set", "seed=9",
+        "--set", "privacy.noise_multiplier_w=1", "--set", "privacy.noise_multiplier_a=1",
+    ]  # fmt: skip
+
+
+def test_spooled_table1_task_uses_the_submitters_home(spooled, tmp_path):
+    """An array task of table1.sh: MPI_FNAS_HOME comes from the submitter; the mode picks the default config."""
+    done, argv = spooled(
+        SLURM_DIR / "table1.sh", cwd=tmp_path, MPI_FNAS_HOME=str(REPO), TABLE1_MODE="vanilla", TABLE1_PARTIES="1",
+        SEEDS="3 4", SLURM_ARRAY_TASK_ID="1", TABLE1_ROOT=str(tmp_path / "t1"),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert argv == [*expected_argv("vanilla", "1", tmp_path / "t1" / "vanilla-K1-seed4"), "--set", "seed=4"]
+
+
+@pytest.mark.parametrize(
+    ("script", "message"),
+    [
+        ("noise_sweep.sh", "noise_sweep.sh: submit it as an array job: sbatch slurm/noise_sweep.sh"),
+        ("table1.sh", "table1.sh: no slurm/launch.sh in MPI_FNAS_HOME="),
+    ],
+)
+def test_script_started_the_wrong_way_is_bad_input(script, message, spooled, tmp_path):
+    """`bash slurm/noise_sweep.sh` (not an array task) and `sbatch slurm/table1.sh` (a spooled copy, no
+    MPI_FNAS_HOME): one line, exit 2."""
+    done, _ = spooled(SLURM_DIR / script, cwd=tmp_path, direct=script == "noise_sweep.sh")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().startswith(message) and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["fnas"], "usage: launch.sh [MODE PARTIES], got 1 arguments: fnas"),
+        (["nas", "2"], "MODE must be vanilla, fnas or dpfnas, got 'nas'"),
+        (["fnas", "0"], "PARTIES must be a positive whole number, got '0'"),
+        (["fnas", "2x"], "PARTIES must be a positive whole number, got '2x'"),
+    ],
+)
+def test_launch_rejects_bad_mode_or_parties(args, message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MPI_FNAS_"))}
+    done = subprocess.run(
+        ["bash", str(SLURM_DIR / "launch.sh"), *args], env=env, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().endswith(f"launch.sh: error: {message}"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_docs_submit_each_script_the_way_it_runs():
+    """The commands in the docs' code blocks: table1.sh is run with bash (it submits the array jobs); every other
+    script is submitted with sbatch (`bash slurm/noise_sweep.sh` exits 2)."""
+    commands = []
+    for doc in (REPO / "docs" / "hpc.md", REPO / "containers" / "README.md"):
+        for block in re.findall(r"^```\w*\n(.*?)^```", doc.read_text(), flags=re.M | re.S):
+            commands += re.findall(r"\b(bash|sbatch)\s+(?:\S+/)?slurm/(\w+\.sh)", block)
+    assert ("sbatch", "noise_sweep.sh") in commands and ("bash", "table1.sh") in commands, commands
+    for verb, script in commands:
+        assert (verb == "bash") == (script == "table1.sh"), f"{verb} slurm/{script}"
 
 
 def test_launch_outside_slurm_forwards_usr1_through_mpirun(tmp_path):
@@ -292,6 +495,27 @@ def test_checkpoint_in_run_dir_means_resume_and_relative_config_resolves(slurm_c
 
 
 @slurm
+def test_relative_submission_with_chdir_finds_the_repository(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    """`cd repo/tests && sbatch --chdir=<elsewhere> ../slurm/fnas_2.sh`: the job runs a spooled copy in another
+    directory, and Slurm's Command= is the relative path as typed; the wrapper still finds launch.sh."""
+    env, records, config = stand_in
+    workdir = tmp_path / "elsewhere"
+    workdir.mkdir()
+    run_dir = tmp_path / "run"
+    job = slurm_cluster.sbatch(
+        "--wait", f"--chdir={workdir}", "../slurm/fnas_2.sh",
+        env=env(slurm_cluster, RUN_DIR=str(run_dir)), cwd=REPO / "tests",
+    )  # fmt: skip
+    info = slurm_cluster.job_info(job)
+    assert info["Command"] == "../slurm/fnas_2.sh", info
+    assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
+    ranks = load_records(records, job, 0)
+    assert [r["cwd"] for r in ranks] == [str(workdir)] * 3
+    for record in ranks:
+        assert record["argv"] == ["--config", str(config), "--out", str(run_dir), "--set", "federation.parties=2"]
+
+
+@slurm
 def test_failure_exit_code_is_kept_and_not_requeued(slurm_cluster, stand_in, tmp_path):  # noqa: F811
     env, records, _ = stand_in
     job = slurm_cluster.sbatch(
@@ -357,7 +581,7 @@ def test_table1_submits_one_sized_array_per_setting(slurm_cluster, stand_in, tmp
         assert (nranks, gpus) == (int(k) + 1, k), name
         assert argv[:2] == ["--config", configs[f"CONFIG_{mode.upper()}"]]
         assert argv[argv.index("--out") + 1] == str(root / name)
-        assert argv[4:] == ["--set", f"seed={seed}", "--set", f"federation.parties={k}"]
+        assert argv[4:] == ["--set", f"federation.parties={k}", "--set", f"seed={seed}"]
 
 
 @slurm
@@ -380,6 +604,6 @@ def test_noise_sweep_maps_array_tasks_to_variance_and_seed(slurm_cluster, stand_
     assert sorted(argvs) == ["var0.5-seed6", "var1-seed5"]
     for name, seed, sigma in (("var0.5-seed6", 6, f"{math.sqrt(0.5):.12g}"), ("var1-seed5", 5, "1")):
         assert argvs[name][4:] == [
-            "--set", f"seed={seed}", "--set", "federation.parties=4",
+            "--set", "federation.parties=4", "--set", f"seed={seed}",
             "--set", f"privacy.noise_multiplier_w={sigma}", "--set", f"privacy.noise_multiplier_a={sigma}",
         ]  # fmt: skip
