@@ -231,3 +231,10 @@ class StopRequest:
 
     def __call__(self) -> str | None:
         return self.reason
+
+    def disarm(self) -> None:
+        """Ignore further stop signals: this rank has decided to exit. Python resets its own handlers to the
+        default during shutdown, so a late SIGTERM/SIGUSR1 (a requeue racing the exit) would otherwise turn exit
+        75 into death by signal; SIG_IGN survives shutdown."""
+        for sig in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(sig, signal.SIG_IGN)

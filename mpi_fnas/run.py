@@ -81,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     private_party = run_cfg.mode == "dpfnas" and not channel.is_server
     from mpi_fnas.federation.party_store import party_dir
 
-    return cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, args, stop), debug=args.debug,
+    code = cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, args, stop), debug=args.debug,
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
+    stop.disarm()
+    return code
 
 
 def _run(cfg: Config, channel, run_dir: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:

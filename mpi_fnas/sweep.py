@@ -706,7 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     if code != cli.EXIT_OK:
         return code
     channel.timeout = state["base"].runtime.comm_timeout
-    return _run_sweep(state["base"], state["spec"], channel, state["out"], args, stop)
+    code = _run_sweep(state["base"], state["spec"], channel, state["out"], args, stop)
+    stop.disarm()
+    return code
 
 
 def _summarize_command(args: argparse.Namespace) -> int:

@@ -66,6 +66,7 @@ def test_outside_mpirun_says_how_to_launch():
     assert len(lines) == 1 and "mpirun -n 9 python -m mpi_fnas.run" in lines[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
@@ -86,6 +87,7 @@ def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, tmp_path):
     assert lines[0].startswith("mpi_fnas: error: ") and needle in lines[0]
 
 
+@pytest.mark.slow
 def test_existing_run_is_never_overwritten(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
@@ -98,6 +100,7 @@ def test_existing_run_is_never_overwritten(tmp_path):
     assert hashlib.sha256(log.read_bytes()).hexdigest() == digest
 
 
+@pytest.mark.slow
 def test_small_federated_run_writes_the_documented_log(tmp_path):
     run = tmp_path / "run"
     out = launch(3, *TINY, "--set", "mode=fnas", "--set", "search.epochs=2",
@@ -124,6 +127,7 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
         assert f.attrs["version"]
 
 
+@pytest.mark.slow
 def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
     out = launch(3, *TINY, "--set", "search.epochs=1", "--set", "search.steps_per_epoch=2",
                  "--out", str(tmp_path / "d"))
@@ -136,6 +140,7 @@ def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
     assert np.isfinite(log["metrics"]["test_acc"][-1])
 
 
+@pytest.mark.slow
 def test_vanilla_nas_runs_with_one_party(tmp_path):
     out = launch(2, "--config", "configs/vanilla_nas.yaml", *TINY, "--set", "search.epochs=1",
                  "--set", "search.steps_per_epoch=2", "--out", str(tmp_path / "v"))
@@ -144,6 +149,7 @@ def test_vanilla_nas_runs_with_one_party(tmp_path):
     assert log["mode"] == "vanilla" and log["parties"] == 1 and log["status"] == "finished"
 
 
+@pytest.mark.slow
 def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path):
     run = tmp_path / "run"
     out = launch(4, *TINY, "--set", "mode=fnas", "--set", "search.epochs=50", "--out", str(run),
@@ -160,6 +166,7 @@ def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path
     assert ended - started < 30, f"job took {ended - started:.1f} s to end after the search started"
 
 
+@pytest.mark.slow
 def test_a_killed_party_ends_the_whole_job(tmp_path):
     run = tmp_path / "run"
     proc = mpirun_background(3, *TINY, "--set", "search.epochs=200", "--out", str(run))

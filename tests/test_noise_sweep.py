@@ -286,6 +286,7 @@ def reference_from_logs(logs: list[dict]) -> float:
     return worst
 
 
+@pytest.mark.slow
 def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(tmp_path):
     """A real 2 variances × 2 seeds sweep: summary.csv, points.csv and the table report, per seed, the worst party's
     ε composed over both variances, as dp_accounting composes the releases read straight from the logs; a log of
@@ -322,6 +323,7 @@ def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(tmp_pat
 
 
 # -- the command line ----------------------------------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("sets", "needle"),
     [
@@ -338,6 +340,7 @@ def test_bad_input_is_one_line_from_rank_0_and_exit_2(sets, needle, tmp_path):
     assert lines[0].startswith("mpi_fnas: error: ") and needle in lines[0]
 
 
+@pytest.mark.slow
 def test_existing_run_log_is_never_overwritten(tmp_path):
     log = tmp_path / "sw" / "var10-seed2" / "search.h5"
     log.parent.mkdir(parents=True)
@@ -349,6 +352,7 @@ def test_existing_run_log_is_never_overwritten(tmp_path):
     assert not (tmp_path / "sw" / "var1-seed0").exists()  # refused before the first point ran
 
 
+@pytest.mark.slow
 def test_party_failure_aborts_the_sweep_without_hanging(tmp_path):
     out_dir = tmp_path / "sw"
     out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
@@ -421,6 +425,7 @@ def test_table_2_in_small_error_grows_with_noise_variance(tmp_path):
     assert (out_dir / "summary.csv").read_text() == before
 
 
+@pytest.mark.slow
 def test_signal_checkpoints_the_current_point_and_exits_75(tmp_path):
     """SIGTERM/SIGUSR1 (simulated at step 2) stops the sweep like mpi_fnas.run: checkpoint, log, exit 75; the
     point then resumes to completion with mpi_fnas.run --resume, as the message says."""

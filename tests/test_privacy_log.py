@@ -8,18 +8,15 @@ for μ.
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import dp_accounting
 import numpy as np
 import pytest
+from conftest import mpirun
 
 from mpi_fnas.runlog import read_run
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # real mpirun jobs
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -31,15 +28,12 @@ def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
 @pytest.fixture(scope="module")
 def dp_log(tmp_path_factory) -> dict:
     run = tmp_path_factory.mktemp("dp") / "run"
-    cmd = [str(Path(sys.executable).parent / "mpirun"), "-n", "4", sys.executable, "-m", "mpi_fnas.run",
-           "--set", "mode=dpfnas", "--set", "data.train_size=600", "--set", "data.partition=dirichlet",
+    out = mpirun(4, "--set", "mode=dpfnas", "--set", "data.train_size=600", "--set", "data.partition=dirichlet",
            "--set", "data.dirichlet_alpha=1.0", "--set", "data.test_size=20", "--set", "data.image_size=8",
            "--set", "space.channels=4", "--set", "space.nodes=1", "--set", "search.batch_size=8",
            "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--set", "privacy.noise_multiplier_a=1.3",
            "--set", "privacy.clip_w=0.01",
-           "--set", "runtime.log_every=2", "--set", "runtime.progress=off", "--out", str(run)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+           "--set", "runtime.log_every=2", "--set", "runtime.progress=off", "--out", str(run))
     assert out.returncode == 0, out.stderr
     log = read_run(run / "search.h5")
     log["stdout"] = out.stdout

@@ -21,6 +21,9 @@ from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.privacy import PrivacyLedger
 from mpi_fnas.runlog import read_run
 
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
+
 DP = [*TINY, "--set", "mode=dpfnas"]
 REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
 

@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from conftest import TINY, mpirun
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.federation.party_store import party_dir
 from mpi_fnas.runlog import read_run
+
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
 
 FNAS = [*TINY, "--set", "mode=fnas"]
 

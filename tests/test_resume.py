@@ -15,6 +15,9 @@ from conftest import TINY, mpirun, mpirun_background, wait_for
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.runlog import read_run
 
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
+
 # Bit-identical comparisons under DP need noise that two runs share: reproducible mode (its ε is void, which is
 # fine for a test of the resume mechanics; tests/test_privacy_system.py resumes a run with secret noise).
 REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]

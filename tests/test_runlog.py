@@ -313,17 +313,16 @@ class _LineReader:
         return json.loads(self._lines.get(timeout=timeout))
 
 
+def _python_child(script: str, path: Path) -> subprocess.Popen:
+    """A python subprocess running `script` on the log at `path`, talking over pipes."""
+    return subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
+
+
 def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    reader = subprocess.Popen(
-        [sys.executable, "-c", _READER, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-    )
+    reader = _python_child(_READER, path)
     try:
         lines = _LineReader(reader)
         assert lines.json() == {"opened": True, "status": "running"}
@@ -511,14 +510,7 @@ _WRITER = textwrap.dedent(
 
 def _start_writer(path: Path) -> tuple[subprocess.Popen, int]:
     """A writer subprocess that has logged everything and is now idle; returns it and its PID."""
-    process = subprocess.Popen(
-        [sys.executable, "-c", _WRITER, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=REPO_ROOT,
-    )
+    process = _python_child(_WRITER, path)
     try:
         pid = _LineReader(process).json(timeout=60)["pid"]
     except BaseException:
