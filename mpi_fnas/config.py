@@ -124,7 +124,7 @@ class PrivacyConfig:
     clip_a: float = _key(0.1, "R^H: per-example L2 bound of the gradients w.r.t. A (paper: 0.1)")
     delta: float | None = _key(
         None, "δ of every party's (ε, δ) guarantee; must be < 1/N_k; null: min(1e-5, 1/(10·N_k)), "
-        "N_k = the party's smaller shard")
+        "N_k = the party's larger shard")
     target_epsilon: float | None = _key(
         None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
     max_epsilon: float | None = _key(

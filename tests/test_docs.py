@@ -35,6 +35,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_REPO_FILES = {
     "cifar-10-batches-py/": "the extracted CIFAR-10 archive under data.root, downloaded by the user",
     "table1_summary.py": "docs/hpc.md's example script, saved by the reader",
+    "../slurm/x.sh": "docs/hpc.md's example of a relative script path given to sbatch",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")
 PLACEHOLDER = re.compile(r"[<>$…]|RUN_DIR|TABLE1_ROOT|RUN_ROOT")
@@ -116,6 +117,10 @@ def _expand(word: str) -> list[str]:
 
 
 def _exists(name: str, base: Path) -> bool:
+    if "::" in name:  # a pytest node id: the file exists and defines that test
+        path, test = name.split("::", 1)
+        return _exists(path, base) and re.search(rf"^\s*def {re.escape(test)}\(", (ROOT / path).read_text(),
+                                                  re.MULTILINE) is not None
     if "/" not in name.rstrip("/"):  # a bare name: some file or folder of the repository has it
         if "*" in name:
             return any(Path(f).match(name) for f in TRACKED)
