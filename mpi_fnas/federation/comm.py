@@ -1,29 +1,59 @@
-"""The MPI side of the parameter server: buffer collectives that never hang.
+"""The MPI side of the parameter server: server/party exchanges that never hang and never spin.
 
 This is the only module on the hot path that imports mpi4py; it knows nothing about autograd.
 
-Why non-blocking collectives polled with short sleeps instead of plain ``Reduce``/``Bcast``:
+Every exchange is non-blocking MPI polled by :meth:`Channel._wait`:
 
-* **Nothing hangs.** While rank 0 waits for a collective it also watches for a failure notice from any party
+* **Nothing hangs.** While rank 0 waits it also watches for a failure notice from any party
   (:meth:`Channel.notify_failure`), so it can mark the run log ``failed`` and ``MPI_Abort`` the job within
-  milliseconds instead of blocking forever in a collective a dead party will never join. A collective that takes
-  longer than ``timeout`` seconds raises :class:`CollectiveTimeoutError` (the caller aborts the job).
-* **No thrashing.** MPICH spins at 100 % CPU inside blocking calls. With 9 ranks on 2 cores, 8 spinning waiters
-  would steal the cores from the party doing real work; a polling loop that sleeps yields them.
+  milliseconds instead of blocking forever in an exchange a dead party will never join. An exchange that takes
+  longer than ``timeout`` seconds raises :class:`CollectiveTimeoutError` (the caller aborts the job). This holds
+  for the setup objects (:meth:`Channel.scatter_objects` …) as much as for the per-step buffers.
+* **No thrashing.** MPICH spins at 100 % CPU inside blocking calls, and ``os.sched_yield`` does not help: under
+  Linux's fair scheduler a yielding spinner still takes its full share, so 8 of them cut a working party's
+  core to a fraction (measured: a party's compute 5-6x slower). The waiters therefore sleep between polls.
 
-All buffers are contiguous float32 numpy arrays (uppercase mpi4py methods: no pickling on the hot path).
+Why the exchanges are point-to-point between the server and each party (not ``MPI_Reduce``/``MPI_Bcast``):
+
+* **Latency.** MPICH's tree collectives route every byte through intermediate parties. With 9 ranks on 2 cores
+  each hop waits for a sleeping (or still computing) party to wake up and poll, and a 0.6 MB message takes
+  several polls per hop, so one Reduce+Bcast cost ~45 ms. Point to point, each party has a single hop to the
+  server, and MPICH's single-copy transport (CMA) moves a whole message in the one poll that notices it; the
+  critical path of an exchange is then one wake-up of the server plus one wake-up of each party.
+* **Trust.** In a tree reduce party 2 receives party 3's contribution (under plain FNAS a raw gradient). Here a
+  party only ever sends to, and receives from, the server; the server sums in rank order (deterministic float32
+  sum). The price is O(K) traffic and K receive buffers at the server, which is fine for K up to tens of parties.
+
+Polling schedule of :meth:`Channel._wait`: a few tight polls (an exchange whose peers are already there completes
+without sleeping), then sleeps that double from ``FIRST_PAUSE`` up to a cap. The cap bounds the added latency of
+noticing a peer; the server, on the critical path of every step and a single process, polls with a shorter cap
+than the K parties, whose wake-ups would otherwise add up to CPU taken from the parties still computing.
+
+Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, pickled
+setup objects) and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics
+(a message's size is that of the caller's payload). All buffers on the hot path are contiguous float32 numpy
+arrays (no pickling).
 """
 
 from __future__ import annotations
 
+import pickle
 import time
+from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
 SERVER = 0
 FAILURE_TAG = 7177  # point-to-point tag of a party's failure notice to the server
+BUFFER_TAG = 7178  # float32 contributions (party → server) and broadcasts (server → party)
+OBJECT_TAG = 7179  # pickled setup objects, both directions
 _MAX_NOTICE = 4096  # bytes of a failure notice
+
+SPIN_POLLS = 32  # polls before the first sleep
+FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
+SERVER_MAX_PAUSE = 2.5e-4  # seconds; the server's cap (one process, on every step's critical path)
+PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
 
 
 class PartyFailedError(RuntimeError):
@@ -35,10 +65,13 @@ class CollectiveTimeoutError(RuntimeError):
 
 
 class Channel:
-    """Server/party exchange over one communicator.
+    """Server/party exchange over one communicator (rank 0 is the server, ranks 1..K the parties).
+
+    Every method is collective: all ranks of the communicator call it, in the same order. The channel reserves
+    the point-to-point tags ``FAILURE_TAG``, ``BUFFER_TAG`` and ``OBJECT_TAG`` on `comm`.
 
     Args:
-        comm: the communicator (rank 0 is the server).
+        comm: the communicator.
         timeout: seconds a single collective may take before :class:`CollectiveTimeoutError` (it includes waiting
             for the slowest party to finish its compute, so it must exceed the longest party step).
     """
@@ -49,7 +82,12 @@ class Channel:
         self.size = comm.Get_size()
         self.timeout = timeout
         self.comm_seconds = 0.0  # wall time spent inside collectives on this rank (cumulative)
+        self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
+        self._parts: dict[int, np.ndarray] = {}  # server: (K, n) float32 receive buffers by n, reused every step
+        # Requests (and their buffers) of an exchange abandoned by an exception: kept alive so that MPI never
+        # writes into freed memory before the caller aborts the job.
+        self._abandoned: list[object] = []
 
     @property
     def is_server(self) -> bool:
@@ -59,37 +97,101 @@ class Channel:
     def parties(self) -> int:
         return self.size - 1
 
-    # -- collectives -------------------------------------------------------------------------------------------
+    # -- float32 buffers (the hot path) ------------------------------------------------------------------------
     def reduce_sum(self, send: np.ndarray, recv: np.ndarray | None = None) -> None:
-        """Element-wise sum of every rank's `send` into `recv` on the server (float32, same shape everywhere)."""
+        """Server: ``recv = send + Σ_k send_k`` (k = 1..K in rank order). Party: contribute `send`.
+
+        Args:
+            send: (n,) contiguous float32, same n on every rank (the server usually contributes zeros).
+            recv: server only, (n,) contiguous float32; parties pass None.
+        """
         _check_buffer(send)
-        if self.is_server:
-            if recv is None:
-                raise ValueError("the server must pass a receive buffer")
-            _check_buffer(recv)
-        req = self.comm.Ireduce(send, recv if self.is_server else None, op=MPI.SUM, root=SERVER)
-        self._wait(req, "reduce")
+        if not self.is_server:
+            request = self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)
+            self._wait(_Requests([request]), "reduce")
+            return
+        if recv is None:
+            raise ValueError("the server must pass a receive buffer")
+        _check_buffer(recv)
+        if recv.size != send.size:
+            raise ValueError(f"reduce: receive buffer has {recv.size} floats, send buffer {send.size}")
+        parts = self._receive_parts(send.size)
+        pending = _Requests([self.comm.Irecv(parts[k - 1], source=k, tag=BUFFER_TAG)
+                             for k in range(1, self.size)], expect_floats=send.size)
+        self._wait(pending, "reduce")
+        np.copyto(recv, send)
+        for part in parts:  # rank order: the sum does not depend on who arrived first
+            np.add(recv, part, out=recv)
 
     def bcast(self, buf: np.ndarray) -> None:
-        """Overwrite `buf` on every party with the server's `buf`."""
+        """Overwrite `buf` ((n,) contiguous float32, same n everywhere) on every party with the server's `buf`."""
         _check_buffer(buf)
-        req = self.comm.Ibcast(buf, root=SERVER)
-        self._wait(req, "bcast")
-
-    def scatter_setup(self, payloads: list | None) -> object:
-        """Setup only (not the hot path): the server hands each rank one picklable object."""
-        return self.comm.scatter(payloads if self.is_server else None, root=SERVER)
-
-    def gather_setup(self, obj: object) -> list | None:
-        """Setup only: every rank sends one picklable object; the server gets the list (others None)."""
-        return self.comm.gather(obj, root=SERVER)
+        if self.is_server:
+            pending = _Requests([self.comm.Isend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)])
+        else:
+            pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)], expect_floats=buf.size)
+        self._wait(pending, "bcast")
 
     def barrier(self) -> None:
-        self._wait(self.comm.Ibarrier(), "barrier")
+        self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
+
+    # -- picklable objects (setup, checkpoints) ----------------------------------------------------------------
+    def bcast_object(self, obj: object = None) -> object:
+        """The server's `obj` on every rank (parties pass nothing; they get an unpickled copy)."""
+        if not self.is_server:
+            return self._receive_object("bcast_object")
+        payload = _pickle(obj)
+        self._wait(_Requests([self.comm.Isend(payload, dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]),
+                   "bcast_object")
+        return obj
+
+    def scatter_objects(self, objs: Sequence[object] | None = None) -> object:
+        """Rank r gets ``objs[r]``; `objs` (one per rank, the server's own first) is given by the server only.
+
+        Each party receives only its own object: nothing meant for one party passes through another.
+        """
+        if not self.is_server:
+            return self._receive_object("scatter_objects")
+        if objs is None or len(objs) != self.size:
+            raise ValueError(f"scatter_objects: the server must pass {self.size} objects (one per rank)")
+        requests = [self.comm.Isend(_pickle(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
+        self._wait(_Requests(requests), "scatter_objects")
+        return objs[SERVER]
+
+    def gather_objects(self, obj: object) -> list | None:
+        """Server: ``[obj of rank 0, obj of rank 1, …]``; parties send `obj` and get None."""
+        if not self.is_server:
+            self._wait(_Requests([self.comm.Isend(_pickle(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
+            return None
+        incoming = [_IncomingObject(self.comm, k) for k in range(1, self.size)]
+        self._wait(_AllOf(incoming), "gather_objects")
+        return [obj, *(item.value() for item in incoming)]
+
+    def scatter_setup(self, payloads: list | None) -> object:
+        """Alias of :meth:`scatter_objects` (kept while callers move to the new name)."""
+        return self.scatter_objects(payloads)
+
+    def gather_setup(self, obj: object) -> list | None:
+        """Alias of :meth:`gather_objects` (kept while callers move to the new name)."""
+        return self.gather_objects(obj)
+
+    def _receive_object(self, what: str) -> object:
+        incoming = _IncomingObject(self.comm, SERVER)
+        self._wait(incoming, what)
+        return incoming.value()
+
+    def _receive_parts(self, n: int) -> np.ndarray:
+        parts = self._parts.get(n)
+        if parts is None:
+            parts = self._parts[n] = np.zeros((self.size - 1, n), dtype=np.float32)
+        return parts
 
     # -- failure handling --------------------------------------------------------------------------------------
     def notify_failure(self, message: str, grace: float = 3.0) -> None:
-        """Best effort: tell the server this party failed (the caller then aborts the job)."""
+        """Best effort: tell the server this party failed (the caller then aborts the job).
+
+        Sends exactly the UTF-8 bytes of `message` (truncated to 4095) in a fixed-size zero-padded buffer.
+        """
         if self.is_server:
             return
         data = message.encode("utf-8", "replace")[: _MAX_NOTICE - 1]
@@ -115,26 +217,94 @@ class Channel:
             text = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
             raise PartyFailedError(f"party rank {source} failed: {text}")
 
-    def _wait(self, req: MPI.Request, what: str) -> None:
+    def _wait(self, pending: _Pending, what: str) -> None:
+        """Poll `pending` until done (schedule: module docstring); the server also checks for failure notices."""
         start = time.perf_counter()
-        spins = 0
-        pause = 2e-5
+        polls = 0
+        pause = FIRST_PAUSE
         try:
-            while not req.Test():
-                spins += 1
-                if self.is_server and spins % 8 == 0:
+            while not pending.test():
+                polls += 1
+                if self.is_server and (polls > SPIN_POLLS or polls % 8 == 0):
                     self._check_notice()
-                if spins > 64:  # short spin for latency, then back off to free the core
-                    time.sleep(pause)
-                    pause = min(pause * 2.0, 1e-3)
                 if time.perf_counter() - start > self.timeout:
                     raise CollectiveTimeoutError(
-                        f"{what} did not complete within {self.timeout:.0f} s (runtime.comm_timeout)"
+                        f"{what} did not complete within {self.timeout:g} s (runtime.comm_timeout)"
                     )
+                if polls > SPIN_POLLS:
+                    time.sleep(pause)
+                    pause = min(pause * 2.0, self.max_pause)
+        except BaseException:
+            self._abandoned.append(pending)
+            raise
         finally:
             self.comm_seconds += time.perf_counter() - start
+
+
+# -- what _wait polls ----------------------------------------------------------------------------------------------
+class _Pending:
+    """Something `Channel._wait` can poll: ``test()`` drives MPI progress and returns True once complete."""
+
+    def test(self) -> bool:
+        raise NotImplementedError
+
+
+class _Requests(_Pending):
+    """Non-blocking requests; with `expect_floats`, each completed receive must have carried exactly that many."""
+
+    def __init__(self, requests: list[MPI.Request], expect_floats: int | None = None) -> None:
+        self.requests = requests
+        self.expect_floats = expect_floats
+        self.statuses = [MPI.Status() for _ in requests]
+
+    def test(self) -> bool:
+        if not MPI.Request.Testall(self.requests, self.statuses):
+            return False
+        if self.expect_floats is not None:
+            for status in self.statuses:
+                got = status.Get_count(MPI.FLOAT)
+                if got != self.expect_floats:
+                    raise ValueError(f"rank {status.Get_source()} sent {got} floats, expected {self.expect_floats}")
+        return True
+
+
+class _IncomingObject(_Pending):
+    """One pickled object from `source`: probed first, so the receive buffer has exactly the message's size."""
+
+    def __init__(self, comm: MPI.Comm, source: int) -> None:
+        self.comm = comm
+        self.source = source
+        self.payload: bytearray | None = None
+        self.request: MPI.Request | None = None
+
+    def test(self) -> bool:
+        if self.request is None:
+            status = MPI.Status()
+            message = self.comm.Improbe(source=self.source, tag=OBJECT_TAG, status=status)
+            if message is None:
+                return False
+            self.payload = bytearray(status.Get_count(MPI.BYTE))
+            self.request = message.Irecv(self.payload)
+        return self.request.Test()
+
+    def value(self) -> object:
+        assert self.payload is not None
+        return pickle.loads(self.payload)
+
+
+class _AllOf(_Pending):
+    def __init__(self, items: Sequence[_Pending]) -> None:
+        self.items = items
+
+    def test(self) -> bool:
+        return all([item.test() for item in self.items])  # a list, not a generator: drive every item each poll
+
+
+def _pickle(obj: object) -> bytes:
+    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _check_buffer(buf: np.ndarray) -> None:
     if buf.dtype != np.float32 or not buf.flags.c_contiguous:
         raise TypeError("collective buffers must be contiguous float32 numpy arrays")
+
