@@ -52,8 +52,11 @@ _MAX_NOTICE = 4096  # bytes of a failure notice
 
 SPIN_POLLS = 32  # polls before the first sleep
 FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
-SERVER_MAX_PAUSE = 2.5e-4  # seconds; the server's cap (one process, on every step's critical path)
+SERVER_MAX_PAUSE = 5e-4  # seconds; the server's cap (one process, on every step's critical path)
 PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
+SERVER_PAUSE_FRACTION = 1e-3  # … or this fraction of the time already waited, if larger,
+PARTY_PAUSE_FRACTION = 1e-2
+PAUSE_CEILING = 0.05  # … but never more than this (seconds)
 
 
 class PartyFailedError(RuntimeError):
@@ -82,7 +85,9 @@ class Channel:
         self.size = comm.Get_size()
         self.timeout = timeout
         self.comm_seconds = 0.0  # wall time spent inside collectives on this rank (cumulative)
+        # Sleep cap of _wait: max(max_pause, pause_fraction × seconds already waited).
         self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
+        self.pause_fraction = SERVER_PAUSE_FRACTION if self.rank == SERVER else PARTY_PAUSE_FRACTION
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
         self._parts: dict[int, np.ndarray] = {}  # server: (K, n) float32 receive buffers by n, reused every step
         # Requests (and their buffers) of an exchange abandoned by an exception: kept alive so that MPI never
@@ -227,13 +232,15 @@ class Channel:
                 polls += 1
                 if self.is_server and (polls > SPIN_POLLS or polls % 8 == 0):
                     self._check_notice()
-                if time.perf_counter() - start > self.timeout:
+                waited = time.perf_counter() - start
+                if waited > self.timeout:
                     raise CollectiveTimeoutError(
                         f"{what} did not complete within {self.timeout:g} s (runtime.comm_timeout)"
                     )
                 if polls > SPIN_POLLS:
                     time.sleep(pause)
-                    pause = min(pause * 2.0, self.max_pause)
+                    cap = min(max(self.max_pause, self.pause_fraction * waited), PAUSE_CEILING)
+                    pause = min(pause * 2.0, cap)
         except BaseException:
             self._abandoned.append(pending)
             raise
