@@ -42,6 +42,7 @@ def test_a_failure_notice_ends_the_servers_wait_in_every_exchange(tmp_path):
     outcomes = run_scenario("notice", tmp_path)
     for kind in KINDS:
         assert outcomes[0][kind] == f"PartyFailedError: party rank 1 failed: {NOTICE}", kind
+        assert "earlier exchange on this channel failed" in outcomes[0][f"{kind} again"]
         assert outcomes[1][kind] == "notified"
 
 
@@ -52,6 +53,7 @@ def test_a_party_that_never_joins_makes_the_others_time_out(tmp_path):
         assert outcomes[2][kind] == "absent"
         # The server needs party 2 in every exchange (its data, its receipt of a large message, or its arrival).
         assert outcomes[0][kind].startswith(timeout), kind
+        assert "earlier exchange on this channel failed" in outcomes[0][f"{kind} again"]
     # Party 1 cannot pass a barrier without party 2 …
     assert outcomes[1]["barrier"].startswith(timeout)
     # … but everything it exchanges only with the server completes, with the right data.
@@ -112,6 +114,11 @@ def _job(scenario: str, out: Path) -> None:
                 outcomes[kind] = _exchange(channel, kind)
             except Exception as exc:  # the outcome is the assertion's subject
                 outcomes[kind] = f"{type(exc).__name__}: {exc}"
+                try:  # the abandoned exchange's receives are still posted: the channel must refuse more
+                    channel.barrier()
+                    outcomes[f"{kind} again"] = "ok"
+                except RuntimeError as again:
+                    outcomes[f"{kind} again"] = f"{type(again).__name__}: {again}"
     (out / f"rank{rank}.json").write_text(json.dumps(outcomes))
     deadline = time.monotonic() + 120
     while len(list(out.glob("rank*.json"))) < world.Get_size() and time.monotonic() < deadline:
