@@ -1,0 +1,152 @@
+"""Channel's exchanges deliver the right data, and a party hands MPI nothing but its caller's payloads.
+
+Run with: mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi (any size >= 2 works). The failure paths
+(failure notices, a party that never joins) live in tests/test_comm.py, each in its own mpirun.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpi_fnas.federation.comm import SERVER, Channel
+
+BIG = 300_000  # bytes: well above MPICH's eager limit, so the large-message path is exercised too
+
+
+def world_channel() -> Channel:
+    return Channel(MPI.COMM_WORLD, timeout=120.0)
+
+
+def payload_of(rank: int) -> tuple:
+    """A rank-specific picklable object of ~BIG bytes."""
+    return ("rank", rank, np.full(BIG // 8 + rank, rank, dtype=np.int64), {"nested": [rank, (rank, "x" * rank)]})
+
+
+def assert_payload(got: object, rank: int) -> None:
+    assert isinstance(got, tuple) and got[:2] == ("rank", rank)
+    np.testing.assert_array_equal(got[2], np.full(BIG // 8 + rank, rank, dtype=np.int64))
+    assert got[3] == {"nested": [rank, (rank, "x" * rank)]}
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bcast_object_gives_every_rank_the_servers_object():
+    channel = world_channel()
+    got = channel.bcast_object(payload_of(7) if channel.is_server else None)
+    assert_payload(got, 7)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_scatter_objects_gives_each_rank_its_own_object():
+    channel = world_channel()
+    objs = [payload_of(r) for r in range(channel.size)] if channel.is_server else None
+    assert_payload(channel.scatter_objects(objs), channel.rank)
+    # the alias kept for existing callers behaves the same
+    assert_payload(channel.scatter_setup(objs), channel.rank)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_gather_objects_collects_every_rank_in_rank_order():
+    channel = world_channel()
+    got = channel.gather_objects(payload_of(channel.rank))
+    if not channel.is_server:
+        assert got is None
+        return
+    assert len(got) == channel.size
+    for rank, item in enumerate(got):
+        assert_payload(item, rank)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_server_rejects_a_scatter_list_of_the_wrong_length():
+    channel = world_channel()
+    if channel.is_server:
+        with pytest.raises(ValueError, match="one per rank"):
+            channel.scatter_objects([None])
+    channel.barrier()
+
+
+def contribution(rank: int, n: int, call: int) -> np.ndarray:
+    """Values spanning many magnitudes, so that float32 sums in a different order differ."""
+    rng = np.random.default_rng([rank, call])
+    return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 6, n)).astype(np.float32)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_reduce_sum_adds_the_contributions_in_rank_order():
+    channel = world_channel()
+    n = 150_000
+    recv = np.zeros(n, dtype=np.float32) if channel.is_server else None
+    for call in range(3):  # the server reuses its receive buffers: later calls must not see earlier data
+        channel.reduce_sum(contribution(channel.rank, n, call), recv)
+        if channel.is_server:
+            expected = contribution(0, n, call)
+            for rank in range(1, channel.size):
+                expected += contribution(rank, n, call)
+            np.testing.assert_array_equal(recv, expected)  # bit for bit: the same order every run
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bcast_overwrites_every_party_buffer():
+    channel = world_channel()
+    n = 150_000
+    buf = contribution(0, n, 0) if channel.is_server else np.full(n, np.nan, dtype=np.float32)
+    channel.bcast(buf)
+    np.testing.assert_array_equal(buf, contribution(0, n, 0))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_reduce_sum_rejects_a_contribution_of_the_wrong_size():
+    channel = world_channel()
+    n = 1000
+    if channel.is_server:
+        with pytest.raises(ValueError, match=f"sent {n - 1} floats, expected {n}"):
+            channel.reduce_sum(np.zeros(n, dtype=np.float32), np.zeros(n, dtype=np.float32))
+    else:
+        channel.reduce_sum(np.ones(n - 1, dtype=np.float32))
+    channel.barrier()
+
+
+class RecordingComm:
+    """A party's communicator that records every outgoing message and refuses any other way to hand MPI data."""
+
+    ALLOWED = frozenset({"Get_rank", "Get_size", "Isend", "Irecv", "Ibarrier", "Improbe", "Iprobe"})
+
+    def __init__(self, comm: MPI.Comm) -> None:
+        self.comm = comm
+        self.sent: list[tuple[bytes, int, int]] = []
+
+    def Isend(self, buf, dest: int, tag: int = 0) -> MPI.Request:  # noqa: N802 (the mpi4py name)
+        self.sent.append((bytes(memoryview(buf).cast("B")), dest, tag))
+        return self.comm.Isend(buf, dest, tag)
+
+    def __getattr__(self, name: str):
+        if name not in self.ALLOWED:
+            raise AssertionError(f"a party called comm.{name}")
+        return getattr(self.comm, name)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_party_sends_only_its_callers_payloads_to_the_server():
+    world = MPI.COMM_WORLD
+    recorder = RecordingComm(world) if world.Get_rank() != SERVER else None
+    channel = Channel(recorder if recorder is not None else world, timeout=120.0)
+    n = 5000
+    g = contribution(channel.rank, n, 0)
+    obj = {"state": np.arange(10) * channel.rank}
+    w = np.zeros(n, dtype=np.float32)
+    channel.reduce_sum(g, np.zeros(n, dtype=np.float32) if channel.is_server else None)
+    channel.bcast(w)
+    channel.bcast_object("config" if channel.is_server else None)
+    channel.scatter_objects(list(range(channel.size)) if channel.is_server else None)
+    channel.gather_objects(obj)
+    channel.barrier()
+    if recorder is None:
+        return
+    assert [(dest, data) for data, dest, _ in recorder.sent] == [
+        (SERVER, g.tobytes()),  # exactly the contribution: no timing, size or statistic appended
+        (SERVER, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),  # exactly the object
+    ]
