@@ -81,7 +81,8 @@ class CollectiveTimeoutError(RuntimeError):
 class Channel:
     """Server/party exchange over one communicator (rank 0 is the server, ranks 1..K the parties).
 
-    Every method is collective: all ranks of the communicator call it, in the same order. The channel reserves
+    Every exchange (``reduce_sum`` … ``gather_objects``, ``barrier``) is collective: all ranks of the communicator
+    call it, in the same order. After one raised, the channel refuses further exchanges. The channel reserves
     the point-to-point tags ``FAILURE_TAG``, ``BUFFER_TAG`` and ``OBJECT_TAG`` on `comm`.
 
     Args:
