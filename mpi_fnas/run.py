@@ -8,7 +8,6 @@ Rank 0 is the parameter server, ranks 1..K are the parties (K = world size − 1
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -90,7 +89,6 @@ def main(argv: list[str] | None = None) -> int:
 def _run(cfg: Config, channel, run_dir: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
     from mpi_fnas.federation.search import run_search
-    from mpi_fnas.federation.serve import STOP_ENV
     from mpi_fnas.progress import Progress
 
     threads = cli.limit_torch_threads(cfg)
@@ -106,7 +104,7 @@ def _run(cfg: Config, channel, run_dir: Path, args: argparse.Namespace, stop: cl
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
     outcome = run_search(cfg, channel, run_dir, progress=Progress(cfg.runtime.progress) if channel.is_server else None,
-                         resume=resume, stop_requested=stop, stop_after=int(os.environ.get(STOP_ENV, "0") or 0))
+                         resume=resume, stop_requested=stop)
     if not channel.is_server:
         return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
     if outcome.interrupted:

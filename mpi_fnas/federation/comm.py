@@ -36,9 +36,10 @@ VM), taken from the parties still computing; the cap trades that against the lat
   only logarithmically with the wait while the added latency stays a small fraction of it (0.1 % / 1 %).
 
 Measured with 9 ranks on 2 cores, side by side in one session (old = MPI tree collectives, polls capped at 1 ms):
-an exchange after the last party's arrival went from ~45 ms to ~5 ms (under 1 % of a 0.5 s party step), while the
-CPU the 8 waiters burn during a party's compute stayed the same (~15 % of one core in total). Tighter caps made it
-slower, not faster (the wake-ups compete for the 2 cores).
+the four collectives of an iteration, from the last party's arrival, went from ~49 ms to ~6-7 ms (``python -m
+mpi_fnas.bench``: 0.6-1.0 % of a party step instead of 3.5-7.8 %), while the CPU the 8 waiters burn during a
+party's compute went from ~16.5 % to ~18.5 % of one core in total. Tighter caps made exchanges slower, not faster
+(the wake-ups compete for the 2 cores).
 
 Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, pickled
 objects) and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a
@@ -80,7 +81,8 @@ class CollectiveTimeoutError(RuntimeError):
 class Channel:
     """Server/party exchange over one communicator (rank 0 is the server, ranks 1..K the parties).
 
-    Every method is collective: all ranks of the communicator call it, in the same order. The channel reserves
+    Every exchange (``reduce_sum`` … ``gather_objects``, ``barrier``) is collective: all ranks of the communicator
+    call it, in the same order. After one raised, the channel refuses further exchanges. The channel reserves
     the point-to-point tags ``FAILURE_TAG``, ``BUFFER_TAG`` and ``OBJECT_TAG`` on `comm`.
 
     Args:

@@ -21,17 +21,16 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
                assignments: list[Assignment] | None = None,
                progress: Callable[[int, int, dict[str, float]], None] | None = None,
                resume: dict | None = None,
-               stop_requested: Callable[[], str | None] = lambda: None,
-               stop_after: int = 0) -> SearchOutcome | bool:
+               stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome | bool:
     """Run the whole search on every rank.
 
     Rank 0 returns the :class:`SearchOutcome`; a party returns True when the run stopped as interrupted.
     `assignments` (rank 0 only) replaces the planned partition: tests use it to compare K parties with one party
     holding their union. `progress(step, total, row)` is called on rank 0 after each logged row. `resume` (rank 0
     only) is the server's checkpoint to continue from. `stop_requested()` (rank 0) returns a reason to checkpoint
-    and stop at the next step boundary, or None; `stop_after` does the same at that step (tests).
+    and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
     """
     if channel.is_server:
         return serve(cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
-                     stop_requested=stop_requested, stop_after=stop_after)
+                     stop_requested=stop_requested)
     return participate(cfg, channel, run_dir)

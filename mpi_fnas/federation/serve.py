@@ -13,6 +13,7 @@ compute. Under DP no per-step timing is logged (a step's duration reveals the re
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,9 +64,10 @@ class SearchOutcome:
 
 def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
           progress: Callable[[int, int, dict[str, float]], None] | None = None, resume: dict | None = None,
-          stop_requested: Callable[[], str | None] = lambda: None, stop_after: int = 0) -> SearchOutcome:
+          stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome:
     """Run the server's side of the whole search (see :func:`mpi_fnas.federation.search.run_search`)."""
     start = time.perf_counter()
+    stop_after = int(os.environ.get(STOP_ENV, "0") or 0)
     try:
         plan = plan_run(cfg, channel.parties, assignments)
         test = open_split(cfg, "test")
