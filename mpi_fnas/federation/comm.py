@@ -186,14 +186,6 @@ class Channel:
         self._wait(_AllOf(incoming), "gather_objects")
         return [obj, *(item.value() for item in incoming)]
 
-    def scatter_setup(self, payloads: list | None) -> object:
-        """Alias of :meth:`scatter_objects` (kept while callers move to the new name)."""
-        return self.scatter_objects(payloads)
-
-    def gather_setup(self, obj: object) -> list | None:
-        """Alias of :meth:`gather_objects` (kept while callers move to the new name)."""
-        return self.gather_objects(obj)
-
     def _receive_object(self, what: str) -> object:
         incoming = _IncomingObject(self.comm, SERVER)
         self._wait(incoming, what)

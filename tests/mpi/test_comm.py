@@ -44,8 +44,6 @@ def test_scatter_objects_gives_each_rank_its_own_object():
     channel = world_channel()
     objs = [payload_of(r) for r in range(channel.size)] if channel.is_server else None
     assert_payload(channel.scatter_objects(objs), channel.rank)
-    # the alias kept for existing callers behaves the same
-    assert_payload(channel.scatter_setup(objs), channel.rank)
 
 
 @pytest.mark.mpi(min_size=2)
