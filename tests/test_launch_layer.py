@@ -1,0 +1,89 @@
+"""The shared launch layer without MPI: decisions on rank 0 reach every rank, and every ending maps to an exit code."""
+
+from __future__ import annotations
+
+import pytest
+
+from mpi_fnas import cli
+from mpi_fnas.config import ConfigError, ServerReportedError
+
+
+class FakeChannel:
+    """Rank `rank` of a job whose rank 0 broadcast `sent` (what bcast_object returns on a party)."""
+
+    def __init__(self, rank: int, sent: object = None) -> None:
+        self.rank, self.sent, self.aborted = rank, sent, None
+        self.is_server = rank == 0
+        self.notices: list[str] = []
+
+    def bcast_object(self, obj: object = None) -> object:
+        if self.is_server:
+            self.sent = obj
+        return self.sent
+
+    def notify_failure(self, message: str, grace: float = 3.0) -> None:
+        self.notices.append(message)
+
+    def abort(self, code: int = 1) -> None:
+        self.aborted = code
+        raise SystemExit(code)  # MPI_Abort never returns
+
+
+def decide_everywhere(decide):
+    """Run decide_on_root on rank 0, then on a party with what rank 0 broadcast; (server outcome, party outcome)."""
+    server = FakeChannel(0)
+    outcomes = []
+    for channel in (server, FakeChannel(1)):
+        if not channel.is_server:
+            channel.sent = server.sent
+        try:
+            outcomes.append(cli.decide_on_root(channel, decide))
+        except Exception as exc:
+            outcomes.append(exc)
+    return outcomes
+
+
+def test_a_decision_reaches_every_rank():
+    assert decide_everywhere(lambda: ("yaml", "runs/x")) == [("yaml", "runs/x")] * 2
+
+
+def test_bad_input_on_rank_0_is_bad_input_everywhere_and_printed_once(capsys):
+    def decide():
+        raise ConfigError("--resume: no such run")
+
+    server, party = decide_everywhere(decide)
+    assert type(server) is ConfigError and isinstance(party, ServerReportedError)
+    assert cli.run_guarded(FakeChannel(0), lambda: (_ for _ in ()).throw(server)) == cli.EXIT_BAD_INPUT
+    assert cli.run_guarded(FakeChannel(1), lambda: (_ for _ in ()).throw(party)) == cli.EXIT_BAD_INPUT
+    assert capsys.readouterr().err.strip().splitlines() == ["mpi_fnas: error: --resume: no such run"]
+
+
+def test_any_other_error_on_rank_0_ends_every_rank_with_exit_1():
+    """The hang of the reliability issue: an OSError on rank 0 while deciding left the parties waiting for good."""
+    def decide():
+        raise OSError("file is already open for write")
+
+    server, party = decide_everywhere(decide)
+    for outcome in (server, party):
+        assert isinstance(outcome, cli.LaunchFailedError) and "OSError" in str(outcome)
+        assert cli.run_guarded(FakeChannel(1), lambda o=outcome: (_ for _ in ()).throw(o)) == cli.EXIT_FAILURE
+
+
+def test_a_dp_party_failure_sends_a_generic_reason_and_keeps_the_details(tmp_path):
+    channel = FakeChannel(2)
+
+    def body() -> int:
+        raise MemoryError("CUDA out of memory. Tried to allocate 1234 MiB")
+
+    with pytest.raises(SystemExit):
+        cli.run_guarded(channel, body, private=True, party_dir=tmp_path / "rank2")
+    assert channel.aborted == cli.EXIT_FAILURE
+    assert len(channel.notices) == 1 and "1234" not in channel.notices[0] and "error.log" in channel.notices[0]
+    assert "1234 MiB" in (tmp_path / "rank2" / "error.log").read_text()
+
+
+def test_a_plain_party_failure_sends_its_reason():
+    channel = FakeChannel(1)
+    with pytest.raises(SystemExit):
+        cli.run_guarded(channel, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
+    assert channel.notices == ["RuntimeError: boom"]
