@@ -65,8 +65,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
         control = party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
         if control != CONTINUE:
             if store is not None:
-                store.save_state(step, {"randomness": got.dp.randomness if got.dp else "reproducible",
-                                        "party": party.state_dict()})
+                store.save_state(step, {"randomness": _randomness_source(got), "party": party.state_dict()})
             channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
             if control == STOP:
                 channel.barrier()  # wait for the server to finish its checkpoint and the log
@@ -81,7 +80,7 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     x_tr, y_tr = data.render(got.train_indices)
     x_val, y_val = data.render(got.val_indices)
     model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
-    source = got.dp.randomness if got.dp is not None else "reproducible"
+    source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
     party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),
                   cfg.search.batch_size, rng.sampling, dp=got.dp, noise_generator=rng.noise)
@@ -93,6 +92,11 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
             raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
         party.load_state_dict(saved["party"])  # its own generator states: the resumed run continues its streams
     return party
+
+
+def _randomness_source(got: Assignment) -> str:
+    """Where this party's noise and sampling come from: the DP plan's choice; non-DP runs are reproducible."""
+    return got.dp.randomness if got.dp is not None else "reproducible"
 
 
 class _Injections:

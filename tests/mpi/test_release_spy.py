@@ -65,6 +65,10 @@ class RecordingChannel(Channel):
         self.calls.append("bcast")
         super().bcast(buf)
 
+    def barrier(self) -> None:
+        self.calls.append("barrier")  # carries no payload, but every call a party makes is listed
+        super().barrier()
+
     def bcast_object(self, obj):
         self.calls.append("bcast_object")
         if not self.is_server:
@@ -128,6 +132,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
             assert own["randomness"] == "secret" and "generator" in own["party"]
         return
 
+    # notify_failure and barrier are spied too: neither happens in a run that neither fails nor stops.
     assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
     assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
     assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
