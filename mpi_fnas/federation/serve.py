@@ -106,11 +106,15 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
             ledger.close()
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            log.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=_cost(channel, start, gpus))
+            cost = _cost(channel, time.perf_counter() - start, gpus)
+            log.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=cost)
         raise
+    # One clock reading serves both the printed summary and the log's /cost, so the two agree exactly.
+    outcome.wall_seconds = time.perf_counter() - start
     if log is not None:
         log.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
-                   final_genotype=None if outcome.interrupted else outcome.genotype, cost=_cost(channel, start, gpus))
+                   final_genotype=None if outcome.interrupted else outcome.genotype,
+                   cost=_cost(channel, outcome.wall_seconds, gpus))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
     return outcome
@@ -265,9 +269,8 @@ def _ratio(a: float, b: float) -> float:
     return float(a / b) if b > 0 else float("nan")
 
 
-def _cost(channel: Channel, start: float, gpus: int) -> dict[str, float]:
+def _cost(channel: Channel, wall: float, gpus: int) -> dict[str, float]:
     """This attempt's cost (the log adds the attempts of a requeued run up). Core-hours count 1 core a rank."""
-    wall = time.perf_counter() - start
     return {"wall_seconds": wall, "ranks": channel.size, "gpus": gpus, "gpu_hours": wall * gpus / 3600.0,
             "cpu_core_hours": wall * channel.size / 3600.0}
 
