@@ -137,6 +137,42 @@ class PrivacyConfig:
 
 
 @dataclass
+class AugmentConfig:
+    """Training the searched cell from scratch across the same parties (the DARTS evaluation protocol, Table 1).
+
+    The synthetic defaults are sized for a 2-core laptop; configs/cifar10_*.yaml carry the DARTS CIFAR-10 values.
+    """
+
+    epochs: int = _key(3, "epochs of the augmentation after the search; 0: search only")
+    steps_per_epoch: int | None = _key(
+        None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
+    batch_size: int = _key(128, "examples per party and step (under DP: the expected Poisson batch size)")
+    genotype: str | None = _key(
+        None, "train this genotype (the string the search prints) instead of searching; null: the searched one")
+    layers: int = _key(6, "cells of the augmented network; those at layers//3 and 2·layers//3 are reduction cells")
+    channels: int = _key(16, "initial channels of the augmented network (DARTS CIFAR-10: 36)")
+    pool: Literal["all", "train"] = _key(
+        "all", "what a party trains on: all (its search-train and search-validation shards) or train (its train "
+        "shard only)")
+    lr: float = _key(0.05, "initial SGD learning rate (cosine-annealed per step to lr_min)")
+    lr_min: float = _key(0.0, "final learning rate of the cosine schedule")
+    momentum: float = _key(0.9, "SGD momentum")
+    weight_decay: float = _key(3e-4, "L2 weight decay")
+    grad_clip: float = _key(5.0, "server-side clip of the aggregated gradient's L2 norm (not the DP clip); 0 disables")
+    auxiliary_weight: float = _key(0.0, "weight of the auxiliary head's loss (DARTS: 0.4); 0: no auxiliary head")
+    drop_path: float = _key(0.0, "drop-path probability, ramped linearly from 0 over the epochs (DARTS: 0.2)")
+    cutout: int = _key(0, "cutout square side in pixels, per example (DARTS CIFAR-10: 16); 0: off")
+    crop_padding: int = _key(0, "random crop after zero padding by this many pixels, per example (DARTS: 4); 0: off")
+    flip: bool = _key(False, "random horizontal flip, per example (DARTS: true)")
+    private: bool = _key(
+        True, "dpfnas only: DP releases in the augmentation too; false trains with exact gradients (to compare "
+        "architectures as the paper does) and the final weights are NOT private")
+    clip: float = _key(1.0, "per-example L2 bound of the augment gradients (under DP)")
+    noise_multiplier: float = _key(
+        1.0, "σ of the augment releases (noise std σ·clip before ÷ B); privacy.target_epsilon recalibrates it")
+
+
+@dataclass
 class FederationConfig:
     """Who takes part. The number of parties is always the MPI world size minus one."""
 
@@ -182,6 +218,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
@@ -228,6 +265,22 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.a_beta1", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_weight_decay", lambda v: v >= 0, "must be >= 0"),
+    ("augment.epochs", lambda v: v >= 0, "must be >= 0 (0: search only)"),
+    ("augment.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("augment.batch_size", lambda v: v >= 1, "must be >= 1"),
+    ("augment.layers", lambda v: v >= 1, "must be >= 1"),
+    ("augment.channels", lambda v: v >= 2, "must be >= 2"),
+    ("augment.lr", lambda v: v > 0, "must be > 0"),
+    ("augment.lr_min", lambda v: v >= 0, "must be >= 0"),
+    ("augment.momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("augment.weight_decay", lambda v: v >= 0, "must be >= 0"),
+    ("augment.grad_clip", lambda v: v >= 0, "must be >= 0 (0 disables)"),
+    ("augment.auxiliary_weight", lambda v: v >= 0, "must be >= 0 (0: no auxiliary head)"),
+    ("augment.drop_path", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("augment.cutout", lambda v: v >= 0, "must be >= 0 (0: off)"),
+    ("augment.crop_padding", lambda v: v >= 0, "must be >= 0 (0: off)"),
+    ("augment.clip", lambda v: v > 0, "must be > 0"),
+    ("augment.noise_multiplier", lambda v: v > 0, "must be > 0"),
     ("federation.parties", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("privacy.noise_multiplier_w", lambda v: v > 0, "must be > 0"),
     ("privacy.noise_multiplier_a", lambda v: v > 0, "must be > 0"),
@@ -335,6 +388,8 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}: {value!r} {requirement}")
     if cfg.search.w_lr_min > cfg.search.w_lr:
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
+    if cfg.augment.lr_min > cfg.augment.lr:
+        raise ConfigError(f"augment.lr_min: {cfg.augment.lr_min} must not exceed augment.lr ({cfg.augment.lr})")
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":

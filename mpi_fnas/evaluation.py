@@ -12,9 +12,11 @@ from torch import nn
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 256) -> np.ndarray:
     """[loss_sum, correct, count] of `model` on (x (N, C, H, W), y (N,)) as float32 (3,).
 
-    Runs in train mode on purpose: the search network normalises with batch statistics (no running buffers).
+    Runs in eval mode (no drop-path, no auxiliary head). Neither network keeps running statistics, so their
+    BatchNorm, where allowed, normalises with the batch's statistics in eval mode too.
     """
-    model.train()
+    was_training = model.training
+    model.eval()
     loss_sum = 0.0
     correct = 0.0
     for i in range(0, int(y.shape[0]), batch_size):
@@ -22,4 +24,5 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
         target = y[i : i + batch_size]
         loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
         correct += float((logits.argmax(1) == target).sum())
+    model.train(was_training)
     return np.array([loss_sum, correct, float(y.shape[0])], dtype=np.float32)

@@ -47,10 +47,12 @@ class Progress:
         stream: where to write (default: standard error).
         width: characters of the bar.
         clock: seconds, monotonic (tests pass a fake one).
+        label: the stage shown before the bar ("search", "augment"; "" shows none).
     """
 
     def __init__(self, mode: str = "auto", stream: TextIO | None = None, width: int = 24,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter, label: str = "") -> None:
+        self.label = label
         self.stream = stream or sys.stderr
         self.live = mode == "on" or (mode == "auto" and self.stream.isatty())
         self.enabled = mode != "off"
@@ -84,7 +86,8 @@ class Progress:
             self._test_acc = test_acc
 
         filled = min(self.width, int(self.width * step / total)) if total > 0 else self.width
-        parts = [f"[{'#' * filled}{'.' * (self.width - filled)}] {step}/{total}"]
+        parts = [f"{self.label} " if self.label else ""]
+        parts[0] += f"[{'#' * filled}{'.' * (self.width - filled)}] {step}/{total}"
         epoch = _finite(row, "epoch")
         if epoch is not None:
             parts.append(f"ep {int(epoch) + 1}")

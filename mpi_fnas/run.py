@@ -24,8 +24,13 @@ examples:
 configuration keys (every key can be set in a YAML file or with --set; defaults = configs/default.yaml):
 {keys}
 
-output: runs/<name>-<YYYYmmdd-HHMMSS>/search.h5 (HDF5, schema in docs/hdf5.md) unless --out is given;
-  RUN_DIR/checkpoint.pt every checkpoint.every_steps steps and on SIGTERM/SIGUSR1/SIGINT (then exit 75).
+stages: the search, then (augment.epochs > 0) the augmentation: the found cell trained from scratch by the same
+  parties (augment.genotype: train that genotype, no search; augment.epochs=0: search only).
+output: runs/<name>-<YYYYmmdd-HHMMSS>/search.h5 (HDF5, schema in docs/hdf5.md; the augmentation in /augment)
+  unless --out is given; RUN_DIR/searched.pt when the search finishes; RUN_DIR/checkpoint.pt every
+  checkpoint.every_steps steps and on SIGTERM/SIGUSR1/SIGINT (then exit 75).
+augment: --augment RUN_DIR trains the cell of the finished search in RUN_DIR, continuing its privacy ledgers and
+  appending to its log; only augment.*, runtime.* and checkpoint.* may be changed (with --set).
 resume: --resume RUN_DIR continues from its checkpoint with the checkpointed config (a --config/--set given
   too must agree with it except runtime.* and checkpoint.*); without a checkpoint it starts afresh there,
   keeping an earlier search.h5 as search-attempt<N>.h5.
@@ -44,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     cli.add_config_arguments(parser)
     parser.add_argument("--out", metavar="RUN_DIR", help="run directory for search.h5 (must not hold a log yet)")
     parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its checkpoint")
+    parser.add_argument("--augment", metavar="RUN_DIR",
+                        help="train the cell of the finished search in RUN_DIR (--set augment.* may change)")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     return parser
 
@@ -63,12 +70,14 @@ def main(argv: list[str] | None = None) -> int:
     state: dict = {}
 
     def setup() -> int:
-        if config_error is not None and not (args.resume and not args.config and not args.overrides):
+        if config_error is not None and not ((args.resume or args.augment) and not args.config and not args.overrides):
             raise config_error
         if args.resume and args.out and Path(args.resume) != Path(args.out):
             raise ConfigError("--out and --resume name different run directories; give one of them")
-        text, path = cli.decide_on_root(channel, lambda: _decide(cfg, args))
-        state["cfg"], state["run_dir"] = config_from_text(text), Path(path)
+        if args.augment and (args.resume or args.out):
+            raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
+        text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args))
+        state["cfg"], state["run_dir"], state["stage"] = config_from_text(text), Path(path), stage
         check_world(state["cfg"], channel.size)
         return cli.EXIT_OK
 
@@ -80,99 +89,197 @@ def main(argv: list[str] | None = None) -> int:
     private_party = run_cfg.mode == "dpfnas" and not channel.is_server
     from mpi_fnas.federation.party_store import party_dir
 
-    code = cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, args, stop), debug=args.debug,
+    code = cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, state["stage"], args, stop),
+                           debug=args.debug,
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
     stop.disarm()
     return code
 
 
-def _run(cfg: Config, channel, run_dir: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
+def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace, stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
-    from mpi_fnas.federation.search import run_search
+    from mpi_fnas.federation.job import run_job
     from mpi_fnas.progress import Progress
 
     threads = cli.limit_torch_threads(cfg)
-    resume = load_checkpoint(run_dir) if channel.is_server and args.resume else None
+    resume = None
+    if channel.is_server and (args.resume or args.augment):
+        resume = load_checkpoint(run_dir)
+        if resume is not None and resume.get("stage", "search") != stage:
+            resume = None  # a search checkpoint left behind by a search that has finished since
     if channel.is_server:
-        what = f"resuming at step {int(resume['step']) + 1}" if resume is not None else "starting"
+        what = "starting"
+        if resume is not None:
+            what = f"resuming {'the augmentation ' if stage == 'augment' else ''}at step {int(resume['step']) + 1}"
+        elif stage == "augment":
+            what = "starting the augmentation"
         print(f"mpi_fnas {__version__}: {what}: mode={cfg.mode} parties={channel.parties} ranks={channel.size} "
               f"threads/rank={threads} log={run_dir / 'search.h5'}", flush=True)
         if cfg.mode == "dpfnas" and cfg.privacy.reproducible_noise:
             print("mpi_fnas: WARNING: privacy.reproducible_noise is on: every party's noise and sampling follow from "
                   "the public config, so the ε this run reports is VOID (for tests and debugging only)",
                   file=sys.stderr, flush=True)
+        if cfg.mode == "dpfnas" and cfg.augment.epochs > 0 and not cfg.augment.private:
+            print("mpi_fnas: WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the "
+                  "final weights are NOT private and the ε reported covers the search only", file=sys.stderr,
+                  flush=True)
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
-    outcome = run_search(cfg, channel, run_dir, progress=Progress(cfg.runtime.progress) if channel.is_server else None,
-                         resume=resume, stop_requested=stop)
+    outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,
+                      progress=lambda name: Progress(cfg.runtime.progress, label=name) if channel.is_server else None,
+                      stop_requested=stop)
     if not channel.is_server:
         return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
     if outcome.interrupted:
-        print(f"\nmpi_fnas: {outcome.stop_reason}; resume with: --resume {run_dir}", file=sys.stderr, flush=True)
+        stopped = outcome.augment if outcome.augment is not None else outcome.search
+        print(f"\nmpi_fnas: {stopped.stop_reason}; resume with: --resume {run_dir}", file=sys.stderr, flush=True)
         return cli.EXIT_INTERRUPTED
-    _summary(outcome)
+    print(summary(outcome.search, outcome.augment), flush=True)
     return cli.EXIT_OK
 
 
-def _decide(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str]:
-    """Rank 0: the config (as YAML text, so every rank runs the same one) and the run directory."""
-    from mpi_fnas.checkpoint import load_checkpoint
-
+def _decide(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
+    """Rank 0: the config (as YAML text, so every rank runs the same one), the run directory and the stage."""
+    if args.augment:
+        return _decide_augment(cfg, args)
     if not args.resume:
         assert cfg is not None
         path = Path(args.out) if args.out else Path("runs") / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         if (path / "search.h5").exists():
             raise ConfigError(f"--out: {path} already holds a run log (search.h5); choose another directory or "
                               "--resume it (nothing was overwritten)")
+        _check_stages(cfg)
         cli.make_dir(path)
-        return cfg.to_yaml(), str(path)
+        return cfg.to_yaml(), str(path), _first_stage(cfg)
+    return _decide_resume(cfg, args)
+
+
+def _first_stage(cfg: Config) -> str:
+    return "augment" if cfg.augment.genotype is not None else "search"
+
+
+def _check_stages(cfg: Config) -> None:
+    if cfg.augment.genotype is not None and cfg.augment.epochs == 0:
+        raise ConfigError("augment.genotype: training a given genotype needs augment.epochs > 0")
+
+
+def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
+    from mpi_fnas.checkpoint import load_checkpoint
+    from mpi_fnas.federation.job import searched_state
 
     path = Path(args.resume)
     try:
         state = load_checkpoint(path)
+        searched = searched_state(path)
     except (ValueError, OSError, RuntimeError) as exc:
-        raise ConfigError(f"--resume: cannot read {path}/checkpoint.pt ({exc})") from None
+        raise ConfigError(f"--resume: cannot read the checkpoint in {path} ({exc})") from None
     log = path / "search.h5"
-    if state is None:  # preempted before the first checkpoint: start afresh, keep what is there
+    if state is None and searched is None:  # preempted before the first checkpoint: start afresh, keep what is there
         if cfg is None:
             raise ConfigError(f"--resume: {path} holds no checkpoint; give --config to start the run afresh there")
+        _check_stages(cfg)
         cli.make_dir(path)
         if log.exists():
             n = 1
             while (path / f"search-attempt{n}.h5").exists():
                 n += 1
             log.rename(path / f"search-attempt{n}.h5")
-        return cfg.to_yaml(), str(path)
-    saved = config_from_text(state["config"])
+        return cfg.to_yaml(), str(path), _first_stage(cfg)
+    augmenting = state is not None and state.get("stage") == "augment"
+    saved = config_from_text(state["config"] if state is not None and (augmenting or searched is None)
+                             else searched["config"])
     if cfg is not None and (args.config or args.overrides) and not cfg.same_search(saved):
         raise ConfigError(f"--resume: the given config differs from the one {path} was started with "
                           "(only runtime.* and checkpoint.* may change)")
     if not log.exists():
-        raise ConfigError(f"--resume: {path} holds checkpoint.pt but no search.h5; the run cannot be continued "
+        raise ConfigError(f"--resume: {path} holds a checkpoint but no search.h5; the run cannot be continued "
                           "without its log (start a new run with --out)")
+    run = _read_log(log, "--resume")
+    if cfg is not None and (args.config or args.overrides):
+        saved.runtime, saved.checkpoint = cfg.runtime, cfg.checkpoint
+    if searched is None and not augmenting:  # the search did not finish
+        if run["status"] == "finished":
+            raise ConfigError(f"--resume: the run in {path} has already finished")
+        if run["status"] == "running":
+            raise ConfigError(f"--resume: the run in {path} is still running (its writer is alive); stop it first")
+        return saved.to_yaml(), str(path), "search"
+    augment = run.get("augment")
+    if augment is not None and augment["status"] == "running":
+        raise ConfigError(f"--resume: the run in {path} is still running (its writer is alive); stop it first")
+    if saved.augment.epochs == 0 or (augment is not None and augment["status"] == "finished"):
+        raise ConfigError(f"--resume: the run in {path} has already finished")
+    return saved.to_yaml(), str(path), "augment"
+
+
+def _decide_augment(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
+    from mpi_fnas.federation.job import searched_state
+
+    path = Path(args.augment)
+    log = path / "search.h5"
+    if not log.exists():
+        raise ConfigError(f"--augment: {path} holds no run log (search.h5)")
+    run = _read_log(log, "--augment")
+    try:
+        searched = searched_state(path)
+    except (ValueError, OSError, RuntimeError) as exc:
+        raise ConfigError(f"--augment: cannot read {path}/searched.pt ({exc})") from None
+    if run["status"] != "finished" or searched is None:
+        raise ConfigError(f"--augment: the search in {path} did not finish (status {run['status']}); "
+                          f"continue it with --resume {path}")
+    augment = run.get("augment")
+    if augment is not None:
+        if augment["status"] == "finished":
+            raise ConfigError(f"--augment: the run in {path} was already augmented "
+                              f"(test accuracy {augment['test_acc']:.4f})")
+        raise ConfigError(f"--augment: the augmentation of {path} was started already (status {augment['status']}); "
+                          f"continue it with --resume {path}")
+    if args.config:
+        raise ConfigError("--augment uses the run's own config; change the augmentation with --set augment.KEY=VALUE")
+    try:
+        saved = config_from_text(searched["config"], args.overrides, where="--augment")
+    except ConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    original = config_from_text(searched["config"]).to_dict()
+    changed = saved.to_dict()
+    for key in ("augment", "runtime", "checkpoint"):
+        original.pop(key)
+        changed.pop(key)
+    if changed != original:
+        raise ConfigError("--augment: only augment.*, runtime.* and checkpoint.* may differ from the search's config")
+    if saved.augment.epochs == 0:
+        raise ConfigError("--augment: the run's config has augment.epochs: 0; set it with --set augment.epochs=N")
+    if saved.augment.genotype is not None:
+        raise ConfigError("--augment trains the searched cell; to train a given genotype start a new run with "
+                          "--set augment.genotype=...")
+    return saved.to_yaml(), str(path), "augment"
+
+
+def _read_log(log: Path, option: str) -> dict:
     from mpi_fnas.runlog import read_run
 
     try:
-        status = read_run(log)["status"]
+        return read_run(log)
     except OSError as exc:
-        raise ConfigError(f"--resume: cannot read {log} ({exc})") from None
-    if status == "finished":
-        raise ConfigError(f"--resume: the run in {path} has already finished")
-    if status == "running":
-        raise ConfigError(f"--resume: the run in {path} is still running (its writer is alive); stop it first")
-    if cfg is not None and (args.config or args.overrides):
-        saved.runtime, saved.checkpoint = cfg.runtime, cfg.checkpoint
-    return saved.to_yaml(), str(path)
+        raise ConfigError(f"{option}: cannot read {log} ({exc})") from None
 
 
-def _summary(outcome) -> None:
+def summary(search, augment) -> str:
+    """The text rank 0 prints at the end of a job: the search's part, then the augmentation's."""
+    lines = [""]
+    if search is not None:
+        lines += _search_lines(search)
+    if augment is not None:
+        lines += _augment_lines(augment, search)
+    return "\n".join(lines)
+
+
+def _search_lines(outcome) -> list[str]:
     mins, secs = divmod(outcome.wall_seconds, 60)
     if outcome.epsilon is None:
         val = f"{outcome.val_acc:.4f}  (loss {outcome.val_loss:.4f}, all parties' validation shards)"
     else:
         val = "not released under DP (it would be an unaccounted release); see the test accuracy"
     lines = [
-        "",
         "== mpi_fnas search finished ==",
         f"mode            {outcome.mode}",
         f"parties         {outcome.parties}",
@@ -194,7 +301,38 @@ def _summary(outcome) -> None:
         f"wall time       {int(mins)}m{secs:04.1f}s",
         f"log             {outcome.log_path}",
     ]
-    print("\n".join(lines), flush=True)
+    return lines
+
+
+def _augment_lines(outcome, search) -> list[str]:
+    mins, secs = divmod(outcome.wall_seconds, 60)
+    lines = [
+        "" if search is not None else None,
+        "== mpi_fnas augmentation finished ==",
+        f"genotype        {outcome.genotype}",
+        f"epochs          {outcome.epochs} ({outcome.steps} steps; {outcome.stop_reason})",
+        f"test acc        {outcome.test_acc:.4f}  (test error {1 - outcome.test_acc:.4f}; the cell trained from "
+        "scratch)",
+        f"params          {outcome.params / 1e6:.4f} M ({outcome.params} without the auxiliary head)",
+    ]
+    if outcome.private and outcome.privacy_guarantee != "holds":
+        lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
+    elif outcome.private:
+        eps = outcome.epsilon
+        lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
+                  f"{outcome.delta.max():.3g} — search + augmentation composed, tight PLD bound"]
+    elif outcome.mode == "dpfnas":
+        eps = outcome.epsilon
+        search_eps = f"ε = {eps.max():.4g} (worst party) covers the SEARCH ONLY; " if eps is not None else ""
+        lines += [f"privacy         NOT PRIVATE: augment.private is false: {search_eps}the final weights were "
+                  "trained with exact gradients"]
+    search_cost = f"search {search.wall_seconds:.1f} s, " if search is not None else ""
+    lines += [
+        f"cost            {search_cost}augmentation {outcome.wall_seconds:.1f} s (wall)",
+        f"wall time       {int(mins)}m{secs:04.1f}s (augmentation)",
+        f"log             {outcome.log_path} (/augment)",
+    ]
+    return [line for line in lines if line is not None]
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ TINY = [
     "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
     "--set", "search.batch_size=8", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=4",
     "--set", "runtime.progress=off", "--set", "checkpoint.every_steps=0", "--set", "runtime.log_every=1",
+    "--set", "augment.epochs=0",  # search only; the augmentation's tests add their own tiny one
 ]
 #: Environment variables of the failure-injection hooks; never inherited by a launch unless given.
 INJECTION_ENV = ("MPI_FNAS_STOP_AFTER", "MPI_FNAS_INJECT_FAULT", "MPI_FNAS_INJECT_SLEEP")

@@ -29,8 +29,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.party import Party
 from mpi_fnas.federation.server import Server
-
-CONTINUE, CHECKPOINT, STOP = 0, 1, 2
+from mpi_fnas.federation.stage import CONTINUE
 
 
 @dataclass

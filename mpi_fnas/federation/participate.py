@@ -13,15 +13,13 @@ Its generator states never leave it: they are saved in its own directory
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mpi_fnas.config import Config, ServerReportedError
-from mpi_fnas.federation.algorithm import CONTINUE, STOP, party_iteration
+from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party import Party, Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -29,10 +27,8 @@ from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.server import w_learning_rate
+from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
 from mpi_fnas.space import build_supernet
-
-FAULT_ENV = "MPI_FNAS_INJECT_FAULT"  # "RANK:STEP": that party raises at that step (failure tests)
-SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"  # "RANK:STEP:SECONDS": that party sleeps at that step (timeout tests)
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
@@ -54,7 +50,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     party.load_w(w_in)
     party.load_a(a_in[:-1])
 
-    injected = _Injections(channel.rank)
+    injected = Injections(channel.rank)
     second_order = cfg.search.order == "second_order"
     journal = store if (store is not None and got.dp is not None) else None
     for step in range(got.checkpoint_step + 1, got.steps + 1):
@@ -97,22 +93,3 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
 def _randomness_source(got: Assignment) -> str:
     """Where this party's noise and sampling come from: the DP plan's choice; non-DP runs are reproducible."""
     return got.dp.randomness if got.dp is not None else "reproducible"
-
-
-class _Injections:
-    """Fault and delay injection for the failure tests (environment variables, off by default)."""
-
-    def __init__(self, rank: int) -> None:
-        self.rank = rank
-        fault = os.environ.get(FAULT_ENV, "")
-        self.fault_step = int(fault.split(":")[1]) if fault and int(fault.split(":")[0]) == rank else -1
-        sleep = os.environ.get(SLEEP_ENV, "")
-        parts = sleep.split(":") if sleep else []
-        self.sleep_step = int(parts[1]) if parts and int(parts[0]) == rank else -1
-        self.sleep_seconds = float(parts[2]) if parts else 0.0
-
-    def at(self, step: int) -> None:
-        if step == self.fault_step:
-            raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
-        if step == self.sleep_step:
-            time.sleep(self.sleep_seconds)

@@ -10,6 +10,8 @@ own disk. Nothing in it is ever sent to the server: the server's checkpoint hold
   charges each party ``sent_steps − charged_steps`` extra releases: the releases of steps that ran after the last
   checkpoint and will run again (docs/privacy.md, "Replays"). The count is data-independent: it says when the job
   died, not what the data is.
+* the augmentation (``stage="augment"``) keeps its own ``augment-state-<step>.pt`` files and its own
+  ``augment_sent_steps`` count: its releases are charged at the augmentation's (σ, q).
 * ``error.log``: the full text of a failure under DP, where the party sends the server only a generic reason.
 """
 
@@ -22,8 +24,6 @@ from typing import Any
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 
-_STATE = re.compile(r"^state-(\d+)\.pt$")
-
 
 def party_dir(run_dir: Path, rank: int) -> Path:
     """The directory of party `rank` under `run_dir`."""
@@ -31,12 +31,15 @@ def party_dir(run_dir: Path, rank: int) -> Path:
 
 
 class PartyStore:
-    """The files of one party in its own directory (created on first use)."""
+    """The files of one party and one stage (``search`` or ``augment``) in its own directory (created on first use)."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, stage: str = "search") -> None:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._journal = self.directory / "sent_steps"
+        prefix = "" if stage == "search" else f"{stage}-"
+        self._state_name = f"{prefix}state-{{step}}.pt"
+        self._state_pattern = re.compile(rf"^{re.escape(prefix)}state-(\d+)\.pt$")
+        self._journal = self.directory / ("sent_steps" if stage == "search" else f"{stage}_sent_steps")
         self._sent = self._read_journal()
         self._fd: int | None = None
 
@@ -67,22 +70,22 @@ class PartyStore:
 
         States of steps after `step` are left by an attempt that died before the server's checkpoint: stale.
         """
-        atomic_save(self.directory / f"state-{step}.pt", {"step": step, **state})
+        atomic_save(self.directory / self._state_name.format(step=step), {"step": step, **state})
         steps = self._saved_steps()
         older = [s for s in steps if s < step]
         for s in steps:
             if s > step or (older and s < max(older)):
-                (self.directory / f"state-{s}.pt").unlink(missing_ok=True)
+                (self.directory / self._state_name.format(step=s)).unlink(missing_ok=True)
 
     def load_state(self, step: int) -> dict[str, Any]:
         """The state saved at checkpoint `step`. Raises FileNotFoundError when this party has none."""
-        path = self.directory / f"state-{step}.pt"
+        path = self.directory / self._state_name.format(step=step)
         if not path.exists():
             raise FileNotFoundError(f"party has no saved state for checkpoint step {step} in its own directory")
         return atomic_load(path)
 
     def _saved_steps(self) -> list[int]:
-        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := _STATE.match(p.name)))
+        return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := self._state_pattern.match(p.name)))
 
     # -- failures ------------------------------------------------------------------------------------------------
     def write_error(self, text: str) -> Path:

@@ -15,7 +15,7 @@ import numpy as np
 from mpi_fnas.config import Config, ConfigError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.budget import PrivacyPlan, plan_privacy
+from mpi_fnas.privacy.budget import AugmentReleases, PrivacyPlan, augment_sample_rates, plan_privacy
 
 
 class SetupError(ConfigError):
@@ -79,12 +79,52 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     return [Assignment(train_idx[tp], val_idx[vp], steps) for tp, vp in zip(train_parts, val_parts, strict=True)]
 
 
-def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = None) -> RunPlan:
-    """The whole plan: partition (unless given), step count, and under DP the privacy plan."""
+def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray]:
+    """Each party's augmentation pool: its train shard, then (``augment.pool: all``) its validation shard."""
+    if cfg.augment.pool == "train":
+        return [a.train_indices for a in assignments]
+    return [np.concatenate([a.train_indices, a.val_indices]) for a in assignments]
+
+
+def augment_steps(cfg: Config, pool_sizes: list[int]) -> tuple[int, int]:
+    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool."""
+    per_epoch = cfg.augment.steps_per_epoch or max(1, math.ceil(float(np.mean(pool_sizes)) / cfg.augment.batch_size))
+    return per_epoch, cfg.augment.epochs * per_epoch
+
+
+def augment_is_private(cfg: Config) -> bool:
+    """Whether the augmentation's releases are DP: dpfnas with ``augment.private``."""
+    return cfg.mode == "dpfnas" and cfg.augment.private
+
+
+def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentReleases | None:
+    """The augmentation's DP releases as configured (σ, clip, B, rates, planned steps), or None."""
+    if not augment_is_private(cfg) or cfg.augment.epochs == 0:
+        return None
+    try:
+        q_tr, q_val = augment_sample_rates([len(a.train_indices) for a in assignments],
+                                           [len(a.val_indices) for a in assignments], cfg.augment.batch_size,
+                                           cfg.augment.pool)
+    except ValueError as exc:
+        raise SetupError(f"augment: {exc}") from None
+    return AugmentReleases(
+        noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
+        expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
+        steps=augment_steps(cfg, [len(p) for p in augment_pools(cfg, assignments)])[1], stop_reason="completed",
+    )
+
+
+def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = None, *,
+             search: bool = True) -> RunPlan:
+    """The whole plan: partition (unless given), step count, and under DP the privacy plan.
+
+    The privacy plan covers the whole job: the search (none without `search`, when ``augment.genotype`` is given)
+    and the augmentation planned after it (docs/privacy.md, "Privacy across the search and the augmentation").
+    """
     if assignments is None:
         assignments = plan_assignments(cfg, parties)
     steps_per_epoch = assignments[0].steps_per_epoch
-    steps = cfg.search.epochs * steps_per_epoch
+    steps = cfg.search.epochs * steps_per_epoch if search else 0
     privacy = None
     reason = "completed"
     if cfg.mode == "dpfnas":
@@ -92,6 +132,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
                 DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
+                augment=augment_demand(cfg, assignments),
             )
         except ValueError as exc:
             raise SetupError(f"privacy: {exc}") from None

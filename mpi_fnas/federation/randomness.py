@@ -28,9 +28,9 @@ def os_seed() -> int:
     return int.from_bytes(os.urandom(8), "little") >> 1
 
 
-def reproducible_seed(seed: int, rank: int, purpose: str) -> int:
-    """Independent, reproducible seeds per (run seed, rank, purpose): public, hence predictable."""
-    stream = {"batches": 0, "noise": 1}[purpose]
+def reproducible_seed(seed: int, rank: int, purpose: str, stage: str = "search") -> int:
+    """Independent, reproducible seeds per (run seed, rank, purpose, stage): public, hence predictable."""
+    stream = {"batches": 0, "noise": 1}[purpose] + {"search": 0, "augment": 2}[stage]
     return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
 
 
@@ -44,9 +44,12 @@ class PartyRandomness:
     noise: torch.Generator | None
 
     @classmethod
-    def create(cls, source: Randomness, *, seed: int, rank: int, device: torch.device) -> PartyRandomness:
+    def create(cls, source: Randomness, *, seed: int, rank: int, device: torch.device,
+               stage: str = "search") -> PartyRandomness:
+        """The generators of one stage (``search`` or ``augment``): each stage has streams of its own."""
         if source == "reproducible":
-            sampling_seed, noise_seed = reproducible_seed(seed, rank, "batches"), reproducible_seed(seed, rank, "noise")
+            sampling_seed = reproducible_seed(seed, rank, "batches", stage)
+            noise_seed = reproducible_seed(seed, rank, "noise", stage)
         else:
             sampling_seed, noise_seed = os_seed(), os_seed()
         sampling = torch.Generator().manual_seed(sampling_seed)

@@ -13,7 +13,6 @@ compute. Under DP no per-step timing is logged (a step's duration reveals the re
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,17 +23,17 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
-from mpi_fnas.federation.algorithm import CHECKPOINT, CONTINUE, STOP, ServerBuffers, StepStats, server_iteration
+from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.server import Server
+from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
 from mpi_fnas.space import PRIMITIVES, build_supernet, max_genotype_length, num_edges
 
-STOP_ENV = "MPI_FNAS_STOP_AFTER"  # "STEP": behave as if SIGUSR1 arrived during that step (resume tests)
 TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
 
 
@@ -60,6 +59,7 @@ class SearchOutcome:
     mu_gdp: np.ndarray | None = None
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
+    ledger_state: dict | None = None  # the privacy ledgers at the end (DP only): the augmentation continues them
 
 
 def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
@@ -67,7 +67,6 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
           stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome:
     """Run the server's side of the whole search (see :func:`mpi_fnas.federation.search.run_search`)."""
     start = time.perf_counter()
-    stop_after = int(os.environ.get(STOP_ENV, "0") or 0)
     try:
         plan = plan_run(cfg, channel.parties, assignments)
         test = open_split(cfg, "test")
@@ -88,7 +87,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
         _charge_replays(ledger, [int(r["sent_steps"]) for r in reports])
     guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
         f"none: mode {cfg.mode} makes no privacy claim"
-    log = _open_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
+    log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     gpus = len({d for d in devices if d.startswith("cuda")})
     try:
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
@@ -98,7 +97,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
         channel.bcast(server.w_buffer)
         channel.bcast(server.a_buffer)
         x_test, y_test = test.render(np.arange(len(test.labels)))
-        loop = _ServerLoop(cfg, channel, server, plan, ledger, log, progress, run_dir, stop_requested, stop_after)
+        loop = _ServerLoop(cfg, channel, server, plan, ledger, log, progress, run_dir, stop_requested)
         outcome = loop.run(x_test, y_test, resume, start)
         outcome.privacy_guarantee = guarantee
     except BaseException as exc:
@@ -106,7 +105,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
             ledger.close()
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            cost = _cost(channel, time.perf_counter() - start, gpus)
+            cost = attempt_cost(time.perf_counter() - start, channel.size, gpus)
             log.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=cost)
         raise
     # One clock reading serves both the printed summary and the log's /cost, so the two agree exactly.
@@ -114,7 +113,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     if log is not None:
         log.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
                    final_genotype=None if outcome.interrupted else outcome.genotype,
-                   cost=_cost(channel, outcome.wall_seconds, gpus))
+                   cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
     return outcome
@@ -128,8 +127,9 @@ def _charge_replays(ledger: FederationLedger, sent_steps: list[int]) -> None:
             ledger.charge_replays(k, sent - int(counted))
 
 
-def _open_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
-              guarantee: str) -> RunLog:
+def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
+                    guarantee: str) -> RunLog:
+    """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
     if resume is not None:
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
         log.truncate(*resume["log_rows"])
@@ -156,11 +156,10 @@ class _ServerLoop:
     """The iterations on rank 0, with their logging and checkpoints."""
 
     def __init__(self, cfg: Config, channel: Channel, server: Server, plan: RunPlan, ledger: FederationLedger | None,
-                 log: RunLog | None, progress, run_dir: Path | None, stop_requested: Callable[[], str | None],
-                 stop_after: int) -> None:
+                 log: RunLog | None, progress, run_dir: Path | None, stop_requested: Callable[[], str | None]) -> None:
         self.cfg, self.channel, self.server, self.plan = cfg, channel, server, plan
         self.ledger, self.log, self.progress, self.run_dir = ledger, log, progress, run_dir
-        self.stop_requested, self.stop_after = stop_requested, stop_after
+        self.control = StepControl("search", plan.steps, cfg.checkpoint.every_steps, stop_requested)
         self.acc = _Accumulator()
         self.epsilon_so_far = math.nan
 
@@ -178,12 +177,7 @@ class _ServerLoop:
             epoch = (step - 1) // plan.steps_per_epoch
             if (step - 1) % plan.steps_per_epoch == 0:
                 server.start_epoch(epoch)
-            signal_name = self.stop_requested() or (f"{STOP_ENV}={step}" if step == self.stop_after else None)
-            control = CONTINUE
-            if signal_name is not None and step < plan.steps:
-                control = STOP
-            elif cfg.checkpoint.every_steps and step % cfg.checkpoint.every_steps == 0 and step < plan.steps:
-                control = CHECKPOINT
+            control, signal_name = self.control.at(step)
             t0, c0 = time.perf_counter(), channel.comm_seconds
             stats = server_iteration(server, channel, buffers, second_order, control)
             if self.ledger is not None:
@@ -220,6 +214,7 @@ class _ServerLoop:
         if self.ledger is not None:
             outcome.epsilon, outcome.mu_gdp = self.ledger.epsilons(), self.ledger.mu_gdp()
             outcome.delta = plan.privacy.delta
+            outcome.ledger_state = self.ledger.state_dict()
             self.ledger.close()
         return outcome
 
@@ -257,7 +252,7 @@ class _ServerLoop:
         if self.run_dir is None:
             return
         save_checkpoint(self.run_dir, {
-            "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
+            "stage": "search", "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
             "server": self.server.state_dict(), "shard_sizes": self.plan.shard_sizes,
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
             "accumulator": self.acc.state_dict(),
@@ -267,12 +262,6 @@ class _ServerLoop:
 
 def _ratio(a: float, b: float) -> float:
     return float(a / b) if b > 0 else float("nan")
-
-
-def _cost(channel: Channel, wall: float, gpus: int) -> dict[str, float]:
-    """This attempt's cost (the log adds the attempts of a requeued run up). Core-hours count 1 core a rank."""
-    return {"wall_seconds": wall, "ranks": channel.size, "gpus": gpus, "gpu_hours": wall * gpus / 3600.0,
-            "cpu_core_hours": wall * channel.size / 3600.0}
 
 
 class _Accumulator:

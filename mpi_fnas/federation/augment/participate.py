@@ -1,0 +1,90 @@
+"""A party's side of the augmentation (ranks 1..K): its own pool, its own randomness, its own state on its own disk.
+
+What a party hands to MPI, as in the search: at setup its device and how many augment iterations it has ever sent
+(data-independent); per iteration its release (under DP clipped and noised, with a zero STATS tail); at a
+checkpoint an empty acknowledgement once its own state is saved; on failure a reason (generic under DP).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpi_fnas.config import Config, ServerReportedError
+from mpi_fnas.federation.augment.algorithm import party_augment_iteration
+from mpi_fnas.federation.augment.party import AugmentParty
+from mpi_fnas.federation.augment.plan import AugmentAssignment
+from mpi_fnas.federation.augment.server import drop_path_probability
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.party import Shard
+from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.plan import SetupError, open_split
+from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
+from mpi_fnas.space import Genotype, build_augment_network
+
+STAGE = "augment"
+
+
+def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
+    """Run party `channel.rank`'s side of the whole augmentation; True when it stopped as interrupted."""
+    got = channel.scatter_objects(None)
+    if isinstance(got, tuple) and got and got[0] == "error":
+        raise ServerReportedError(got[1])
+    assert isinstance(got, AugmentAssignment)
+    device = torch.device(device_for_rank(channel.comm, preference=cfg.runtime.device))
+    store = PartyStore(party_dir(run_dir, channel.rank), stage=STAGE) if run_dir is not None else None
+    party = _build_party(cfg, got, channel.rank, device, store)
+    private = got.releases is not None
+    channel.gather_objects({"device": str(device), "sent_steps": store.sent_steps if store and private else 0})
+
+    w_in = np.zeros(party.num_w + 1, dtype=np.float32)  # W and the control word
+    channel.bcast(w_in[:-1])
+    party.load_w(w_in[:-1])
+    injected = Injections(channel.rank, STAGE)
+    journal = store if (store is not None and private) else None
+    for step in range(got.checkpoint_step + 1, got.steps + 1):
+        injected.at(step)
+        if journal is not None:
+            journal.record_send()  # before anything of this step leaves the party
+        control = party_augment_iteration(party, channel, w_in,
+                                          drop_path_probability(cfg.augment, step, got.steps_per_epoch))
+        if control != CONTINUE:
+            if store is not None:
+                store.save_state(step, {"randomness": _randomness_source(got), "party": party.state_dict()})
+            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
+            if control == STOP:
+                channel.barrier()  # wait for the server to finish its checkpoint and the log
+                return True
+    return False
+
+
+def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.device,
+                 store: PartyStore | None) -> AugmentParty:
+    data = open_split(cfg, "train")
+    x, y = data.render(got.pool_indices)
+    model = build_augment_network(
+        Genotype.from_string(got.genotype), channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
+        in_channels=data.in_channels, num_classes=data.num_classes, stem_multiplier=cfg.space.stem_multiplier,
+        norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
+    )
+    source = _randomness_source(got)
+    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device, stage=STAGE)
+    party = AugmentParty(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment, rng.sampling,
+                         releases=got.releases, noise_generator=rng.noise, secure_rng=rng.secure_rng)
+    if got.checkpoint_step > 0:
+        if store is None:
+            raise SetupError("--resume needs the run directory")
+        saved = store.load_state(got.checkpoint_step)
+        if saved["randomness"] != source:
+            raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
+        party.load_state_dict(saved["party"])
+    return party
+
+
+def _randomness_source(got: AugmentAssignment) -> str:
+    """Under DP releases the plan's choice; exact gradients are reproducible (nothing to hide)."""
+    return got.params.randomness if got.releases is not None and got.params is not None else "reproducible"

@@ -1,0 +1,130 @@
+"""A party's local computation in the augmentation: the gradient of the network's weights on its pool. No MPI.
+
+Per iteration the party draws a batch of its own pool (under DP a Poisson batch, B expected), augments every
+example independently (crop, flip, cutout) and runs the network with per-example drop-path masks, all from its
+own sampling generator, so nothing couples two examples of a batch and the per-example clipping bounds each
+example's influence. It returns the float32 vector Algorithm 1 sends: the gradient followed by ``STATS`` numbers
+(loss sum, correct predictions, examples, compute seconds; all zero under DP, where they would be unaccounted).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from mpi_fnas.data.augmentation import augment_images
+
+from mpi_fnas.config import AugmentConfig
+from mpi_fnas.federation.flat import STATS, assign, numel
+from mpi_fnas.federation.party import BatchStream, Shard
+from mpi_fnas.federation.randomness import os_seed
+from mpi_fnas.privacy import check_model_for_dp, party_release, poisson_sample
+from mpi_fnas.privacy.budget import AugmentReleases
+from mpi_fnas.space import AugmentNetwork, augment_loss
+
+
+class AugmentParty:
+    """Local training computation of one party.
+
+    Args:
+        model: the augmented network; its weights are overwritten by the server's broadcasts.
+        pool: the party's examples for the augmentation (on the model's device).
+        cfg: the ``augment`` section (batch size, augmentation, auxiliary weight).
+        generator: CPU torch.Generator for batches, Poisson coins, augmentation and drop-path masks.
+        releases: the DP releases' constants; None for exact gradients.
+        noise_generator: torch.Generator on the model's device for the Gaussian noise (DP, unless `secure_rng`).
+        secure_rng: every noise draw and every batch's coins from ``os.urandom``.
+    """
+
+    def __init__(self, model: AugmentNetwork, pool: Shard, cfg: AugmentConfig, generator: torch.Generator,
+                 releases: AugmentReleases | None = None, noise_generator: torch.Generator | None = None,
+                 secure_rng: bool = False) -> None:
+        self.model = model
+        self.w_params = list(model.weights())
+        self.num_w = numel(self.w_params)
+        self.pool = pool
+        self.cfg = cfg
+        self.generator = generator
+        self.releases = releases
+        self.noise_generator = noise_generator
+        self.secure_rng = secure_rng
+        self.stream = BatchStream(len(pool), cfg.batch_size, generator)
+        model.generator = generator  # drop-path masks come from the party's own generator
+        if releases is not None:
+            check_model_for_dp(model)
+            if releases.expected_batch_size > len(pool):
+                raise ValueError(f"augment.batch_size {releases.expected_batch_size:g} exceeds this party's pool "
+                                 f"({len(pool)} examples): the Poisson rate B/N would exceed 1")
+            if noise_generator is None and not secure_rng:
+                raise ValueError("DP releases need a noise generator (or secure_rng)")
+        names = {id(p): name for name, p in model.named_parameters()}
+        self._named_w = {names[id(p)]: p for p in self.w_params}
+        self.out = np.zeros(self.num_w + STATS, dtype=np.float32)
+
+    def load_w(self, flat: np.ndarray) -> None:
+        assign(self.w_params, flat)
+
+    def release(self, drop_path_prob: float) -> np.ndarray:
+        """The gradient of the weights on the next batch, plus STATS; a view of ``out``.
+
+        Under DP: Poisson batch → augment → per-example clip at ``clip`` → sum → + N(0, (σ·clip)²) → ÷ B.
+        """
+        self.model.drop_path_prob = drop_path_prob
+        self.model.train()
+        loss_fn = self._loss_fn()
+        if self.releases is not None:
+            if self.secure_rng:  # fresh OS entropy for every batch's coins and masks
+                self.generator.manual_seed(os_seed())
+            idx = poisson_sample(len(self.pool), self.releases.expected_batch_size / len(self.pool), self.generator)
+            x, y = self._augmented(idx.to(self.pool.y.device))
+            release = party_release(
+                self.model, self._named_w, x, y, clip_bound=self.releases.clip,
+                noise_multiplier=self.releases.noise_multiplier,
+                expected_batch_size=self.releases.expected_batch_size, generator=self.noise_generator,
+                secure_rng=self.secure_rng, loss_fn=loss_fn,
+            )
+            self.out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
+            self.out[-STATS:] = 0.0
+            return self.out
+        start = time.perf_counter()
+        x, y = self._augmented(self.stream.next().to(self.pool.y.device))
+        outputs = self.model(x)
+        loss = loss_fn(outputs, y).mean()
+        grads = torch.autograd.grad(loss, self.w_params, allow_unused=True)
+        flat = torch.cat([(g if g is not None else torch.zeros_like(p)).reshape(-1)
+                          for g, p in zip(grads, self.w_params, strict=True)])
+        logits = outputs[0] if isinstance(outputs, tuple) else outputs
+        self.out[:-STATS] = flat.detach().to("cpu", torch.float32).numpy()
+        self.out[-STATS:] = (float(torch.nn.functional.cross_entropy(logits.detach(), y, reduction="sum")),
+                             float((logits.detach().argmax(1) == y).sum()), float(y.shape[0]),
+                             time.perf_counter() - start)
+        return self.out
+
+    def state_dict(self) -> dict:
+        """Everything that makes this party's future releases what they will be, besides the weights."""
+        return {
+            "generator": self.generator.get_state(),
+            "noise_generator": self.noise_generator.get_state() if self.noise_generator is not None else None,
+            "stream": self.stream.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
+        if self.noise_generator is not None and state["noise_generator"] is not None:
+            self.noise_generator.set_state(state["noise_generator"])
+        self.stream.load_state_dict(state["stream"])
+
+    def _augmented(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = augment_images(self.pool.x[idx], generator=self.generator, cutout=self.cfg.cutout,
+                           crop_padding=self.cfg.crop_padding, flip=self.cfg.flip)
+        return x, self.pool.y[idx]
+
+    def _loss_fn(self) -> Callable[[object, torch.Tensor], torch.Tensor]:
+        weight = self.cfg.auxiliary_weight
+
+        def loss(outputs, targets: torch.Tensor) -> torch.Tensor:
+            return augment_loss(outputs, targets, weight)
+
+        return loss

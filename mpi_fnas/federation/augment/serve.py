@@ -1,0 +1,254 @@
+"""Rank 0's side of the augmentation: set the parties up, run the iterations, log, checkpoint and report.
+
+Setup mirrors the search's: plan (:mod:`.plan`) and scatter each party its assignment (or the setup error), agree
+on devices, charge the augment iterations a party sent beyond the ledger's count (replays after a crash), open the
+log's ``/augment`` group and broadcast the initial weights. Then :mod:`.algorithm`'s iterations.
+
+The privacy ledgers are the search's, continued: every augment release is charged on the ledgers of the records
+it may touch, so the ε logged in ``/augment/privacy/epsilon`` is the composition of both stages per party.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mpi_fnas.checkpoint import save_checkpoint
+from mpi_fnas.config import Config
+from mpi_fnas.federation.augment.algorithm import AugmentBuffers, server_augment_iteration
+from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
+from mpi_fnas.federation.augment.server import AugmentServer
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.plan import SetupError, augment_is_private, open_split, plan_run
+from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
+from mpi_fnas.privacy.budget import FederationLedger
+from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
+from mpi_fnas.space import build_augment_network
+
+STAGE = "augment"
+
+
+@dataclass
+class AugmentOutcome:
+    """Rank 0's result of the augmentation."""
+
+    genotype: str
+    params: int  # parameters of the network without the auxiliary head (Table 1's "Params")
+    epochs: int
+    steps: int
+    test_acc: float
+    test_loss: float
+    wall_seconds: float
+    stop_reason: str
+    private: bool  # the releases were DP (dpfnas with augment.private)
+    mode: str
+    interrupted: bool = False
+    epsilon: np.ndarray | None = None  # (K,) ε of search + augmentation composed (DP only)
+    delta: np.ndarray | None = None
+    privacy_guarantee: str = "holds"
+    log_path: Path | None = None
+
+
+def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dict, resume: dict | None = None,
+                  progress: Callable[[int, int, dict[str, float]], None] | None = None,
+                  stop_requested: Callable[[], str | None] = lambda: None) -> AugmentOutcome:
+    """Run the server's side of the augmentation.
+
+    `searched`: the search's result (``genotype``, its final ``ledger`` state or None; see
+    :func:`mpi_fnas.federation.job.searched_state`). `resume`: the augmentation's own checkpoint to continue from.
+    """
+    start = time.perf_counter()
+    try:
+        search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None)
+        genotype = parse_genotype(cfg.augment.genotype or searched["genotype"], "augment.genotype")
+        # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
+        ledger = None
+        if search_plan.privacy is not None:
+            ledger = FederationLedger(search_plan.privacy)
+            if searched.get("ledger") is not None:
+                ledger.load_state_dict(searched["ledger"])
+        private = ledger is not None and augment_is_private(cfg)
+        params = search_plan.privacy.params if search_plan.privacy is not None else None
+        plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
+        test = open_split(cfg, "test")
+        if resume is not None:
+            _attach_resume(plan, resume)
+    except SetupError as exc:
+        channel.scatter_objects([None] + [("error", str(exc))] * channel.parties)
+        raise
+    channel.scatter_objects([None, *plan.assignments])
+    device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
+    reports = channel.gather_objects(None)[1:]
+    devices = ["cpu"] + [r["device"] for r in reports]
+    if ledger is not None and resume is not None:
+        ledger.load_state_dict(resume["ledger"])
+    if private:
+        assert ledger is not None and plan.releases is not None
+        if resume is None:
+            ledger.start_augment(plan.releases)
+        charged = ledger.augment_steps()
+        for k, sent in enumerate(int(r["sent_steps"]) for r in reports):
+            if sent > charged[k]:
+                ledger.charge_augment_replays(k, sent - int(charged[k]))
+    gpus = len({d for d in devices if d.startswith("cuda")})
+    model = build_augment_network(
+        genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
+        in_channels=test.in_channels, num_classes=test.num_classes, stem_multiplier=cfg.space.stem_multiplier,
+        norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
+    )
+    guarantee = search_plan.privacy.params.guarantee if private else _no_guarantee(cfg)
+    log = _open_log(cfg, run_dir, plan, model.num_params(), ledger if private else None, resume, devices, guarantee)
+    outcome = AugmentOutcome(
+        genotype=genotype.to_string(), params=model.num_params(), epochs=math.ceil(plan.steps / plan.steps_per_epoch),
+        steps=plan.steps, test_acc=math.nan, test_loss=math.nan, wall_seconds=0.0, stop_reason=plan.stop_reason,
+        private=private, mode=cfg.mode, privacy_guarantee=guarantee, log_path=log.path,
+    )
+    try:
+        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps)
+        if resume is not None:
+            server.load_state_dict(resume["server"])
+        channel.bcast(server.w_buffer)
+        x_test, y_test = test.render(np.arange(len(test.labels)))
+        loop = _AugmentLoop(cfg, channel, server, plan, ledger, private, log, progress, run_dir, stop_requested)
+        loop.run(x_test, y_test, resume, outcome)
+    except BaseException as exc:
+        if ledger is not None:
+            ledger.close()
+        status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
+        log.finish_augment(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
+                           cost=attempt_cost(time.perf_counter() - start, channel.size, gpus))
+        raise
+    if ledger is not None:
+        outcome.epsilon, outcome.delta = ledger.epsilons(), search_plan.privacy.delta
+        ledger.close()
+    outcome.wall_seconds = time.perf_counter() - start  # one reading for the summary and /augment/cost
+    log.finish_augment("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
+                       test_acc=outcome.test_acc, cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
+    if outcome.interrupted:
+        channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
+    return outcome
+
+
+def _no_guarantee(cfg: Config) -> str:
+    if cfg.mode == "dpfnas":
+        return ("none: augment.private is false, so the augmentation used exact gradients and the final weights are "
+                "NOT private; ε covers the search only")
+    return f"none: mode {cfg.mode} makes no privacy claim"
+
+
+def _attach_resume(plan: AugmentPlan, checkpoint: dict) -> None:
+    if checkpoint["plan_steps"] != plan.steps or checkpoint["genotype"] != plan.genotype.to_string():
+        raise SetupError("--resume: the augmentation checkpoint was written by a run with a different plan "
+                         f"({checkpoint['plan_steps']} steps, genotype {checkpoint['genotype']})")
+    for assignment in plan.assignments:
+        assignment.checkpoint_step = int(checkpoint["step"])
+
+
+def _open_log(cfg: Config, run_dir: Path, plan: AugmentPlan, params: int, ledger: FederationLedger | None,
+              resume: dict | None, devices: list[str], guarantee: str) -> RunLog:
+    log = RunLog.continue_run(run_dir / "search.h5", rank_attrs={"devices": devices})
+    privacy = None
+    if ledger is not None and plan.releases is not None:
+        privacy = AugmentPrivacySchema(
+            sample_rate=plan.releases.sample_rate_train, noise_multiplier=plan.releases.noise_multiplier,
+            clip=plan.releases.clip, delta=ledger.plan.delta,
+        )
+    log.begin_augment(genotype=plan.genotype.to_string(), params=params, private=ledger is not None,
+                      privacy=privacy, parties=len(plan.assignments), guarantee=guarantee)
+    if resume is not None:
+        log.truncate_augment(*resume["log_rows"])
+    return log
+
+
+class _AugmentLoop:
+    """The iterations on rank 0, with their logging and checkpoints."""
+
+    def __init__(self, cfg: Config, channel: Channel, server: AugmentServer, plan: AugmentPlan,
+                 ledger: FederationLedger | None, private: bool, log: RunLog, progress, run_dir: Path,
+                 stop_requested: Callable[[], str | None]) -> None:
+        self.cfg, self.channel, self.server, self.plan = cfg, channel, server, plan
+        self.log, self.progress, self.run_dir = log, progress, run_dir
+        self.ledger = ledger  # checkpointed as it is (under dpfnas: the search's, continued)
+        self.charging = ledger if private else None  # the ledger the augment releases are charged on
+        self.control = StepControl(STAGE, plan.steps, cfg.checkpoint.every_steps, stop_requested)
+        self.stats = np.zeros(4)
+        self.epsilon_so_far = math.nan
+
+    def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, outcome: AugmentOutcome) -> None:
+        plan, buffers = self.plan, AugmentBuffers(self.server.w.numel())
+        first = 1
+        if resume is not None:
+            first = int(resume["step"]) + 1
+            self.stats = np.asarray(resume["stats"], dtype=np.float64)
+            outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
+        for step in range(first, plan.steps + 1):
+            control, signal_name = self.control.at(step)
+            self.stats += server_augment_iteration(self.server, self.channel, buffers, step, control)
+            if self.charging is not None:
+                self.charging.record_augment_step()
+            epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
+            test = None
+            if epoch_end:
+                test = self.server.evaluate(x_test, y_test)
+                outcome.test_loss, outcome.test_acc = _ratio(test[0], test[2]), _ratio(test[1], test[2])
+            if epoch_end or step % self.cfg.runtime.log_every == 0:
+                self._log_row(step, test)
+            self._write_privacy_rows(wait=False)
+            if control != CONTINUE:
+                self._checkpoint(step, outcome)
+                if control == STOP:
+                    outcome.stop_reason = f"interrupted by {signal_name}: checkpointed at step {step}"
+                    outcome.interrupted = True
+                    outcome.steps = step
+                    break
+        self._write_privacy_rows(wait=True)
+
+    def _log_row(self, step: int, test: np.ndarray | None) -> None:
+        # Under DP the parties send no statistics: counts stay 0 and the train columns are NaN.
+        row = {
+            "step": step, "epoch": (step - 1) // self.plan.steps_per_epoch,
+            "train_loss": _ratio(self.stats[0], self.stats[2]), "train_acc": _ratio(self.stats[1], self.stats[2]),
+            "test_loss": _ratio(test[0], test[2]) if test is not None else math.nan,
+            "test_acc": _ratio(test[1], test[2]) if test is not None else math.nan,
+            "lr": self.server.lr,
+        }
+        self.stats[:] = 0
+        if self.charging is not None:
+            self.charging.submit(step)
+        self.log.append_augment_metrics(row)
+        if self.progress is not None:
+            self._write_privacy_rows(wait=step == self.plan.steps)
+            shown = dict(row)
+            if self.charging is not None:
+                shown["epsilon"] = self.epsilon_so_far
+            self.progress(step, self.plan.steps, shown)
+
+    def _write_privacy_rows(self, wait: bool) -> None:
+        if self.charging is None:
+            return
+        for row in self.charging.drain() if wait else self.charging.ready():
+            self.epsilon_so_far = float(np.max(row.epsilon))
+            self.log.append_augment_privacy(row.step, row.epsilon)
+
+    def _checkpoint(self, step: int, outcome: AugmentOutcome) -> None:
+        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
+        self.channel.gather_objects(None)
+        self._write_privacy_rows(wait=True)
+        save_checkpoint(self.run_dir, {
+            "stage": STAGE, "step": step, "plan_steps": self.plan.steps, "genotype": self.plan.genotype.to_string(),
+            "config": self.cfg.to_yaml(), "server": self.server.state_dict(),
+            "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+            "stats": self.stats.tolist(), "test_acc": outcome.test_acc, "test_loss": outcome.test_loss,
+            "log_rows": list(self.log.augment_row_counts()),
+        })
+
+
+def _ratio(a: float, b: float) -> float:
+    return float(a / b) if b > 0 else float("nan")

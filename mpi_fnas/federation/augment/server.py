@@ -1,0 +1,82 @@
+"""The augmentation's global state on rank 0: the network's weights, SGD and the public schedules. No MPI here.
+
+The weights travel as one flat float32 vector (the wire format), as in the search. SGD with momentum and weight
+decay is element-wise, so stepping the flat vector equals stepping every tensor.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from mpi_fnas.config import AugmentConfig
+from mpi_fnas.evaluation import evaluate
+from mpi_fnas.federation.flat import assign, flatten
+from mpi_fnas.space import AugmentNetwork
+
+
+def augment_learning_rate(cfg: AugmentConfig, step: int, steps: int) -> float:
+    """The SGD learning rate of iteration `step` (1-based) of `steps`: cosine from lr to lr_min, per step."""
+    progress = (step - 1) / max(steps, 1)
+    return cfg.lr_min + 0.5 * (cfg.lr - cfg.lr_min) * (1.0 + math.cos(math.pi * progress))
+
+
+def drop_path_probability(cfg: AugmentConfig, step: int, steps_per_epoch: int) -> float:
+    """DARTS' linear ramp: ``drop_path · epoch / epochs`` with the 0-based epoch of `step` (1-based).
+
+    A pure function of public settings, so the parties follow it without a message.
+    """
+    epoch = (step - 1) // steps_per_epoch
+    return cfg.drop_path * epoch / max(cfg.epochs, 1)
+
+
+class AugmentServer:
+    """Global weights of the augmented network (rank 0) and their optimizer.
+
+    Args:
+        model: the network built from the seed (every rank builds the same); also evaluates on the test split.
+        cfg: the ``augment`` section (optimiser settings).
+        parties: K: the server averages the K party gradients.
+        steps: iterations of the whole augmentation (the cosine schedule's length).
+    """
+
+    def __init__(self, model: AugmentNetwork, cfg: AugmentConfig, parties: int, steps: int) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.parties = parties
+        self.steps = steps
+        self.w = torch.nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
+        self.opt = torch.optim.SGD([self.w], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+
+    @property
+    def w_buffer(self) -> np.ndarray:
+        """The weights as a float32 numpy view (shares memory with the parameter)."""
+        return self.w.data.numpy()
+
+    @property
+    def lr(self) -> float:
+        return float(self.opt.param_groups[0]["lr"])
+
+    def step(self, step: int, summed_grad: np.ndarray) -> None:
+        """One SGD step at iteration `step` on the mean of the K party gradients (clipped to ``grad_clip``)."""
+        for group in self.opt.param_groups:
+            group["lr"] = augment_learning_rate(self.cfg, step, self.steps)
+        self.w.grad = torch.from_numpy(np.ascontiguousarray(summed_grad / self.parties, dtype=np.float32))
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_([self.w], self.cfg.grad_clip)
+        self.opt.step()
+
+    def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
+        """[loss_sum, correct, count] of the global weights on (x, y), in eval mode."""
+        assign(list(self.model.weights()), self.w_buffer)
+        return evaluate(self.model, x, y)
+
+    def state_dict(self) -> dict:
+        return {"w": self.w.data.clone(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.w.copy_(state["w"])
+        self.opt.load_state_dict(state["opt"])

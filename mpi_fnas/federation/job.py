@@ -1,0 +1,78 @@
+"""A whole job on every rank: the search, then the augmentation of the cell it found, with the same ranks.
+
+* ``stage="search"``: search (fresh or resumed), write ``RUN_DIR/searched.pt``, then augment unless
+  ``augment.epochs`` is 0;
+* ``stage="augment"``: augment only: a finished search's cell (``--augment RUN_DIR``, or a job resumed after its
+  search finished), or ``augment.genotype`` (no search at all).
+
+``searched.pt`` is the search's result as rank 0 owns it: the genotype and the privacy ledgers at the end of the
+search (public counts). The augmentation starts from it, in the same job or in a later one, so both stages'
+releases compose in one ledger per party and dataset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpi_fnas.checkpoint import atomic_load, atomic_save
+from mpi_fnas.config import Config
+from mpi_fnas.federation.augment.participate import participate_augment
+from mpi_fnas.federation.augment.serve import AugmentOutcome, serve_augment
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.participate import participate
+from mpi_fnas.federation.serve import SearchOutcome, serve
+
+SEARCHED_NAME = "searched.pt"
+Progress = Callable[[int, int, dict[str, float]], None]
+
+
+@dataclass
+class JobOutcome:
+    """Rank 0's result: the search's (None when the job did not search) and the augmentation's (None without)."""
+
+    search: SearchOutcome | None
+    augment: AugmentOutcome | None
+
+    @property
+    def interrupted(self) -> bool:
+        return any(stage is not None and stage.interrupted for stage in (self.search, self.augment))
+
+
+def searched_state(run_dir: Path) -> dict | None:
+    """The search result saved in `run_dir` (``genotype``, ``ledger``, ``config``), or None."""
+    path = Path(run_dir) / SEARCHED_NAME
+    return atomic_load(path) if path.exists() else None
+
+
+def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume: dict | None = None,
+            progress: Callable[[str], Progress | None] = lambda stage: None,
+            stop_requested: Callable[[], str | None] = lambda: None) -> JobOutcome | bool:
+    """Run the job on every rank. Rank 0 returns the :class:`JobOutcome`; a party returns True when interrupted.
+
+    `resume` (rank 0): the checkpoint to continue from (its ``stage`` says which). `progress(stage)` gives rank 0's
+    display for a stage.
+    """
+    augment = cfg.augment.epochs > 0
+    if not channel.is_server:
+        if stage == "search" and participate(cfg, channel, run_dir):
+            return True
+        return participate_augment(cfg, channel, run_dir) if augment else False
+
+    search = None
+    if stage == "search":
+        search = serve(cfg, channel, run_dir, progress=progress("search"), resume=resume,
+                       stop_requested=stop_requested)
+        if search.interrupted:
+            return JobOutcome(search, None)
+        searched = {"genotype": search.genotype, "ledger": search.ledger_state, "config": cfg.to_yaml()}
+        atomic_save(run_dir / SEARCHED_NAME, searched)
+        resume = None
+    else:
+        searched = searched_state(run_dir) or {"genotype": None, "ledger": None}
+    if not augment:
+        return JobOutcome(search, None)
+    outcome = serve_augment(cfg, channel, run_dir, searched=searched, resume=resume, progress=progress("augment"),
+                            stop_requested=stop_requested)
+    return JobOutcome(search, outcome)

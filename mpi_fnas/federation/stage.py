@@ -1,0 +1,81 @@
+"""What the two stages of a job (search, augmentation) share around their iterations. No MPI, no autograd.
+
+* the control word rank 0 appends to the last broadcast of a step (continue, checkpoint, or stop);
+* the cost of an attempt (the log adds the attempts of a requeued run up);
+* the test hooks that stop a run, fail a party or slow it down at a given step (environment variables, off by
+  default): ``MPI_FNAS_STOP_AFTER=STEP`` acts as if SIGUSR1 arrived during that step, ``MPI_FNAS_INJECT_FAULT=
+  RANK:STEP`` makes that party raise, ``MPI_FNAS_INJECT_SLEEP=RANK:STEP:SECONDS`` makes it sleep. A STEP written
+  ``augment:N`` means step N of the augmentation, a plain number a step of the search.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+CONTINUE, CHECKPOINT, STOP = 0, 1, 2
+
+STOP_ENV = "MPI_FNAS_STOP_AFTER"
+FAULT_ENV = "MPI_FNAS_INJECT_FAULT"
+SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"
+
+
+def _stage_step(text: str, stage: str) -> int:
+    """The step of `stage` named by `text` ("N" = search step N, "augment:N" = augment step N), else -1."""
+    named, _, number = text.rpartition(":")
+    if (named or "search") != stage or not number:
+        return -1
+    return int(number)
+
+
+class StepControl:
+    """Rank 0's decision at the end of each step: continue, checkpoint (every N steps) or stop (a signal)."""
+
+    def __init__(self, stage: str, steps: int, every_steps: int, stop_requested: Callable[[], str | None]) -> None:
+        self.steps, self.every_steps, self.stop_requested = steps, every_steps, stop_requested
+        self.stop_after = _stage_step(os.environ.get(STOP_ENV, ""), stage)
+        self.stage = stage
+
+    def at(self, step: int) -> tuple[int, str | None]:
+        """(control word, the reason to stop or None) for `step`. The last step never stops: it finishes."""
+        signal_name = self.stop_requested() or (f"{STOP_ENV}={step}" if step == self.stop_after else None)
+        if signal_name is not None and step < self.steps:
+            return STOP, signal_name
+        if self.every_steps and step % self.every_steps == 0 and step < self.steps:
+            return CHECKPOINT, None
+        return CONTINUE, None
+
+
+def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]:
+    """This attempt's cost. Core-hours count one core a rank."""
+    return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
+            "cpu_core_hours": wall_seconds * ranks / 3600.0}
+
+
+class Injections:
+    """Fault and delay injection for the failure tests, for one party and one stage."""
+
+    def __init__(self, rank: int, stage: str = "search") -> None:
+        self.fault_step = self.sleep_step = -1
+        self.sleep_seconds = 0.0
+        fault = os.environ.get(FAULT_ENV, "")
+        if fault:
+            rank_text, _, step_text = fault.partition(":")
+            if int(rank_text) == rank:
+                self.fault_step = _stage_step(step_text, stage)
+        sleep = os.environ.get(SLEEP_ENV, "")
+        if sleep:
+            rank_text, _, rest = sleep.partition(":")
+            step_text, _, seconds = rest.rpartition(":")
+            if int(rank_text) == rank:
+                self.sleep_step = _stage_step(step_text, stage)
+                self.sleep_seconds = float(seconds)
+        self.stage = stage
+
+    def at(self, step: int) -> None:
+        if step == self.fault_step:
+            where = "step" if self.stage == "search" else f"{self.stage} step"
+            raise RuntimeError(f"injected fault at {where} {step} ({FAULT_ENV})")
+        if step == self.sleep_step:
+            time.sleep(self.sleep_seconds)
