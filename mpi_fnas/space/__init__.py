@@ -1,13 +1,26 @@
-"""DARTS search space: candidate ops, search cells, the supernet, and discrete genotypes."""
+"""DARTS search space: candidate ops, search cells, the supernet, discrete genotypes, and the augment network."""
 
-from mpi_fnas.space.genotype import Genotype, derive_genotype, max_genotype_length, num_edges
+from mpi_fnas.space.derived import (
+    AugmentNetwork,
+    AuxiliaryHead,
+    DerivedCell,
+    augment_loss,
+    build_augment_network,
+)
+from mpi_fnas.space.genotype import DARTS_V2, Genotype, derive_genotype, max_genotype_length, num_edges
 from mpi_fnas.space.network import SearchNetwork, build_supernet
 from mpi_fnas.space.ops import PRIMITIVES
 
 __all__ = [
+    "DARTS_V2",
     "PRIMITIVES",
+    "AugmentNetwork",
+    "AuxiliaryHead",
+    "DerivedCell",
     "Genotype",
     "SearchNetwork",
+    "augment_loss",
+    "build_augment_network",
     "build_supernet",
     "derive_genotype",
     "max_genotype_length",

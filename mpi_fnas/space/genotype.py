@@ -312,3 +312,24 @@ def _parse_index(text: str, where: str) -> int:
             f"genotype string: {where}: state index must be a non-negative integer, got {text!r}"
         )
     return int(text)
+
+
+# Defined last: construction validates with the helpers above.
+#: The published DARTS (second order, "V2") CIFAR-10 cell pair, 4 nodes, as the reference architecture for the
+#: augment (train-from-scratch) protocol. Edges are listed per node in the order the paper's genotype gives them.
+DARTS_V2 = Genotype(
+    normal=(
+        ("sep_conv_3x3", 0), ("sep_conv_3x3", 1),
+        ("sep_conv_3x3", 0), ("sep_conv_3x3", 1),
+        ("sep_conv_3x3", 1), ("skip_connect", 0),
+        ("skip_connect", 0), ("dil_conv_3x3", 2),
+    ),
+    normal_concat=(2, 3, 4, 5),
+    reduce=(
+        ("max_pool_3x3", 0), ("max_pool_3x3", 1),
+        ("skip_connect", 2), ("max_pool_3x3", 1),
+        ("max_pool_3x3", 0), ("skip_connect", 2),
+        ("skip_connect", 2), ("max_pool_3x3", 1),
+    ),
+    reduce_concat=(2, 3, 4, 5),
+)
