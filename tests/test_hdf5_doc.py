@@ -1,4 +1,5 @@
-"""docs/hdf5.md lists exactly the groups, datasets and attributes that ``RunLog.create`` writes.
+"""docs/hdf5.md lists exactly the groups, datasets and attributes that ``RunLog.create`` writes, and those that
+``RunLog.begin_augment`` adds under ``/augment``.
 
 The doc's "## Layout" section has one "### `/group`" subsection per group, each with a table whose rows start
 with "| `name` | kind |" (kind: attr, dataset or group). That is what is parsed here; everything else in the
@@ -14,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 PARTIES = 2
@@ -62,7 +63,9 @@ def file_members(path: Path) -> set[Member]:
     return members
 
 
-def _fresh_log(path: Path, mode: str) -> Path:
+def _fresh_log(path: Path, mode: str, *, augment: bool) -> Path:
+    """A finished search of ``mode`` with one row per family; with augment, also a finished augment stage that
+    is private exactly when the search was (as the product runs it)."""
     privacy = None
     if mode == "dpfnas":
         privacy = PrivacySchema(
@@ -78,18 +81,36 @@ def _fresh_log(path: Path, mode: str) -> Path:
     if privacy is not None:
         runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
     runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
+    if augment:
+        augment_privacy = None
+        if privacy is not None:
+            augment_privacy = AugmentPrivacySchema(
+                sample_rate=[0.01] * PARTIES, noise_multiplier=1.0, clip=0.1, delta=[1e-5] * PARTIES
+            )
+        runlog.begin_augment(
+            genotype="g", params=1000, private=privacy is not None, privacy=augment_privacy, parties=PARTIES
+        )
+        runlog.append_augment_metrics({"step": 1, "epoch": 0})
+        if augment_privacy is not None:
+            runlog.append_augment_privacy(1, np.zeros(PARTIES))
+        runlog.finish_augment("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0})
     return path
 
 
-def _is_privacy(member: Member) -> bool:
-    return member[0].startswith("/privacy") or member == ("/", "privacy", "group")
+def _under(member: Member, group: str) -> bool:
+    """Whether ``member`` is the group at path ``group`` or lies inside it."""
+    parent, name = group.rsplit("/", 1)
+    return member[0] == group or member[0].startswith(group + "/") or member == (parent or "/", name, "group")
 
 
-@pytest.mark.parametrize("mode", ["dpfnas", "fnas"])
-def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "augment"), [("dpfnas", False), ("fnas", False), ("dpfnas", True), ("fnas", True)])
+def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool) -> None:
     documented = documented_members(DOC.read_text(encoding="utf-8"))
-    if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only
-        documented = {member for member in documented if not _is_privacy(member)}
-    written = file_members(_fresh_log(tmp_path / "search.h5", mode))
+    if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only (and the augment stage is private only then)
+        documented = {member for member in documented if not _under(member, "/privacy")}
+        documented = {member for member in documented if not _under(member, "/augment/privacy")}
+    if not augment:  # the doc marks /augment as existing once an augment stage has begun
+        documented = {member for member in documented if not _under(member, "/augment")}
+    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment))
     assert sorted(written - documented) == [], "written but not documented"
     assert sorted(documented - written) == [], "documented but not written"

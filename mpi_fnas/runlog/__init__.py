@@ -1,17 +1,28 @@
 """HDF5 run log of one search (``search.h5``): written by rank 0 only, readable while the run is going (SWMR).
 
-docs/hdf5.md documents the file name by name. Modules: ``schema`` (names and layout), ``liveness`` (the
-writer's liveness record and the dead-writer rule), ``writer`` (``RunLog``), ``reader`` (``read_run``).
+The search's augment stage (training the derived genotype from scratch) appends its ``/augment`` group to the
+same file. docs/hdf5.md documents the file name by name. Modules: ``schema`` (names and layout), ``liveness``
+(the writer's liveness record and the dead-writer rule), ``writer`` (``RunLog``), ``reader`` (``read_run``).
 """
 
 from mpi_fnas.runlog.reader import DEFAULT_STALE_SECONDS, read_run
-from mpi_fnas.runlog.schema import SEARCH_METRICS, PrivacySchema, RowCounts
+from mpi_fnas.runlog.schema import (
+    AUGMENT_METRICS,
+    SEARCH_METRICS,
+    AugmentPrivacySchema,
+    AugmentRowCounts,
+    PrivacySchema,
+    RowCounts,
+)
 from mpi_fnas.runlog.writer import HEARTBEAT_SECONDS, RunLog
 
 __all__ = [
+    "AUGMENT_METRICS",
     "DEFAULT_STALE_SECONDS",
     "HEARTBEAT_SECONDS",
     "SEARCH_METRICS",
+    "AugmentPrivacySchema",
+    "AugmentRowCounts",
     "PrivacySchema",
     "RowCounts",
     "RunLog",

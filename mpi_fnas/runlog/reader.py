@@ -12,7 +12,18 @@ import h5py
 import numpy as np
 
 from mpi_fnas.runlog.liveness import read_writer_record, writer_gone_reason
-from mpi_fnas.runlog.schema import COST_FIELDS, PRIVACY_FIXED, PRIVACY_GROWING, common_length, growing_families
+from mpi_fnas.runlog.schema import (
+    AUGMENT_GROUP,
+    AUGMENT_METRICS,
+    AUGMENT_PRIVACY_FIXED,
+    AUGMENT_PRIVACY_GROWING,
+    COST_FIELDS,
+    PRIVACY_FIXED,
+    PRIVACY_GROWING,
+    augment_families,
+    common_length,
+    growing_families,
+)
 
 # A writer silent for this long counts as dead when this machine cannot check its PID (another node). Must
 # exceed the longest gap between two heartbeats, i.e. one search step plus setup.
@@ -29,13 +40,19 @@ def read_run(
     metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32};
     genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; privacy None or a dict with
     delta (K,), accountant, steps (rows,), charged_steps (rows, K), epsilon (rows, K), mu_gdp (rows, K),
-    sample_rate_train (K,), sample_rate_val (K,), noise_multiplier_w, noise_multiplier_a, clip_w, clip_a.
+    sample_rate_train (K,), sample_rate_val (K,), noise_multiplier_w, noise_multiplier_a, clip_w, clip_a;
+    augment None (no augment stage) or a dict with status, reason, stale, genotype, params, test_acc,
+    test_error, private, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the
+    rest float64}, cost {field: value}, privacy None or {sample_rate (K,), noise_multiplier, clip, delta (K,),
+    steps (rows,), epsilon (rows, K)}.
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
-    there. stale_after: seconds without heartbeat after which a writer on another machine counts as dead.
-    Each growing family is cut to its shortest dataset so a row caught mid-append is not returned
-    half-filled. wait_seconds: how long to retry while the writer briefly holds the file outside SWMR mode.
+    there. The same rule applies to a ``running`` augment stage (its own status, reason and stale; the last
+    logged augment step), while the search's status stays whatever the search recorded. stale_after: seconds
+    without heartbeat after which a writer on another machine counts as dead. Each growing family is cut to
+    its shortest dataset so a row caught mid-append is not returned half-filled. wait_seconds: how long to
+    retry while the writer briefly holds the file outside SWMR mode.
     """
     handle = _open_swmr_reader(Path(path), wait_seconds)
     try:
@@ -79,24 +96,69 @@ def read_run(
             for name in PRIVACY_FIXED:
                 privacy[name] = _plain(group[name][()])
             result["privacy"] = privacy
+        result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
     finally:
         handle.close()
 
-    if result["status"] == "running":
-        gone = writer_gone_reason(writer, now=time.time(), stale_after=stale_after)
-        if gone is not None:
-            last = "no step logged" if result["last_step"] is None else f"last logged step {result['last_step']}"
-            result.update(status="failed", reason=f"{gone}; {last}", stale=True)
+    augment = result["augment"]
+    stages = [(result, "step")] + ([(augment, "augment step")] if augment is not None else [])
+    running = [(stage, noun) for stage, noun in stages if stage["status"] == "running"]
+    gone = writer_gone_reason(writer, now=time.time(), stale_after=stale_after) if running else None
+    if gone is not None:
+        for stage, noun in running:
+            last = f"no {noun} logged" if stage["last_step"] is None else f"last logged {noun} {stage['last_step']}"
+            stage.update(status="failed", reason=f"{gone}; {last}", stale=True)
+    if augment is not None:
+        del augment["last_step"]  # only needed for the reason; the metrics hold every step
     return result
+
+
+def _read_augment(handle: h5py.File) -> dict[str, Any]:
+    """``/augment`` as stored (status not yet judged against the writer), with ``last_step`` for the reason."""
+    group = handle[AUGMENT_GROUP]
+    attrs = group.attrs
+    metric_sets, privacy_sets = augment_families(handle)
+    rows = common_length(metric_sets)
+    metrics = {name: dataset[:rows] for name, dataset in zip(AUGMENT_METRICS, metric_sets, strict=True)}
+    augment: dict[str, Any] = {
+        "status": str(attrs["status"]),
+        "reason": str(attrs["reason"]),
+        "stale": False,
+        "last_step": int(metrics["step"][-1]) if rows else None,
+        "genotype": str(attrs["genotype"]),
+        "params": int(attrs["params"]),
+        "test_acc": float(attrs["test_acc"]),
+        "test_error": float(attrs["test_error"]),
+        "private": bool(attrs["private"]),
+        "attempts": int(attrs["attempts"]),
+        "metrics": metrics,
+        "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
+        "privacy": None,
+    }
+    if "privacy" in group:
+        ledger = group["privacy"]
+        privacy_rows = common_length(privacy_sets)
+        privacy: dict[str, Any] = {name: _plain(ledger[name][()]) for name in AUGMENT_PRIVACY_FIXED}
+        for name, dataset in zip(AUGMENT_PRIVACY_GROWING, privacy_sets, strict=True):
+            privacy[name] = dataset[:privacy_rows]
+        augment["privacy"] = privacy
+    return augment
 
 
 def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:
     deadline = time.monotonic() + wait_seconds
+    locking: bool | None = None  # HDF5's default (on, unless HDF5_USE_FILE_LOCKING says otherwise)
     while True:
         try:
-            return h5py.File(path, "r", libver="latest", swmr=True)
+            return h5py.File(path, "r", libver="latest", swmr=True, locking=locking)
         except OSError as exc:
-            # The writer holds the file outside SWMR mode for milliseconds in finish/reopen/truncate.
+            # Within the writer's own process HDF5 shares one open file, and insists on the writer's locking
+            # flag: the writer bypasses locking when an outside reader held the lock (writer._open_read_write).
+            if "file locking flag values don't match" in str(exc) and locking is None:
+                locking = False
+                continue
+            # The writer holds the file outside SWMR mode for milliseconds in finish/reopen/truncate and their
+            # augment counterparts (begin_augment, finish_augment, truncate_augment).
             locked = exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES) or "unable to lock" in str(exc)
             if not (locked or "not already open for SWMR" in str(exc)) or time.monotonic() >= deadline:
                 raise

@@ -1,8 +1,10 @@
 """Names and layout of the HDF5 run log: what exists in the file, with which dtype and shape.
 
 docs/hdf5.md documents every name below; tests/test_hdf5_doc.py checks that the document and a freshly created
-file list exactly the same groups, datasets and attributes. Everything that will ever exist in the file is
-created here before the writer enters SWMR mode (SWMR cannot create objects or attributes later).
+file list exactly the same groups, datasets and attributes. Everything the search will ever write is created here
+before the writer enters SWMR mode (SWMR cannot create objects or attributes later); the augment stage's
+``/augment`` group is created the same way later, by ``build_augment`` while ``RunLog.begin_augment`` holds the
+file outside SWMR mode.
 """
 
 from __future__ import annotations
@@ -52,6 +54,16 @@ _METRIC_CHUNK_ROWS = 256
 _EPOCH_CHUNK_ROWS = 16
 _PRIVACY_CHUNK_ROWS = 64
 
+# The augment stage (training the derived genotype from scratch) lives in this group of the search's file.
+AUGMENT_GROUP = "augment"
+# Its metric columns, in the order they are listed in /augment/metrics: step and epoch are int64 (an exact
+# counter, unlike /metrics/step), the rest float64.
+AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
+AUGMENT_INT_METRICS = ("step", "epoch")
+# /augment/privacy datasets that grow by one row per append_augment_privacy, and those written at creation.
+AUGMENT_PRIVACY_GROWING = ("steps", "epsilon")
+AUGMENT_PRIVACY_FIXED = ("sample_rate", "noise_multiplier", "clip", "delta")
+
 
 @dataclass(frozen=True)
 class PrivacySchema:
@@ -73,11 +85,34 @@ class PrivacySchema:
     clip_a: float
 
 
+@dataclass(frozen=True)
+class AugmentPrivacySchema:
+    """Fixed privacy facts of a DP augment stage, written once into ``/augment/privacy``. K = number of parties.
+
+    sample_rate: (K,) Poisson rate of each party's training batches. noise_multiplier: σ as a scalar or (K,).
+    clip: per-example clip bound (scalar). delta: (K,) target δ per party of the composed (search + augment)
+    guarantee.
+    """
+
+    sample_rate: Sequence[float] | np.ndarray
+    noise_multiplier: float | Sequence[float] | np.ndarray
+    clip: float
+    delta: Sequence[float] | np.ndarray
+
+
 class RowCounts(NamedTuple):
     """Rows written per growing family; what a checkpoint records and ``RunLog.truncate`` restores."""
 
     metric_rows: int
     epoch_rows: int
+    privacy_rows: int
+
+
+class AugmentRowCounts(NamedTuple):
+    """Rows written per growing family of ``/augment``; what an augment checkpoint records and
+    ``RunLog.truncate_augment`` restores."""
+
+    metric_rows: int
     privacy_rows: int
 
 
@@ -92,6 +127,20 @@ def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.D
         [metrics[name] for name in metrics],
         [handle[name] for name in EPOCH_DATASETS],
         [] if privacy is None else [privacy[name] for name in PRIVACY_GROWING],
+    )
+
+
+def augment_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset]]:
+    """The datasets of ``/augment``'s growing families (metrics in ``AUGMENT_METRICS`` order, privacy ledger in
+    ``AUGMENT_PRIVACY_GROWING`` order); both empty without ``/augment``, the ledger empty without
+    ``/augment/privacy``."""
+    group = handle.get(AUGMENT_GROUP)
+    if group is None:
+        return [], []
+    privacy = group.get("privacy")
+    return (
+        [group["metrics"][name] for name in AUGMENT_METRICS],
+        [] if privacy is None else [privacy[name] for name in AUGMENT_PRIVACY_GROWING],
     )
 
 
@@ -138,11 +187,7 @@ def build_skeleton(
         _growing(alphas, cell, tuple(alpha_shape), np.float32, 1, math.nan)
     _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
 
-    cost = handle.create_group("cost").attrs
-    for name in COST_ADDITIVE:
-        cost[name] = np.float64(math.nan)  # NaN = no attempt has reported its cost yet
-    for name in COST_LAYOUT:
-        cost[name] = np.int64(0)
+    _empty_cost(handle.create_group("cost"))
 
     ranks = handle.create_group("ranks")
     for key, value in rank_values.items():
@@ -158,6 +203,54 @@ def build_skeleton(
             _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
         for name in PRIVACY_FIXED:
             group.create_dataset(name, data=privacy[name])
+
+
+def build_augment(
+    handle: h5py.File,
+    *,
+    genotype: str,
+    params: int,
+    private: bool,
+    parties: int,
+    privacy: Mapping[str, np.ndarray] | None,
+) -> None:
+    """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and
+    ``/augment/privacy`` when privacy (the ``AugmentPrivacySchema`` fields as arrays, (K,) or scalar) is given.
+    Only outside SWMR mode."""
+    group = handle.create_group(AUGMENT_GROUP, track_order=True)
+    attrs = group.attrs
+    attrs["status"] = "running"
+    attrs["reason"] = ""
+    attrs["genotype"] = genotype
+    attrs["params"] = np.int64(params)
+    attrs["test_acc"] = np.float64(math.nan)  # NaN until the stage finishes and reports it
+    attrs["test_error"] = np.float64(math.nan)
+    attrs["private"] = np.bool_(private)
+    attrs["attempts"] = np.int64(1)
+
+    metrics = group.create_group("metrics", track_order=True)
+    for name in AUGMENT_METRICS:
+        if name in AUGMENT_INT_METRICS:
+            _growing(metrics, name, (), np.int64, _METRIC_CHUNK_ROWS, -1)
+        else:
+            _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
+
+    _empty_cost(group.create_group("cost"))
+
+    if privacy is not None:
+        ledger = group.create_group("privacy", track_order=True)
+        for name in AUGMENT_PRIVACY_FIXED:
+            ledger.create_dataset(name, data=privacy[name])
+        _growing(ledger, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+        _growing(ledger, "epsilon", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+
+
+def _empty_cost(group: h5py.Group) -> None:
+    """The ``COST_FIELDS`` attrs of a cost group before any attempt has reported: NaN (additive) and 0 (layout)."""
+    for name in COST_ADDITIVE:
+        group.attrs[name] = np.float64(math.nan)  # NaN = no attempt has reported its cost yet
+    for name in COST_LAYOUT:
+        group.attrs[name] = np.int64(0)
 
 
 def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: Any, chunk_rows: int, fill: Any) -> None:

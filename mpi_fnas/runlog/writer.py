@@ -19,6 +19,13 @@ Lifecycle of the file:
    without closing (SIGKILL, node loss), HDF5 leaves the superblock marked "open for SWMR write" and refuses
    every write open; the log is then salvaged through a SWMR read open into a fresh file that replaces it
    (all flushed rows survive) -- unless the liveness record shows the previous writer is still alive.
+5. The augment stage (training the derived genotype from scratch) appends to the same file once the search has
+   ended: ``begin_augment`` (after ``finish`` in the same job, or after ``reopen(path, augment=True)`` in a later
+   one) reopens the file outside SWMR mode, creates ``/augment`` -- or, on a resume, counts another attempt --
+   and returns to SWMR mode; ``append_augment_*`` grow ``/augment``'s datasets like the search's, and
+   ``finish_augment`` records the stage's outcome the way ``finish`` records the search's, leaving the search's
+   root attributes and ``/cost`` alone. The heartbeat keeps ``/writer`` fresh meanwhile, so a dead writer turns
+   a ``running`` augment into ``failed`` for readers exactly as it does the search.
 """
 
 from __future__ import annotations
@@ -44,11 +51,18 @@ from mpi_fnas.runlog.liveness import (
     store_writer_record,
 )
 from mpi_fnas.runlog.schema import (
+    AUGMENT_GROUP,
+    AUGMENT_INT_METRICS,
+    AUGMENT_METRICS,
     COST_ADDITIVE,
     COST_FIELDS,
     FINAL_STATUSES,
+    AugmentPrivacySchema,
+    AugmentRowCounts,
     PrivacySchema,
     RowCounts,
+    augment_families,
+    build_augment,
     build_skeleton,
     common_length,
     growing_families,
@@ -69,7 +83,8 @@ class RunLog:
     def __init__(self, path: Path, handle: h5py.File) -> None:
         """Internal: use ``create`` or ``reopen``. ``handle`` is an open SWMR-write handle of ``path``."""
         self._path = path
-        self._finished = False
+        self._finished = False  # the search's outcome is recorded (finish, or reopen(augment=True))
+        self._augment: str | None = None  # this writer's augment stage: None, "running" or "ended"
         self._attach(handle)
 
     def _attach(self, handle: h5py.File) -> None:
@@ -85,6 +100,11 @@ class RunLog:
         self._last_beat = time.monotonic()  # create/reopen has just written the heartbeat
         self._rows = RowCounts(
             common_length(self._metrics), common_length(epoch_sets), common_length(self._privacy_sets)
+        )
+        # Empty families (0 rows) until /augment exists; in AUGMENT_METRICS / AUGMENT_PRIVACY_GROWING order.
+        self._augment_metrics, self._augment_privacy_sets = augment_families(handle)
+        self._augment_rows = AugmentRowCounts(
+            common_length(self._augment_metrics), common_length(self._augment_privacy_sets)
         )
 
     # ------------------------------------------------------------------ opening
@@ -140,19 +160,35 @@ class RunLog:
         return cls(path, handle)
 
     @classmethod
-    def reopen(cls, path: str | Path, *, rank_attrs: Mapping[str, Any] | None = None) -> RunLog:
+    def reopen(cls, path: str | Path, *, rank_attrs: Mapping[str, Any] | None = None, augment: bool = False) -> RunLog:
         """Continue an existing log (resume after a requeue): rows are kept, status goes back to ``running``.
 
         ``attempts`` is incremented, ``reason`` cleared and ``/writer`` taken over by this process. Rows of a
         family left ragged by a crash mid-append are trimmed to the shortest dataset. rank_attrs, when given,
         replaces the ``/ranks`` attrs (placement may differ after a requeue). A log left open by a dead writer
         is salvaged (module doc); one whose writer is provably still alive raises RuntimeError.
+
+        augment=True opens the log of an ended search for its augment stage (``--augment RUN_DIR``, or resuming
+        a crashed augment): only ``/writer`` is taken over and ragged rows trimmed; the search's root attrs and
+        ``/ranks`` stay as they are, so rank_attrs is refused (ValueError). Call ``begin_augment`` next. A log
+        whose search is still marked ``running`` raises RuntimeError (resume the search instead).
         """
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no run log at {path}")
+        if augment and rank_attrs is not None:
+            raise ValueError("reopen(augment=True) keeps the search's /ranks; rank_attrs must be None")
 
         def restart(handle: h5py.File) -> None:
+            if augment:
+                status = str(handle.attrs["status"])
+                if status not in FINAL_STATUSES:
+                    raise RuntimeError(
+                        f"the search in {path} has not ended (status {status!r}); resume it before augmenting"
+                    )
+                _trim_ragged(handle)
+                store_writer_record(handle, current_writer())
+                return
             handle.attrs["status"] = "running"
             handle.attrs["reason"] = ""
             handle.attrs["attempts"] = np.int64(int(handle.attrs["attempts"]) + 1)
@@ -180,7 +216,9 @@ class RunLog:
             _logger.warning("run log %s was left open by a writer that died; salvaging it", path)
             _salvage(path)
             handle = _open_swmr_writer(path, restart)
-        return cls(path, handle)
+        runlog = cls(path, handle)
+        runlog._finished = augment  # the search's outcome is already in the file; finish() must not touch it
+        return runlog
 
     @property
     def path(self) -> Path:
@@ -192,7 +230,8 @@ class RunLog:
     def heartbeat(self) -> None:
         """Record that the writer is alive (``/writer/heartbeat`` = now, Unix seconds). Cheap enough to call
         every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too. Like them, raises
-        RuntimeError once ``finish`` has closed the log."""
+        RuntimeError while the log is closed (after ``finish`` until ``begin_augment``, after
+        ``finish_augment`` or ``close``)."""
         self._require_open()
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
@@ -274,6 +313,169 @@ class RunLog:
         self._release_handle()
         self._attach(_open_swmr_writer(self._path, shrink))
 
+    # ------------------------------------------------------------------ augment stage
+
+    def begin_augment(
+        self,
+        *,
+        genotype: str,
+        params: int,
+        private: bool,
+        privacy: AugmentPrivacySchema | None,
+        parties: int,
+    ) -> None:
+        """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties.
+
+        Creates ``/augment`` (and ``/augment/privacy`` when privacy is given) with status ``running`` and
+        attempts 1; if it exists already (resume after a crash or requeue), increments its ``attempts``, sets
+        status ``running``, clears ``reason`` and keeps every row (``truncate_augment`` drops rows written after
+        the checkpoint). Refreshes ``/writer/heartbeat``. The file is reopened outside SWMR mode for this and
+        returns to SWMR-write mode; a SWMR reader attached before keeps reading the search's datasets but must
+        reopen the file to see ``/augment`` (docs/hdf5.md).
+
+        genotype: the derived genotype's text. params: exact parameter count of the augment network. private:
+        whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal
+        the search's (the stage runs across the same parties). The search must have ended first (``finish``,
+        or ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and
+        private (ValueError otherwise).
+        """
+        if not self._finished:
+            raise RuntimeError("the search is still running: finish() it before begin_augment")
+        if self._augment == "running":
+            raise RuntimeError("the augment stage is already running; finish_augment() it first")
+        if bool(private) != (privacy is not None):
+            raise ValueError("an augment privacy schema is required when private=True and only then")
+        if int(parties) != self._parties:
+            raise ValueError(f"the augment runs across the search's {self._parties} parties, got parties={parties}")
+        count = _integral("params", params)
+        if count < 0:
+            raise ValueError(f"params must be a parameter count >= 0, got {params}")
+        arrays = None if privacy is None else _augment_privacy_arrays(privacy, self._parties)
+
+        def start(handle: h5py.File) -> None:
+            group = handle.get(AUGMENT_GROUP)
+            if group is None:
+                build_augment(
+                    handle, genotype=genotype, params=count, private=bool(private), parties=self._parties,
+                    privacy=arrays,
+                )  # fmt: skip
+            else:
+                stored = (str(group.attrs["genotype"]), int(group.attrs["params"]), bool(group.attrs["private"]))
+                if stored != (genotype, count, bool(private)):
+                    raise ValueError(
+                        f"{self._path} holds an augment of (genotype, params, private) = {stored}; "
+                        "a resumed augment must train the same network"
+                    )
+                group.attrs["status"] = "running"
+                group.attrs["reason"] = ""
+                group.attrs["attempts"] = np.int64(int(group.attrs["attempts"]) + 1)
+                _trim_ragged(handle)
+            handle[WRITER_GROUP]["heartbeat"][()] = time.time()
+
+        was_open = self._file is not None
+        self._release_handle()
+        try:
+            handle = _open_swmr_writer(self._path, start)
+        except BaseException:
+            if was_open:  # a refused begin leaves the log as it was: open, in SWMR mode
+                self._attach(_open_swmr_writer(self._path, lambda handle: None))
+            raise
+        self._attach(handle)
+        self._augment = "running"
+
+    def append_augment_metrics(self, row: Mapping[str, float]) -> None:
+        """Append one row to every ``/augment/metrics`` dataset (names: ``AUGMENT_METRICS``). ``step`` and
+        ``epoch`` are required integers (int64 columns: KeyError if missing, ValueError if not integral); other
+        missing names are stored as NaN (train_* under DP, test_* on rows without an evaluation). Unknown
+        names raise KeyError before anything is written."""
+        self._require_augmenting()
+        unknown = sorted(set(row) - set(AUGMENT_METRICS))
+        missing = [name for name in AUGMENT_INT_METRICS if name not in row]
+        if unknown or missing:
+            raise KeyError(
+                f"unknown augment metric name(s) {unknown}, missing required {missing}; "
+                f"the log has {list(AUGMENT_METRICS)}"
+            )
+        values = [
+            np.int64(_integral(name, row[name])) if name in AUGMENT_INT_METRICS else float(row.get(name, math.nan))
+            for name in AUGMENT_METRICS
+        ]
+        _append_row(self._augment_metrics, self._augment_rows.metric_rows, values)
+        self._augment_rows = self._augment_rows._replace(metric_rows=self._augment_rows.metric_rows + 1)
+        self.heartbeat()
+
+    def append_augment_privacy(self, steps: int, epsilon: np.ndarray) -> None:
+        """Append one augment ledger row. steps: augment iterations so far. epsilon (K,): per party, the ε of
+        search and augment composed (may be inf), computed by the caller."""
+        self._require_augmenting()
+        if not self._augment_privacy_sets:
+            raise RuntimeError("this augment stage was begun without a privacy schema (private=False)")
+        eps = _per_party("epsilon", epsilon, self._parties, np.float64)
+        # Same order as schema.AUGMENT_PRIVACY_GROWING: steps, epsilon.
+        row = [np.int64(_integral("steps", steps)), eps]
+        _append_row(self._augment_privacy_sets, self._augment_rows.privacy_rows, row)
+        self._augment_rows = self._augment_rows._replace(privacy_rows=self._augment_rows.privacy_rows + 1)
+        self.heartbeat()
+
+    def augment_row_counts(self) -> AugmentRowCounts:
+        """Rows of ``/augment``'s metric and privacy families ((0, 0) without ``/augment``); store it in the
+        augment checkpoint."""
+        return self._augment_rows
+
+    def truncate_augment(self, metric_rows: int, privacy_rows: int) -> None:
+        """Drop ``/augment`` rows written after an augment checkpoint, like ``truncate`` does for the search:
+        counts above what exists raise ValueError; the shrink happens outside SWMR mode. Needs ``/augment``
+        (``begin_augment`` first)."""
+        self._require_open()
+        if not self._augment_metrics:
+            raise RuntimeError(f"{self._path} has no augment stage to truncate; begin_augment() first")
+        wanted = AugmentRowCounts(int(metric_rows), int(privacy_rows))
+        for name, want, have in zip(AugmentRowCounts._fields, wanted, self._augment_rows, strict=True):
+            if not 0 <= want <= have:
+                raise ValueError(f"truncate_augment {name}={want}: must be between 0 and the {have} rows written")
+
+        def shrink(handle: h5py.File) -> None:
+            for datasets, rows in zip(augment_families(handle), wanted, strict=True):
+                for dataset in datasets:
+                    dataset.resize(rows, axis=0)
+
+        self._release_handle()
+        self._attach(_open_swmr_writer(self._path, shrink))
+
+    def finish_augment(
+        self, status: str, *, reason: str, test_acc: float = math.nan, cost: Mapping[str, float]
+    ) -> None:
+        """Close the log with the augment stage's final ``status`` (finished, failed or interrupted).
+
+        reason: why it ended. test_acc: final test accuracy (fraction in [0, 1], or NaN when there is none);
+        ``test_error`` = 1 - test_acc. cost: this attempt's ``COST_FIELDS`` for ``/augment/cost``, added to
+        earlier attempts' exactly like ``finish`` does for ``/cost``. The search's root attrs and ``/cost`` are
+        not touched. Idempotent like ``finish``: once the stage has ended, further calls do nothing. RuntimeError
+        if this writer has not begun an augment stage.
+        """
+        if self._augment == "ended":
+            return
+        if self._augment is None:
+            raise RuntimeError("no augment stage was begun by this writer; begin_augment() first")
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
+        _check_cost(cost)
+        accuracy = float(test_acc)
+        if not (math.isnan(accuracy) or 0.0 <= accuracy <= 1.0):
+            raise ValueError(f"test_acc is a fraction in [0, 1] (or NaN), got {test_acc}")
+        self._release_handle()
+        handle = _open_read_write(self._path)
+        try:
+            group = handle[AUGMENT_GROUP]
+            group.attrs["status"] = status
+            group.attrs["reason"] = reason
+            group.attrs["test_acc"] = np.float64(accuracy)
+            group.attrs["test_error"] = np.float64(1.0 - accuracy)  # NaN stays NaN
+            _add_cost(group["cost"], cost)
+        finally:
+            handle.close()
+        self._augment = "ended"
+
     # ------------------------------------------------------------------ ending
 
     def finish(
@@ -295,9 +497,7 @@ class RunLog:
             return
         if status not in FINAL_STATUSES:
             raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
-        unknown = sorted(set(cost or {}) - set(COST_FIELDS))
-        if unknown:
-            raise KeyError(f"unknown cost field(s) {unknown}; known: {list(COST_FIELDS)}")
+        _check_cost(cost or {})
         self._release_handle()
         handle = _open_read_write(self._path)
         try:
@@ -305,22 +505,26 @@ class RunLog:
             handle.attrs["reason"] = reason
             if final_genotype is not None:
                 handle.attrs["final_genotype"] = final_genotype
-            cost_attrs = handle["cost"].attrs
-            for name, value in (cost or {}).items():
-                if name in COST_ADDITIVE:
-                    previous = float(cost_attrs[name])
-                    cost_attrs[name] = np.float64((0.0 if math.isnan(previous) else previous) + float(value))
-                else:
-                    cost_attrs[name] = np.int64(value)
+            _add_cost(handle["cost"], cost or {})
         finally:
             handle.close()
         self._finished = True
+
+    def close(self) -> None:
+        """Close the file without recording any outcome (``finish`` and ``finish_augment`` already close it).
+        Idempotent. A stage still marked ``running`` reads as ``failed`` once this process has exited."""
+        self._release_handle()
 
     # ------------------------------------------------------------------ internals
 
     def _require_open(self) -> None:
         if self._file is None:
             raise RuntimeError(f"run log {self._path} is closed")
+
+    def _require_augmenting(self) -> None:
+        self._require_open()
+        if self._augment != "running":
+            raise RuntimeError("no augment stage is running in this writer; begin_augment() first")
 
     def _release_handle(self) -> None:
         handle, self._file = self._file, None
@@ -339,6 +543,24 @@ class RunLog:
         if np.any(array < 0) or not np.allclose(array.sum(axis=1), 1.0, atol=_SOFTMAX_SUM_ATOL):
             raise ValueError(f"{name} rows must be non-negative and sum to 1 (softmax over ops), not raw alphas")
         return array
+
+
+def _check_cost(cost: Mapping[str, float]) -> None:
+    """Refuse unknown cost fields before anything is written."""
+    unknown = sorted(set(cost) - set(COST_FIELDS))
+    if unknown:
+        raise KeyError(f"unknown cost field(s) {unknown}; known: {list(COST_FIELDS)}")
+
+
+def _add_cost(group: h5py.Group, cost: Mapping[str, float]) -> None:
+    """Record one attempt's cost in a cost group (``/cost`` or ``/augment/cost``): the ``COST_ADDITIVE`` fields
+    are added to earlier attempts' (NaN = none reported yet), the layout fields replaced by this attempt's."""
+    for name, value in cost.items():
+        if name in COST_ADDITIVE:
+            previous = float(group.attrs[name])
+            group.attrs[name] = np.float64((0.0 if math.isnan(previous) else previous) + float(value))
+        else:
+            group.attrs[name] = np.int64(value)
 
 
 def _append_row(datasets: Sequence[h5py.Dataset], index: int, values: Sequence[Any]) -> None:
@@ -396,8 +618,9 @@ def _salvage(path: Path) -> None:
 
 
 def _trim_ragged(handle: h5py.File) -> None:
-    """Cut each growing family to its shortest dataset (a crash may interrupt an append between datasets)."""
-    for datasets in growing_families(handle):
+    """Cut each growing family (the search's and ``/augment``'s) to its shortest dataset (a crash may interrupt
+    an append between datasets)."""
+    for datasets in (*growing_families(handle), *augment_families(handle)):
         rows = common_length(datasets)
         for dataset in datasets:
             if dataset.shape[0] != rows:
@@ -416,6 +639,33 @@ def _privacy_arrays(privacy: PrivacySchema, parties: int) -> dict[str, Any]:
     for name in ("noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a"):  # scalar or (K,)
         values[name] = np.asarray(getattr(privacy, name), dtype=np.float64)
     return values
+
+
+def _augment_privacy_arrays(privacy: AugmentPrivacySchema, parties: int) -> dict[str, np.ndarray]:
+    """The augment schema's fields as float64 arrays: sample_rate and delta (K,), noise_multiplier scalar or
+    (K,), clip scalar."""
+    noise = np.asarray(privacy.noise_multiplier, dtype=np.float64)
+    if noise.shape not in ((), (parties,)):
+        raise ValueError(f"noise_multiplier must be a scalar or have shape ({parties},), got {noise.shape}")
+    clip = np.asarray(privacy.clip, dtype=np.float64)
+    if clip.shape != ():
+        raise ValueError(f"clip must be a scalar, got shape {clip.shape}")
+    return {
+        "sample_rate": _per_party("sample_rate", privacy.sample_rate, parties, np.float64),
+        "noise_multiplier": noise,
+        "clip": clip,
+        "delta": _per_party("delta", privacy.delta, parties, np.float64),
+    }
+
+
+def _integral(name: str, value: Any) -> int:
+    """``value`` as an int; a float with a fractional part (or NaN) raises ValueError instead of being cut."""
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    number = float(value)
+    if not number.is_integer():
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return int(number)
 
 
 def _per_party(name: str, values: Any, parties: int, dtype: Any) -> np.ndarray:
