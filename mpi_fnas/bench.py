@@ -1,4 +1,5 @@
-"""Benchmark: one party step (non-private and private) and the MPI exchange for a given config.
+"""Benchmark: one party step (non-private and private) of the search and of the augmentation, and the MPI
+exchange, for a given config.
 
     python -m mpi_fnas.bench [--config FILE] [--set key=value ...] [--repeats N] [--no-memory] [--json]
     mpirun -n K+1 python -m mpi_fnas.bench ...     # the exchange over K+1 real ranks
@@ -12,6 +13,8 @@ The same step is also timed privately (DP-FNAS, ``Party(dp=DPParams(...))``): sa
 weights, same inputs, same batch size B. The private party's shard holds exactly B examples, so its Poisson rate
 is q = B / N = 1 and every Poisson batch is exactly those B examples, the batch the non-private party uses.
 The two variants are timed in alternation so that load changes on a shared machine hit both alike.
+The augmentation's party step (one weight release of the augmented network, ``augment.batch_size`` examples) is
+timed the same way, plain and private, interleaved.
 Peak memory of each variant is the peak RSS of a fresh subprocess during one step (see docs/benchmarks.md).
 
 Speed and memory targets are checked here, never in timed tests.
@@ -156,6 +159,63 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
     return result
 
 
+def make_augment_party(cfg: Config, private: bool):
+    """An augmentation party on random data: a pool of exactly B = ``augment.batch_size`` examples (so a private
+    Poisson batch, at rate 1, is the plain batch), the network of ``augment.genotype`` or, if unset, of the
+    genotype the supernet starts from (its near-uniform alphas, derived from ``cfg.seed``)."""
+    import torch
+
+    from mpi_fnas.federation.augment.party import AugmentParty
+    from mpi_fnas.federation.party import Shard
+    from mpi_fnas.privacy.budget import AugmentReleases
+    from mpi_fnas.space import Genotype, build_augment_network, build_supernet
+
+    c, h, w, classes = _input_shape(cfg)
+    if cfg.augment.genotype is not None:
+        genotype = Genotype.from_string(cfg.augment.genotype)
+    else:
+        genotype = build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes).genotype()
+    model = build_augment_network(genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
+                                  in_channels=c, num_classes=classes, stem_multiplier=cfg.space.stem_multiplier,
+                                  norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0)
+    n = cfg.augment.batch_size
+    data_gen = torch.Generator().manual_seed(0)
+    pool = Shard(torch.randn(n, c, h, w, generator=data_gen), torch.randint(0, classes, (n,), generator=data_gen))
+    releases = None
+    if private:
+        one = np.ones(1)
+        releases = AugmentReleases(noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
+                                   expected_batch_size=float(n), sample_rate_train=one, sample_rate_val=one,
+                                   steps=1, stop_reason="completed")
+    return AugmentParty(model, pool, cfg.augment, torch.Generator().manual_seed(1), releases=releases,
+                        noise_generator=torch.Generator().manual_seed(2) if private else None)
+
+
+def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
+    """Median seconds of one augmentation party step, plain and private, interleaved (same network and batch)."""
+    from mpi_fnas.privacy.validators import PrivacyError
+
+    plain = make_augment_party(cfg, private=False)
+    jobs: dict[str, Callable[[], Any]] = {"plain": lambda: plain.release(cfg.augment.drop_path)}
+    result: dict[str, Any] = {"augment_num_w": plain.num_w}
+    try:
+        private = make_augment_party(cfg, private=True)
+        jobs["private"] = lambda: private.release(cfg.augment.drop_path)
+    except PrivacyError as exc:
+        result["augment_dp_note"] = f"private augment step not timed: {exc}"
+    wall: dict[str, list[float]] = {k: [] for k in jobs}
+    for i in range(repeats + 1):
+        for key, job in jobs.items():
+            seconds, _ = _timed(job)
+            if i:
+                wall[key].append(seconds)
+    result["augment_step_seconds"] = statistics.median(wall["plain"])
+    if "private" in wall:
+        result["augment_dp_step_seconds"] = statistics.median(wall["private"])
+        result["augment_dp_step_ratio"] = result["augment_dp_step_seconds"] / result["augment_step_seconds"]
+    return result
+
+
 # -- peak memory ------------------------------------------------------------------------------------------------
 def _peak_rss_mb() -> float:
     """This process's peak resident set size (since start or the last reset), in MB (10^6 bytes)."""
@@ -293,6 +353,7 @@ REPORT_KEYS_FROM_STEP = (
     "dp_step_cpu_seconds", "dp_step_ratio_cpu", "per_sample_seconds", "per_sample_a_seconds",
     "per_sample_method_w", "per_sample_method_a",
     "rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method",
+    "augment_num_w", "augment_step_seconds", "augment_dp_step_seconds", "augment_dp_step_ratio",
 )
 
 
@@ -313,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {}
     if channel.rank == timer_rank:
         result = time_party_step(cfg, args.repeats)
+        result.update(time_augment_step(cfg, args.repeats))
         if args.memory and "dp_step_seconds" in result:
             result.update(measure_memory(args))
     # The others wait here in a sleeping poll: a blocking MPICH call would spin and steal the timer's core.
@@ -336,8 +398,9 @@ def main(argv: list[str] | None = None) -> int:
     report["comm_seconds"] = comm_seconds
     report["comm_fraction"] = comm_seconds / (step["step_seconds"] + comm_seconds)
     report["comm_megabytes"] = 4 * 2 * (int(sizes[0]) + int(sizes[1])) / 1e6
-    if "dp_note" in step:
-        report["dp_note"] = step["dp_note"]
+    for note in ("dp_note", "augment_dp_note"):
+        if note in step:
+            report[note] = step[note]
     if args.json:
         print(json.dumps(report))
     else:

@@ -57,6 +57,11 @@ def test_bench_json_fields(ranks, memory):
     # The supernet's W is all Conv/GroupNorm/Linear (fast hooks); the alphas are used directly (vmap).
     assert (report["per_sample_method_w"], report["per_sample_method_a"]) == ("hooks", "vmap")
 
+    # The augmentation's step, plain and private, on the same network and batch.
+    assert report["augment_num_w"] > 0 and report["augment_step_seconds"] > 0
+    assert report["augment_dp_step_ratio"] == pytest.approx(
+        report["augment_dp_step_seconds"] / report["augment_step_seconds"])
+
     if memory:
         assert report["rss_baseline_mb"] > 0
         assert report["step_rss_mb"] > 0 and report["dp_step_rss_mb"] > 0

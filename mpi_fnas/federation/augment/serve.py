@@ -26,7 +26,8 @@ from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_a
 from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.placement import device_for_rank
-from mpi_fnas.federation.plan import SetupError, augment_is_private, open_split, plan_run
+from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
+from mpi_fnas.federation.serve import open_search_log
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
 from mpi_fnas.privacy.budget import FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
@@ -104,7 +105,8 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
     )
     guarantee = search_plan.privacy.params.guarantee if private else _no_guarantee(cfg)
-    log = _open_log(cfg, run_dir, plan, model.num_params(), ledger if private else None, resume, devices, guarantee)
+    log = _open_log(cfg, run_dir, search_plan, plan, model.num_params(), ledger if private else None, resume, devices,
+                    guarantee)
     outcome = AugmentOutcome(
         genotype=genotype.to_string(), params=model.num_params(), epochs=math.ceil(plan.steps / plan.steps_per_epoch),
         steps=plan.steps, test_acc=math.nan, test_loss=math.nan, wall_seconds=0.0, stop_reason=plan.stop_reason,
@@ -151,9 +153,14 @@ def _attach_resume(plan: AugmentPlan, checkpoint: dict) -> None:
         assignment.checkpoint_step = int(checkpoint["step"])
 
 
-def _open_log(cfg: Config, run_dir: Path, plan: AugmentPlan, params: int, ledger: FederationLedger | None,
-              resume: dict | None, devices: list[str], guarantee: str) -> RunLog:
-    log = RunLog.continue_run(run_dir / "search.h5", rank_attrs={"devices": devices})
+def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPlan, params: int,
+              ledger: FederationLedger | None, resume: dict | None, devices: list[str], guarantee: str) -> RunLog:
+    """The search's log, reopened for its ``/augment`` group (created first when the job did not search)."""
+    path = run_dir / "search.h5"
+    if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
+        log = open_search_log(cfg, run_dir, search_plan, None, devices, guarantee)
+        log.finish("finished", reason="no search: augment.genotype was given", final_genotype=plan.genotype.to_string())
+    log = RunLog.reopen(path, augment=True)
     privacy = None
     if ledger is not None and plan.releases is not None:
         privacy = AugmentPrivacySchema(
@@ -161,7 +168,7 @@ def _open_log(cfg: Config, run_dir: Path, plan: AugmentPlan, params: int, ledger
             clip=plan.releases.clip, delta=ledger.plan.delta,
         )
     log.begin_augment(genotype=plan.genotype.to_string(), params=params, private=ledger is not None,
-                      privacy=privacy, parties=len(plan.assignments), guarantee=guarantee)
+                      privacy=privacy, parties=len(plan.assignments))
     if resume is not None:
         log.truncate_augment(*resume["log_rows"])
     return log

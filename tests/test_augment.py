@@ -1,0 +1,157 @@
+"""The augmentation: the searched cell trained from scratch across the parties (real `mpirun` jobs, 2 parties).
+
+What is checked: it learns (FNAS and DP-FNAS), it trains exactly a given genotype with the size an independent
+count gives, the ε it logs is the composition of the search's and its own releases (checked against dp_accounting
+directly), an interrupted augmentation resumes to the uninterrupted result, and `--augment` refuses what it must.
+"""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import pytest
+from conftest import TINY, mpirun
+
+from mpi_fnas.checkpoint import load_checkpoint
+from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
+from mpi_fnas.runlog import read_run
+from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
+
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
+# A search of TINY, then a small augmentation: 16×16 images so shapes are recognisable, pools of 400 per party.
+AUGMENT = [
+    *TINY, "--set", "data.train_size=1600", "--set", "data.test_size=400", "--set", "data.image_size=16",
+    "--set", "augment.epochs=2", "--set", "augment.layers=3", "--set", "augment.channels=8",
+    "--set", "augment.batch_size=64", "--set", "augment.lr=0.1",
+]
+REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
+SMALL_GENOTYPE = ("normal=sep_conv_3x3@0,sep_conv_3x3@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
+                  "reduce=max_pool_3x3@0,max_pool_3x3@1|skip_connect@2,max_pool_3x3@1;reduce_concat=2,3")
+
+
+def launch(*args: str, ranks: int = 3, env: dict | None = None):
+    return mpirun(ranks, *args, env=env, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def dp_run(tmp_path_factory):
+    """A DP-FNAS search and augmentation, secret noise (the real thing)."""
+    run = tmp_path_factory.mktemp("dp") / "run"
+    out = launch(*AUGMENT, "--set", "mode=dpfnas", "--out", str(run))
+    assert out.returncode == 0, out.stderr[-3000:]
+    return run, out
+
+
+def test_fnas_augmentation_learns(tmp_path):
+    out = launch(*AUGMENT, "--set", "mode=fnas", "--out", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    augment = read_run(tmp_path / "run" / "search.h5")["augment"]
+    assert augment["status"] == "finished" and not augment["private"]
+    assert augment["test_acc"] > 0.3, augment  # chance is 0.1
+    assert augment["test_error"] == pytest.approx(1 - augment["test_acc"])
+    assert np.isfinite(augment["metrics"]["train_loss"]).all()  # exact gradients: the parties' loss is logged
+    assert "== mpi_fnas augmentation finished ==" in out.stdout
+
+
+def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
+    run, out = dp_run
+    augment = read_run(run / "search.h5")["augment"]
+    assert augment["status"] == "finished" and augment["private"]
+    assert augment["test_acc"] > 0.25, augment  # chance is 0.1
+    assert np.isnan(augment["metrics"]["train_loss"]).all() and np.isnan(augment["metrics"]["train_acc"]).all()
+    assert "search + augmentation composed" in out.stdout
+
+
+def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
+    """/augment/privacy/epsilon against dp_accounting composing every release of both stages, per party."""
+    run, _ = dp_run
+    log = read_run(run / "search.h5")
+    search, augment = log["privacy"], log["augment"]["privacy"]
+    search_steps = int(log["privacy"]["charged_steps"][-1][0])
+    augment_steps = int(augment["steps"][-1])
+    assert search_steps > 0 and augment_steps > 0
+    sigma_aug = float(np.asarray(augment["noise_multiplier"]).reshape(-1)[0])
+
+    def epsilon(search_sigma: float, search_rate: float, augment_rate: float, delta: float) -> float:
+        accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(
+            search_rate, dp_accounting.GaussianDpEvent(search_sigma)), search_steps)
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(
+            augment_rate, dp_accounting.GaussianDpEvent(sigma_aug)), augment_steps)
+        return accountant.get_epsilon(delta)
+
+    sigma_w = float(np.asarray(search["noise_multiplier_w"]).reshape(-1)[0])
+    sigma_a = float(np.asarray(search["noise_multiplier_a"]).reshape(-1)[0])
+    for k in range(log["parties"]):
+        delta, rate = float(augment["delta"][k]), float(augment["sample_rate"][k])
+        expected = max(epsilon(sigma_w, float(search["sample_rate_train"][k]), rate, delta),
+                       epsilon(sigma_a, float(search["sample_rate_val"][k]), rate, delta))
+        assert augment["epsilon"][-1][k] == pytest.approx(expected, rel=1e-6)
+        assert augment["epsilon"][-1][k] > search["epsilon"][-1][k]  # the augmentation costs privacy
+
+
+def test_given_genotype_is_trained_exactly_without_a_search(tmp_path):
+    text = SMALL_GENOTYPE
+    out = launch(*AUGMENT, "--set", "mode=fnas", "--set", f"augment.genotype={text}", "--set", "augment.epochs=1",
+                 "--out", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = read_run(tmp_path / "run" / "search.h5")
+    assert len(log["metrics"]["step"]) == 0  # no search ran
+    assert log["augment"]["genotype"] == text
+    expected = build_augment_network(Genotype.from_string(text), channels=8, layers=3, seed=0, in_channels=3,
+                                     num_classes=10).num_params()
+    assert log["augment"]["params"] == expected
+    assert "== mpi_fnas search finished ==" not in out.stdout
+
+
+def test_darts_v2_baseline_parses_from_the_command_line(tmp_path):
+    out = launch(*AUGMENT, "--set", f"augment.genotype={DARTS_V2.to_string()}", "--set", "augment.epochs=0",
+                 "--out", str(tmp_path / "run"))
+    assert out.returncode == 2 and "augment.genotype" in out.stderr  # needs epochs > 0: one clear line
+
+
+@pytest.mark.parametrize("mode", ["fnas", "dpfnas"])
+def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path, mode):
+    common = [*AUGMENT, "--set", f"mode={mode}", *REPRODUCIBLE, "--set", "augment.epochs=1"]
+    straight = launch(*common, "--out", str(tmp_path / "straight"))
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    run = tmp_path / "interrupted"
+    first = launch(*common, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "augment:3"})
+    assert first.returncode == 75, first.stderr[-3000:]
+    assert read_run(run / "search.h5")["augment"]["status"] == "interrupted"
+    assert load_checkpoint(run)["stage"] == "augment" and load_checkpoint(run)["step"] == 3
+    second = launch(*common, "--resume", str(run))
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "resuming the augmentation at step 4" in second.stdout
+    a, b = read_run(tmp_path / "straight" / "search.h5")["augment"], read_run(run / "search.h5")["augment"]
+    assert b["status"] == "finished" and b["attempts"] == 2
+    for name in ("step", "test_acc", "test_loss", "train_loss"):
+        np.testing.assert_array_equal(a["metrics"][name], b["metrics"][name])  # bit for bit
+    assert a["test_acc"] == b["test_acc"]
+    if mode == "dpfnas":
+        np.testing.assert_array_equal(a["privacy"]["epsilon"], b["privacy"]["epsilon"])
+
+
+def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
+    run = tmp_path / "run"
+    common = [*AUGMENT, "--set", "mode=dpfnas"]
+    stopped = launch(*common, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "3"})  # the search did not finish
+    assert stopped.returncode == 75
+    refused = launch("--augment", str(run))
+    assert refused.returncode == 2 and "did not finish" in refused.stderr
+    assert refused.stderr.count("did not finish") == 1  # one line, printed once
+
+    searched = tmp_path / "searched"
+    assert launch(*common, "--set", "augment.epochs=0", "--out", str(searched)).returncode == 0
+    log = read_run(searched / "search.h5")
+    assert log["augment"] is None
+    out = launch("--augment", str(searched), "--set", "augment.epochs=1")
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = read_run(searched / "search.h5")
+    assert log["status"] == "finished" and log["augment"]["status"] == "finished"
+    assert (log["augment"]["privacy"]["epsilon"][-1] > log["privacy"]["epsilon"][-1]).all()  # continued ledgers
+    again = launch("--augment", str(searched), "--set", "augment.epochs=1")
+    assert again.returncode == 2 and "already augmented" in again.stderr
+    changed = launch("--augment", str(searched), "--set", "search.epochs=3")
+    assert changed.returncode == 2 and "only augment.*" in changed.stderr
