@@ -55,7 +55,7 @@ class DataConfig:
         False, "cifar10 only: if files are missing under root, rank 0 downloads CIFAR-10 there first (needs internet)")
     image_size: int = _key(16, "image side in pixels; synthetic-shapes only (cifar10 is 32)")
     train_size: int | None = _key(
-        16000, "examples in the train split (synthetic: generated; cifar10: the first N); null: all (50,000)")
+        32000, "examples in the train split (synthetic: generated; cifar10: the first N); null: all (50,000)")
     test_size: int | None = _key(2000, "examples in the server's test split; null: all (10,000)")
     val_fraction: float = _key(
         0.5, "share of the train split held out as search-validation, the data of the A updates (DARTS: 0.5)")
@@ -86,14 +86,14 @@ class SearchConfig:
     """The bilevel optimisation (DARTS hyper-parameters unless noted)."""
 
     epochs: int = _key(2, "search epochs of steps_per_epoch iterations of Algorithm 1 each")
-    batch_size: int = _key(32, "examples per party and step (under DP: the expected Poisson batch size B)")
+    batch_size: int = _key(16, "examples per party and step (under DP: the expected Poisson batch size B)")
     order: Literal["first_order", "second_order"] = _key(
         "first_order", "first_order, or second_order: adds the DARTS finite-difference Hessian term (Eq. 5); "
         "refused under DP")
     aggregate: Literal["mean", "sum"] = _key(
         "mean", "how the server combines the K party gradients: mean, or sum (the paper's Eq. 3-4)")
     steps_per_epoch: int | None = _key(
-        None, "iterations per epoch; null: ceil(mean party train-shard size / batch_size)")
+        5, "iterations per epoch; null: ceil(mean party train-shard size / batch_size)")
     w_lr: float = _key(0.1, "initial learning rate ξ of the weights W (cosine-annealed per epoch to w_lr_min)")
     w_lr_min: float = _key(0.001, "final learning rate of the cosine schedule of W")
     w_momentum: float = _key(0.9, "SGD momentum of the W update")
@@ -143,22 +143,23 @@ class AugmentConfig:
     The synthetic defaults are sized for a 2-core laptop; configs/cifar10_*.yaml carry the DARTS CIFAR-10 values.
     """
 
-    epochs: int = _key(3, "epochs of the augmentation after the search; 0: search only")
+    epochs: int = _key(4, "epochs of the augmentation after the search; 0: search only")
     steps_per_epoch: int | None = _key(
         None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
-    batch_size: int = _key(128, "examples per party and step (under DP: the expected Poisson batch size)")
+    batch_size: int = _key(64, "examples per party and step (under DP: the expected Poisson batch size)")
     genotype: str | None = _key(
         None, "train this genotype (the string the search prints) instead of searching; null: the searched one")
-    layers: int = _key(6, "cells of the augmented network; those at layers//3 and 2·layers//3 are reduction cells")
-    channels: int = _key(16, "initial channels of the augmented network (DARTS CIFAR-10: 36)")
+    layers: int = _key(3, "cells of the augmented network; those at layers//3 and 2·layers//3 are reduction cells")
+    channels: int = _key(8, "initial channels of the augmented network (DARTS CIFAR-10: 36)")
     pool: Literal["all", "train"] = _key(
         "all", "what a party trains on: all (its search-train and search-validation shards) or train (its train "
         "shard only)")
-    lr: float = _key(0.05, "initial SGD learning rate (cosine-annealed per step to lr_min)")
+    lr: float = _key(0.3, "initial SGD learning rate (cosine-annealed per step to lr_min; DARTS CIFAR-10: 0.025)")
     lr_min: float = _key(0.0, "final learning rate of the cosine schedule")
     momentum: float = _key(0.9, "SGD momentum")
     weight_decay: float = _key(3e-4, "L2 weight decay")
-    grad_clip: float = _key(5.0, "server-side clip of the aggregated gradient's L2 norm (not the DP clip); 0 disables")
+    grad_clip: float = _key(
+        1.0, "server-side clip of the aggregated gradient's L2 norm (not the DP clip; DARTS: 5); 0 disables")
     auxiliary_weight: float = _key(0.0, "weight of the auxiliary head's loss (DARTS: 0.4); 0: no auxiliary head")
     drop_path: float = _key(0.0, "drop-path probability, ramped linearly from 0 over the epochs (DARTS: 0.2)")
     cutout: int = _key(0, "cutout square side in pixels, per example (DARTS CIFAR-10: 16); 0: off")
@@ -169,7 +170,7 @@ class AugmentConfig:
         "architectures as the paper does) and the final weights are NOT private")
     clip: float = _key(1.0, "per-example L2 bound of the augment gradients (under DP)")
     noise_multiplier: float = _key(
-        1.0, "σ of the augment releases (noise std σ·clip before ÷ B); privacy.target_epsilon recalibrates it")
+        0.85, "σ of the augment releases (noise std σ·clip before ÷ B); privacy.target_epsilon recalibrates it")
 
 
 @dataclass

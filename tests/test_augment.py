@@ -19,12 +19,17 @@ from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
 
 pytestmark = pytest.mark.slow  # real mpirun jobs
 
-# A search of TINY, then a small augmentation: 16×16 images so shapes are recognisable, pools of 400 per party.
+# A search of TINY, then a small, short augmentation: 16×16 images so shapes are recognisable, pools of 800.
 AUGMENT = [
     *TINY, "--set", "data.train_size=1600", "--set", "data.test_size=400", "--set", "data.image_size=16",
-    "--set", "augment.epochs=2", "--set", "augment.layers=3", "--set", "augment.channels=8",
-    "--set", "augment.batch_size=64", "--set", "augment.lr=0.1",
+    "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=6", "--set", "augment.layers=3",
+    "--set", "augment.channels=8", "--set", "augment.batch_size=64",
 ]
+# Long enough to learn: 100 steps of 2 × 64 examples (exact gradients learn best at a small rate, DP's clipped
+# and noised ones at a larger one).
+LEARN = ["--set", "augment.epochs=2", "--set", "augment.steps_per_epoch=50"]
+LEARN_FNAS = [*LEARN, "--set", "augment.lr=0.05"]
+LEARN_DP = [*LEARN, "--set", "augment.lr=0.3", "--set", "augment.batch_size=128", "--set", "augment.noise_multiplier=0.5"]
 REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
 SMALL_GENOTYPE = ("normal=sep_conv_3x3@0,sep_conv_3x3@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
                   "reduce=max_pool_3x3@0,max_pool_3x3@1|skip_connect@2,max_pool_3x3@1;reduce_concat=2,3")
@@ -38,13 +43,13 @@ def launch(*args: str, ranks: int = 3, env: dict | None = None):
 def dp_run(tmp_path_factory):
     """A DP-FNAS search and augmentation, secret noise (the real thing)."""
     run = tmp_path_factory.mktemp("dp") / "run"
-    out = launch(*AUGMENT, "--set", "mode=dpfnas", "--out", str(run))
+    out = launch(*AUGMENT, *LEARN_DP, "--set", "mode=dpfnas", "--out", str(run))
     assert out.returncode == 0, out.stderr[-3000:]
     return run, out
 
 
 def test_fnas_augmentation_learns(tmp_path):
-    out = launch(*AUGMENT, "--set", "mode=fnas", "--out", str(tmp_path / "run"))
+    out = launch(*AUGMENT, *LEARN_FNAS, "--set", "mode=fnas", "--out", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
     augment = read_run(tmp_path / "run" / "search.h5")["augment"]
     assert augment["status"] == "finished" and not augment["private"]
@@ -58,7 +63,7 @@ def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
     run, out = dp_run
     augment = read_run(run / "search.h5")["augment"]
     assert augment["status"] == "finished" and augment["private"]
-    assert augment["test_acc"] > 0.25, augment  # chance is 0.1
+    assert augment["test_acc"] > 0.2, augment  # chance is 0.1
     assert np.isnan(augment["metrics"]["train_loss"]).all() and np.isnan(augment["metrics"]["train_acc"]).all()
     assert "search + augmentation composed" in out.stdout
 
@@ -93,8 +98,7 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
 
 def test_given_genotype_is_trained_exactly_without_a_search(tmp_path):
     text = SMALL_GENOTYPE
-    out = launch(*AUGMENT, "--set", "mode=fnas", "--set", f"augment.genotype={text}", "--set", "augment.epochs=1",
-                 "--out", str(tmp_path / "run"))
+    out = launch(*AUGMENT, "--set", "mode=fnas", "--set", f"augment.genotype={text}", "--out", str(tmp_path / "run"))
     assert out.returncode == 0, out.stderr[-3000:]
     log = read_run(tmp_path / "run" / "search.h5")
     assert len(log["metrics"]["step"]) == 0  # no search ran
@@ -111,9 +115,9 @@ def test_darts_v2_baseline_parses_from_the_command_line(tmp_path):
     assert out.returncode == 2 and "augment.genotype" in out.stderr  # needs epochs > 0: one clear line
 
 
-@pytest.mark.parametrize("mode", ["fnas", "dpfnas"])
-def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path, mode):
-    common = [*AUGMENT, "--set", f"mode={mode}", *REPRODUCIBLE, "--set", "augment.epochs=1"]
+def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path):
+    """DP (reproducible noise): the parties' own generator states and the ledger must both resume exactly."""
+    common = [*AUGMENT, "--set", "mode=dpfnas", *REPRODUCIBLE]
     straight = launch(*common, "--out", str(tmp_path / "straight"))
     assert straight.returncode == 0, straight.stderr[-3000:]
     run = tmp_path / "interrupted"
@@ -129,8 +133,7 @@ def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path, 
     for name in ("step", "test_acc", "test_loss", "train_loss"):
         np.testing.assert_array_equal(a["metrics"][name], b["metrics"][name])  # bit for bit
     assert a["test_acc"] == b["test_acc"]
-    if mode == "dpfnas":
-        np.testing.assert_array_equal(a["privacy"]["epsilon"], b["privacy"]["epsilon"])
+    np.testing.assert_array_equal(a["privacy"]["epsilon"], b["privacy"]["epsilon"])
 
 
 def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
@@ -146,6 +149,8 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     assert launch(*common, "--set", "augment.epochs=0", "--out", str(searched)).returncode == 0
     log = read_run(searched / "search.h5")
     assert log["augment"] is None
+    changed = launch("--augment", str(searched), "--set", "search.epochs=3")
+    assert changed.returncode == 2 and "only augment.*" in changed.stderr
     out = launch("--augment", str(searched), "--set", "augment.epochs=1")
     assert out.returncode == 0, out.stderr[-3000:]
     log = read_run(searched / "search.h5")
@@ -153,5 +158,3 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     assert (log["augment"]["privacy"]["epsilon"][-1] > log["privacy"]["epsilon"][-1]).all()  # continued ledgers
     again = launch("--augment", str(searched), "--set", "augment.epochs=1")
     assert again.returncode == 2 and "already augmented" in again.stderr
-    changed = launch("--augment", str(searched), "--set", "search.epochs=3")
-    assert changed.returncode == 2 and "only augment.*" in changed.stderr

@@ -58,11 +58,11 @@ def test_every_key_has_a_meaning_and_help_prints_it():
         assert f"  {doc.key} " in help_text, doc.key
         assert " ".join(doc.meaning.split()) in flat, doc.key  # the whole meaning, however it is wrapped
     assert re.search(r"^  data\.download +bool  \(default false\)$", help_text, re.M)
-    assert re.search(r"^  search\.steps_per_epoch +int or null  \(default null\)$", help_text, re.M)
+    assert re.search(r"^  augment\.steps_per_epoch +int or null  \(default null\)$", help_text, re.M)
     # A key line is followed by its meaning, indented: key, type, default and meaning read together.
     lines = describe_keys()
     at = next(i for i, line in enumerate(lines) if line.startswith("  search.batch_size "))
-    assert "(default 32)" in lines[at]
+    assert f"(default {Config().search.batch_size})" in lines[at]
     assert lines[at + 1].startswith("      examples per party and step")
 
 
