@@ -192,7 +192,7 @@ def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, s
         raise ConfigError(f"--resume: the given config differs from the one {path} was started with "
                           "(only runtime.* and checkpoint.* may change)")
     if not log.exists():
-        raise ConfigError(f"--resume: {path} holds a checkpoint but no search.h5; the run cannot be continued "
+        raise ConfigError(f"--resume: {path} holds checkpoint.pt but no search.h5; the run cannot be continued "
                           "without its log (start a new run with --out)")
     run = _read_log(log, "--resume")
     if cfg is not None and (args.config or args.overrides):

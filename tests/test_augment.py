@@ -29,7 +29,8 @@ AUGMENT = [
 # and noised ones at a larger one).
 LEARN = ["--set", "augment.epochs=2", "--set", "augment.steps_per_epoch=50"]
 LEARN_FNAS = [*LEARN, "--set", "augment.lr=0.05"]
-LEARN_DP = [*LEARN, "--set", "augment.lr=0.3", "--set", "augment.batch_size=128", "--set", "augment.noise_multiplier=0.5"]
+LEARN_DP = [*LEARN, "--set", "augment.lr=0.3", "--set", "augment.batch_size=128",
+            "--set", "augment.noise_multiplier=0.5"]
 REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
 SMALL_GENOTYPE = ("normal=sep_conv_3x3@0,sep_conv_3x3@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
                   "reduce=max_pool_3x3@0,max_pool_3x3@1|skip_connect@2,max_pool_3x3@1;reduce_concat=2,3")

@@ -125,8 +125,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     if channel.is_server:
         state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
         assert "parties" not in state and not any("generator" in key for key in state)
-        assert sorted(state) == sorted(["format_version", "step", "plan_steps", "config", "server", "shard_sizes",
-                                        "ledger", "accumulator", "log_rows"])
+        assert sorted(state) == sorted(["format_version", "stage", "step", "plan_steps", "config", "server",
+                                        "shard_sizes", "ledger", "accumulator", "log_rows"])
         for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
             own = torch.load(run_dir / "parties" / f"rank{rank}" / "state-2.pt", weights_only=True)
             assert own["randomness"] == "secret" and "generator" in own["party"]
