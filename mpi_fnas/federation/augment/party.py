@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from mpi_fnas.data.augmentation import augment_images
 
 from mpi_fnas.config import AugmentConfig
+from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.federation.flat import STATS, assign, numel
 from mpi_fnas.federation.party import BatchStream, Shard
 from mpi_fnas.federation.randomness import os_seed

@@ -1,0 +1,89 @@
+"""The augmentation, spied like the search: everything a DP party hands to MPI is a noised release or data-independent.
+
+A DP job that trains a given genotype (no search) with a checkpoint every 2 steps. On every party:
+  * it sent exactly one buffer per step (its weight release) and nothing else (no statistics, no evaluation);
+  * each buffer's gradient part is bit-for-bit the output of a ``party_release`` call, with a zero tail;
+  * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
+  * every object it sent is plain data (its device, its augment sent-steps count, checkpoint acknowledgements);
+and on the server: the augmentation's checkpoint holds no party state, while each party's own directory does.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+from scipy import stats
+from test_release_spy import RecordingChannel, plain_data
+
+import mpi_fnas.federation.augment.party as augment_party_module
+from mpi_fnas.config import load_config
+from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.job import run_job
+from mpi_fnas.privacy import clipped_sum, per_sample_gradients
+
+B = 8
+SIGMA = 1.5
+CLIP = 0.1
+STEPS = 3
+GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
+            "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
+
+
+@pytest.mark.mpi(min_size=3)
+def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
+    releases: list[dict] = []
+    real_release = augment_party_module.party_release
+
+    def spy(model, params, inputs, targets, **kw):
+        out = real_release(model, params, inputs, targets, **kw)
+        with torch.no_grad():
+            clean = clipped_sum(per_sample_gradients(model, params, inputs, targets, kw["loss_fn"]), kw["clip_bound"])
+        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
+                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
+        return out
+
+    monkeypatch.setattr(augment_party_module, "party_release", spy)
+    cfg = load_config(None, [
+        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
+        f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
+        f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4", f"augment.noise_multiplier={SIGMA}",
+        f"augment.clip={CLIP}", "runtime.progress=off", "checkpoint.every_steps=2",
+    ])
+    world = MPI.COMM_WORLD
+    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-augment-") if world.Get_rank() == 0 else None, root=0))
+    channel = RecordingChannel(world)
+    run_job(cfg, channel, run_dir, stage="augment")
+    world.Barrier()
+    if channel.is_server:
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        assert "parties" not in state and not any("generator" in key for key in state)
+        assert sorted(state) == sorted(["format_version", "stage", "step", "plan_steps", "genotype", "config",
+                                        "server", "ledger", "stats", "test_acc", "test_loss", "log_rows"])
+        assert state["stage"] == "augment" and state["step"] == 2
+        for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
+            own = torch.load(run_dir / "parties" / f"rank{rank}" / "augment-state-2.pt", weights_only=True)
+            assert own["randomness"] == "secret" and "generator" in own["party"]
+        return
+
+    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
+    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+
+    assert len(channel.sent) == STEPS == len(releases)  # one release per step, nothing else
+    residuals = []
+    for sent, rel in zip(channel.sent, releases, strict=True):
+        np.testing.assert_array_equal(sent[:-STATS], rel["out"].astype(np.float32))  # exactly the release
+        assert not np.any(sent[-STATS:])  # no loss, accuracy, batch size or timing rides along
+        assert rel["B"] == B and rel["sigma"] == SIGMA and rel["clip"] == CLIP
+        assert np.linalg.norm(rel["clean"]) <= rel["b"] * CLIP * (1 + 1e-5)
+        residuals.append((rel["out"].astype(np.float64) * B - rel["clean"]) / (SIGMA * CLIP))
+    z = np.concatenate(residuals)
+    n = z.size
+    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], n) / n
+    assert lo < float(np.mean(z**2)) < hi, f"noise variance {np.mean(z**2):.4f} outside [{lo:.4f}, {hi:.4f}]"
+    assert abs(float(np.mean(z))) < 6 / np.sqrt(n)
