@@ -7,12 +7,15 @@ directly), an interrupted augmentation resumes to the uninterrupted result, and 
 
 from __future__ import annotations
 
+import shutil
+
 import dp_accounting
 import numpy as np
 import pytest
 from conftest import TINY, mpirun
 
 from mpi_fnas.checkpoint import load_checkpoint
+from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
@@ -63,38 +66,44 @@ def test_fnas_augmentation_learns(tmp_path):
 def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
     run, out = dp_run
     augment = read_run(run / "search.h5")["augment"]
-    assert augment["status"] == "finished" and augment["private"]
+    assert augment["status"] == "finished" and augment["private"] and augment["privacy_guarantee"] == "holds"
     assert augment["test_acc"] > 0.2, augment  # chance is 0.1
     assert np.isnan(augment["metrics"]["train_loss"]).all() and np.isnan(augment["metrics"]["train_acc"]).all()
     assert "search + augmentation composed" in out.stdout
+
+
+def independent_epsilon(log: dict, party: int, augment_releases: int) -> float:
+    """ε of `party` composed in dp_accounting from the log's public facts: every search release the ledger charged on
+    each of its shards, then `augment_releases` augment releases (which touch both shards: the pool is all)."""
+    search, augment = log["privacy"], log["augment"]["privacy"]
+    search_steps = int(search["charged_steps"][-1][party])
+    sigma_aug = float(np.asarray(augment["noise_multiplier"]).reshape(-1)[0])
+    delta, rate = float(augment["delta"][party]), float(augment["sample_rate"][party])
+
+    def epsilon(search_sigma: float, search_rate: float) -> float:
+        accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(
+            search_rate, dp_accounting.GaussianDpEvent(search_sigma)), search_steps)
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(
+            rate, dp_accounting.GaussianDpEvent(sigma_aug)), augment_releases)
+        return accountant.get_epsilon(delta)
+
+    sigma_w = float(np.asarray(search["noise_multiplier_w"]).reshape(-1)[0])
+    sigma_a = float(np.asarray(search["noise_multiplier_a"]).reshape(-1)[0])
+    return max(epsilon(sigma_w, float(search["sample_rate_train"][party])),
+               epsilon(sigma_a, float(search["sample_rate_val"][party])))
 
 
 def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
     """/augment/privacy/epsilon against dp_accounting composing every release of both stages, per party."""
     run, _ = dp_run
     log = read_run(run / "search.h5")
-    search, augment = log["privacy"], log["augment"]["privacy"]
-    search_steps = int(log["privacy"]["charged_steps"][-1][0])
-    augment_steps = int(augment["steps"][-1])
-    assert search_steps > 0 and augment_steps > 0
-    sigma_aug = float(np.asarray(augment["noise_multiplier"]).reshape(-1)[0])
-
-    def epsilon(search_sigma: float, search_rate: float, augment_rate: float, delta: float) -> float:
-        accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(
-            search_rate, dp_accounting.GaussianDpEvent(search_sigma)), search_steps)
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(
-            augment_rate, dp_accounting.GaussianDpEvent(sigma_aug)), augment_steps)
-        return accountant.get_epsilon(delta)
-
-    sigma_w = float(np.asarray(search["noise_multiplier_w"]).reshape(-1)[0])
-    sigma_a = float(np.asarray(search["noise_multiplier_a"]).reshape(-1)[0])
+    augment_steps = int(log["augment"]["privacy"]["steps"][-1])
+    assert int(log["privacy"]["charged_steps"][-1][0]) > 0 and augment_steps > 0
     for k in range(log["parties"]):
-        delta, rate = float(augment["delta"][k]), float(augment["sample_rate"][k])
-        expected = max(epsilon(sigma_w, float(search["sample_rate_train"][k]), rate, delta),
-                       epsilon(sigma_a, float(search["sample_rate_val"][k]), rate, delta))
-        assert augment["epsilon"][-1][k] == pytest.approx(expected, rel=1e-6)
-        assert augment["epsilon"][-1][k] > search["epsilon"][-1][k]  # the augmentation costs privacy
+        assert log["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
+            independent_epsilon(log, k, augment_steps), rel=1e-6)
+        assert log["augment"]["privacy"]["epsilon"][-1][k] > log["privacy"]["epsilon"][-1][k]  # it costs privacy
 
 
 def test_given_genotype_is_trained_exactly_without_a_search(tmp_path):
@@ -135,6 +144,51 @@ def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path):
         np.testing.assert_array_equal(a["metrics"][name], b["metrics"][name])  # bit for bit
     assert a["test_acc"] == b["test_acc"]
     np.testing.assert_array_equal(a["privacy"]["epsilon"], b["privacy"]["epsilon"])
+
+
+def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its_replays(tmp_path):
+    """Secret noise (the real thing): party 2 fails at augment step 6 of 6, after the checkpoint of step 4.
+
+    Party 2 had sent steps 1..5 and party 1 steps 1..5 or 1..6 (it may or may not have started step 6 before the
+    job was torn down): what each sent is on its own disk. Two copies of the failed run are resumed: they end
+    identical, so the continuation comes from the states the parties saved (not from fresh entropy), and each
+    party's ε composes every augment release it ever sent, replays of steps 5 and 6 included."""
+    common = [*AUGMENT, "--set", "mode=dpfnas", "--set", "checkpoint.every_steps=2"]
+    run = tmp_path / "run"
+    failed = launch(*common, "--out", str(run), env={"MPI_FNAS_INJECT_FAULT": "2:augment:6"})
+    assert failed.returncode == 1, failed.stderr[-3000:]
+    assert read_run(run / "search.h5")["augment"]["status"] == "failed"
+    assert load_checkpoint(run)["stage"] == "augment" and load_checkpoint(run)["step"] == 4
+    sent = [PartyStore(party_dir(run, rank), stage="augment").sent_steps for rank in (1, 2)]
+    assert sent[1] == 5 and sent[0] in (5, 6), sent
+    for rank in (1, 2):
+        assert PartyStore(party_dir(run, rank), stage="augment").load_state(4)["randomness"] == "secret"
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for directory in (run, copy):
+        out = launch(*common, "--resume", str(directory))
+        assert out.returncode == 0, out.stderr[-3000:]
+    a, b = read_run(run / "search.h5"), read_run(copy / "search.h5")
+    assert a["augment"]["status"] == "finished" and a["augment"]["attempts"] == 2
+    np.testing.assert_array_equal(a["augment"]["metrics"]["test_loss"], b["augment"]["metrics"]["test_loss"])
+    for k in range(a["parties"]):
+        releases = 6 + sent[k] - 4  # every step once, plus the steps sent after the checkpoint (replayed)
+        assert a["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
+            independent_epsilon(a, k, releases), rel=1e-6)
+        assert a["augment"]["privacy"]["epsilon"][-1][k] > independent_epsilon(a, k, 6)  # replays cost privacy
+
+
+def test_exact_augmentation_under_dpfnas_says_loudly_it_is_not_private(tmp_path):
+    out = launch(*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.private=false", "--out", str(tmp_path / "run"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert ("WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the final weights "
+            "are NOT private") in out.stderr
+    assert "NOT PRIVATE: augment.private is false" in out.stdout
+    log = read_run(tmp_path / "run" / "search.h5")
+    assert not log["augment"]["private"]
+    assert "NOT private; ε covers the search only" in log["augment"]["privacy_guarantee"]
+    assert log["augment"]["privacy"] is None  # no augment ε: it would claim what the releases do not give
+    assert np.isfinite(log["augment"]["metrics"]["train_loss"]).all()  # exact gradients and the parties' loss
 
 
 def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):

@@ -88,7 +88,8 @@ def _fresh_log(path: Path, mode: str, *, augment: bool) -> Path:
                 sample_rate=[0.01] * PARTIES, noise_multiplier=1.0, clip=0.1, delta=[1e-5] * PARTIES
             )
         runlog.begin_augment(
-            genotype="g", params=1000, private=privacy is not None, privacy=augment_privacy, parties=PARTIES
+            genotype="g", params=1000, private=privacy is not None, privacy=augment_privacy, parties=PARTIES,
+            privacy_guarantee="holds" if privacy is not None else "none: no privacy claim",
         )
         runlog.append_augment_metrics({"step": 1, "epoch": 0})
         if augment_privacy is not None:

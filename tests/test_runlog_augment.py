@@ -77,6 +77,7 @@ def _begin(runlog: RunLog, *, private: bool = False, **overrides) -> None:
         private=private,
         privacy=_augment_privacy() if private else None,
         parties=PARTIES,
+        privacy_guarantee="holds" if private else "none: mode fnas makes no privacy claim",
     )
     arguments.update(overrides)
     runlog.begin_augment(**arguments)
@@ -154,7 +155,8 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
         group = f["augment"]
         assert set(group) == {"metrics", "cost"}
         assert set(group.attrs) == {
-            "status", "reason", "genotype", "params", "test_acc", "test_error", "private", "attempts",
+            "status", "reason", "genotype", "params", "test_acc", "test_error", "private", "privacy_guarantee",
+                "attempts",
         }  # fmt: skip
         for name in ("status", "reason", "genotype"):
             string_info = h5py.check_string_dtype(group.attrs.get_id(name).dtype)
@@ -399,7 +401,8 @@ _WRITER = textwrap.dedent(
                            alpha_shape=(2, 3), genotype_length=16, privacy_guarantee="none: not DP")
     runlog.append_metrics({"step": 0})
     runlog.finish("finished", reason="completed", final_genotype="g")
-    runlog.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2)
+    runlog.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2,
+                           privacy_guarantee="none: not private")
     for step in range(5):
         runlog.append_augment_metrics({"step": step, "epoch": 0, "train_loss": 1.0 / (step + 1)})
         runlog.heartbeat()
@@ -468,7 +471,8 @@ def test_a_writer_killed_mid_augment_fails_the_augment_not_the_search(
 
     resumed = RunLog.reopen(path, augment=True)  # salvages the file the killed writer left open
     assert resumed.augment_row_counts() == (5, 0)
-    resumed.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2)
+    resumed.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2,
+                           privacy_guarantee="none: not private")
     resumed.append_augment_metrics({"step": 5, "epoch": 1})
     resumed.finish_augment("finished", reason="completed", test_acc=0.75, cost={"wall_seconds": 1.0})
     run = read_run(path)

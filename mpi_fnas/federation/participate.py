@@ -18,29 +18,24 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpi_fnas.config import Config, ServerReportedError
+from mpi_fnas.config import Config
 from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
 from mpi_fnas.federation.party import Party, Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.server import w_learning_rate
-from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
 from mpi_fnas.space import build_supernet
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     """Run party `channel.rank`'s side of the whole search; True when the run stopped as interrupted."""
-    got = channel.scatter_objects(None)
-    if isinstance(got, tuple) and got and got[0] == "error":
-        raise ServerReportedError(got[1])
-    assert isinstance(got, Assignment)
-    device = torch.device(device_for_rank(channel.comm, preference=cfg.runtime.device))
+    got, device = receive_assignment(channel, Assignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank)) if run_dir is not None else None
     party = _build_party(cfg, got, channel.rank, device, store)
-    channel.gather_objects({"device": str(device), "sent_steps": store.sent_steps if store and got.dp else 0})
+    report_setup(channel, device, store.sent_steps if store and got.dp else 0)
 
     w_in = np.zeros(party.num_w, dtype=np.float32)
     a_in = np.zeros(party.num_a + 1, dtype=np.float32)  # A and the control word
@@ -50,25 +45,18 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     party.load_w(w_in)
     party.load_a(a_in[:-1])
 
-    injected = Injections(channel.rank)
     second_order = cfg.search.order == "second_order"
-    journal = store if (store is not None and got.dp is not None) else None
-    for step in range(got.checkpoint_step + 1, got.steps + 1):
-        injected.at(step)
-        if journal is not None:
-            journal.record_send()  # before anything of this step leaves the party
+
+    def iterate(step: int) -> int:
         xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
-        control = party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
-        if control != CONTINUE:
-            if store is not None:
-                store.save_state(step, {"randomness": _randomness_source(got), "party": party.state_dict()})
-            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
-            if control == STOP:
-                channel.barrier()  # wait for the server to finish its checkpoint and the log
-                return True
-    if got.dp is None:
+        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
+
+    stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
+                          journal=got.dp is not None, party=party, randomness=_randomness_source(got),
+                          iterate=iterate)
+    if not stopped and got.dp is None:
         channel.reduce_sum(party.evaluate_val())
-    return False
+    return stopped
 
 
 def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
@@ -83,10 +71,8 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
-        saved = store.load_state(got.checkpoint_step)
-        if saved["randomness"] != source:
-            raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
-        party.load_state_dict(saved["party"])  # its own generator states: the resumed run continues its streams
+        # Its own generator states: the resumed run continues its streams.
+        party.load_state_dict(store.load_party(got.checkpoint_step, source))
     return party
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
+from mpi_fnas.federation.plan import SetupError
 
 
 def party_dir(run_dir: Path, rank: int) -> Path:
@@ -83,6 +84,18 @@ class PartyStore:
         if not path.exists():
             raise FileNotFoundError(f"party has no saved state for checkpoint step {step} in its own directory")
         return atomic_load(path)
+
+    def save_party(self, step: int, randomness: str, party_state: dict[str, Any]) -> None:
+        """Keep a party's own state of checkpoint `step` (see `save_state`), tagged with its randomness source."""
+        self.save_state(step, {"randomness": randomness, "party": party_state})
+
+    def load_party(self, step: int, randomness: str) -> dict[str, Any]:
+        """The party state saved by `save_party` at `step`; refused when it was saved with another randomness source
+        (a resumed run must continue the same streams)."""
+        saved = self.load_state(step)
+        if saved["randomness"] != randomness:
+            raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
+        return saved["party"]
 
     def _saved_steps(self) -> list[int]:
         return sorted(int(m.group(1)) for p in self.directory.iterdir() if (m := self._state_pattern.match(p.name)))

@@ -25,7 +25,7 @@ from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.server import Server
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
@@ -73,22 +73,19 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
         if resume is not None:
             attach_resume(plan, resume)
     except SetupError as exc:
-        channel.scatter_objects([None] + [("error", str(exc))] * channel.parties)
+        refuse_setup(channel, str(exc))
         raise
-    channel.scatter_objects([None, *plan.assignments])
-    device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
-    reports = channel.gather_objects(None)[1:]
-    devices = ["cpu"] + [r["device"] for r in reports]
+    reports = hand_out(channel, plan.assignments)
+    devices, gpus = reports.devices, reports.gpus
 
     ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
     if ledger is not None:
         if resume is not None:
             ledger.load_state_dict(resume["ledger"])
-        _charge_replays(ledger, [int(r["sent_steps"]) for r in reports])
+        _charge_replays(ledger, reports.sent_steps)
     guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
         f"none: mode {cfg.mode} makes no privacy claim"
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
-    gpus = len({d for d in devices if d.startswith("cuda")})
     try:
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                        num_classes=test.num_classes), cfg.search, channel.parties)

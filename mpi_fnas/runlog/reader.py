@@ -42,9 +42,9 @@ def read_run(
     delta (K,), accountant, steps (rows,), charged_steps (rows, K), epsilon (rows, K), mu_gdp (rows, K),
     sample_rate_train (K,), sample_rate_val (K,), noise_multiplier_w, noise_multiplier_a, clip_w, clip_a;
     augment None (no augment stage) or a dict with status, reason, stale, genotype, params, test_acc,
-    test_error, private, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the
-    rest float64}, cost {field: value}, privacy None or {sample_rate (K,), noise_multiplier, clip, delta (K,),
-    steps (rows,), epsilon (rows, K)}.
+    test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step,
+    epoch int64, the rest float64}, cost {field: value}, privacy None or {sample_rate (K,), noise_multiplier,
+    clip, delta (K,), steps (rows,), epsilon (rows, K)}.
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
@@ -130,6 +130,7 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         "test_acc": float(attrs["test_acc"]),
         "test_error": float(attrs["test_error"]),
         "private": bool(attrs["private"]),
+        "privacy_guarantee": str(attrs["privacy_guarantee"]),
         "attempts": int(attrs["attempts"]),
         "metrics": metrics,
         "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},

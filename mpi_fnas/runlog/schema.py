@@ -213,6 +213,7 @@ def build_augment(
     private: bool,
     parties: int,
     privacy: Mapping[str, np.ndarray] | None,
+    privacy_guarantee: str,
 ) -> None:
     """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and
     ``/augment/privacy`` when privacy (the ``AugmentPrivacySchema`` fields as arrays, (K,) or scalar) is given.
@@ -226,6 +227,7 @@ def build_augment(
     attrs["test_acc"] = np.float64(math.nan)  # NaN until the stage finishes and reports it
     attrs["test_error"] = np.float64(math.nan)
     attrs["private"] = np.bool_(private)
+    attrs["privacy_guarantee"] = privacy_guarantee
     attrs["attempts"] = np.int64(1)
 
     metrics = group.create_group("metrics", track_order=True)

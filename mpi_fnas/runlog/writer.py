@@ -323,6 +323,7 @@ class RunLog:
         private: bool,
         privacy: AugmentPrivacySchema | None,
         parties: int,
+        privacy_guarantee: str,
     ) -> None:
         """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties.
 
@@ -335,7 +336,9 @@ class RunLog:
 
         genotype: the derived genotype's text. params: exact parameter count of the augment network. private:
         whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal
-        the search's (the stage runs across the same parties). The search must have ended first (``finish``,
+        the search's (the stage runs across the same parties). privacy_guarantee: what the final weights may
+        claim, ``"holds"`` or one line saying why not (e.g. exact gradients under dpfnas: ε covers the search only);
+        rewritten on resume. The search must have ended first (``finish``,
         or ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and
         private (ValueError otherwise).
         """
@@ -357,7 +360,7 @@ class RunLog:
             if group is None:
                 build_augment(
                     handle, genotype=genotype, params=count, private=bool(private), parties=self._parties,
-                    privacy=arrays,
+                    privacy=arrays, privacy_guarantee=privacy_guarantee,
                 )  # fmt: skip
             else:
                 stored = (str(group.attrs["genotype"]), int(group.attrs["params"]), bool(group.attrs["private"]))
@@ -368,6 +371,7 @@ class RunLog:
                     )
                 group.attrs["status"] = "running"
                 group.attrs["reason"] = ""
+                group.attrs["privacy_guarantee"] = privacy_guarantee
                 group.attrs["attempts"] = np.int64(int(group.attrs["attempts"]) + 1)
                 _trim_ragged(handle)
             handle[WRITER_GROUP]["heartbeat"][()] = time.time()

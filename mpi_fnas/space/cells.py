@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from mpi_fnas.space.genotype import NUM_CELL_INPUTS, edge_endpoints, num_edges
-from mpi_fnas.space.ops import PRIMITIVES, FactorizedReduce, ReLUConvBN, make_op
+from mpi_fnas.space.ops import PRIMITIVES, make_op
+from mpi_fnas.space.scaffold import cell_inputs
 
 
 class MixedOp(nn.Module):
@@ -61,12 +62,8 @@ class SearchCell(nn.Module):
         self.reduction = reduction
         self.num_ops = len(primitives)
         # Bring both inputs to (channels, resolution of s1); affine=False as in the DARTS supernet.
-        self.preprocess0: nn.Module
-        if reduction_prev:
-            self.preprocess0 = FactorizedReduce(c_prev_prev, channels, norm, affine=False)
-        else:
-            self.preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=False)
-        self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=False)
+        self.preprocess0, self.preprocess1 = cell_inputs(c_prev_prev, c_prev, channels, reduction_prev, norm,
+                                                         affine=False)
         # In a reduction cell only edges leaving the two cell inputs are strided.
         self.edges = nn.ModuleList(
             MixedOp(channels, 2 if reduction and j < NUM_CELL_INPUTS else 1, norm, primitives)

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype
-from mpi_fnas.space.ops import PRIMITIVES, FactorizedReduce, ReLUConvBN, make_norm, make_op
+from mpi_fnas.space.ops import PRIMITIVES, make_norm, make_op
+from mpi_fnas.space.scaffold import cell_inputs, check_sizes, reduction_layers, stem
 
 __all__ = [
     "AugmentNetwork",
@@ -94,12 +95,8 @@ class DerivedCell(nn.Module):
         self.nodes = len(edges) // EDGES_PER_NODE
         self.concat = tuple(concat)
         self.indices = tuple(j for _, j in edges)  # input state of each op, in genotype order
-        self.preprocess0: nn.Module
-        if reduction_prev:
-            self.preprocess0 = FactorizedReduce(c_prev_prev, channels, norm, affine=True)
-        else:
-            self.preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=True)
-        self.preprocess1 = ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=True)
+        self.preprocess0, self.preprocess1 = cell_inputs(c_prev_prev, c_prev, channels, reduction_prev, norm,
+                                                         affine=True)
         # As in the search cell, only edges leaving the two cell inputs are strided in a reduction cell.
         self.ops = nn.ModuleList(
             make_op(name, channels, 2 if reduction and j < NUM_CELL_INPUTS else 1, norm, affine=True, pool_norm=False)
@@ -188,15 +185,8 @@ class AugmentNetwork(nn.Module):
         super().__init__()
         if not isinstance(genotype, Genotype):
             raise TypeError(f"AugmentNetwork: genotype must be a Genotype, got {type(genotype).__name__}")
-        for name, value, minimum in (
-            ("channels", channels, 2),  # FactorizedReduce splits channels over two convs
-            ("num_classes", num_classes, 1),
-            ("layers", layers, 1),
-            ("stem_multiplier", stem_multiplier, 1),
-            ("in_channels", in_channels, 1),
-        ):
-            if value < minimum:
-                raise ValueError(f"AugmentNetwork: {name} must be >= {minimum}, got {value}")
+        check_sizes("AugmentNetwork", channels=channels, num_classes=num_classes, layers=layers,
+                    stem_multiplier=stem_multiplier, in_channels=in_channels)
 
         self.genotype = genotype
         self.channels = channels
@@ -204,16 +194,13 @@ class AugmentNetwork(nn.Module):
         self.layers = layers
         self.in_channels = in_channels
         self.norm = norm
-        self.reduction_layers = tuple(sorted({layers // 3, 2 * layers // 3}))
+        self.reduction_layers = reduction_layers(layers)
         self.aux_layer = 2 * layers // 3 if auxiliary else None
         self.drop_path_prob: float = 0.0
         self.generator: torch.Generator | None = None
 
         stem_channels = stem_multiplier * channels
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, stem_channels, 3, padding=1, bias=False),
-            make_norm(norm, stem_channels, affine=True),
-        )
+        self.stem = stem(in_channels, stem_channels, norm)
         c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
         reduction_prev = False
         aux_channels = 0

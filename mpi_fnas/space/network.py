@@ -10,7 +10,8 @@ from torch import nn
 
 from mpi_fnas.space.cells import SearchCell
 from mpi_fnas.space.genotype import Genotype, derive_genotype, num_edges
-from mpi_fnas.space.ops import PRIMITIVES, make_norm
+from mpi_fnas.space.ops import PRIMITIVES
+from mpi_fnas.space.scaffold import check_sizes, reduction_layers, stem
 
 __all__ = ["SearchNetwork", "num_edges"]
 
@@ -44,16 +45,8 @@ class SearchNetwork(nn.Module):
         primitives: Sequence[str] = PRIMITIVES,
     ) -> None:
         super().__init__()
-        for name, value, minimum in (
-            ("channels", channels, 2),  # FactorizedReduce splits channels over two convs
-            ("num_classes", num_classes, 1),
-            ("layers", layers, 1),
-            ("nodes", nodes, 1),
-            ("stem_multiplier", stem_multiplier, 1),
-            ("in_channels", in_channels, 1),
-        ):
-            if value < minimum:
-                raise ValueError(f"SearchNetwork: {name} must be >= {minimum}, got {value}")
+        check_sizes("SearchNetwork", channels=channels, num_classes=num_classes, layers=layers, nodes=nodes,
+                    stem_multiplier=stem_multiplier, in_channels=in_channels)
         primitives = tuple(primitives)
         unknown = [p for p in primitives if p not in PRIMITIVES]
         if unknown:
@@ -72,13 +65,10 @@ class SearchNetwork(nn.Module):
         self.in_channels = in_channels
         self.norm = norm
         self.primitives = primitives
-        self.reduction_layers = tuple(sorted({layers // 3, 2 * layers // 3}))
+        self.reduction_layers = reduction_layers(layers)
 
         stem_channels = stem_multiplier * channels
-        self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, stem_channels, 3, padding=1, bias=False),
-            make_norm(norm, stem_channels, affine=True),
-        )
+        self.stem = stem(in_channels, stem_channels, norm)
         c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
         reduction_prev = False
         self.cells = nn.ModuleList()

@@ -139,14 +139,21 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
+    check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
+
+
+def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], *, batch: int, sigma: float,
+                          clips: tuple[float, ...]) -> None:
+    """Every sent buffer is exactly its ``party_release`` output plus a zero STATS tail, and release·B − clipped
+    sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance, mean near 0)."""
     residuals = []
-    for sent, rel in zip(channel.sent, releases, strict=True):
+    for sent, rel in zip(sent_buffers, releases, strict=True):
         np.testing.assert_array_equal(sent[:-STATS], rel["out"].astype(np.float32))  # exactly the release
         assert not np.any(sent[-STATS:])  # no loss, accuracy, batch size or timing rides along
-        assert rel["B"] == B and rel["sigma"] == SIGMA and rel["clip"] in (CLIP_W, CLIP_A)
+        assert rel["B"] == batch and rel["sigma"] == sigma and rel["clip"] in clips
         # The clipped sum has norm ≤ b·R; the release adds σR noise per coordinate before dividing by B.
         assert np.linalg.norm(rel["clean"]) <= rel["b"] * rel["clip"] * (1 + 1e-5)
-        residuals.append((rel["out"].astype(np.float64) * B - rel["clean"]) / (SIGMA * rel["clip"]))
+        residuals.append((rel["out"].astype(np.float64) * batch - rel["clean"]) / (sigma * rel["clip"]))
     z = np.concatenate(residuals)
     n = z.size
     # Pooled variance of n standard normals: n·s² ~ χ²(n); two-sided 1e-6 bounds.

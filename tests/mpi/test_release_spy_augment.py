@@ -13,16 +13,13 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
-from scipy import stats
-from test_release_spy import RecordingChannel, plain_data
+from test_release_spy import RecordingChannel, check_noised_releases, plain_data
 
 import mpi_fnas.federation.augment.party as augment_party_module
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
 from mpi_fnas.privacy import clipped_sum, per_sample_gradients
 
@@ -75,15 +72,4 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
 
     assert len(channel.sent) == STEPS == len(releases)  # one release per step, nothing else
-    residuals = []
-    for sent, rel in zip(channel.sent, releases, strict=True):
-        np.testing.assert_array_equal(sent[:-STATS], rel["out"].astype(np.float32))  # exactly the release
-        assert not np.any(sent[-STATS:])  # no loss, accuracy, batch size or timing rides along
-        assert rel["B"] == B and rel["sigma"] == SIGMA and rel["clip"] == CLIP
-        assert np.linalg.norm(rel["clean"]) <= rel["b"] * CLIP * (1 + 1e-5)
-        residuals.append((rel["out"].astype(np.float64) * B - rel["clean"]) / (SIGMA * CLIP))
-    z = np.concatenate(residuals)
-    n = z.size
-    lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], n) / n
-    assert lo < float(np.mean(z**2)) < hi, f"noise variance {np.mean(z**2):.4f} outside [{lo:.4f}, {hi:.4f}]"
-    assert abs(float(np.mean(z))) < 6 / np.sqrt(n)
+    check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP,))

@@ -12,18 +12,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpi_fnas.config import Config, ServerReportedError
+from mpi_fnas.config import Config
 from mpi_fnas.federation.augment.algorithm import party_augment_iteration
 from mpi_fnas.federation.augment.party import AugmentParty
 from mpi_fnas.federation.augment.plan import AugmentAssignment
 from mpi_fnas.federation.augment.server import drop_path_probability
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
 from mpi_fnas.federation.party import Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.plan import SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
 from mpi_fnas.space import Genotype, build_augment_network
 
 STAGE = "augment"
@@ -31,35 +30,22 @@ STAGE = "augment"
 
 def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     """Run party `channel.rank`'s side of the whole augmentation; True when it stopped as interrupted."""
-    got = channel.scatter_objects(None)
-    if isinstance(got, tuple) and got and got[0] == "error":
-        raise ServerReportedError(got[1])
-    assert isinstance(got, AugmentAssignment)
-    device = torch.device(device_for_rank(channel.comm, preference=cfg.runtime.device))
+    got, device = receive_assignment(channel, AugmentAssignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank), stage=STAGE) if run_dir is not None else None
     party = _build_party(cfg, got, channel.rank, device, store)
     private = got.releases is not None
-    channel.gather_objects({"device": str(device), "sent_steps": store.sent_steps if store and private else 0})
+    report_setup(channel, device, store.sent_steps if store and private else 0)
 
     w_in = np.zeros(party.num_w + 1, dtype=np.float32)  # W and the control word
     channel.bcast(w_in[:-1])
     party.load_w(w_in[:-1])
-    injected = Injections(channel.rank, STAGE)
-    journal = store if (store is not None and private) else None
-    for step in range(got.checkpoint_step + 1, got.steps + 1):
-        injected.at(step)
-        if journal is not None:
-            journal.record_send()  # before anything of this step leaves the party
-        control = party_augment_iteration(party, channel, w_in,
-                                          drop_path_probability(cfg.augment, step, got.steps_per_epoch))
-        if control != CONTINUE:
-            if store is not None:
-                store.save_state(step, {"randomness": _randomness_source(got), "party": party.state_dict()})
-            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
-            if control == STOP:
-                channel.barrier()  # wait for the server to finish its checkpoint and the log
-                return True
-    return False
+
+    def iterate(step: int) -> int:
+        return party_augment_iteration(party, channel, w_in,
+                                       drop_path_probability(cfg.augment, step, got.steps_per_epoch))
+
+    return party_steps(channel, stage=STAGE, first=got.checkpoint_step + 1, last=got.steps, store=store,
+                       journal=private, party=party, randomness=_randomness_source(got), iterate=iterate)
 
 
 def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.device,
@@ -78,10 +64,7 @@ def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.d
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
-        saved = store.load_state(got.checkpoint_step)
-        if saved["randomness"] != source:
-            raise SetupError(f"--resume: this party's state was saved with {saved['randomness']!r} randomness")
-        party.load_state_dict(saved["party"])
+        party.load_state_dict(store.load_party(got.checkpoint_step, source))
     return party
 
 

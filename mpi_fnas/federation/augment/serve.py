@@ -25,7 +25,7 @@ from mpi_fnas.federation.augment.algorithm import AugmentBuffers, server_augment
 from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
 from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
 from mpi_fnas.federation.serve import open_search_log
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
@@ -82,12 +82,10 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         if resume is not None:
             _attach_resume(plan, resume)
     except SetupError as exc:
-        channel.scatter_objects([None] + [("error", str(exc))] * channel.parties)
+        refuse_setup(channel, str(exc))
         raise
-    channel.scatter_objects([None, *plan.assignments])
-    device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
-    reports = channel.gather_objects(None)[1:]
-    devices = ["cpu"] + [r["device"] for r in reports]
+    reports = hand_out(channel, plan.assignments)
+    devices, gpus = reports.devices, reports.gpus
     if ledger is not None and resume is not None:
         ledger.load_state_dict(resume["ledger"])
     if private:
@@ -95,10 +93,9 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         if resume is None:
             ledger.start_augment(plan.releases)
         charged = ledger.augment_steps()
-        for k, sent in enumerate(int(r["sent_steps"]) for r in reports):
+        for k, sent in enumerate(reports.sent_steps):
             if sent > charged[k]:
                 ledger.charge_augment_replays(k, sent - int(charged[k]))
-    gpus = len({d for d in devices if d.startswith("cuda")})
     model = build_augment_network(
         genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
         in_channels=test.in_channels, num_classes=test.num_classes, stem_multiplier=cfg.space.stem_multiplier,
@@ -168,7 +165,7 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
             clip=plan.releases.clip, delta=ledger.plan.delta,
         )
     log.begin_augment(genotype=plan.genotype.to_string(), params=params, private=ledger is not None,
-                      privacy=privacy, parties=len(plan.assignments))
+                      privacy=privacy, parties=len(plan.assignments), privacy_guarantee=guarantee)
     if resume is not None:
         log.truncate_augment(*resume["log_rows"])
     return log

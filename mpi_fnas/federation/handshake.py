@@ -1,0 +1,100 @@
+"""The protocol both stages (search, augmentation) follow around their iterations, on each side of the wire.
+
+Setup, one round: rank 0 scatters each party its assignment, or the setup error to all of them (so no party waits
+for a decision that never comes); every rank picks its device in one collective; each party reports its device and
+how many iterations it has ever sent in this stage (data-independent; non-zero only after a crash, and then the
+server charges the replays).
+
+Then the party's steps: before anything of a step leaves a DP party, its send count grows on its own disk; at a
+checkpoint step it saves its own state, then acknowledges with an empty message; at a stop it waits for the server
+to finish its checkpoint and the log. The iteration itself (what is computed and sent) is the stage's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeVar
+
+import torch
+
+from mpi_fnas.config import ServerReportedError
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.party_store import PartyStore
+from mpi_fnas.federation.placement import device_for_rank
+from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
+
+AssignmentT = TypeVar("AssignmentT")
+
+
+class StatefulParty(Protocol):
+    def state_dict(self) -> dict: ...
+
+
+@dataclass(frozen=True)
+class SetupReports:
+    """What rank 0 learns at setup: every rank's device (rank 0 first) and each party's count of sent iterations."""
+
+    devices: list[str]
+    sent_steps: list[int]
+
+    @property
+    def gpus(self) -> int:
+        """Distinct CUDA devices in the job (the cost's GPU count)."""
+        return len({d for d in self.devices if d.startswith("cuda")})
+
+
+# -- rank 0 ----------------------------------------------------------------------------------------------------------
+def refuse_setup(channel: Channel, message: str) -> None:
+    """Tell every party that setup failed (each then raises :class:`ServerReportedError` with `message`)."""
+    channel.scatter_objects([None] + [("error", message)] * channel.parties)
+
+
+def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
+    """Scatter party k its assignment ``assignments[k - 1]``, agree on devices, and gather the parties' reports."""
+    channel.scatter_objects([None, *assignments])
+    device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
+    reports = channel.gather_objects(None)[1:]
+    return SetupReports(devices=["cpu"] + [str(r["device"]) for r in reports],
+                        sent_steps=[int(r["sent_steps"]) for r in reports])
+
+
+# -- a party ---------------------------------------------------------------------------------------------------------
+def receive_assignment(channel: Channel, kind: type[AssignmentT], device_preference: str,
+                       ) -> tuple[AssignmentT, torch.device]:
+    """This party's assignment (of type `kind`) and its device. Raises ServerReportedError if rank 0 refused."""
+    got = channel.scatter_objects(None)
+    if isinstance(got, tuple) and got and got[0] == "error":
+        raise ServerReportedError(got[1])
+    if not isinstance(got, kind):
+        raise TypeError(f"expected a {kind.__name__} from rank 0, got {type(got).__name__}")
+    return got, torch.device(device_for_rank(channel.comm, preference=device_preference))
+
+
+def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> None:
+    """The party's only setup message: its device and its count of sent iterations (0 unless DP)."""
+    channel.gather_objects({"device": str(device), "sent_steps": sent_steps})
+
+
+def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, journal: bool,
+                party: StatefulParty, randomness: str, iterate: Callable[[int], int]) -> bool:
+    """Run steps `first`..`last` of `stage` on this party; True when the server stopped the run (interrupted).
+
+    `iterate(step)` runs one iteration and returns rank 0's control word. `journal`: count each step's sends on
+    the party's own disk before they leave it (DP releases). At a checkpoint the party saves its own state
+    (`party.state_dict()`, tagged with its `randomness` source) in `store`.
+    """
+    injected = Injections(channel.rank, stage)
+    for step in range(first, last + 1):
+        injected.at(step)
+        if journal and store is not None:
+            store.record_send()  # before anything of this step leaves the party
+        control = iterate(step)
+        if control != CONTINUE:
+            if store is not None:
+                store.save_party(step, randomness, party.state_dict())
+            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
+            if control == STOP:
+                channel.barrier()  # wait for the server to finish its checkpoint and the log
+                return True
+    return False
