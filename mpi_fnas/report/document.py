@@ -1,0 +1,189 @@
+"""What the report says: the tables, the runs, the figures, assembled into page blocks and rendered into the files
+of the report directory (in memory; mpi_fnas.report.output writes them)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from mpi_fnas import __version__
+from mpi_fnas.report.collect import RunRecord
+from mpi_fnas.report.figures import (
+    COST_FIGURE,
+    FIGURE_PIXELS,
+    TABLE1_FIGURE,
+    TABLE2_FIGURE,
+    cost_figure,
+    run_figures,
+    table1_figure,
+    table2_figure,
+)
+from mpi_fnas.report.page import (
+    FIGURES_DIR,
+    Block,
+    Bullets,
+    Heading,
+    Image,
+    Paragraph,
+    Table,
+    render_html,
+    render_markdown,
+)
+from mpi_fnas.report.tables import (
+    TABLE1_COLUMNS,
+    TABLE1_CSV,
+    TABLE2_COLUMNS,
+    TABLE2_CSV,
+    Group,
+    csv_text,
+    group_runs,
+    noise_studies,
+    table1_groups,
+    table1_rows,
+    table2_groups,
+    table2_rows,
+)
+from mpi_fnas.sweep import variance_label
+
+REPORT_MD = "report.md"
+REPORT_HTML = "report.html"
+TITLE = "mpi_fnas report"
+
+
+def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, bytes]:
+    """Every file of the report directory, by relative path: report.md, report.html, table1.csv, table2.csv (when
+    Table 2 exists) and figures/<name>.png. `inputs`: the paths given, named in the report's first line."""
+    groups = group_runs(runs)
+    table1, table2 = table1_groups(groups), table2_groups(groups)
+    across: dict[str, bytes] = {}
+    if table1:
+        across[TABLE1_FIGURE] = table1_figure(table1)
+        across[COST_FIGURE] = cost_figure(table1)
+    if table2:
+        across[TABLE2_FIGURE] = table2_figure(table2)
+    per_run = {run.slug: run_figures(run) for run in runs}
+    images = dict(across)
+    for figures in per_run.values():
+        images.update(figures)
+
+    blocks: list[Block] = [Heading(TITLE, 1), Paragraph(_summary(runs, inputs))]
+    blocks += _table1_blocks(table1, groups)
+    blocks += _table2_blocks(table2)
+    blocks += _runs_blocks(runs, groups)
+    for run in runs:
+        blocks += _run_blocks(run, per_run[run.slug])
+
+    files = {
+        REPORT_MD: render_markdown(blocks).encode("utf-8"),
+        REPORT_HTML: render_html(blocks, images, TITLE).encode("utf-8"),
+        TABLE1_CSV: csv_text(TABLE1_COLUMNS, table1_rows(table1)).encode("utf-8"),
+    }
+    if table2:
+        files[TABLE2_CSV] = csv_text(TABLE2_COLUMNS, table2_rows(table2)).encode("utf-8")
+    files.update({f"{FIGURES_DIR}/{name}": png for name, png in images.items()})
+    return files
+
+
+def _summary(runs: Sequence[RunRecord], inputs: Sequence[str]) -> str:
+    final = sum(r.final for r in runs)
+    where = ", ".join(f"`{path}`" for path in inputs)
+    return (f"{len(runs)} run{'s' if len(runs) != 1 else ''} found under {where}: {final} finished (in the tables), "
+            f"{len(runs) - final} not finished (listed under Runs, left out of the means). Errors are in %, mean ± "
+            f"sample std over seeds; ε is the worst party's tight (PLD) bound. Made by mpi_fnas {__version__}; "
+            f"each number's source in the log is described in the project's docs/report.md. Figures are "
+            f"{FIGURE_PIXELS[0]} × {FIGURE_PIXELS[1]} px.")
+
+
+def _table1_blocks(table1: Sequence[Group], groups: Sequence[Group]) -> list[Block]:
+    blocks: list[Block] = [Heading("Table 1: accuracy, privacy and search cost"), Paragraph(
+        "One row per (mode, K), averaged over seeds. Stage `augment`: the test error of the found cell trained "
+        "from scratch (`/augment`); `supernet`: the supernet's after the search (no run of the group was "
+        "augmented). ε: search + augmentation composed where the augmentation was private, else the search's. "
+        "Search cost from `/cost` (all attempts of the search; the augmentation excluded). Params: the augmented "
+        "network's, in millions.")]
+    studies = sorted(noise_studies(groups))
+    if studies:
+        names = ", ".join(f"{mode} K={k}" for mode, k in studies)
+        blocks.append(Paragraph(f"Left out here, as noise studies (several noise variances; see Table 2): {names}."))
+    if not table1:
+        return [*blocks, Paragraph("No finished run outside a noise study: Table 1 is empty.")]
+    blocks.append(Table(
+        ("mode", "K", "σ²", "runs", "test error (%)", "stage", "params (M)", "search GPU-days", "search CPU core-h",
+         "search wall h", "attempts", "ε worst"),
+        tuple((g.mode, str(g.parties), _variance(g.noise_variance), str(len(g.runs)), _error(g), g.stage,
+               _num(g.params_m, ".4f"), _num(g.search_gpu_days, ".3g"), _num(g.search_cpu_core_hours, ".3g"),
+               _num(g.search_wall_hours, ".3g"), _num(g.attempts, ".3g"), _num(g.epsilon_worst, ".4g"))
+              for g in table1)))
+    blocks.append(Image(TABLE1_FIGURE, "Table 1: test error per mode and K"))
+    blocks.append(Image(COST_FIGURE, "Search wall time against K, with the ideal strong-scaling line"))
+    return blocks
+
+
+def _table2_blocks(table2: Sequence[Group]) -> list[Block]:
+    if not table2:
+        return []
+    return [
+        Heading("Table 2: error against noise variance"),
+        Paragraph("DP-FNAS runs of one K at several noise variances σ² = σ_W² (`/privacy/noise_multiplier_w`), "
+                  "averaged over seeds. The error is the test error of the table's stage (the parties' validation "
+                  "accuracy is not released under DP, so the server's test split stands in for it)."),
+        Table(("K", "σ²", "runs", "error (%)", "stage", "ε worst"),
+              tuple((str(g.parties), _variance(g.noise_variance), str(len(g.runs)), _error(g), g.stage,
+                     _num(g.epsilon_worst, ".4g")) for g in table2)),
+        Image(TABLE2_FIGURE, "Table 2: error (left axis) and worst ε (right axis) against σ²"),
+    ]
+
+
+def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Block]:
+    rows = tuple((f"`{r.label}`", r.mode, str(r.parties), _opt(r.seed), _variance(r.noise_variance), r.status,
+                  _num(100 * r.test_error, ".2f"), r.stage, _opt(r.params),
+                  f"{_num(r.epsilon_worst, '.4g')} ({r.epsilon_covers})" if r.epsilon_covers else "–",
+                  _num(r.search_wall_seconds, ".1f"),
+                  str(r.attempts) + (f" + {r.augment_attempts}" if r.augment_attempts is not None else ""))
+                 for r in runs)
+    blocks: list[Block] = [Heading("Runs"), Table(
+        ("run", "mode", "K", "seed", "σ²", "status", "test error (%)", "stage", "params", "ε worst (covers)",
+         "search wall s", "attempts (search + augment)"), rows)]
+    notes = [f"`{r.label}`: {r.status}, left out of the means ({r.reason or 'no reason recorded'})"
+             for r in runs if not r.final]
+    notes += [f"`{r.label}`: finished without an augmentation; left out of its group, whose other runs were "
+              "augmented (an augmented and a supernet error are different quantities)"
+              for g in groups for r in g.left_out]
+    notes += [f"`{r.label}`: privacy guarantee: {r.privacy_guarantee}"
+              for r in runs if r.mode == "dpfnas" and r.privacy_guarantee != "holds"]
+    if notes:
+        blocks.append(Bullets(tuple(notes)))
+    return blocks
+
+
+def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
+    blocks: list[Block] = [
+        Heading(f"Run {run.label}", 3),
+        Paragraph(f"{run.mode}, K = {run.parties}, seed {_opt(run.seed)}, status {run.status}; genotype "
+                  f"`{run.genotype or 'none yet'}`"),
+    ]
+    captions = {"alphas": "final alphas (edge × op)", "alphas-epochs": "alphas over epochs",
+                "cells": "derived cells", "curves": "loss and accuracy", "epsilon": "ε per party over steps"}
+    for name in figures:
+        suffix = name[len(run.slug) + 1 : -len(".png")]
+        blocks.append(Image(name, f"{run.label}: {captions.get(suffix, suffix)}"))
+    return blocks
+
+
+def _error(g: Group) -> str:
+    mean, std = 100 * g.test_error_mean, 100 * g.test_error_std
+    return f"{_num(mean, '.2f')} ± {_num(std, '.2f')}" if math.isfinite(std) else f"{_num(mean, '.2f')} (1 run)"
+
+
+def _num(value: float, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return format(value, spec)
+
+
+def _variance(value: float | None) -> str:
+    return "–" if value is None else variance_label(value)
+
+
+def _opt(value: object) -> str:
+    return "–" if value is None else str(value)

@@ -1,0 +1,305 @@
+"""The report's figures, as PNG bytes: per run (alphas, cells, curves, ε) and across runs (Tables 1 and 2, cost).
+
+matplotlib only, through its Agg canvas (``Figure`` + ``FigureCanvasAgg``, never pyplot): no display, no global
+state, nothing but a PNG in memory. Every figure is FIGURE_PIXELS (width, height) pixels, and its PNG carries
+no version or date, so the same logs give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from mpi_fnas.report.cells import draw_cell, op_colors, state_name
+from mpi_fnas.report.collect import MODE_ORDER, STAGE_AUGMENT, RunRecord
+from mpi_fnas.report.tables import Group
+from mpi_fnas.sweep import variance_label
+
+DPI = 80
+FIGSIZE = (11.0, 5.5)  # inches
+#: Size of every figure, (width, height) in pixels.
+FIGURE_PIXELS = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
+#: File name suffixes of a run's figures (``<run>-<suffix>.png``); ``epsilon`` only for runs with a DP ledger.
+RUN_FIGURES = ("alphas", "alphas-epochs", "cells", "curves", "epsilon")
+#: File names of the figures across runs (table2.png only when Table 2 exists).
+TABLE1_FIGURE, TABLE2_FIGURE, COST_FIGURE = "table1.png", "table2.png", "search-cost.png"
+_MODE_COLORS = {"vanilla": "#7f7f7f", "fnas": "#1f77b4", "dpfnas": "#d62728"}
+
+
+def new_figure() -> Figure:
+    """A blank figure of the report's size on an Agg canvas."""
+    figure = Figure(figsize=FIGSIZE, dpi=DPI)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def png_bytes(figure: Figure) -> bytes:
+    """The figure as PNG (exactly FIGURE_PIXELS; no ``Software`` metadata, so the bytes do not name a version)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+# -- one run --------------------------------------------------------------------------------------------------------
+def run_figures(run: RunRecord) -> dict[str, bytes]:
+    """``{"<slug>-<suffix>.png": PNG}`` for the figures `run`'s log has data for: alphas and cells need an epoch
+    end (and a parseable genotype), ε a DP ledger row; the curves are always drawn."""
+    log = run.log
+    figures: dict[str, bytes] = {}
+    if len(log["alphas"]["normal"]):
+        figures[f"{run.slug}-alphas.png"] = alphas_heatmap(log["alphas"], run.label)
+        figures[f"{run.slug}-alphas-epochs.png"] = alphas_over_epochs(log["alphas"], run.label)
+    cells = cells_figure(run.genotype, run.label) if run.genotype else None
+    if cells is not None:
+        figures[f"{run.slug}-cells.png"] = cells
+    figures[f"{run.slug}-curves.png"] = curves(log, run.label)
+    epsilon = epsilon_over_steps(log, run.label)
+    if epsilon is not None:
+        figures[f"{run.slug}-epsilon.png"] = epsilon
+    return figures
+
+
+def alphas_heatmap(alphas: dict[str, np.ndarray], label: str) -> bytes:
+    """The last epoch's softmax alphas, edge × op, normal and reduce side by side. alphas: {"normal", "reduce":
+    (epochs, edges, ops)}."""
+    primitives = _primitives(alphas["normal"].shape[2])
+    figure = new_figure()
+    axes = figure.subplots(1, 2)
+    epochs = alphas["normal"].shape[0]
+    for ax, cell in zip(axes, ("normal", "reduce"), strict=True):
+        final = np.asarray(alphas[cell][-1], dtype=float)
+        # The colour scale spans the values, not [0, 1]: early in a search all weights are near 1/ops.
+        image = ax.imshow(final, aspect="auto", cmap="viridis")
+        ax.set_xticks(range(final.shape[1]), primitives, rotation=40, ha="right", fontsize=8)
+        ax.set_yticks(range(final.shape[0]), _edge_labels(final.shape[0]), fontsize=8)
+        ax.set_title(f"{cell} cell", fontsize=10)
+        figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
+    figure.suptitle(f"{label}: softmax alphas after epoch {epochs} (edge × op)", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str) -> bytes:
+    """Each op's softmax weight averaged over the edges, per epoch end (the heatmap shows the edges)."""
+    primitives = _primitives(alphas["normal"].shape[2])
+    colors = op_colors(primitives)
+    figure = new_figure()
+    axes = figure.subplots(1, 2, sharey=True)
+    for ax, cell in zip(axes, ("normal", "reduce"), strict=True):
+        values = np.asarray(alphas[cell], dtype=float)  # (epochs, edges, ops)
+        epochs = np.arange(1, values.shape[0] + 1)
+        for k, name in enumerate(primitives):
+            ax.plot(epochs, values[:, :, k].mean(axis=1), marker="o", markersize=3, color=colors[name],
+                    linestyle="--" if name == "none" else "-", label=name)
+        ax.set_xlabel("epoch")
+        ax.set_title(f"{cell} cell", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    axes[0].set_ylabel("mean softmax weight over edges")
+    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    figure.suptitle(f"{label}: alphas over epochs", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def cells_figure(genotype_text: str, label: str) -> bytes | None:
+    """The normal and reduce cells of a genotype string as graphs; None when the text does not parse."""
+    from mpi_fnas.space.genotype import Genotype  # imports torch (mpi_fnas.space): only when drawing
+    from mpi_fnas.space.ops import PRIMITIVES
+
+    try:
+        genotype = Genotype.from_string(genotype_text)
+    except ValueError:
+        return None
+    colors = op_colors(PRIMITIVES)
+    figure = new_figure()
+    axes = figure.subplots(1, 2)
+    draw_cell(axes[0], genotype.normal, genotype.normal_concat, "normal cell", colors)
+    draw_cell(axes[1], genotype.reduce, genotype.reduce_concat, "reduction cell", colors)
+    figure.suptitle(f"{label}: derived cells", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def curves(log: dict[str, Any], label: str) -> bytes:
+    """Loss and accuracy against steps: the search (top or only row) and, when the run has one, the augmentation.
+    Under DP the parties' train/validation values are not released (NaN); only the server's test values show."""
+    augment = log["augment"]
+    figure = new_figure()
+    rows = 2 if augment is not None else 1
+    axes = np.atleast_2d(figure.subplots(rows, 2, squeeze=False))
+    dp = log["mode"] == "dpfnas"
+    search = log["metrics"]
+    _series(axes[0][0], search, ("train_loss", "val_loss", "test_loss"), "search: loss (nats)", dp)
+    _series(axes[0][1], search, ("train_acc", "val_acc", "test_acc"), "search: accuracy", dp)
+    if augment is not None:
+        private = bool(augment["private"])
+        _series(axes[1][0], augment["metrics"], ("train_loss", "test_loss"), "augment: loss (nats)", private)
+        _series(axes[1][1], augment["metrics"], ("train_acc", "test_acc"), "augment: accuracy", private)
+    figure.suptitle(f"{label}: loss and accuracy", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def epsilon_over_steps(log: dict[str, Any], label: str) -> bytes | None:
+    """ε of every party at each ledger row: the search's (/privacy), then the composed search + augment ledger
+    (/augment/privacy) after the search's last step. None without a DP ledger row."""
+    privacy = log["privacy"]
+    if privacy is None or not len(privacy["steps"]):
+        return None
+    augment = log["augment"]
+    ledger = augment["privacy"] if augment is not None else None
+    steps = np.asarray(privacy["steps"], dtype=float)
+    epsilon = np.asarray(privacy["epsilon"], dtype=float)  # (rows, K)
+    figure = new_figure()
+    ax = figure.subplots()
+    colors = [f"C{k % 10}" for k in range(epsilon.shape[1])]
+    for k in range(epsilon.shape[1]):
+        ax.plot(steps, epsilon[:, k], marker="o", markersize=3, color=colors[k], label=f"party {k + 1}")
+    if ledger is not None and len(ledger["steps"]):
+        offset = steps[-1]
+        aug_steps = offset + np.asarray(ledger["steps"], dtype=float)
+        aug_eps = np.asarray(ledger["epsilon"], dtype=float)
+        for k in range(aug_eps.shape[1]):
+            ax.plot(np.r_[offset, aug_steps], np.r_[epsilon[-1, k], aug_eps[:, k]], linestyle="--", marker="s",
+                    markersize=3, color=colors[k])
+        ax.axvline(offset, color="#999999", linewidth=1)
+        ax.text(offset, ax.get_ylim()[1], " augmentation (dashed: search + augment composed)", fontsize=8,
+                va="top", ha="left", color="#555555")
+    ax.set_xlabel("step (search, then augmentation)")
+    ax.set_ylabel("ε (tight PLD bound)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncol=max(1, epsilon.shape[1] // 8))
+    delta = float(np.max(privacy["delta"]))
+    ax.set_title(f"{label}: ε per party over steps (δ = {delta:.3g})", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+# -- across runs ----------------------------------------------------------------------------------------------------
+def table1_figure(groups: Sequence[Group]) -> bytes:
+    """Table 1 as bars: mean test error (%) per (mode, K), ± std over seeds; ε and the stage above the bars."""
+    figure = new_figure()
+    ax = figure.subplots()
+    x = np.arange(len(groups))
+    means = [100 * g.test_error_mean for g in groups]
+    stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in groups]
+    colors = [_MODE_COLORS.get(g.mode, "#2ca02c") for g in groups]
+    hatches = ["" if g.stage == STAGE_AUGMENT else "//" for g in groups]
+    bars = ax.bar(x, means, yerr=stds, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
+    for bar, hatch in zip(bars, hatches, strict=True):
+        bar.set_hatch(hatch)
+    for i, g in enumerate(groups):
+        note = f"ε {g.epsilon_worst:.3g}\n" if math.isfinite(g.epsilon_worst) else ""
+        ax.text(i, means[i] + stds[i], f"{note}n={len(g.runs)}", ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(x, [f"{g.mode}\nK={g.parties}" for g in groups])
+    ax.set_ylabel("test error (%)")
+    ax.set_ylim(0, max([m + s for m, s in zip(means, stds, strict=True)] + [1.0]) * 1.25)
+    ax.set_title("Table 1: test error (mean ± std over seeds; hatched: supernet, no augmentation)", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def table2_figure(groups: Sequence[Group]) -> bytes:
+    """Table 2 as a curve: error (%) against the noise variance σ², one line per K; worst ε on the right axis."""
+    figure = new_figure()
+    ax = figure.subplots()
+    right = ax.twinx()
+    for i, parties in enumerate(sorted({g.parties for g in groups})):
+        rows = sorted((g for g in groups if g.parties == parties), key=lambda g: g.noise_variance or 0.0)
+        variances = [g.noise_variance for g in rows]
+        means = [100 * g.test_error_mean for g in rows]
+        stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in rows]
+        ax.errorbar(variances, means, yerr=stds, marker="o", capsize=4, color=f"C{i}", label=f"error, K={parties}")
+        right.plot(variances, [g.epsilon_worst for g in rows], linestyle=":", marker="x", color=f"C{i}",
+                   label=f"ε worst, K={parties}")
+    ax.set_xscale("log")
+    ticks = sorted({g.noise_variance for g in groups if g.noise_variance is not None})
+    ax.set_xticks(ticks, [variance_label(v) for v in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel("noise variance σ²")
+    ax.set_ylabel("test error (%)")
+    right.set_ylabel("ε (worst party)")
+    right.set_yscale("log")
+    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+    ax.set_title("Table 2: error against noise (mean ± std over seeds)", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def cost_figure(groups: Sequence[Group]) -> bytes:
+    """Search wall time against K per mode (log-log), with each mode's ideal strong-scaling line
+    t(K) = t(K₀) · K₀ / K from its smallest K₀ (the same data split over K parties working in parallel), drawn
+    over every K of the figure (and a factor 2 either side when there is only one)."""
+    figure = new_figure()
+    ax = figure.subplots()
+    ks = sorted({g.parties for g in groups})
+    span = np.array(ks if len(ks) > 1 else [ks[0] / 2, ks[0], ks[0] * 2], dtype=float)
+    modes = sorted({g.mode for g in groups}, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else 99)
+    for mode in modes:
+        rows = sorted((g for g in groups if g.mode == mode), key=lambda g: g.parties)
+        parties = np.array([g.parties for g in rows], dtype=float)
+        hours = np.array([g.search_wall_hours for g in rows], dtype=float)
+        colour = _MODE_COLORS.get(mode, "#2ca02c")
+        ax.plot(parties, hours, marker="o", color=colour, label=f"{mode}: measured")
+        ax.plot(span, hours[0] * parties[0] / span, linestyle="--", color=colour, alpha=0.7,
+                label=f"{mode}: ideal strong scaling from K={rows[0].parties}")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(ks, [str(k) for k in ks])
+    ax.set_xlabel("parties K")
+    ax.set_ylabel("search wall time (hours, mean over seeds)")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title("Search cost against K (from /cost; the augmentation is not included)", fontsize=11)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+# -- helpers --------------------------------------------------------------------------------------------------------
+def _primitives(ops: int) -> list[str]:
+    from mpi_fnas.space.ops import PRIMITIVES
+
+    return list(PRIMITIVES) if len(PRIMITIVES) == ops else [f"op {k}" for k in range(ops)]
+
+
+def _edge_labels(edges: int) -> list[str]:
+    """``"<input> → <node>"`` per alpha row (node i has inputs 0 .. i + 1: see mpi_fnas.space.genotype)."""
+    labels = []
+    node = 0
+    while len(labels) < edges:
+        labels += [f"{state_name(j)} → {node}" for j in range(node + 2)]
+        node += 1
+    return labels[:edges]
+
+
+def _series(ax: Axes, metrics: dict[str, np.ndarray], names: Sequence[str], title: str, private: bool) -> None:
+    steps = np.asarray(metrics.get("step", np.empty(0)), dtype=float)
+    drawn = 0
+    for name in names:
+        values = np.asarray(metrics.get(name, np.full(len(steps), np.nan)), dtype=float)[: len(steps)]
+        finite = np.isfinite(values)
+        if finite.any():
+            few = finite.sum() <= 30  # markers where the points are few (epoch-end test values, short runs)
+            ax.plot(steps[finite], values[finite], marker="o" if few else None, markersize=3, label=name)
+            drawn += 1
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step")
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=8)
+    if private:
+        ax.text(0.5, 0.02, "train/validation values are not released under DP", transform=ax.transAxes,
+                ha="center", va="bottom", fontsize=8, color="#777777")
+    elif not drawn:
+        ax.text(0.5, 0.5, "nothing logged", transform=ax.transAxes, ha="center", va="center", color="#777777")

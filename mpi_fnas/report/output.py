@@ -1,0 +1,60 @@
+"""Writing the report directory so that it never claims a success it did not have.
+
+The whole report is built in memory first (mpi_fnas.report.document); only then is anything written, into a
+temporary directory inside DIR, from which the files are moved into place by renames. The old report.md is
+removed first and the new one moved in last: a report.md in DIR always belongs to a complete report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from mpi_fnas import cli
+from mpi_fnas.config import ConfigError
+from mpi_fnas.report.document import REPORT_HTML, REPORT_MD
+from mpi_fnas.report.page import FIGURES_DIR
+from mpi_fnas.report.tables import TABLE1_CSV, TABLE2_CSV
+
+#: Everything the report owns in DIR: replaced by a new report (a file the new one lacks is removed).
+OWNED = (REPORT_MD, REPORT_HTML, TABLE1_CSV, TABLE2_CSV, FIGURES_DIR)
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse, before anything is built, an --out that is a file or a non-empty directory that is not a report
+    (no report.md): the report replaces its own files and figures/ and must not mix with other content."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out: {out} is a file, not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / REPORT_MD).is_file():
+        raise ConfigError(f"--out: {out} is not empty and holds no {REPORT_MD} (not a report directory); "
+                          "choose another directory")
+
+
+def write_report(out: Path, files: Mapping[str, bytes]) -> list[Path]:
+    """Write `files` (relative path → bytes; top-level files and ``figures/<name>``) into `out`, replacing an
+    earlier report there; return the top-level paths written."""
+    cli.make_dir(out)
+    staging = Path(tempfile.mkdtemp(prefix=".report-", dir=out))  # same file system: renames are atomic
+    try:
+        for name, data in files.items():
+            target = staging / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        (out / REPORT_MD).unlink(missing_ok=True)  # from here until the end, DIR holds no complete report
+        old_figures = out / FIGURES_DIR
+        if old_figures.exists():
+            old_figures.rename(staging / f"{FIGURES_DIR}.old")  # deleted with the staging directory
+        if (staging / FIGURES_DIR).exists():
+            (staging / FIGURES_DIR).rename(old_figures)
+        written = []
+        for name in [*sorted({Path(n).parts[0] for n in files} - {FIGURES_DIR, REPORT_MD}), REPORT_MD]:
+            os.replace(staging / name, out / name)
+            written.append(out / name)
+        for name in set(OWNED) - {Path(n).parts[0] for n in files} - {FIGURES_DIR}:  # figures/ moved out above
+            (out / name).unlink(missing_ok=True)  # e.g. a table2.csv of an earlier report with a noise study
+        return written
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
