@@ -109,7 +109,7 @@ def read_record(path: Path, base: Path, *, slug: str | None = None) -> RunRecord
     """
     try:
         log = read_run(path)
-    except (OSError, KeyError, ValueError, TypeError, IndexError) as exc:
+    except Exception as exc:  # h5py raises OSError, RuntimeError, KeyError ... for damaged or foreign files
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise ConfigError(f"{path}: not a readable run log ({text})") from None
     label = _label(path.parent, base)

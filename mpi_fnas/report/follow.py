@@ -211,7 +211,7 @@ def follow(run_dir: str | Path, interval: float = 2.0, stream: TextIO | None = N
     while True:
         try:
             log = read_run(path)
-        except (OSError, KeyError) as exc:  # the file went away or was replaced under us
+        except Exception as exc:  # the file went away or was damaged under us
             print(f"mpi_fnas: error: --follow: {path}: cannot read the log any more ({exc})", file=sys.stderr)
             return cli.EXIT_FAILURE
         snap = snapshot(log)

@@ -1,0 +1,367 @@
+"""The results report (``python -m mpi_fnas.report``) on real tiny runs: FNAS and DP-FNAS, K = 2, two seeds each
+(the DP-FNAS ones with a tiny augmentation), and a DP-FNAS run that fails at step 3.
+
+Every number of table1.csv / table2.csv is recomputed here from the logs (read_run), every figure decoded and
+looked at, the HTML page checked to embed every figure and link nothing outside itself; bad input is one line,
+exit 2 and nothing written; ``--follow`` exits 0 on a finished run (also one it watched live), 1 on a failed one
+and on one whose writer died.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import math
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import ROOT, TINY, mpirun_background, wait_for
+from matplotlib.image import imread
+
+from mpi_fnas.report import main
+from mpi_fnas.report.figures import FIGURE_PIXELS
+from mpi_fnas.runlog import read_run
+
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
+SMALL = [*TINY, "--set", "search.steps_per_epoch=2"]  # 2 epochs of 2 steps
+AUGMENT = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.layers=2",
+           "--set", "augment.channels=4"]
+FINISHED = ("fnas-K2-seed0", "fnas-K2-seed1", "dpfnas-K2-seed0", "dpfnas-K2-seed1")
+FAILED = "dpfnas-K2-seed2"
+LIVE = "fnas-K2-seed1"  # followed live while it runs; party 1 stalls at step 3 so the view sees it going
+TABLE1_COLUMNS = ["mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m",
+                  "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst"]
+TABLE2_COLUMNS = ["noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst"]
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def report_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mpi_fnas.report", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=_env())
+
+
+def report(capsys, *args: str) -> tuple[int, str, str]:
+    """main(args) in this process (cheaper than a new interpreter): (exit code, stdout, stderr)."""
+    try:
+        code = main(list(args))
+    except SystemExit as exc:  # argparse
+        code = exc.code
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The five runs, laid out as slurm/table1.sh does (<root>/<mode>-K<parties>-seed<seed>/search.h5), all
+    started at once; ``--follow`` watches LIVE from the moment its log exists. Returns (root, follow result)."""
+    root = tmp_path_factory.mktemp("table1")
+    plans = {
+        "fnas-K2-seed0": ([*SMALL, "--set", "mode=fnas", "--set", "seed=0"], None),
+        LIVE: ([*SMALL, "--set", "mode=fnas", "--set", "seed=1"], {"MPI_FNAS_INJECT_SLEEP": "1:3:15"}),
+        "dpfnas-K2-seed0": ([*SMALL, *AUGMENT, "--set", "mode=dpfnas", "--set", "seed=0"], None),
+        "dpfnas-K2-seed1": ([*SMALL, *AUGMENT, "--set", "mode=dpfnas", "--set", "seed=1"], None),
+        FAILED: ([*SMALL, *AUGMENT, "--set", "mode=dpfnas", "--set", "seed=2"], {"MPI_FNAS_INJECT_FAULT": "2:3"}),
+    }
+    procs = {name: mpirun_background(3, *args, "--out", str(root / name), env=env)
+             for name, (args, env) in plans.items()}
+    try:
+        assert wait_for(lambda: (root / LIVE / "search.h5").is_file(), timeout=300), "the live run never started"
+        followed = report_cli("--follow", str(root / LIVE), "--interval", "0.5", timeout=600)
+        outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    for name in FINISHED:
+        assert procs[name].returncode == 0, (name, outputs[name][1][-3000:])
+    assert procs[FAILED].returncode != 0
+    return root, followed
+
+
+@pytest.fixture(scope="module")
+def made(runs, tmp_path_factory):
+    """The report of the whole root: (report dir, stdout)."""
+    root, _ = runs
+    out = tmp_path_factory.mktemp("report") / "report"
+    proc = report_cli(str(root), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def logs(root: Path) -> dict[str, dict]:
+    return {name: read_run(root / name / "search.h5") for name in (*FINISHED, FAILED)}
+
+
+def read_csv(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        return list(reader.fieldnames or []), list(reader)
+
+
+def expected_group(group: list[dict]) -> dict[str, float]:
+    """A Table 1 row computed here from read_run dicts, independently of the report's code."""
+    augmented = all(log["augment"] is not None for log in group)
+    if augmented:
+        errors = [log["augment"]["test_error"] for log in group]
+        epsilon = max(float(np.max(log["augment"]["privacy"]["epsilon"][-1])) for log in group)
+        params_m = float(np.mean([log["augment"]["params"] for log in group])) / 1e6
+    else:
+        errors = []
+        for log in group:
+            acc = log["metrics"]["test_acc"]
+            errors.append(1.0 - acc[np.isfinite(acc)][-1])
+        epsilon = math.nan if group[0]["privacy"] is None else max(
+            float(np.max(log["privacy"]["epsilon"][-1])) for log in group)
+        params_m = math.nan
+    return {
+        "runs": len(group), "test_error_mean": float(np.mean(errors)), "test_error_std": float(np.std(errors, ddof=1)),
+        "params_m": params_m, "search_gpu_days": float(np.mean([log["cost"]["gpu_hours"] for log in group])) / 24,
+        "search_cpu_core_hours": float(np.mean([log["cost"]["cpu_core_hours"] for log in group])),
+        "search_wall_hours": float(np.mean([log["cost"]["wall_seconds"] for log in group])) / 3600,
+        "attempts": float(np.mean([log["attempts"] for log in group])), "epsilon_worst": epsilon,
+        "stage": "augment" if augmented else "supernet",
+    }
+
+
+def assert_row(row: dict[str, str], expected: dict[str, float]) -> None:
+    for column, value in expected.items():
+        if isinstance(value, str):
+            assert row[column] == value, column
+        elif math.isnan(value):
+            assert math.isnan(float(row[column])), column
+        else:
+            assert float(row[column]) == pytest.approx(value, rel=1e-12, abs=1e-15), column
+
+
+# -- the tables ------------------------------------------------------------------------------------------------------
+def test_table1_equals_the_logs_and_leaves_the_failed_run_out(runs, made):
+    root, _ = runs
+    out, stdout = made
+    by_name = logs(root)
+    assert by_name[FAILED]["status"] == "failed"
+    columns, rows = read_csv(out / "table1.csv")
+    assert columns == TABLE1_COLUMNS
+    assert [(r["mode"], r["parties"]) for r in rows] == [("fnas", "2"), ("dpfnas", "2")]
+    fnas, dpfnas = rows
+    assert_row(fnas, expected_group([by_name["fnas-K2-seed0"], by_name["fnas-K2-seed1"]]))
+    # The failed run is not in the mean (runs = 2); the ε covers search + augmentation (the augment ledger).
+    assert_row(dpfnas, expected_group([by_name["dpfnas-K2-seed0"], by_name["dpfnas-K2-seed1"]]))
+    search_only = max(float(np.max(by_name[n]["privacy"]["epsilon"][-1])) for n in ("dpfnas-K2-seed0",
+                                                                                   "dpfnas-K2-seed1"))
+    assert float(dpfnas["epsilon_worst"]) > search_only
+    assert not (out / "table2.csv").exists()  # one noise level
+    # ... and listed with its status, in the report and on stdout.
+    md = (out / "report.md").read_text()
+    line = next(line for line in md.splitlines() if f"`{FAILED}`" in line and line.startswith("|"))
+    assert "| failed |" in line
+    assert f"`{FAILED}`: failed, left out of the means" in md
+    assert f"left out  {FAILED}: failed" in stdout
+
+
+def test_table2_with_several_noise_levels_and_a_report_replaces_the_last(runs, tmp_path, capsys):
+    """Two more DP-FNAS runs at σ² = 2 (copies of the logs with σ_W = √2): K = 2 is now a noise study, so it
+    leaves Table 1 for Table 2. A later report into the same directory leaves no file of this one behind."""
+    root, _ = runs
+    study = tmp_path / "study"
+    for seed in (0, 1):
+        shutil.copytree(root / f"dpfnas-K2-seed{seed}", study / f"var1-seed{seed}", ignore=_only_logs)
+        shutil.copytree(root / f"dpfnas-K2-seed{seed}", study / f"var2-seed{seed}", ignore=_only_logs)
+        with h5py.File(study / f"var2-seed{seed}" / "search.h5", "r+") as f:
+            f["privacy/noise_multiplier_w"][...] = math.sqrt(2.0)
+    out = tmp_path / "report"
+    code, _, err = report(capsys, str(study), "--out", str(out))
+    assert code == 0, err
+    columns, rows = read_csv(out / "table2.csv")
+    assert columns == TABLE2_COLUMNS
+    assert [float(r["noise_variance"]) for r in rows] == [1.0, 2.0]
+    for row, level in zip(rows, ("var1", "var2"), strict=True):
+        group = [read_run(study / f"{level}-seed{seed}" / "search.h5") for seed in (0, 1)]
+        expected = expected_group(group)
+        assert_row(row, {"runs": 2, "val_or_test_error_mean": expected["test_error_mean"],
+                         "val_or_test_error_std": expected["test_error_std"],
+                         "epsilon_worst": expected["epsilon_worst"]})
+    assert read_csv(out / "table1.csv")[1] == []  # the only setting is a noise study
+    assert (out / "figures" / "table2.png").is_file()
+
+    code, _, err = report(capsys, str(root / "fnas-K2-seed0"), "--out", str(out))
+    assert code == 0, err
+    assert not (out / "table2.csv").exists()
+    assert {p.name for p in (out / "figures").iterdir()} == {
+        "table1.png", "search-cost.png", *(f"fnas-K2-seed0-{s}.png" for s in ("alphas", "alphas-epochs", "cells",
+                                                                           "curves"))}
+    assert sorted(p.name for p in out.iterdir()) == ["figures", "report.html", "report.md", "table1.csv"]
+
+
+def _only_logs(directory: str, names: list[str]) -> list[str]:
+    return [n for n in names if n != "search.h5"]
+
+
+# -- figures and the page --------------------------------------------------------------------------------------------
+def expected_figures(root: Path) -> set[str]:
+    names = {"table1.png", "search-cost.png"}
+    for name, log in logs(root).items():
+        if len(log["alphas"]["normal"]):
+            names |= {f"{name}-alphas.png", f"{name}-alphas-epochs.png"}
+        if log["final_genotype"] or log["genotypes"]:
+            names.add(f"{name}-cells.png")
+        names.add(f"{name}-curves.png")
+        if log["privacy"] is not None and len(log["privacy"]["epsilon"]):
+            names.add(f"{name}-epsilon.png")
+    return names
+
+
+def test_every_figure_decodes_has_the_size_and_is_not_blank(runs, made):
+    root, _ = runs
+    out, _ = made
+    pngs = sorted((out / "figures").glob("*.png"))
+    assert {p.name for p in pngs} == expected_figures(root)
+    assert {f"{name}-epsilon.png" for name in ("dpfnas-K2-seed0", "dpfnas-K2-seed1")} <= {p.name for p in pngs}
+    width, height = FIGURE_PIXELS
+    for png in pngs:
+        pixels = imread(png)
+        assert pixels.shape[:2] == (height, width), png.name
+        assert float(pixels[..., :3].var()) > 1e-4, f"{png.name} is blank"
+
+
+class _Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.links: list[tuple[str, str, str]] = []
+        self.open: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in ("img", "br", "meta"):
+            self.open.append(tag)
+        for name, value in attrs:
+            if name in ("src", "href", "srcset", "data", "action", "poster"):
+                (self.images if tag == "img" and name == "src" else self.links).append((tag, name, value))
+
+    def handle_endtag(self, tag):
+        assert self.open and self.open[-1] == tag, (tag, self.open[-5:])
+        self.open.pop()
+
+
+def test_the_html_page_embeds_every_figure_and_links_nothing_outside(made):
+    out, _ = made
+    page = _Page()
+    page.feed((out / "report.html").read_text(encoding="utf-8"))
+    page.close()
+    assert page.open == [] and page.links == []
+    embedded = []
+    for _, _, src in page.images:
+        assert src.startswith("data:image/png;base64,"), src[:60]
+        embedded.append(base64.b64decode(src.split(",", 1)[1], validate=True))
+    figures = {p.read_bytes() for p in (out / "figures").glob("*.png")}
+    assert set(embedded) == figures and len(embedded) == len(figures)
+    md = (out / "report.md").read_text()
+    for png in (out / "figures").glob("*.png"):
+        assert f"](figures/{png.name})" in md
+
+
+# -- bad input -------------------------------------------------------------------------------------------------------
+def test_an_unknown_option_is_one_line_and_exit_2(tmp_path):
+    out = report_cli("--bogus", str(tmp_path), "--out", str(tmp_path / "r"))
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ["mpi_fnas: error: unrecognized arguments: --bogus (see --help)"]
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_inputs_are_one_line_exit_2_and_write_nothing(runs, tmp_path, capsys):
+    root, _ = runs
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    junk = tmp_path / "junk" / "run"
+    junk.mkdir(parents=True)
+    (junk / "search.h5").write_bytes(b"this is not HDF5\n" * 64)
+    truncated = tmp_path / "truncated" / "run"
+    truncated.mkdir(parents=True)
+    (truncated / "search.h5").write_bytes((root / "fnas-K2-seed0" / "search.h5").read_bytes()[:4096])
+    mixed = tmp_path / "mixed"  # one good run beside a corrupt log: the whole report is refused
+    shutil.copytree(root / "fnas-K2-seed0", mixed / "good", ignore=_only_logs)
+    shutil.copytree(junk, mixed / "bad")
+    stranger = tmp_path / "stranger"  # --out: a directory that is not a report
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine\n")
+    cases = [
+        ([str(tmp_path / "missing")], "no such file or directory"),
+        ([str(empty)], "no run found"),
+        ([str(junk.parent)], "not a readable run log"),
+        ([str(truncated)], "not a readable run log"),
+        ([str(mixed)], "not a readable run log"),
+        ([str(root / "fnas-K2-seed0" / "parties")], "no run found"),
+        ([], "give at least one run directory"),
+        (["--follow", str(root / "fnas-K2-seed0"), str(root)], "--follow takes one run directory"),
+        (["--follow", str(empty.parent / "missing")], "no such run directory"),
+        (["--follow", str(root / "fnas-K2-seed0"), "--interval", "0"], "--interval"),
+    ]
+    for args, message in cases:
+        out = tmp_path / "out"
+        code, _, stderr = report(capsys, *args, *(["--out", str(out)] if "--follow" not in args else []))
+        assert code == 2, (args, stderr)
+        lines = stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("mpi_fnas: error: ") and message in lines[0], (args, lines)
+        assert not out.exists(), args
+    code, _, stderr = report(capsys, str(root / "fnas-K2-seed0"), "--out", str(stranger))
+    assert code == 2 and "not a report directory" in stderr
+    assert sorted(p.name for p in stranger.iterdir()) == ["notes.txt"]
+
+
+# -- the live view ---------------------------------------------------------------------------------------------------
+def test_follow_watches_a_live_run_to_its_end(runs):
+    _, followed = runs
+    assert followed.returncode == 0, followed.stderr
+    lines = followed.stdout.splitlines()
+    live = [line for line in lines if line.startswith("search") and line.endswith("running")]
+    assert live, followed.stdout  # seen while it ran
+    assert any("step " in line and "/4" in line and "epoch " in line for line in live), followed.stdout
+    assert any("s/step" in line and "ETA" in line for line in live), followed.stdout
+    assert any(line.startswith("genotype normal=") for line in lines)
+    assert "== run finished ==" in lines
+
+
+def test_follow_a_finished_run_prints_its_state_and_exits_0(runs, capsys):
+    root, _ = runs
+    code, out, err = report(capsys, "--follow", str(root / "dpfnas-K2-seed0"))
+    assert code == 0, err
+    log = read_run(root / "dpfnas-K2-seed0" / "search.h5")
+    worst = float(np.max(log["augment"]["privacy"]["epsilon"][-1]))
+    assert "== run finished ==" in out and f"ε           worst {worst:.4g}" in out
+    assert f"test error {log['augment']['test_error']:.4f}" in out
+
+
+def test_follow_a_failed_run_exits_1(runs, capsys):
+    root, _ = runs
+    code, out, _ = report(capsys, "--follow", str(root / FAILED))
+    assert code == 1
+    assert "== run failed ==" in out and "party rank 2 failed" in out
+
+
+def test_a_dead_writer_is_a_failed_run_for_follow_and_the_report(runs, tmp_path, capsys):
+    """A run killed with its ranks (SIGKILL, node loss) leaves status running; its writer process is gone."""
+    root, _ = runs
+    dead = tmp_path / "dead" / "fnas-K2-seed0"
+    shutil.copytree(root / "fnas-K2-seed0", dead, ignore=_only_logs)
+    with h5py.File(dead / "search.h5", "r+") as f:
+        f.attrs["status"] = "running"
+        f.attrs["reason"] = ""
+    code, out, _ = report(capsys, "--follow", str(dead))
+    assert code == 1
+    assert "== run failed ==" in out and "writer" in out
+    code, stdout, err = report(capsys, str(dead.parent), "--out", str(tmp_path / "r"))
+    assert code == 0, err
+    assert "left out  fnas-K2-seed0: failed" in stdout
+    assert read_csv(tmp_path / "r" / "table1.csv")[1] == []
