@@ -34,7 +34,6 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Names that look like paths but are not files of the repository, each with the reason.
 NOT_REPO_FILES = {
     "cifar-10-batches-py/": "the extracted CIFAR-10 archive under data.root, downloaded by the user",
-    "table1_summary.py": "docs/hpc.md's example script, saved by the reader",
     "../slurm/x.sh": "docs/hpc.md's example of a relative script path given to sbatch",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")

@@ -149,7 +149,8 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
 
 
 def collect_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
-    """Find and read every run under `paths` (see find_logs, read_record); figure prefixes are made unique."""
+    """Find and read every run under `paths` (see find_logs, read_record); figure prefixes are made unique. In table
+    order: mode (as MODE_ORDER), K, noise variance, seed, then name."""
     records = []
     used: set[str] = set()
     for log, base in find_logs(paths):
@@ -159,7 +160,7 @@ def collect_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
             unique, n = f"{slug}-{n}", n + 1
         used.add(unique)
         records.append(read_record(log, base, slug=unique))
-    return records
+    return sorted(records, key=_table_order)
 
 
 # -- the numbers of one run ------------------------------------------------------------------------------------------
@@ -238,6 +239,12 @@ def slugify(label: str) -> str:
     """A file-name-safe prefix for a run's figures: path separators and other characters become ``_``."""
     slug = re.sub(r"[^A-Za-z0-9.=+-]+", "_", label).strip("._")
     return slug or "run"
+
+
+def _table_order(run: RunRecord) -> tuple:
+    mode = MODE_ORDER.index(run.mode) if run.mode in MODE_ORDER else len(MODE_ORDER)
+    variance = -1.0 if run.noise_variance is None else run.noise_variance
+    return mode, run.mode, run.parties, variance, -1 if run.seed is None else run.seed, run.label
 
 
 def _label(run_dir: Path, base: Path) -> str:

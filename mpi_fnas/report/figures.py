@@ -174,6 +174,7 @@ def epsilon_over_steps(log: dict[str, Any], label: str) -> bytes | None:
         ax.text(offset, ax.get_ylim()[1], " augmentation (dashed: search + augment composed)", fontsize=8,
                 va="top", ha="left", color="#555555")
     ax.set_xlabel("step (search, then augmentation)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("ε (tight PLD bound)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncol=max(1, epsilon.shape[1] // 8))
@@ -295,6 +296,7 @@ def _series(ax: Axes, metrics: dict[str, np.ndarray], names: Sequence[str], titl
             drawn += 1
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     if drawn:
         ax.legend(fontsize=8)
