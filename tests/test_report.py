@@ -10,7 +10,9 @@ and on one whose writer died.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
+import io
 import math
 import os
 import shutil
@@ -28,6 +30,7 @@ from matplotlib.image import imread
 from mpi_fnas.report import main
 from mpi_fnas.report.figures import FIGURE_PIXELS
 from mpi_fnas.runlog import read_run
+from mpi_fnas.runlog.liveness import process_identity
 
 pytestmark = pytest.mark.slow  # real mpirun jobs
 
@@ -93,12 +96,15 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def made(runs, tmp_path_factory):
-    """The report of the whole root: (report dir, stdout)."""
+    """The report of the whole root: (report dir, stdout). Made in this process (torch and matplotlib are loaded
+    once); the command line itself is run by the --follow and bad-option tests and by test_docs."""
     root, _ = runs
     out = tmp_path_factory.mktemp("report") / "report"
-    proc = report_cli(str(root), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr
-    return out, proc.stdout
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main([str(root), "--out", str(out)])
+    assert code == 0, stderr.getvalue()
+    return out, stdout.getvalue()
 
 
 def logs(root: Path) -> dict[str, dict]:
@@ -352,17 +358,25 @@ def test_follow_a_failed_run_exits_1(runs, capsys):
 
 
 def test_a_dead_writer_is_a_failed_run_for_follow_and_the_report(runs, tmp_path, capsys):
-    """A run killed with its ranks (SIGKILL, node loss) leaves status running; its writer process is gone."""
+    """A run killed with its ranks (SIGKILL, node loss) leaves status running; its writer process is gone. Beside
+    it, the same log claimed by a live writer (this process) is a run still going: listed as running."""
     root, _ = runs
-    dead = tmp_path / "dead" / "fnas-K2-seed0"
+    dead = tmp_path / "logs" / "fnas-K2-seed0"
+    going = tmp_path / "logs" / "fnas-K2-seed1"
     shutil.copytree(root / "fnas-K2-seed0", dead, ignore=_only_logs)
-    with h5py.File(dead / "search.h5", "r+") as f:
-        f.attrs["status"] = "running"
-        f.attrs["reason"] = ""
+    shutil.copytree(root / "fnas-K2-seed1", going, ignore=_only_logs)
+    for run in (dead, going):
+        with h5py.File(run / "search.h5", "r+") as f:
+            f.attrs["status"] = "running"
+            f.attrs["reason"] = ""
+            if run == going:
+                f["writer/pid"][()] = os.getpid()
+                f["writer/process"][()] = process_identity(os.getpid()).encode()
     code, out, _ = report(capsys, "--follow", str(dead))
     assert code == 1
-    assert "== run failed ==" in out and "writer" in out
+    assert "== run failed ==" in out and "writer died" in out
     code, stdout, err = report(capsys, str(dead.parent), "--out", str(tmp_path / "r"))
     assert code == 0, err
-    assert "left out  fnas-K2-seed0: failed" in stdout
+    assert "left out  fnas-K2-seed0: failed (writer died" in stdout
+    assert "left out  fnas-K2-seed1: running" in stdout
     assert read_csv(tmp_path / "r" / "table1.csv")[1] == []

@@ -190,7 +190,7 @@ def table1_figure(groups: Sequence[Group]) -> bytes:
     figure = new_figure()
     ax = figure.subplots()
     x = np.arange(len(groups))
-    means = [100 * g.test_error_mean for g in groups]
+    means = [100 * g.test_error_mean if math.isfinite(g.test_error_mean) else 0.0 for g in groups]  # 0: no error
     stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in groups]
     colors = [_MODE_COLORS.get(g.mode, "#2ca02c") for g in groups]
     hatches = ["" if g.stage == STAGE_AUGMENT else "//" for g in groups]
@@ -220,8 +220,12 @@ def table2_figure(groups: Sequence[Group]) -> bytes:
         means = [100 * g.test_error_mean for g in rows]
         stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in rows]
         ax.errorbar(variances, means, yerr=stds, marker="o", capsize=4, color=f"C{i}", label=f"error, K={parties}")
-        right.plot(variances, [g.epsilon_worst for g in rows], linestyle=":", marker="x", color=f"C{i}",
-                   label=f"ε worst, K={parties}")
+        # ε may be inf (no guarantee) or missing; a log axis shows only finite positive values.
+        eps = [(v, g.epsilon_worst) for v, g in zip(variances, rows, strict=True)
+               if math.isfinite(g.epsilon_worst) and g.epsilon_worst > 0]
+        if eps:
+            right.plot(*zip(*eps, strict=True), linestyle=":", marker="x", color=f"C{i}", label=f"ε worst, K={parties}")
+            right.set_yscale("log")
     ax.set_xscale("log")
     ticks = sorted({g.noise_variance for g in groups if g.noise_variance is not None})
     ax.set_xticks(ticks, [variance_label(v) for v in ticks])
@@ -229,7 +233,6 @@ def table2_figure(groups: Sequence[Group]) -> bytes:
     ax.set_xlabel("noise variance σ²")
     ax.set_ylabel("test error (%)")
     right.set_ylabel("ε (worst party)")
-    right.set_yscale("log")
     handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
     ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
     ax.grid(alpha=0.3)
