@@ -25,7 +25,7 @@ lint: $(STAMP)
 	$(PYTHON) -m ruff check mpi_fnas tests
 
 test-serial: $(STAMP)
-	$(PYTHON) -m pytest -q tests --ignore=tests/mpi
+	$(PYTHON) -m pytest -q --durations=15 tests --ignore=tests/mpi
 
 # pytest-mpi: every rank runs pytest. Each rank's output goes to .pytest-rank<r>.log; rank 0's is shown,
 # the others' only when the run fails.

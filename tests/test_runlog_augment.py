@@ -156,9 +156,9 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
         assert set(group) == {"metrics", "cost"}
         assert set(group.attrs) == {
             "status", "reason", "genotype", "params", "test_acc", "test_error", "private", "privacy_guarantee",
-                "attempts",
+            "attempts",
         }  # fmt: skip
-        for name in ("status", "reason", "genotype"):
+        for name in ("status", "reason", "genotype", "privacy_guarantee"):
             string_info = h5py.check_string_dtype(group.attrs.get_id(name).dtype)
             assert string_info is not None and string_info.encoding == "utf-8", name
         assert group.attrs.get_id("params").dtype == np.int64 and group.attrs["params"] == PARAMS
@@ -173,6 +173,11 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
         assert set(group["cost"].attrs) == {"wall_seconds", "ranks", "gpus", "gpu_hours", "cpu_core_hours"}
         assert group["cost"].attrs.get_id("ranks").dtype.kind == "i"
         assert f.attrs["status"] == "finished" and f["cost"].attrs["wall_seconds"] == 100.0
+        assert group.attrs["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
+    assert augment["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
+    with h5py.File(path, "r+") as f:  # a log written before the attribute existed still reads
+        del f["augment"].attrs["privacy_guarantee"]
+    assert read_run(path)["augment"]["privacy_guarantee"] == "not recorded"
 
 
 def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) -> None:

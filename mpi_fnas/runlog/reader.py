@@ -130,7 +130,8 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         "test_acc": float(attrs["test_acc"]),
         "test_error": float(attrs["test_error"]),
         "private": bool(attrs["private"]),
-        "privacy_guarantee": str(attrs["privacy_guarantee"]),
+        # Logs written before the attribute existed do not say.
+        "privacy_guarantee": str(attrs.get("privacy_guarantee", "not recorded")),
         "attempts": int(attrs["attempts"]),
         "metrics": metrics,
         "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
