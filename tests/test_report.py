@@ -49,6 +49,7 @@ LIVE = "fnas-K2-seed1"  # followed live while it runs; party 1 stalls at step 3 
 TABLE1_COLUMNS = ["mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m",
                   "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst"]
 TABLE2_COLUMNS = ["noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst"]
+TABLE2_EXTRA_COLUMNS = ["augment_noise_variance", "parties", "stage"]  # after the issue's: σ_aug², K, stage
 
 
 def _env() -> dict:
@@ -156,16 +157,17 @@ def expected_group(group: list[dict]) -> dict[str, float]:
     augmented = all(log["augment"] is not None for log in group)
     if augmented:
         errors = [log["augment"]["test_error"] for log in group]
-        epsilon = max(float(np.max(log["augment"]["privacy"]["epsilon"][-1])) for log in group)
         params_m = float(np.mean([log["augment"]["params"] for log in group])) / 1e6
     else:
         errors = []
         for log in group:
             acc = log["metrics"]["test_acc"]
             errors.append(1.0 - acc[np.isfinite(acc)][-1])
-        epsilon = math.nan if group[0]["privacy"] is None else max(
-            float(np.max(log["privacy"]["epsilon"][-1])) for log in group)
         params_m = math.nan
+    # ε of the released model: a private augmentation's ledger composes both stages; else the search's.
+    ledgers = [log["augment"]["privacy"] if log["augment"] is not None and log["augment"]["privacy"] is not None
+               else log["privacy"] for log in group]
+    epsilon = math.nan if ledgers[0] is None else max(float(np.max(ledger["epsilon"][-1])) for ledger in ledgers)
     return {
         "runs": len(group), "test_error_mean": float(np.mean(errors)), "test_error_std": float(np.std(errors, ddof=1)),
         "params_m": params_m, "search_gpu_days": float(np.mean([log["cost"]["gpu_hours"] for log in group])) / 24,
@@ -237,8 +239,10 @@ def test_table2_with_several_noise_levels_and_a_report_replaces_the_last(runs, t
     code, _, err = report(capsys, str(study), "--out", str(out))
     assert code == 0, err
     columns, rows = read_csv(out / "table2.csv")
-    assert columns == TABLE2_COLUMNS
-    assert [float(r["noise_variance"]) for r in rows] == [1.0, 2.0]
+    assert columns == [*TABLE2_COLUMNS, *TABLE2_EXTRA_COLUMNS]
+    assert [(float(r["noise_variance"]), r["parties"], r["stage"]) for r in rows] == [(1.0, "2", "augment"),
+                                                                                    (2.0, "2", "augment")]
+    assert {r["augment_noise_variance"] for r in rows} == {"0.7225"}  # σ_aug = 0.85, the default, in both
     for row, level in zip(rows, ("var1", "var2"), strict=True):
         group = [read_run(study / f"{level}-seed{seed}" / "search.h5") for seed in (0, 1)]
         expected = expected_group(group)
@@ -257,6 +261,53 @@ def test_table2_with_several_noise_levels_and_a_report_replaces_the_last(runs, t
         "table1.png", "search-cost.png", *(f"fnas-K2-seed0-{s}.png" for s in ("alphas", "alphas-epochs", "cells",
                                                                            "curves"))}
     assert sorted(p.name for p in out.iterdir()) == ["figures", "report.html", "report.md", "table1.csv"]
+
+
+def test_augmentation_noise_levels_and_a_non_private_augmentation_are_never_averaged(runs, tmp_path, capsys,
+                                                                                    stub_run_figures):
+    """An ε–accuracy study (scripts/augment_table.sh) varies the augmentation's noise at one search σ: DP-FNAS at
+    σ_aug = 0.7 and 1.2, and with augment.private false, two seeds each, all at σ_W² = 1. Copies of the DP-FNAS logs
+    with /augment/privacy/noise_multiplier, ε and the test error rewritten (the non-private ones: /augment private
+    False, no ledger). Each setting is a Table 2 row of its own (runs 2), identified by K, σ_W² and σ_aug²; the
+    six runs are never one mean, and (mode, K) is a noise study, so Table 1 is empty."""
+    root, _ = runs
+    study = tmp_path / "study"
+    settings = {  # name -> (σ_aug, None: not private; test error of seeds 0 and 1; last ε of seed 0)
+        "aug0.7": (0.7, (0.30, 0.40), 6.0), "aug1.2": (1.2, (0.50, 0.70), 2.0), "exact": (None, (0.10, 0.20), None)}
+    for name, (sigma, errors, epsilon) in settings.items():
+        for seed, error in enumerate(errors):
+            run = study / f"{name}-seed{seed}"
+            shutil.copytree(root / f"dpfnas-K2-seed{seed}", run, ignore=_only_logs)
+            with h5py.File(run / "search.h5", "r+") as f:
+                augment = f["augment"]
+                augment.attrs["test_error"], augment.attrs["test_acc"] = error, 1.0 - error
+                if sigma is None:
+                    augment.attrs["private"] = False
+                    augment.attrs["privacy_guarantee"] = "none: augment.private is false"
+                    del augment["privacy"]
+                else:
+                    augment["privacy/noise_multiplier"][...] = sigma
+                    augment["privacy/epsilon"][-1] = epsilon + seed
+    out = tmp_path / "report"
+    code, _, err = report(capsys, str(study), "--out", str(out))
+    assert code == 0, err
+    assert read_csv(out / "table1.csv")[1] == []
+    columns, rows = read_csv(out / "table2.csv")
+    assert columns == [*TABLE2_COLUMNS, *TABLE2_EXTRA_COLUMNS]
+    # By K, σ_W², then σ_aug² (not private first).
+    assert [(r["parties"], r["noise_variance"], r["augment_noise_variance"], r["stage"]) for r in rows] == [
+        ("2", "1.0", "", "augment"), ("2", "1.0", "0.49", "augment"), ("2", "1.0", "1.44", "augment")]
+    for row, name in zip(rows, ("exact", "aug0.7", "aug1.2"), strict=True):
+        expected = expected_group([read_run(study / f"{name}-seed{seed}" / "search.h5") for seed in (0, 1)])
+        assert_row(row, {"runs": 2, "val_or_test_error_mean": expected["test_error_mean"],
+                         "val_or_test_error_std": expected["test_error_std"],
+                         "epsilon_worst": expected["epsilon_worst"]})
+    assert [float(r["val_or_test_error_mean"]) for r in rows] == pytest.approx([0.15, 0.35, 0.60])
+    assert [float(r["epsilon_worst"]) for r in rows[1:]] == [7.0, 3.0]
+    md = (out / "report.md").read_text()
+    table2 = md[md.index("## Table 2"):md.index("## Runs")]
+    assert [line.split(" | ")[:4] for line in table2.splitlines() if line.startswith("| 2 |")] == [
+        ["| 2", "1", "not private", "2"], ["| 2", "1", "0.49", "2"], ["| 2", "1", "1.44", "2"]]
 
 
 def _only_logs(directory: str, names: list[str]) -> list[str]:

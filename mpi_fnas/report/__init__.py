@@ -4,11 +4,12 @@
     python -m mpi_fnas.report --follow RUN_DIR [--interval S]    # one run, while it is written
 
 Every ``search.h5`` at or under the paths is read with :func:`mpi_fnas.runlog.read_run`. Finished runs are grouped
-by (mode, K, noise variance σ_W²) and averaged over seeds; runs that are running, failed or interrupted (a dead
-writer reads as failed) are listed with their status and left out of the means. DIR receives report.md,
-report.html (self-contained: the figures inline), table1.csv, table2.csv (when one K was run at several noise
-variances) and figures/*.png. Bad input (a path without runs, a file that is not a run log, a bad option) is one
-line on stderr and exit 2, with nothing written; the report is built in memory and written only when complete.
+by (mode, K, search noise variance σ_W², augmentation private or not, its noise variance σ_aug²) and averaged over
+seeds; runs that are running, failed or interrupted (a dead writer reads as failed) are listed with their status
+and left out of the means. DIR receives report.md, report.html (self-contained: the figures inline), table1.csv,
+table2.csv (when one K was run at several noise settings) and figures/*.png. Bad input (a path without runs, a
+file that is not a run log, a bad option) is one line on stderr and exit 2, with nothing written; the report is
+built in memory and written only when complete.
 docs/report.md names every column and figure and the HDF5 path each number comes from.
 
 Modules: ``collect`` (finding logs, one RunRecord per run), ``tables`` (groups, Tables 1 and 2, CSV),

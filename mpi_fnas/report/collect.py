@@ -47,6 +47,8 @@ class RunRecord:
     parties: int
     seed: int | None
     noise_variance: float | None  # σ_W² of the search (/privacy/noise_multiplier_w, max over parties); None: no DP
+    augment_private: bool | None  # /augment private (DP releases in the augmentation); None: no /augment
+    augment_noise_variance: float | None  # σ_aug² (/augment/privacy/noise_multiplier); None: not private, none
     status: str
     reason: str  # why the unfinished stage stopped, or the search's reason when finished
     stage: str  # STAGE_AUGMENT when the augmentation finished, else STAGE_SUPERNET
@@ -131,6 +133,8 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
     return RunRecord(
         path=path, label=label, slug=slug, mode=log["mode"], parties=int(log["parties"]),
         seed=_int_or_none(config.get("seed")), noise_variance=noise_variance(log),
+        augment_private=bool(augment["private"]) if augment is not None else None,
+        augment_noise_variance=augment_noise_variance(log),
         status=status, reason=reason,
         stage=STAGE_AUGMENT if augmented else STAGE_SUPERNET,
         test_error=float(augment["test_error"]) if augmented else supernet_error,
@@ -150,7 +154,7 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
 
 def collect_runs(paths: Sequence[str | Path]) -> list[RunRecord]:
     """Find and read every run under `paths` (see find_logs, read_record); figure prefixes are made unique. In table
-    order: mode (as MODE_ORDER), K, noise variance, seed, then name."""
+    order: mode (as MODE_ORDER), K, noise variance σ_W², augmentation noise variance σ_aug², seed, then name."""
     records = []
     used: set[str] = set()
     for log, base in find_logs(paths):
@@ -231,8 +235,22 @@ def noise_variance(log: dict[str, Any]) -> float | None:
     privacy = log["privacy"]
     if privacy is None:
         return None
-    sigma = float(np.max(np.asarray(privacy["noise_multiplier_w"], dtype=float)))
-    return float(f"{sigma * sigma:.10g}")
+    return _variance(privacy["noise_multiplier_w"])
+
+
+def augment_noise_variance(log: dict[str, Any]) -> float | None:
+    """The augmentation's noise variance σ_aug² (what an ε–accuracy study such as scripts/augment_table.sh varies
+    at one search σ), from /augment/privacy/noise_multiplier (scalar or per party: the max), rounded as
+    noise_variance. None when the run has no augmentation or a non-private one (augment.private false)."""
+    augment = log["augment"]
+    if augment is None or augment["privacy"] is None:
+        return None
+    return _variance(augment["privacy"]["noise_multiplier"])
+
+
+def _variance(sigma: Any) -> float:
+    largest = float(np.max(np.asarray(sigma, dtype=float)))
+    return float(f"{largest * largest:.10g}")
 
 
 def slugify(label: str) -> str:
@@ -244,7 +262,8 @@ def slugify(label: str) -> str:
 def _table_order(run: RunRecord) -> tuple:
     mode = MODE_ORDER.index(run.mode) if run.mode in MODE_ORDER else len(MODE_ORDER)
     variance = -1.0 if run.noise_variance is None else run.noise_variance
-    return mode, run.mode, run.parties, variance, -1 if run.seed is None else run.seed, run.label
+    augment = -1.0 if run.augment_noise_variance is None else run.augment_noise_variance
+    return mode, run.mode, run.parties, variance, augment, -1 if run.seed is None else run.seed, run.label
 
 
 def _label(run_dir: Path, base: Path) -> str:

@@ -35,15 +35,16 @@ from mpi_fnas.report.tables import (
     TABLE2_COLUMNS,
     TABLE2_CSV,
     Group,
+    augment_noise_label,
     csv_text,
     group_runs,
+    noise_label,
     noise_studies,
     table1_groups,
     table1_rows,
     table2_groups,
     table2_rows,
 )
-from mpi_fnas.sweep import variance_label
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -99,18 +100,21 @@ def _table1_blocks(table1: Sequence[Group], groups: Sequence[Group]) -> list[Blo
         "One row per (mode, K), averaged over seeds. Stage `augment`: the test error of the found cell trained "
         "from scratch (`/augment`); `supernet`: the supernet's after the search (no run of the group was "
         "augmented). ε: search + augmentation composed where the augmentation was private, else the search's. "
+        "σ_W²: the search's noise variance; σ_aug²: the augmentation's (`not private`: augment.private was false). "
         "Search cost from `/cost` (all attempts of the search; the augmentation excluded). Params: the augmented "
         "network's, in millions.")]
     studies = sorted(noise_studies(groups))
     if studies:
         names = ", ".join(f"{mode} K={k}" for mode, k in studies)
-        blocks.append(Paragraph(f"Left out here, as noise studies (several noise variances; see Table 2): {names}."))
+        blocks.append(Paragraph(f"Left out here, as noise studies (several noise settings σ_W², σ_aug²; see "
+                                f"Table 2): {names}."))
     if not table1:
         return [*blocks, Paragraph("No finished run outside a noise study: Table 1 is empty.")]
     blocks.append(Table(
-        ("mode", "K", "σ²", "runs", "test error (%)", "stage", "params (M)", "search GPU-days", "search CPU core-h",
-         "search wall h", "attempts", "ε worst"),
-        tuple((g.mode, str(g.parties), _variance(g.noise_variance), str(len(g.runs)), _error(g), g.stage,
+        ("mode", "K", "σ_W²", "σ_aug²", "runs", "test error (%)", "stage", "params (M)", "search GPU-days",
+         "search CPU core-h", "search wall h", "attempts", "ε worst"),
+        tuple((g.mode, str(g.parties), noise_label(g.noise_variance),
+               augment_noise_label(g), str(len(g.runs)), _error(g), g.stage,
                _num(g.params_m, ".4f"), _num(g.search_gpu_days, ".3g"), _num(g.search_cpu_core_hours, ".3g"),
                _num(g.search_wall_hours, ".3g"), _num(g.attempts, ".3g"), _num(g.epsilon_worst, ".4g"))
               for g in table1)))
@@ -124,31 +128,38 @@ def _table2_blocks(table2: Sequence[Group]) -> list[Block]:
         return []
     return [
         Heading("Table 2: error against noise variance"),
-        Paragraph("DP-FNAS runs of one K at several noise variances σ² = σ_W² (`/privacy/noise_multiplier_w`), "
-                  "averaged over seeds. The error is the test error of the table's stage (the parties' validation "
-                  "accuracy is not released under DP, so the server's test split stands in for it)."),
-        Table(("K", "σ²", "runs", "error (%)", "stage", "ε worst"),
-              tuple((str(g.parties), _variance(g.noise_variance), str(len(g.runs)), _error(g), g.stage,
-                     _num(g.epsilon_worst, ".4g")) for g in table2)),
-        Image(TABLE2_FIGURE, "Table 2: error (left axis) and worst ε (right axis) against σ²"),
+        Paragraph("DP-FNAS runs of one K at several noise settings, averaged over seeds: the search's noise variance "
+                  "σ_W² (`/privacy/noise_multiplier_w`) and the augmentation's σ_aug² "
+                  "(`/augment/privacy/noise_multiplier`; `not private`: augment.private was false, `–`: no "
+                  "augmentation). The error is the test error of the row's stage (the parties' validation accuracy "
+                  "is not released under DP, so the server's test split stands in for it)."),
+        Table(("K", "σ_W²", "σ_aug²", "runs", "error (%)", "stage", "ε worst"),
+              tuple((str(g.parties), noise_label(g.noise_variance),
+                     augment_noise_label(g), str(len(g.runs)), _error(g),
+                     g.stage, _num(g.epsilon_worst, ".4g")) for g in table2)),
+        Image(TABLE2_FIGURE, "Table 2: error (left axis) and worst ε (right axis) against the noise variance that "
+                             "varies"),
     ]
 
 
 def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Block]:
-    rows = tuple((f"`{r.label}`", r.mode, str(r.parties), _opt(r.seed), _variance(r.noise_variance), r.status,
+    rows = tuple((f"`{r.label}`", r.mode, str(r.parties), _opt(r.seed), noise_label(r.noise_variance),
+                  augment_noise_label(r), r.status,
                   _num(100 * r.test_error, ".2f"), r.stage, _opt(r.params),
                   f"{_num(r.epsilon_worst, '.4g')} ({r.epsilon_covers})" if r.epsilon_covers else "–",
                   _num(r.search_wall_seconds, ".1f"),
                   str(r.attempts) + (f" + {r.augment_attempts}" if r.augment_attempts is not None else ""))
                  for r in runs)
     blocks: list[Block] = [Heading("Runs"), Table(
-        ("run", "mode", "K", "seed", "σ²", "status", "test error (%)", "stage", "params", "ε worst (covers)",
+        ("run", "mode", "K", "seed", "σ_W²", "σ_aug²", "status", "test error (%)", "stage", "params",
+         "ε worst (covers)",
          "search wall s", "attempts (search + augment)"), rows)]
     notes = [f"`{r.label}`: {r.status}, left out of the means ({r.reason or 'no reason recorded'})"
              for r in runs if not r.final]
+    left_out = {r.label: r for g in groups for r in g.left_out}  # one run may be left out of several groups
     notes += [f"`{r.label}`: finished without an augmentation; left out of its group, whose other runs were "
               "augmented (an augmented and a supernet error are different quantities)"
-              for g in groups for r in g.left_out]
+              for r in left_out.values()]
     notes += [f"`{r.label}`: privacy guarantee: {r.privacy_guarantee}"
               for r in runs if r.mode == "dpfnas" and r.privacy_guarantee != "holds"]
     if notes:
@@ -179,10 +190,6 @@ def _num(value: float, spec: str) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
     return format(value, spec)
-
-
-def _variance(value: float | None) -> str:
-    return "–" if value is None else variance_label(value)
 
 
 def _opt(value: object) -> str:

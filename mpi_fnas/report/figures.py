@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 
 from mpi_fnas.report.cells import draw_cell, op_colors, state_name
 from mpi_fnas.report.collect import MODE_ORDER, STAGE_AUGMENT, RunRecord
-from mpi_fnas.report.tables import Group
+from mpi_fnas.report.tables import Group, augment_noise_label, noise_label
 from mpi_fnas.sweep import variance_label
 
 DPI = 80
@@ -210,35 +210,60 @@ def table1_figure(groups: Sequence[Group]) -> bytes:
 
 
 def table2_figure(groups: Sequence[Group]) -> bytes:
-    """Table 2 as a curve: error (%) against the noise variance σ², one line per K; worst ε on the right axis."""
+    """Table 2 as curves: error (%) against a noise variance, worst ε on a right axis. A panel against the search's
+    σ_W², one line per (K, augmentation setting), and one against the augmentation's σ_aug², one line per (K, σ_W²);
+    a panel is drawn when some line of it has two or more points (else the σ_W² panel alone, or the σ_aug² one when
+    no row has a σ_W²). A non-private augmentation (no σ_aug²) has no place on the σ_aug² axis."""
+    panels = [(axis, lines) for axis, lines in (("search", _table2_lines(groups, "search")),
+                                                ("augment", _table2_lines(groups, "augment")))
+              if any(len(points) > 1 for points in lines.values())]
+    if not panels:
+        axis = "search" if any(g.noise_variance is not None for g in groups) else "augment"
+        panels = [(axis, _table2_lines(groups, axis))]
     figure = new_figure()
-    ax = figure.subplots()
-    right = ax.twinx()
-    for i, parties in enumerate(sorted({g.parties for g in groups})):
-        rows = sorted((g for g in groups if g.parties == parties), key=lambda g: g.noise_variance or 0.0)
-        variances = [g.noise_variance for g in rows]
-        means = [100 * g.test_error_mean for g in rows]
-        stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in rows]
-        ax.errorbar(variances, means, yerr=stds, marker="o", capsize=4, color=f"C{i}", label=f"error, K={parties}")
-        # ε may be inf (no guarantee) or missing; a log axis shows only finite positive values.
-        eps = [(v, g.epsilon_worst) for v, g in zip(variances, rows, strict=True)
-               if math.isfinite(g.epsilon_worst) and g.epsilon_worst > 0]
-        if eps:
-            right.plot(*zip(*eps, strict=True), linestyle=":", marker="x", color=f"C{i}", label=f"ε worst, K={parties}")
-            right.set_yscale("log")
-    ax.set_xscale("log")
-    ticks = sorted({g.noise_variance for g in groups if g.noise_variance is not None})
-    ax.set_xticks(ticks, [variance_label(v) for v in ticks])
-    ax.minorticks_off()
-    ax.set_xlabel("noise variance σ²")
-    ax.set_ylabel("test error (%)")
-    right.set_ylabel("ε (worst party)")
-    handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
-    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="best")
-    ax.grid(alpha=0.3)
-    ax.set_title("Table 2: error against noise (mean ± std over seeds)", fontsize=11)
+    axes = figure.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (axis, lines) in zip(axes, panels, strict=True):
+        right = ax.twinx()
+        for i, (name, points) in enumerate(lines.items()):
+            x = [v for v, _ in points]
+            means = [100 * g.test_error_mean for _, g in points]
+            stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for _, g in points]
+            ax.errorbar(x, means, yerr=stds, marker="o", capsize=4, color=f"C{i % 10}", label=f"error, {name}")
+            # ε may be inf (no guarantee) or missing; a log axis shows only finite positive values.
+            eps = [(v, g.epsilon_worst) for v, g in points if math.isfinite(g.epsilon_worst) and g.epsilon_worst > 0]
+            if eps:
+                right.plot(*zip(*eps, strict=True), linestyle=":", marker="x", color=f"C{i % 10}",
+                           label=f"ε worst, {name}")
+                right.set_yscale("log")
+        ax.set_xscale("log")
+        ticks = sorted({v for points in lines.values() for v, _ in points})
+        ax.set_xticks(ticks, [variance_label(v) for v in ticks])
+        ax.minorticks_off()
+        ax.set_xlabel("search noise variance σ_W²" if axis == "search" else "augmentation noise variance σ_aug²")
+        ax.set_ylabel("test error (%)")
+        right.set_ylabel("ε (worst party)")
+        handles = ax.get_legend_handles_labels()[0] + right.get_legend_handles_labels()[0]
+        ax.legend(handles, [h.get_label() for h in handles], fontsize=7, loc="best")
+        ax.grid(alpha=0.3)
+    figure.suptitle("Table 2: error against noise (mean ± std over seeds)", fontsize=11)
     figure.tight_layout()
     return png_bytes(figure)
+
+
+def _table2_lines(groups: Sequence[Group], axis: str) -> dict[str, list[tuple[float, Group]]]:
+    """The lines of a Table 2 panel: {legend: [(x, group)] by x}. Against σ_W² ("search") a line is a (K,
+    augmentation setting); against σ_aug² ("augment") a (K, σ_W²). Groups without a value on the axis are left out."""
+    lines: dict[str, list[tuple[float, Group]]] = {}
+    for g in groups:
+        x = g.noise_variance if axis == "search" else g.augment_noise_variance
+        if x is None:
+            continue
+        if axis == "search":
+            name = f"K={g.parties}" + ("" if g.augment_private is None else f", σ_aug² {augment_noise_label(g)}")
+        else:
+            name = f"K={g.parties}, σ_W² {noise_label(g.noise_variance)}"
+        lines.setdefault(name, []).append((x, g))
+    return {name: sorted(points, key=lambda point: point[0]) for name, points in lines.items()}
 
 
 def cost_figure(groups: Sequence[Group]) -> bytes:

@@ -1,8 +1,11 @@
-"""Grouping finished runs by (mode, K, noise variance), averaging over seeds, and the CSV text of Tables 1 and 2.
+"""Grouping finished runs by (mode, K, noise setting), averaging over seeds, and the CSV text of Tables 1 and 2.
 
-Only finished runs (RunRecord.final) enter a group. Table 1 has one row per (mode, parties): a (mode, K) whose
-runs span several noise variances is a noise study, shown in Table 2 only (averaging over different σ would mix
-settings, and Table 1 has no σ column). Table 2 is made when such a study exists: one row per (K, σ²) of it.
+A run's noise setting is the search's noise variance σ_W² and its augmentation's: whether the augmentation was
+private and, if so, its noise variance σ_aug² (an ε–accuracy study varies σ_aug at one σ_W, as
+scripts/augment_table.sh does). Only finished runs (RunRecord.final) enter a group. Table 1 has one row per
+(mode, parties): a (mode, K) whose runs span several noise settings is a noise study, shown in Table 2 only
+(averaging over different σ would mix settings, and Table 1 has no σ column). Table 2 is made when such a study
+exists: one row per (K, σ_W², σ_aug²) of it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mpi_fnas.report.collect import MODE_ORDER, STAGE_AUGMENT, STAGE_SUPERNET, RunRecord
+from mpi_fnas.sweep import variance_label
 
 TABLE1_CSV = "table1.csv"
 TABLE2_CSV = "table2.csv"
@@ -23,24 +27,36 @@ TABLE1_COLUMNS = (
     "mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m", "search_gpu_days",
     "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst",
 )
-TABLE2_COLUMNS = ("noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst")
+#: The issue's columns, then the ones that say which row is which: σ_aug² (empty: the augmentation was not private,
+#: or there was none: see stage), K and the stage of the error.
+TABLE2_COLUMNS = ("noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst",
+                  "augment_noise_variance", "parties", "stage")
 
 
 @dataclass(frozen=True)
 class Group:
-    """The finished runs of one (mode, parties, noise variance), usually one per seed.
+    """The finished runs of one (mode, parties, noise setting), usually one per seed.
 
-    ``stage`` is STAGE_AUGMENT when any run of the group finished an augmentation; the means are then over those
-    runs only, and the group's search-only runs are in ``left_out`` (an augmented and a supernet error are not
-    the same quantity). Otherwise every run is a supernet run and ``left_out`` is empty.
+    The noise setting is ``noise_variance`` (the search's σ_W²), ``augment_private`` and ``augment_noise_variance``
+    (σ_aug², None when the augmentation was not private); both augmentation fields are None in a supernet group.
+    ``stage`` is STAGE_AUGMENT when the group's runs finished an augmentation; the means are over those runs only,
+    and the search-only runs of the same (mode, parties, σ_W²) are in ``left_out`` (an augmented and a supernet
+    error are not the same quantity). Otherwise every run is a supernet run and ``left_out`` is empty.
     """
 
     mode: str
     parties: int
     noise_variance: float | None
+    augment_private: bool | None
+    augment_noise_variance: float | None
     stage: str
     runs: tuple[RunRecord, ...]  # the runs averaged
     left_out: tuple[RunRecord, ...] = ()
+
+    @property
+    def setting(self) -> tuple[float | None, bool | None, float | None]:
+        """The noise setting: (σ_W², whether the augmentation was private, σ_aug²)."""
+        return self.noise_variance, self.augment_private, self.augment_noise_variance
 
     @property
     def test_error_mean(self) -> float:
@@ -88,30 +104,37 @@ class Group:
 
 
 def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
-    """Group the finished runs of `runs` by (mode, parties, noise variance), in table order (mode as the paper
-    orders them, then K, then σ²). Unfinished runs are left out here; the report lists them with their status."""
+    """Group the finished runs of `runs` by (mode, parties, σ_W², augmentation private, σ_aug²), in table order
+    (mode as the paper orders them, then K, σ_W², σ_aug²). Unfinished runs are left out here; the report lists them
+    with their status. Among the runs of one (mode, parties, σ_W²), the augmented ones are grouped by their
+    augmentation's setting and the search-only ones are left out of each such group; if none was augmented, they
+    are one supernet group."""
     buckets: dict[tuple[str, int, float | None], list[RunRecord]] = {}
     for run in runs:
         if run.final:
             buckets.setdefault((run.mode, run.parties, run.noise_variance), []).append(run)
     groups = []
     for (mode, parties, variance), members in buckets.items():
-        augmented = tuple(r for r in members if r.augmented)
-        if augmented:
-            group = Group(mode, parties, variance, STAGE_AUGMENT, augmented,
-                          tuple(r for r in members if not r.augmented))
-        else:
-            group = Group(mode, parties, variance, STAGE_SUPERNET, tuple(members))
-        groups.append(group)
+        search_only = tuple(r for r in members if not r.augmented)
+        by_augment: dict[tuple[bool | None, float | None], list[RunRecord]] = {}
+        for run in members:
+            if run.augmented:
+                by_augment.setdefault((run.augment_private, run.augment_noise_variance), []).append(run)
+        for (private, augment_variance), augmented in by_augment.items():
+            groups.append(Group(mode, parties, variance, private, augment_variance, STAGE_AUGMENT,
+                                tuple(augmented), search_only))
+        if not by_augment:
+            groups.append(Group(mode, parties, variance, None, None, STAGE_SUPERNET, search_only))
     return sorted(groups, key=_order)
 
 
 def noise_studies(groups: Sequence[Group]) -> set[tuple[str, int]]:
-    """The (mode, parties) settings whose finished runs span several noise variances."""
-    seen: dict[tuple[str, int], set[float | None]] = {}
+    """The (mode, parties) settings whose finished runs span several noise settings (σ_W², or the augmentation's:
+    σ_aug², private or not)."""
+    seen: dict[tuple[str, int], set[tuple[float | None, bool | None, float | None]]] = {}
     for g in groups:
-        seen.setdefault((g.mode, g.parties), set()).add(g.noise_variance)
-    return {setting for setting, variances in seen.items() if len(variances) > 1}
+        seen.setdefault((g.mode, g.parties), set()).add(g.setting)
+    return {setting for setting, settings in seen.items() if len(settings) > 1}
 
 
 def table1_groups(groups: Sequence[Group]) -> list[Group]:
@@ -121,10 +144,12 @@ def table1_groups(groups: Sequence[Group]) -> list[Group]:
 
 
 def table2_groups(groups: Sequence[Group]) -> list[Group]:
-    """Table 2's rows: the groups of the noise studies, by K then σ²; empty when there is no study."""
+    """Table 2's rows: the groups of the noise studies, by K, σ_W², σ_aug² (a non-private augmentation first), then
+    mode; empty when there is no study."""
     studies = noise_studies(groups)
     rows = [g for g in groups if (g.mode, g.parties) in studies]
-    return sorted(rows, key=lambda g: (g.parties, g.noise_variance or 0.0))
+    return sorted(rows, key=lambda g: (g.parties, _or_below(g.noise_variance), _or_below(g.augment_noise_variance),
+                                       *_order(g)[:2]))
 
 
 def table1_rows(groups: Sequence[Group]) -> list[dict[str, object]]:
@@ -143,12 +168,26 @@ def table2_rows(groups: Sequence[Group]) -> list[dict[str, object]]:
     return [{
         "noise_variance": g.noise_variance, "runs": len(g.runs), "val_or_test_error_mean": g.test_error_mean,
         "val_or_test_error_std": g.test_error_std, "epsilon_worst": g.epsilon_worst,
+        "augment_noise_variance": g.augment_noise_variance, "parties": g.parties, "stage": g.stage,
     } for g in groups]
+
+
+def noise_label(variance: float | None) -> str:
+    """A noise variance as the report shows it ("–": none, no DP)."""
+    return "–" if variance is None else variance_label(variance)
+
+
+def augment_noise_label(item: Group | RunRecord) -> str:
+    """σ_aug² of a group or run as the report shows it: "–" without an augmentation, "not private" for one with
+    augment.private false."""
+    if item.augment_private is None:
+        return "–"
+    return noise_label(item.augment_noise_variance) if item.augment_private else "not private"
 
 
 def csv_text(columns: Sequence[str], rows: Sequence[dict[str, object]]) -> str:
     """CSV with a header line. Floats are written in full (repr: they read back exactly); NaN as ``nan``, ∞ as
-    ``inf``."""
+    ``inf``, None as an empty field."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(columns), lineterminator="\n")
     writer.writeheader()
@@ -158,7 +197,12 @@ def csv_text(columns: Sequence[str], rows: Sequence[dict[str, object]]) -> str:
 
 def _order(g: Group) -> tuple:
     mode = MODE_ORDER.index(g.mode) if g.mode in MODE_ORDER else len(MODE_ORDER)
-    return mode, g.mode, g.parties, g.noise_variance if g.noise_variance is not None else -1.0
+    return mode, g.mode, g.parties, _or_below(g.noise_variance), _or_below(g.augment_noise_variance)
+
+
+def _or_below(variance: float | None) -> float:
+    """A variance as a sort key: None (no noise) before every variance."""
+    return -1.0 if variance is None else variance
 
 
 def _mean(values: Iterable[float]) -> float:
