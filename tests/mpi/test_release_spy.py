@@ -28,7 +28,7 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.search import run_search
-from mpi_fnas.privacy import clipped_sum, per_sample_gradients
+from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
 
 B = 8
 SIGMA = 1.5
@@ -98,18 +98,7 @@ def plain_data(obj: object) -> bool:
 @pytest.mark.mpi(min_size=3)
 def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     releases: list[dict] = []
-    real_release = party_module.party_release
-
-    def spy(model, params, inputs, targets, **kw):
-        out = real_release(model, params, inputs, targets, **kw)
-        with torch.no_grad():
-            clean = clipped_sum(per_sample_gradients(model, params, inputs, targets), kw["clip_bound"])
-        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(),
-                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "b": int(inputs.shape[0]),
-                         "B": kw["expected_batch_size"]})
-        return out
-
-    monkeypatch.setattr(party_module, "party_release", spy)
+    monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
@@ -140,6 +129,22 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
+
+
+def recording_release(real_release, releases: list[dict]):
+    """`real_release` (a ``party_release``), recording in `releases` each call's output, the clipped sum it noised
+    (recomputed from the same batch), the realised batch size b, and its R, σ and B."""
+
+    def spy(model, params, inputs, targets, **kw):
+        out = real_release(model, params, inputs, targets, **kw)
+        with torch.no_grad():
+            grads = per_sample_gradients(model, params, inputs, targets, kw.get("loss_fn", per_example_cross_entropy))
+            clean = clipped_sum(grads, kw["clip_bound"])
+        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
+                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
+        return out
+
+    return spy
 
 
 def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], *, batch: int, sigma: float,

@@ -16,12 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 from mpi4py import MPI
-from test_release_spy import RecordingChannel, check_noised_releases, plain_data
+from test_release_spy import RecordingChannel, check_noised_releases, plain_data, recording_release
 
 import mpi_fnas.federation.augment.party as augment_party_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
-from mpi_fnas.privacy import clipped_sum, per_sample_gradients
 
 B = 8
 SIGMA = 1.5
@@ -34,17 +33,8 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.mpi(min_size=3)
 def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     releases: list[dict] = []
-    real_release = augment_party_module.party_release
-
-    def spy(model, params, inputs, targets, **kw):
-        out = real_release(model, params, inputs, targets, **kw)
-        with torch.no_grad():
-            clean = clipped_sum(per_sample_gradients(model, params, inputs, targets, kw["loss_fn"]), kw["clip_bound"])
-        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
-                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
-        return out
-
-    monkeypatch.setattr(augment_party_module, "party_release", spy)
+    monkeypatch.setattr(augment_party_module, "party_release",
+                        recording_release(augment_party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
