@@ -112,23 +112,37 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     run_search(cfg, channel, run_dir)
     world.Barrier()
     if channel.is_server:
-        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-        assert "parties" not in state and not any("generator" in key for key in state)
-        assert sorted(state) == sorted(["format_version", "stage", "step", "plan_steps", "config", "server",
-                                        "shard_sizes", "ledger", "accumulator", "log_rows"])
-        for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
-            own = torch.load(run_dir / "parties" / f"rank{rank}" / "state-2.pt", weights_only=True)
-            assert own["randomness"] == "secret" and "generator" in own["party"]
+        check_checkpoint_holds_no_party_state(run_dir, ["format_version", "stage", "step", "plan_steps", "config",
+                                                        "server", "shard_sizes", "ledger", "accumulator", "log_rows"],
+                                              party_state="state-2.pt")
         return
 
-    # notify_failure and barrier are spied too: neither happens in a run that neither fails nor stops.
-    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
-    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
-    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+    check_party_messages(channel)
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
+
+
+def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
+    """Rank 0's checkpoint holds exactly `keys` and no party state; each party's own `party_state` file, in its
+    own directory, holds its secret generator states. Returns the server's checkpoint."""
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert "parties" not in state and not any("generator" in key for key in state)
+    assert sorted(state) == sorted(keys)
+    for rank in range(1, MPI.COMM_WORLD.Get_size()):  # each party keeps its own state, on its own disk
+        own = torch.load(run_dir / "parties" / f"rank{rank}" / party_state, weights_only=True)
+        assert own["randomness"] == "secret" and "generator" in own["party"]
+    return state
+
+
+def check_party_messages(channel: RecordingChannel) -> None:
+    """A party used only the run's collectives (notify_failure and barrier are spied too: neither happens in a run
+    that neither fails nor stops), and every object it sent is plain, data-independent setup data or an
+    acknowledgement: its device and a zero sent-steps count first."""
+    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
+    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
 
 
 def recording_release(real_release, releases: list[dict]):
