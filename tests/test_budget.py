@@ -195,3 +195,59 @@ def test_a_failed_background_computation_raises_when_its_row_is_read(monkeypatch
             ledger.drain()
     finally:
         ledger.close()
+
+
+def test_settle_keeps_the_submitted_rows_and_adds_one_for_what_was_charged_since(monkeypatch):
+    """A failing run logs the ε its ledgers charged up to the failure: the rows in flight plus the charges after
+    the last of them (steps 4 and 5 and a replay here); no duplicate row when nothing was charged since."""
+    plan = plan_privacy([400, 400], [400, 400], dp_params(), planned_steps=10)
+    monkeypatch.setattr(budget_module, "party_epsilon", lambda train, val, delta: float(train.steps))
+    ledger = FederationLedger(plan)
+    for step in (1, 2, 3):
+        ledger.record_step()
+        ledger.submit(step)
+    ledger.record_step()
+    ledger.record_step()
+    ledger.charge_replays(1, 2)
+    rows = ledger.settle(5, timeout=GATE_TIMEOUT_S)
+    assert [row.step for row in rows] == [1, 2, 3, 5]
+    assert rows[-1].charged_steps.tolist() == [5, 7] and rows[-1].epsilon.tolist() == [5.0, 7.0]
+    assert not any(thread.name == "privacy-epsilon" for thread in threading.enumerate())
+
+    unchanged = FederationLedger(plan)
+    unchanged.record_step()
+    unchanged.submit(1)
+    assert [row.step for row in unchanged.settle(1, timeout=GATE_TIMEOUT_S)] == [1]
+
+
+def test_settle_gives_up_at_its_timeout_instead_of_waiting_for_a_stuck_row(monkeypatch):
+    plan = plan_privacy([400], [400], dp_params(), planned_steps=10)
+    release = threading.Event()
+
+    def gated_party_epsilon(train, val, delta):
+        if train.steps == 2:
+            release.wait(GATE_TIMEOUT_S)
+        return float(train.steps)
+
+    monkeypatch.setattr(budget_module, "party_epsilon", gated_party_epsilon)
+    ledger = FederationLedger(plan)
+    try:
+        for step in (1, 2):
+            ledger.record_step()
+            ledger.submit(step)
+        ledger.record_step()
+        rows = ledger.settle(3, timeout=0.5)  # row 2 is stuck: row 1 only, and settle returns
+    finally:
+        release.set()
+    assert [row.step for row in rows] == [1]
+
+
+def test_charge_sent_charges_each_stage_only_what_a_party_sent_beyond_the_ledger():
+    sizes = [400, 400, 400]
+    plan = plan_privacy(sizes, sizes, dp_params(), planned_steps=100)
+    ledger = FederationLedger(plan)
+    for _ in range(4):
+        ledger.record_step()
+    ledger.charge_sent([4, 6, 3])  # party 2 sent two steps the ledger never saw; party 3's count is behind
+    assert ledger.charged_steps().tolist() == [4, 6, 4]
+    assert ledger.state_dict()["replays"] == [0, 2, 0]

@@ -159,6 +159,8 @@ def test_augment_charges_need_start_augment_and_fixed_rates():
         ledger.charge_augment_replays(2, 1)
     with pytest.raises(ValueError, match="non-negative"):
         ledger.charge_augment_replays(0, -1)
+    ledger.charge_sent([1, 3], stage="augment")  # party 2 sent two augment steps the ledger never recorded
+    assert ledger.augment_steps().tolist() == [1, 3] and ledger.charged_steps().tolist() == [0, 0]
 
 
 # -- planning the whole job -----------------------------------------------------------------------------------------

@@ -144,6 +144,12 @@ def test_a_dp_party_failure_sends_only_a_generic_reason(tmp_path):
     assert log["status"] == "failed" and "party rank 2 failed" in log["reason"]
     assert "injected fault" not in log["reason"] and "injected fault" not in out.stderr
     assert "injected fault at step 3" in (party_dir(run, 2) / "error.log").read_text()
+    # The ε its ledgers charged up to the failure is logged (steps 1 and 2 completed), not only finished rows.
+    privacy = log["privacy"]
+    assert privacy["steps"][-1] == log["metrics"]["step"][-1] == 2, (privacy["steps"], log["metrics"]["step"])
+    np.testing.assert_array_equal(privacy["charged_steps"][-1], [2, 2])
+    for party in (0, 1):
+        assert math.isclose(privacy["epsilon"][-1][party], independent_epsilon(log, party, 2), rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("delta", ["0.01", "0.5"])

@@ -28,7 +28,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.server import Server
-from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
+from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
@@ -82,10 +82,11 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     if ledger is not None:
         if resume is not None:
             ledger.load_state_dict(resume["ledger"])
-        _charge_replays(ledger, reports.sent_steps)
+        ledger.charge_sent(reports.sent_steps)
     guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
         f"none: mode {cfg.mode} makes no privacy claim"
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
+    loop: _ServerLoop | None = None
     try:
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                        num_classes=test.num_classes), cfg.search, channel.parties)
@@ -99,7 +100,9 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
         outcome.privacy_guarantee = guarantee
     except BaseException as exc:
         if ledger is not None:
-            ledger.close()
+            recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
+            settle_privacy(ledger, recorded, None if log is None else lambda row: log.append_privacy(
+                row.step, row.charged_steps, row.epsilon, row.mu_gdp))
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             cost = attempt_cost(time.perf_counter() - start, channel.size, gpus)
@@ -114,14 +117,6 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
     return outcome
-
-
-def _charge_replays(ledger: FederationLedger, sent_steps: list[int]) -> None:
-    """Charge every party the iterations it sent beyond what the ledger counts: steps replayed after a crash."""
-    charged = ledger.charged_steps()
-    for k, (sent, counted) in enumerate(zip(sent_steps, charged, strict=True)):
-        if sent > counted:
-            ledger.charge_replays(k, sent - int(counted))
 
 
 def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
@@ -159,6 +154,7 @@ class _ServerLoop:
         self.control = StepControl("search", plan.steps, cfg.checkpoint.every_steps, stop_requested)
         self.acc = _Accumulator()
         self.epsilon_so_far = math.nan
+        self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
 
     def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, start: float) -> SearchOutcome:
         cfg, channel, server, plan = self.cfg, self.channel, self.server, self.plan
@@ -170,6 +166,7 @@ class _ServerLoop:
             self.acc.load_state_dict(resume["accumulator"])
         test_stats = np.full(3, np.nan)
         stop_reason, interrupted, step = plan.stop_reason, False, first - 1
+        self.recorded_step = step
         for step in range(first, plan.steps + 1):
             epoch = (step - 1) // plan.steps_per_epoch
             if (step - 1) % plan.steps_per_epoch == 0:
@@ -179,6 +176,7 @@ class _ServerLoop:
             stats = server_iteration(server, channel, buffers, second_order, control)
             if self.ledger is not None:
                 self.ledger.record_step()
+            self.recorded_step = step
             self.acc.add(stats, time.perf_counter() - t0, channel.comm_seconds - c0)
             epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
             if epoch_end:

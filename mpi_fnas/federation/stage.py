@@ -2,6 +2,7 @@
 
 * the control word rank 0 appends to the last broadcast of a step (continue, checkpoint, or stop);
 * the cost of an attempt (the log adds the attempts of a requeued run up);
+* on a failure, the last ε rows of what the privacy ledgers charged (:func:`settle_privacy`);
 * the test hooks that stop a run, fail a party or slow it down at a given step (environment variables, off by
   default): ``MPI_FNAS_STOP_AFTER=STEP`` acts as if SIGUSR1 arrived during that step, ``MPI_FNAS_INJECT_FAULT=
   RANK:STEP`` makes that party raise, ``MPI_FNAS_INJECT_SLEEP=RANK:STEP:SECONDS`` makes it sleep. A STEP written
@@ -14,11 +15,14 @@ import os
 import time
 from collections.abc import Callable
 
+from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger
+
 CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 
 STOP_ENV = "MPI_FNAS_STOP_AFTER"
 FAULT_ENV = "MPI_FNAS_INJECT_FAULT"
 SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"
+SETTLE_SECONDS = 10.0  # how long a failing stage may spend logging its last ε rows before the job is torn down
 
 
 def _stage_step(text: str, stage: str) -> int:
@@ -51,6 +55,22 @@ def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]
     """This attempt's cost. Core-hours count one core a rank."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
             "cpu_core_hours": wall_seconds * ranks / 3600.0}
+
+
+def settle_privacy(ledger: FederationLedger, step: int, write: Callable[[EpsilonRow], None] | None) -> None:
+    """A failing stage: log (``write``) the ε rows of everything its ledgers charged up to the failure.
+
+    Bounded by SETTLE_SECONDS, and never in the way of the failure being reported: a row that cannot be computed
+    or written is skipped, since the failure itself is what the log must say (a resume charges everything).
+    """
+    try:
+        rows = ledger.settle(step, timeout=SETTLE_SECONDS)
+        if write is not None:
+            for row in rows:
+                write(row)
+    except Exception:  # see the docstring
+        ledger.close(timeout=0.0)
+
 
 
 class Injections:

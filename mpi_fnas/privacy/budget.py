@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -565,7 +566,8 @@ class FederationLedger:
     ``epsilons()`` / ``mu_gdp()`` compute on the caller's thread (a new step count costs ~0.25 s per distinct
     party). For the log, ``submit(step)`` instead snapshots the counts and computes the same numbers on one
     background thread; ``ready()`` hands back the finished rows without blocking, ``drain()`` waits for the rest,
-    ``close()`` stops the thread. Both paths run the same code on the same counts, so they agree exactly.
+    ``close()`` stops the thread; ``settle(step, timeout=)`` (a failing run) adds a row for what was charged since
+    the last one and returns what finishes in time. Both paths run the same code on the same counts, so they agree.
     """
 
     def __init__(self, plan: PrivacyPlan) -> None:
@@ -581,6 +583,7 @@ class FederationLedger:
         self._augment_replays = np.zeros(k, dtype=np.int64)
         self._pending: deque[Future[EpsilonRow]] = deque()
         self._worker: _Worker | None = None
+        self._last_submitted: tuple[np.ndarray, np.ndarray] | None = None  # the counts of the last row submitted
 
     # -- recording -----------------------------------------------------------------------------------------------
     def record_step(self) -> None:
@@ -598,6 +601,18 @@ class FederationLedger:
         self._check_replay(party, steps)
         self._charge(party, int(steps))
         self._replays[party] += int(steps)
+
+    def charge_sent(self, sent_steps: Sequence[int], *, stage: Literal["search", "augment"] = "search") -> None:
+        """Charge every party the ``stage`` iterations it says it sent beyond what the ledger counts.
+
+        ``sent_steps[k]`` is party k+1's own count (from its journal, written before each send): after a crash
+        and ``--resume`` the steps past the last checkpoint run again, and each is a further release.
+        """
+        charged = self.charged_steps() if stage == "search" else self.augment_steps()
+        charge = self.charge_replays if stage == "search" else self.charge_augment_replays
+        for k, (sent, counted) in enumerate(zip(sent_steps, charged, strict=True)):
+            if sent > counted:
+                charge(k, int(sent) - int(counted))
 
     def charged_steps(self) -> np.ndarray:
         """(K,) int64: search releases charged per shard so far, per party (its iterations plus its replays).
@@ -650,8 +665,9 @@ class FederationLedger:
         """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
         if self._worker is None:
             self._worker = _Worker()
-        self._pending.append(self._worker.submit(_row, int(step), self.charged_steps(), self._parties(),
-                                                 self.augment_steps()))
+        charged, augment = self.charged_steps(), self.augment_steps()
+        self._last_submitted = (charged, augment)
+        self._pending.append(self._worker.submit(_row, int(step), charged, self._parties(), augment))
 
     def ready(self) -> list[EpsilonRow]:
         """The finished rows, in submission order, without blocking (a failed computation raises here)."""
@@ -666,13 +682,38 @@ class FederationLedger:
         self._pending.clear()
         return rows
 
-    def close(self) -> None:
-        """Stop the background thread: rows not yet started are dropped (``drain()`` first to keep them)."""
+    def settle(self, step: int, *, timeout: float) -> list[EpsilonRow]:
+        """On a failure: the rows submitted so far plus one for the counts as they are now (labelled ``step``, the
+        last iteration recorded), as many as finish within ``timeout`` seconds, in order; then the thread stops.
+
+        A failed run's log then shows the ε its ledgers charged up to the failure, not only what the worker
+        happened to have finished. Rows that do not finish in time, or whose computation fails, are dropped with
+        everything after them: the run is ending, and a resume charges everything anyway.
+        """
+        counts = (self.charged_steps(), self.augment_steps())
+        if self._last_submitted is None or not all(
+                np.array_equal(a, b) for a, b in zip(counts, self._last_submitted, strict=True)):
+            self.submit(step)
+        deadline, rows = time.monotonic() + timeout, []
+        try:
+            while self._pending:
+                rows.append(self._pending[0].result(timeout=max(0.0, deadline - time.monotonic())))
+                self._pending.popleft()
+        except Exception:  # a timeout or a failed computation: keep the rows before it
+            pass
+        self.close(timeout=max(0.0, deadline - time.monotonic()))
+        return rows
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the background thread: rows not yet started are dropped (``drain()`` first to keep them).
+
+        With ``timeout``, waits at most that long for a computation in progress (the thread is a daemon).
+        """
         for future in self._pending:
             future.cancel()
         self._pending.clear()
         if self._worker is not None:
-            self._worker.close()
+            self._worker.close(timeout)
             self._worker = None
 
     # -- misc ----------------------------------------------------------------------------------------------------
@@ -815,9 +856,9 @@ class _Worker:
         self._queue.put((future, fn, args))
         return future
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         self._queue.put(None)
-        self._thread.join()
+        self._thread.join(timeout)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:

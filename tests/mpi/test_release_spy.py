@@ -28,7 +28,7 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.search import run_search
-from mpi_fnas.privacy import clipped_sum, per_sample_gradients
+from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
 
 B = 8
 SIGMA = 1.5
@@ -98,18 +98,7 @@ def plain_data(obj: object) -> bool:
 @pytest.mark.mpi(min_size=3)
 def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     releases: list[dict] = []
-    real_release = party_module.party_release
-
-    def spy(model, params, inputs, targets, **kw):
-        out = real_release(model, params, inputs, targets, **kw)
-        with torch.no_grad():
-            clean = clipped_sum(per_sample_gradients(model, params, inputs, targets), kw["clip_bound"])
-        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(),
-                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "b": int(inputs.shape[0]),
-                         "B": kw["expected_batch_size"]})
-        return out
-
-    monkeypatch.setattr(party_module, "party_release", spy)
+    monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
@@ -123,23 +112,53 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     run_search(cfg, channel, run_dir)
     world.Barrier()
     if channel.is_server:
-        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-        assert "parties" not in state and not any("generator" in key for key in state)
-        assert sorted(state) == sorted(["format_version", "stage", "step", "plan_steps", "config", "server",
-                                        "shard_sizes", "ledger", "accumulator", "log_rows"])
-        for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
-            own = torch.load(run_dir / "parties" / f"rank{rank}" / "state-2.pt", weights_only=True)
-            assert own["randomness"] == "secret" and "generator" in own["party"]
+        check_checkpoint_holds_no_party_state(run_dir, ["format_version", "stage", "step", "plan_steps", "config",
+                                                        "server", "shard_sizes", "ledger", "accumulator", "log_rows"],
+                                              party_state="state-2.pt")
         return
 
-    # notify_failure and barrier are spied too: neither happens in a run that neither fails nor stops.
-    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
-    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
-    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+    check_party_messages(channel)
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
+
+
+def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
+    """Rank 0's checkpoint holds exactly `keys` and no party state; each party's own `party_state` file, in its
+    own directory, holds its secret generator states. Returns the server's checkpoint."""
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert "parties" not in state and not any("generator" in key for key in state)
+    assert sorted(state) == sorted(keys)
+    for rank in range(1, MPI.COMM_WORLD.Get_size()):  # each party keeps its own state, on its own disk
+        own = torch.load(run_dir / "parties" / f"rank{rank}" / party_state, weights_only=True)
+        assert own["randomness"] == "secret" and "generator" in own["party"]
+    return state
+
+
+def check_party_messages(channel: RecordingChannel) -> None:
+    """A party used only the run's collectives (notify_failure and barrier are spied too: neither happens in a run
+    that neither fails nor stops), and every object it sent is plain, data-independent setup data or an
+    acknowledgement: its device and a zero sent-steps count first."""
+    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
+    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+
+
+def recording_release(real_release, releases: list[dict]):
+    """`real_release` (a ``party_release``), recording in `releases` each call's output, the clipped sum it noised
+    (recomputed from the same batch), the realised batch size b, and its R, σ and B."""
+
+    def spy(model, params, inputs, targets, **kw):
+        out = real_release(model, params, inputs, targets, **kw)
+        with torch.no_grad():
+            grads = per_sample_gradients(model, params, inputs, targets, kw.get("loss_fn", per_example_cross_entropy))
+            clean = clipped_sum(grads, kw["clip_bound"])
+        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
+                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
+        return out
+
+    return spy
 
 
 def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], *, batch: int, sigma: float,

@@ -14,14 +14,18 @@ import tempfile
 from pathlib import Path
 
 import pytest
-import torch
 from mpi4py import MPI
-from test_release_spy import RecordingChannel, check_noised_releases, plain_data
+from test_release_spy import (
+    RecordingChannel,
+    check_checkpoint_holds_no_party_state,
+    check_noised_releases,
+    check_party_messages,
+    recording_release,
+)
 
 import mpi_fnas.federation.augment.party as augment_party_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
-from mpi_fnas.privacy import clipped_sum, per_sample_gradients
 
 B = 8
 SIGMA = 1.5
@@ -34,17 +38,8 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.mpi(min_size=3)
 def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     releases: list[dict] = []
-    real_release = augment_party_module.party_release
-
-    def spy(model, params, inputs, targets, **kw):
-        out = real_release(model, params, inputs, targets, **kw)
-        with torch.no_grad():
-            clean = clipped_sum(per_sample_gradients(model, params, inputs, targets, kw["loss_fn"]), kw["clip_bound"])
-        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
-                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
-        return out
-
-    monkeypatch.setattr(augment_party_module, "party_release", spy)
+    monkeypatch.setattr(augment_party_module, "party_release",
+                        recording_release(augment_party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
@@ -57,19 +52,13 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     run_job(cfg, channel, run_dir, stage="augment")
     world.Barrier()
     if channel.is_server:
-        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-        assert "parties" not in state and not any("generator" in key for key in state)
-        assert sorted(state) == sorted(["format_version", "stage", "step", "plan_steps", "genotype", "config",
-                                        "server", "ledger", "stats", "test_acc", "test_loss", "log_rows"])
+        state = check_checkpoint_holds_no_party_state(
+            run_dir, ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "ledger",
+                      "stats", "test_acc", "test_loss", "log_rows"], party_state="augment-state-2.pt")
         assert state["stage"] == "augment" and state["step"] == 2
-        for rank in range(1, world.Get_size()):  # each party keeps its own state, on its own disk
-            own = torch.load(run_dir / "parties" / f"rank{rank}" / "augment-state-2.pt", weights_only=True)
-            assert own["randomness"] == "secret" and "generator" in own["party"]
         return
 
-    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
-    assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
-    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+    check_party_messages(channel)
 
     assert len(channel.sent) == STEPS == len(releases)  # one release per step, nothing else
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP,))

@@ -28,7 +28,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
 from mpi_fnas.federation.serve import open_search_log
-from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost
+from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.budget import FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
 from mpi_fnas.space import build_augment_network
@@ -92,10 +92,7 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         assert ledger is not None and plan.releases is not None
         if resume is None:
             ledger.start_augment(plan.releases)
-        charged = ledger.augment_steps()
-        for k, sent in enumerate(reports.sent_steps):
-            if sent > charged[k]:
-                ledger.charge_augment_replays(k, sent - int(charged[k]))
+        ledger.charge_sent(reports.sent_steps, stage="augment")
     model = build_augment_network(
         genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
         in_channels=test.in_channels, num_classes=test.num_classes, stem_multiplier=cfg.space.stem_multiplier,
@@ -109,6 +106,7 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         steps=plan.steps, test_acc=math.nan, test_loss=math.nan, wall_seconds=0.0, stop_reason=plan.stop_reason,
         private=private, mode=cfg.mode, privacy_guarantee=guarantee, log_path=log.path,
     )
+    loop: _AugmentLoop | None = None
     try:
         server = AugmentServer(model, cfg.augment, channel.parties, plan.steps)
         if resume is not None:
@@ -118,7 +116,10 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         loop = _AugmentLoop(cfg, channel, server, plan, ledger, private, log, progress, run_dir, stop_requested)
         loop.run(x_test, y_test, resume, outcome)
     except BaseException as exc:
-        if ledger is not None:
+        if ledger is not None and private:
+            recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
+            settle_privacy(ledger, recorded, lambda row: log.append_augment_privacy(row.step, row.epsilon))
+        elif ledger is not None:
             ledger.close()
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
         log.finish_augment(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
@@ -184,12 +185,14 @@ class _AugmentLoop:
         self.control = StepControl(STAGE, plan.steps, cfg.checkpoint.every_steps, stop_requested)
         self.stats = np.zeros(4)
         self.epsilon_so_far = math.nan
+        self.recorded_step = 0  # the last augment iteration the ledger has recorded (labels a failure's ε row)
 
     def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, outcome: AugmentOutcome) -> None:
         plan, buffers = self.plan, AugmentBuffers(self.server.w.numel())
         first = 1
         if resume is not None:
             first = int(resume["step"]) + 1
+            self.recorded_step = first - 1
             self.stats = np.asarray(resume["stats"], dtype=np.float64)
             outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
         for step in range(first, plan.steps + 1):
@@ -197,6 +200,7 @@ class _AugmentLoop:
             self.stats += server_augment_iteration(self.server, self.channel, buffers, step, control)
             if self.charging is not None:
                 self.charging.record_augment_step()
+            self.recorded_step = step
             epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
             test = None
             if epoch_end:
