@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -560,6 +561,28 @@ def test_a_killed_writer_is_reported_failed_with_every_row(tmp_path: Path) -> No
         assert (run["status"], run["stale"], run["last_step"]) == ("failed", True, 4)
         assert run["reason"] == f"writer died: process {pid} on {socket.gethostname()} is gone; last logged step 4"
         _assert_every_row_of_the_killed_writer(run)
+
+
+def test_a_cut_log_is_refused_quickly_not_retried_for_minutes(tmp_path: Path) -> None:
+    """A copy cut short (an interrupted transfer, a full disk): a SWMR open alone would retry its unreadable
+    metadata for minutes. Both a finished log and a killed writer's are refused within the wait."""
+    finished = tmp_path / "finished.h5"
+    runlog = _create(finished)
+    for step in range(4):
+        runlog.append_metrics(_metric_row(step))
+    runlog.finish("finished", reason="completed")
+    killed = tmp_path / "killed.h5"
+    process, pid = _start_writer(killed)
+    _sigkill(process, pid, reap=True)
+    for path in (finished, killed):
+        data = path.read_bytes()
+        cut = tmp_path / f"cut-{path.name}"
+        cut.write_bytes(data[: len(data) // 3])
+        start = time.monotonic()
+        with pytest.raises(OSError, match="truncated HDF5 file"):
+            read_run(cut, wait_seconds=0.5)
+        assert time.monotonic() - start < 30, path.name  # seconds, where the SWMR retries alone took minutes
+        assert read_run(path)["metrics"]["step"].tolist()[:4] == [0.0, 1.0, 2.0, 3.0]  # the whole file still reads
 
 
 def test_plain_h5py_opens_a_dead_writers_log_only_with_swmr(tmp_path: Path) -> None:

@@ -149,6 +149,7 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
 
 def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:
     deadline = time.monotonic() + wait_seconds
+    _refuse_truncated(path, deadline)
     locking: bool | None = None  # HDF5's default (on, unless HDF5_USE_FILE_LOCKING says otherwise)
     while True:
         try:
@@ -165,6 +166,28 @@ def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:
             if not (locked or "not already open for SWMR" in str(exc)) or time.monotonic() >= deadline:
                 raise
             time.sleep(0.05)
+
+
+def _refuse_truncated(path: Path, deadline: float) -> None:
+    """Raise OSError for a file shorter than the end of file its superblock records (a cut copy, a full disk).
+
+    A SWMR read open skips that check and then retries every unreadable metadata block for minutes, so a cut log
+    would hang its reader. A plain read open (no lock: a live writer is not disturbed) makes the check first and
+    fails within a millisecond; any other outcome (a live or crashed writer's file, which a plain open refuses as
+    open for write) is left to the SWMR open. A writer's file can look short for a moment (at its creation, seen
+    in a 3-rank run), so only a file still short at ``deadline`` is refused.
+    """
+    while True:
+        try:
+            h5py.File(path, "r", locking=False).close()
+            return
+        except OSError as exc:
+            if "truncated file" not in str(exc):
+                return
+            if time.monotonic() >= deadline:
+                sizes = str(exc).split("truncated file:", 1)[1].strip(" )")  # "eof = …, stored_eof = …"
+                raise OSError(errno.EIO, f"truncated HDF5 file: {sizes}", str(path)) from None
+        time.sleep(0.05)
 
 
 def _plain(value: Any) -> Any:
