@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
+import dataclasses
 import io
 import math
 import os
@@ -31,7 +32,9 @@ from conftest import ROOT, TINY, mpirun_background, wait_for
 from matplotlib.image import imread, imsave
 
 from mpi_fnas.report import document, main
-from mpi_fnas.report.figures import FIGURE_PIXELS
+from mpi_fnas.report.collect import read_record
+from mpi_fnas.report.figures import FIGURE_PIXELS, cost_figure, table1_figure
+from mpi_fnas.report.tables import group_runs
 from mpi_fnas.runlog import read_run
 from mpi_fnas.runlog.liveness import process_identity
 
@@ -365,13 +368,17 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(runs, tmp_path, capsys
     (junk / "search.h5").write_bytes(b"this is not HDF5\n" * 64)
     truncated = tmp_path / "truncated" / "run"
     truncated.mkdir(parents=True)
-    (truncated / "search.h5").write_bytes((root / "fnas-K2-seed0" / "search.h5").read_bytes()[:4096])
+    whole = (root / "fnas-K2-seed0" / "search.h5").read_bytes()  # cut at a third: past the superblock
+    (truncated / "search.h5").write_bytes(whole[: len(whole) // 3])
     mixed = tmp_path / "mixed"  # one good run beside a corrupt log: the whole report is refused
     shutil.copytree(root / "fnas-K2-seed0", mixed / "good", ignore=_only_logs)
     shutil.copytree(junk, mixed / "bad")
     stranger = tmp_path / "stranger"  # --out: a directory that is not a report
     stranger.mkdir()
     (stranger / "notes.txt").write_text("mine\n")
+    docs = tmp_path / "docs"  # --out: a hand-written report.md (this repository's docs/) is not a report's
+    docs.mkdir()
+    (docs / "report.md").write_text("# The results report\n")
     cases = [
         ([str(tmp_path / "missing")], "no such file or directory"),
         ([str(empty)], "no run found"),
@@ -394,6 +401,23 @@ def test_bad_inputs_are_one_line_exit_2_and_write_nothing(runs, tmp_path, capsys
     code, _, stderr = report(capsys, str(root / "fnas-K2-seed0"), "--out", str(stranger))
     assert code == 2 and "not a report directory" in stderr
     assert sorted(p.name for p in stranger.iterdir()) == ["notes.txt"]
+    code, _, stderr = report(capsys, str(root / "fnas-K2-seed0"), "--out", str(docs))
+    assert code == 2 and "did not write" in stderr
+    assert (docs / "report.md").read_text() == "# The results report\n"
+
+
+def test_a_report_directory_a_crash_left_half_written_is_still_the_report(runs, tmp_path, capsys, stub_run_figures):
+    """A write that crashed after removing report.md leaves the report's own files and its staging directory:
+    the next report is accepted there and clears the leftovers."""
+    root, _ = runs
+    out = tmp_path / "report"
+    (out / "figures").mkdir(parents=True)
+    (out / "table1.csv").write_text("old\n")
+    (out / "table2.csv").write_text("old\n")
+    (out / ".report-crashed" / "figures").mkdir(parents=True)
+    code, _, err = report(capsys, str(root / "fnas-K2-seed0"), "--out", str(out))
+    assert code == 0, err
+    assert sorted(p.name for p in out.iterdir()) == ["figures", "report.html", "report.md", "table1.csv"]
 
 
 # -- the live view ---------------------------------------------------------------------------------------------------
@@ -441,11 +465,34 @@ def test_a_dead_writer_is_a_failed_run_for_follow_and_the_report(runs, tmp_path,
             if run == going:
                 f["writer/pid"][()] = os.getpid()
                 f["writer/process"][()] = process_identity(os.getpid()).encode()
+    between = tmp_path / "logs" / "dpfnas-K2-seed0"  # the search finished, the job died before its augmentation
+    shutil.copytree(root / "dpfnas-K2-seed0", between, ignore=_only_logs)
+    with h5py.File(between / "search.h5", "r+") as f:
+        del f["augment"]
     code, out, _ = report(capsys, "--follow", str(dead))
     assert code == 1
     assert "== run failed ==" in out and "writer died" in out
+    code, out, _ = report(capsys, "--follow", str(between))
+    assert code == 1 and "augmentation never started" in out
     code, stdout, err = report(capsys, str(dead.parent), "--out", str(tmp_path / "r"))
     assert code == 0, err
     assert "left out  fnas-K2-seed0: failed (writer died" in stdout
     assert "left out  fnas-K2-seed1: running" in stdout
+    assert "left out  dpfnas-K2-seed0: failed (the search finished but its augmentation never started" in stdout
     assert read_csv(tmp_path / "r" / "table1.csv")[1] == []
+
+
+def test_missing_numbers_draw_no_bar_and_no_cost_point_instead_of_failing(runs, stub_run_figures):
+    """Two finished runs without a test error (NaN) or a positive wall time: the Table 1 group shows "n/a" rather
+    than a 0 % bar, the search-cost figure says it has no point rather than failing on a log axis, and the page
+    does not call a group of two runs "(1 run)"."""
+    root, _ = runs
+    run = read_record(root / "fnas-K2-seed0" / "search.h5", root)
+    broken = [dataclasses.replace(run, test_error=math.nan, search_wall_seconds=0.0, seed=seed, slug=f"s{seed}")
+              for seed in (0, 1)]
+    width, height = FIGURE_PIXELS
+    for png in (table1_figure(group_runs(broken)), cost_figure(broken)):
+        pixels = imread(io.BytesIO(png))
+        assert pixels.shape[:2] == (height, width) and float(pixels[..., :3].var()) > 1e-4
+    page = document.build_report(broken, [str(root)])["report.md"].decode()
+    assert "(1 run)" not in page

@@ -54,7 +54,7 @@ def draw_cell(ax: Axes, edges: Sequence[tuple[str, int]], concat: Sequence[int],
         _arrow(ax, positions[source], positions[target], rad, colour, solid=True)
         # Each label lies along its own edge (rotated with it): edges fanning out of one input stay apart.
         (x, y), angle = _arc_point(positions[source], positions[target], rad, 0.55)
-        ax.text(x, y, op, fontsize=6.5, ha="center", va="center", color=colour, zorder=7, rotation=angle,
+        ax.text(x, y, op, fontsize=8, ha="center", va="center", color=colour, zorder=7, rotation=angle,
                 rotation_mode="anchor",
                 bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
     for state in concat:
@@ -73,7 +73,7 @@ def draw_cell(ax: Axes, edges: Sequence[tuple[str, int]], concat: Sequence[int],
 def _node(ax: Axes, centre: tuple[float, float], label: str, fill: str) -> None:
     ax.add_patch(Circle(centre, NODE_RADIUS, facecolor=fill, edgecolor="#333333", linewidth=1.0, zorder=5))
     # Plain text, not mathtext: braces are shown as typed (c_{k-1} is the DARTS name of the input).
-    ax.text(*centre, label, fontsize=6.5, ha="center", va="center", zorder=6)
+    ax.text(*centre, label, fontsize=8.5, ha="center", va="center", zorder=6)
 
 
 def _arrow(ax: Axes, start: tuple[float, float], end: tuple[float, float], rad: float, colour: str, *,

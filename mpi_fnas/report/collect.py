@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +18,8 @@ import numpy as np
 import yaml
 
 from mpi_fnas.config import ConfigError
-from mpi_fnas.runlog import read_run
+from mpi_fnas.runlog import DEFAULT_STALE_SECONDS, read_run
+from mpi_fnas.runlog.liveness import WriterRecord, writer_gone_reason
 from mpi_fnas.sweep import LOG_NAME
 
 #: Table order of the modes (the paper's Table 1: vanilla NAS, FNAS, DP-FNAS).
@@ -188,14 +190,24 @@ def config_value(config: dict[str, Any], dotted: str, default: Any = None) -> An
     return node
 
 
-def run_status(log: dict[str, Any], config: dict[str, Any]) -> tuple[str, str]:
-    """(status, reason) of the whole run: the search's unless it finished, then the augmentation's."""
+def run_status(log: dict[str, Any], config: dict[str, Any], *, now: float | None = None,
+               stale_after: float = DEFAULT_STALE_SECONDS) -> tuple[str, str]:
+    """(status, reason) of the whole run: the search's unless it finished, then the augmentation's.
+
+    A finished search whose config asks for an augmentation the log does not hold is ``augment pending`` while
+    the job's writer lives (it is between its stages), and ``failed`` once it is gone (the job died there): the
+    live view (``--follow``) applies the same rule.
+    """
     if log["status"] != FINISHED:
         return log["status"], log["reason"]
     augment = log["augment"]
     if augment is None:
         epochs = config_value(config, "augment.epochs", 0)
         if isinstance(epochs, int) and epochs > 0:
+            gone = writer_gone_reason(WriterRecord(**log["writer"]), now=time.time() if now is None else now,
+                                      stale_after=stale_after)
+            if gone is not None:
+                return "failed", f"the search finished but its augmentation never started: {gone}"
             return AUGMENT_PENDING, "the config asks for an augmentation (augment.epochs > 0); the log holds none"
         return FINISHED, log["reason"]
     if augment["status"] != FINISHED:

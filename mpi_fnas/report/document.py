@@ -59,7 +59,8 @@ def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, 
     across: dict[str, bytes] = {}
     if table1:
         across[TABLE1_FIGURE] = table1_figure(table1)
-        across[COST_FIGURE] = cost_figure(table1)
+    if groups:  # every finished run: a search's cost does not depend on its noise, so noise studies count too
+        across[COST_FIGURE] = cost_figure(runs)
     if table2:
         across[TABLE2_FIGURE] = table2_figure(table2)
     per_run = {run.slug: run_figures(run) for run in runs}
@@ -183,7 +184,9 @@ def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
 
 def _error(g: Group) -> str:
     mean, std = 100 * g.test_error_mean, 100 * g.test_error_std
-    return f"{_num(mean, '.2f')} ± {_num(std, '.2f')}" if math.isfinite(std) else f"{_num(mean, '.2f')} (1 run)"
+    if len(g.runs) == 1:
+        return f"{_num(mean, '.2f')} (1 run)"
+    return f"{_num(mean, '.2f')} ± {_num(std, '.2f')}"
 
 
 def _num(value: float, spec: str) -> str:

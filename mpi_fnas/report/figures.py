@@ -190,16 +190,19 @@ def table1_figure(groups: Sequence[Group]) -> bytes:
     figure = new_figure()
     ax = figure.subplots()
     x = np.arange(len(groups))
-    means = [100 * g.test_error_mean if math.isfinite(g.test_error_mean) else 0.0 for g in groups]  # 0: no error
+    known = [math.isfinite(g.test_error_mean) for g in groups]  # a group without any test error: no bar, "n/a"
+    means = [100 * g.test_error_mean if ok else 0.0 for g, ok in zip(groups, known, strict=True)]
     stds = [100 * g.test_error_std if math.isfinite(g.test_error_std) else 0.0 for g in groups]
     colors = [_MODE_COLORS.get(g.mode, "#2ca02c") for g in groups]
     hatches = ["" if g.stage == STAGE_AUGMENT else "//" for g in groups]
     bars = ax.bar(x, means, yerr=stds, capsize=4, color=colors, edgecolor="black", linewidth=0.6)
-    for bar, hatch in zip(bars, hatches, strict=True):
+    for bar, hatch, ok in zip(bars, hatches, known, strict=True):
         bar.set_hatch(hatch)
+        bar.set_visible(ok)
     for i, g in enumerate(groups):
         note = f"ε {g.epsilon_worst:.3g}\n" if math.isfinite(g.epsilon_worst) else ""
-        ax.text(i, means[i] + stds[i], f"{note}n={len(g.runs)}", ha="center", va="bottom", fontsize=8)
+        ax.text(i, means[i] + stds[i], f"{note}n={len(g.runs)}" if known[i] else f"{note}n/a", ha="center",
+                va="bottom", fontsize=8)
     ax.set_xticks(x, [f"{g.mode}\nK={g.parties}" for g in groups])
     ax.set_ylabel("test error (%)")
     ax.set_ylim(0, max([m + s for m, s in zip(means, stds, strict=True)] + [1.0]) * 1.25)
@@ -266,23 +269,34 @@ def _table2_lines(groups: Sequence[Group], axis: str) -> dict[str, list[tuple[fl
     return {name: sorted(points, key=lambda point: point[0]) for name, points in lines.items()}
 
 
-def cost_figure(groups: Sequence[Group]) -> bytes:
-    """Search wall time against K per mode (log-log), with each mode's ideal strong-scaling line
+def cost_figure(runs: Sequence[RunRecord]) -> bytes:
+    """Search wall time against K per mode (log-log), the mean over the finished runs of each (mode, K) whatever
+    their noise (a search's cost does not depend on σ), with each mode's ideal strong-scaling line
     t(K) = t(K₀) · K₀ / K from its smallest K₀ (the same data split over K parties working in parallel), drawn
-    over every K of the figure (and a factor 2 either side when there is only one)."""
+    over every K of the figure (and a factor 2 either side when there is only one). Runs without a positive wall
+    time are left out; a figure with no point left says so."""
+    hours: dict[tuple[str, int], list[float]] = {}
+    for run in runs:
+        if run.final and math.isfinite(run.search_wall_seconds) and run.search_wall_seconds > 0:
+            hours.setdefault((run.mode, run.parties), []).append(run.search_wall_seconds / 3600.0)
     figure = new_figure()
     ax = figure.subplots()
-    ks = sorted({g.parties for g in groups})
+    ax.set_title("Search cost against K (from /cost; the augmentation is not included)", fontsize=11)
+    if not hours:
+        ax.text(0.5, 0.5, "no finished run with a positive search wall time", ha="center", va="center",
+                transform=ax.transAxes)
+        ax.set_axis_off()
+        return png_bytes(figure)
+    ks = sorted({k for _, k in hours})
     span = np.array(ks if len(ks) > 1 else [ks[0] / 2, ks[0], ks[0] * 2], dtype=float)
-    modes = sorted({g.mode for g in groups}, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else 99)
+    modes = sorted({m for m, _ in hours}, key=lambda m: MODE_ORDER.index(m) if m in MODE_ORDER else 99)
     for mode in modes:
-        rows = sorted((g for g in groups if g.mode == mode), key=lambda g: g.parties)
-        parties = np.array([g.parties for g in rows], dtype=float)
-        hours = np.array([g.search_wall_hours for g in rows], dtype=float)
+        parties = np.array(sorted(k for m, k in hours if m == mode), dtype=float)
+        mean_hours = np.array([np.mean(hours[(mode, int(k))]) for k in parties])
         colour = _MODE_COLORS.get(mode, "#2ca02c")
-        ax.plot(parties, hours, marker="o", color=colour, label=f"{mode}: measured")
-        ax.plot(span, hours[0] * parties[0] / span, linestyle="--", color=colour, alpha=0.7,
-                label=f"{mode}: ideal strong scaling from K={rows[0].parties}")
+        ax.plot(parties, mean_hours, marker="o", color=colour, label=f"{mode}: measured")
+        ax.plot(span, mean_hours[0] * parties[0] / span, linestyle="--", color=colour, alpha=0.7,
+                label=f"{mode}: ideal strong scaling from K={int(parties[0])}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ks, [str(k) for k in ks])
@@ -290,7 +304,6 @@ def cost_figure(groups: Sequence[Group]) -> bytes:
     ax.set_ylabel("search wall time (hours, mean over seeds)")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
-    ax.set_title("Search cost against K (from /cost; the augmentation is not included)", fontsize=11)
     figure.tight_layout()
     return png_bytes(figure)
 

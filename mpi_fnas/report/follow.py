@@ -28,16 +28,17 @@ import numpy as np
 from mpi_fnas import cli
 from mpi_fnas.config import ConfigError, config_from_text
 from mpi_fnas.report.collect import (
+    AUGMENT_PENDING,
     FINISHED,
     config_value,
     parse_config,
     read_record,
     record_from_log,
     released_epsilon,
+    run_status,
     supernet_test_error,
 )
 from mpi_fnas.runlog import DEFAULT_STALE_SECONDS, read_run
-from mpi_fnas.runlog.liveness import WriterRecord, writer_gone_reason
 from mpi_fnas.sweep import LOG_NAME, planned_steps_bound
 
 #: How long --follow waits for a run directory's search.h5 to appear (the run creates it during its setup).
@@ -225,20 +226,12 @@ def follow(run_dir: str | Path, interval: float = 2.0, stream: TextIO | None = N
 # -- helpers --------------------------------------------------------------------------------------------------------
 def _search_outcome(log: dict[str, Any], config: dict[str, Any], now: float,
                     stale_after: float) -> tuple[str | None, str]:
-    """The search stage's outcome, or None while the run goes on (also between the search and its augmentation)."""
-    status = log["status"]
-    if status == "running":
+    """The search stage's outcome, or None while the run goes on (also between the search and its augmentation):
+    the report's rule (collect.run_status), so the two never disagree."""
+    if log["status"] == "running":
         return None, ""
-    if status != FINISHED:
-        return status, log["reason"]
-    epochs = config_value(config, "augment.epochs", 0)
-    if not (isinstance(epochs, int) and epochs > 0):
-        return FINISHED, log["reason"]
-    # The search finished and an augmentation should follow in the same job: the writer is alive in between.
-    gone = writer_gone_reason(WriterRecord(**log["writer"]), now=now, stale_after=stale_after)
-    if gone is None:
-        return None, ""
-    return "failed", f"the search finished but its augmentation never started: {gone}"
+    status, reason = run_status(log, config, now=now, stale_after=stale_after)  # log["augment"] is None here
+    return (None, "") if status == AUGMENT_PENDING else (status, reason)
 
 
 def _planned_search_steps(log: dict[str, Any], config: dict[str, Any]) -> int | None:
