@@ -178,6 +178,23 @@ class FederationConfig:
     """Who takes part. The number of parties is always the MPI world size minus one."""
 
     parties: int | None = _key(None, "if set, must equal MPI world size − 1 (a guard for batch scripts)")
+    unreliable_parties: int = _key(
+        0, "how many of the K parties are unreliable (SecProbe §VI); which ones is drawn from seed (public)")
+    corruption: float = _key(
+        0.0, "fraction P of each unreliable party's train and validation examples replaced by uniform noise images "
+        "in [0, 1] with random labels")
+    aux_size: int = _key(
+        0, "examples of the server's clean auxiliary set, given to no party (synthetic: a split of its own; "
+        "cifar10: the last aux_size examples of the train split)")
+    selection: Literal["all", "random", "secprobe"] = _key(
+        "all", "whose releases update W and A each step: all, random (select parties drawn uniformly) or secprobe "
+        "(select parties drawn by the exponential mechanism on their aux-set scores); docs/secprobe.md")
+    select: int | None = _key(None, "K′: parties drawn per step (selection random or secprobe)")
+    selection_epsilon: float = _key(
+        1.0, "ε_EM of one step's draw of select parties (secprobe); composed over the steps in "
+        "/privacy/selection_epsilon")
+    score_window: int = _key(
+        1, "secprobe: a party's score is its aux-set accuracy averaged over its last score_window steps")
 
 
 @dataclass
@@ -240,6 +257,9 @@ class Config:
         return mine == theirs
 
 
+# The server evaluates K probes on the whole aux set every step (secprobe): a bound keeps that within memory.
+MAX_AUX_SIZE = 10_000
+
 # ---------------------------------------------------------------------------------------------------------------
 # Range checks: (dotted key, predicate, human-readable requirement)
 _RANGES: list[tuple[str, Any, str]] = [
@@ -283,6 +303,12 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("augment.clip", lambda v: v > 0, "must be > 0"),
     ("augment.noise_multiplier", lambda v: v > 0, "must be > 0"),
     ("federation.parties", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("federation.unreliable_parties", lambda v: v >= 0, "must be >= 0"),
+    ("federation.corruption", lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]"),
+    ("federation.aux_size", lambda v: 0 <= v <= MAX_AUX_SIZE, f"must be in [0, {MAX_AUX_SIZE}]"),
+    ("federation.select", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("federation.selection_epsilon", lambda v: v > 0, "must be > 0"),
+    ("federation.score_window", lambda v: v >= 1, "must be >= 1"),
     ("privacy.noise_multiplier_w", lambda v: v > 0, "must be > 0"),
     ("privacy.noise_multiplier_a", lambda v: v > 0, "must be > 0"),
     ("privacy.clip_w", lambda v: v > 0, "must be > 0"),
@@ -407,9 +433,40 @@ def validate(cfg: Config) -> Config:
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
                 "are releases the accountant does not cover (docs/privacy.md); use first_order"
             )
+    _validate_selection(cfg)
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
     return cfg
+
+
+def _validate_selection(cfg: Config) -> None:
+    """Cross-field checks of the unreliable-party simulation and the server's selection (docs/secprobe.md)."""
+    fed = cfg.federation
+    if fed.unreliable_parties > 0 and cfg.mode == "vanilla":
+        raise ConfigError("federation.unreliable_parties: vanilla NAS has one party holding all data; use fnas or "
+                          "dpfnas")
+    if fed.unreliable_parties > 0 and cfg.augment.epochs > 0 and cfg.augment.genotype is None:
+        raise ConfigError("federation.unreliable_parties: the augmentation does not simulate unreliable parties; "
+                          "set augment.epochs=0 (search only)")
+    if fed.selection == "all":
+        if fed.select is not None:
+            raise ConfigError("federation.select: only used with federation.selection random or secprobe")
+        return
+    if fed.select is None:
+        raise ConfigError(f"federation.select: federation.selection {fed.selection} needs the number K′ of parties "
+                          "drawn per step")
+    if cfg.mode != "dpfnas":
+        raise ConfigError(f"federation.selection: {fed.selection} runs only under mode dpfnas (its draws are "
+                          f"accounted in /privacy; mode {cfg.mode} makes no privacy claim)")
+    if cfg.search.order != "first_order":
+        raise ConfigError("search.order: second_order cannot be combined with federation.selection (the shared "
+                          "validation gradient would mix unselected parties); use first_order")
+    if cfg.augment.epochs > 0 and cfg.augment.genotype is None:
+        raise ConfigError(f"federation.selection: {fed.selection} applies to the search only; set "
+                          "augment.epochs=0 (search only)")
+    if fed.selection == "secprobe" and fed.aux_size < 1:
+        raise ConfigError("federation.aux_size: federation.selection secprobe scores parties on the server's aux "
+                          "set; set aux_size >= 1")
 
 
 @dataclass(frozen=True)
@@ -571,4 +628,9 @@ def check_world(cfg: Config, world_size: int) -> int:
         )
     if cfg.mode == "vanilla" and parties != 1:
         raise ConfigError(f"mode: vanilla NAS runs with exactly 2 ranks (server + 1 party), got {world_size}")
+    if cfg.federation.unreliable_parties > parties:
+        raise ConfigError(f"federation.unreliable_parties: {cfg.federation.unreliable_parties} exceeds the "
+                          f"{parties} parties")
+    if cfg.federation.select is not None and cfg.federation.select > parties:
+        raise ConfigError(f"federation.select: {cfg.federation.select} exceeds the {parties} parties")
     return parties

@@ -397,7 +397,7 @@ def test_reopen_continues_rows_and_adds_up_cost(tmp_path: Path) -> None:
     )
 
     resumed = RunLog.reopen(path, rank_attrs={"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
-    assert resumed.row_counts() == (3, 0, 1)
+    assert resumed.row_counts() == (3, 0, 1, 0)
     live = read_run(path)
     assert (live["status"], live["reason"], live["attempts"]) == ("running", "", 2)
     assert live["ranks"] == {"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]}

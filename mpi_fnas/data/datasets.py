@@ -8,13 +8,24 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
-from mpi_fnas.data.cifar10 import Cifar10Folder, download_cifar10, missing_cifar10_files
-from mpi_fnas.data.synthetic import SyntheticShapes
+from mpi_fnas.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, Cifar10Folder, download_cifar10, missing_cifar10_files
+from mpi_fnas.data.synthetic import PIXEL_MEAN, PIXEL_STD, SyntheticShapes
 
 DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10")
+# synthetic-shapes draws the server's auxiliary set as a split of its own, disjoint from train and test.
+SYNTHETIC_SPLITS: tuple[str, ...] = ("train", "test", "aux")
 
 # Split sizes of synthetic-shapes when none is given: CIFAR-10's, so configs can switch datasets unchanged.
 SYNTHETIC_DEFAULT_SIZES = {"train": 50_000, "test": 10_000}
+
+
+def pixel_statistics(name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std), each float32 (3,): how dataset ``name`` normalises a pixel in [0, 1] (``x = (p - mean) / std``)."""
+    if name == "synthetic-shapes":
+        return np.full(3, PIXEL_MEAN, dtype=np.float32), np.full(3, PIXEL_STD, dtype=np.float32)
+    if name == "cifar10":
+        return np.asarray(CIFAR10_MEAN, dtype=np.float32), np.asarray(CIFAR10_STD, dtype=np.float32)
+    raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
 
 
 @runtime_checkable
@@ -40,7 +51,7 @@ class Dataset(Protocol):
 def open_dataset(
     name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int, download: bool = False
 ) -> Dataset:
-    """Open split ``split`` ("train" | "test") of dataset ``name`` (one of ``DATASETS``).
+    """Open split ``split`` ("train" | "test"; synthetic also "aux") of dataset ``name`` (one of ``DATASETS``).
 
     - ``synthetic-shapes``: ``size`` is the split size (default ``SYNTHETIC_DEFAULT_SIZES``), ``seed`` selects
       the images, ``root`` is unused.
@@ -56,9 +67,11 @@ def open_dataset(
     if size is not None and size < 1:
         raise ValueError(f"size must be >= 1 or None, got {size}")
     if name == "synthetic-shapes":
-        if split not in SYNTHETIC_DEFAULT_SIZES:
-            raise ValueError(f"split must be 'train' or 'test', got {split!r}")
-        n = SYNTHETIC_DEFAULT_SIZES[split] if size is None else size
+        if split not in SYNTHETIC_SPLITS:
+            raise ValueError(f"split must be one of {', '.join(SYNTHETIC_SPLITS)}, got {split!r}")
+        if split == "aux" and size is None:
+            raise ValueError("the synthetic aux split needs a size")
+        n = SYNTHETIC_DEFAULT_SIZES.get(split, 0) if size is None else size
         return SyntheticShapes(split, n, image_size=image_size, seed=seed)
     if name == "cifar10":
         if image_size != Cifar10Folder.image_size:

@@ -39,7 +39,7 @@ NUM_CLASSES = len(CLASS_NAMES)
 
 # Examples per parameter block; fixed forever, since changing it changes every image.
 _BLOCK = 4096
-_SPLIT_CODES = {"train": 0, "test": 1}
+_SPLIT_CODES = {"train": 0, "test": 1, "aux": 2}  # aux: the server's SecProbe set
 # Examples rendered at once; bounds the temporary uint64 noise-hash arrays (~6 MB each at 16×16).
 _RENDER_CHUNK = 1024
 # Mixed into every seed so these streams never coincide with other uses of the same user seed.

@@ -14,6 +14,11 @@ Under DP the party's "release" is clipped and noised inside the party (``Party``
 ``mpi_fnas.privacy``); nothing here changes. The server contributes zeros to every Reduce.
 The returned ``StepStats`` carries the STATS tails (loss sums, counts, compute seconds) for logging.
 
+With ``federation.selection`` random or secprobe the server needs every release, not their sum: both Reduces
+become Gathers (:func:`server_iteration_selecting`), the server chooses K′ parties after the W phase
+(:class:`~mpi_fnas.federation.selection.Selector`) and sums only theirs, for W and for A. A party sends the same
+buffer either way; it is told which at setup (``Assignment.gathered``).
+
 The final broadcast carries one extra number after A, the server's *control* word for the step boundary
 (CONTINUE, CHECKPOINT, or STOP = checkpoint and end as interrupted), so every rank agrees where to stop
 without another collective.
@@ -28,6 +33,7 @@ import numpy as np
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.party import Party
+from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server
 from mpi_fnas.federation.stage import CONTINUE
 
@@ -53,6 +59,58 @@ class ServerBuffers:
         self.v_sum = np.zeros(num_w, dtype=np.float32)
 
 
+@dataclass
+class SelectedStepStats(StepStats):
+    """StepStats (summed over every party) and this step's selection: chosen (K,) bool, score (K,) float64."""
+
+    chosen: np.ndarray
+    score: np.ndarray
+
+
+class GatherBuffers:
+    """Rank 0's buffers of the gathered releases, one row per party (K, n + STATS), allocated once."""
+
+    def __init__(self, parties: int, num_w: int, num_a: int) -> None:
+        self.w_zero = np.zeros(num_w + STATS, dtype=np.float32)
+        self.w_parts = np.zeros((parties, num_w + STATS), dtype=np.float32)
+        self.w_sum = np.zeros(num_w + STATS, dtype=np.float32)
+        self.a_zero = np.zeros(num_a + STATS, dtype=np.float32)
+        self.a_parts = np.zeros((parties, num_a + STATS), dtype=np.float32)
+        self.a_sum = np.zeros(num_a + STATS, dtype=np.float32)
+        self.a_send = np.zeros(num_a + 1, dtype=np.float32)  # A, then the control word
+
+
+def sum_rows(parts: np.ndarray, chosen: np.ndarray, out: np.ndarray) -> None:
+    """out = 0 + Σ of the `chosen` rows of `parts` (K, n), in rank order: the float32 sum a Reduce of exactly
+    those parties computes (the server's zero contribution first), so ``all`` selected = the Reduce bit for bit."""
+    out[:] = 0
+    for row in np.flatnonzero(chosen):
+        np.add(out, parts[row], out=out)
+
+
+def server_iteration_selecting(server: Server, channel: Channel, buf: GatherBuffers, selector: Selector,
+                               x_aux, y_aux, control: int = CONTINUE) -> SelectedStepStats:
+    """Rank 0's half of one first-order iteration with a selection: only the chosen parties update W and A.
+
+    `x_aux`, `y_aux`: the server's aux set (used only when ``selector.scores_needed``). `server.parties` must be
+    K′ (the mean divides by the number of summed releases).
+    """
+    channel.gather(buf.w_zero, buf.w_parts)  # every G_k
+    chosen, score = selector.choose(
+        lambda: np.array([server.probe_accuracy(g[:-STATS], x_aux, y_aux) for g in buf.w_parts]))
+    sum_rows(buf.w_parts, chosen, buf.w_sum)
+    server.step_w(buf.w_sum[:-STATS])
+    channel.bcast(server.w_buffer)  # W'
+    channel.gather(buf.a_zero, buf.a_parts)  # every H_k
+    sum_rows(buf.a_parts, chosen, buf.a_sum)
+    server.step_a(buf.a_sum[:-STATS])
+    buf.a_send[:-1] = server.a_buffer
+    buf.a_send[-1] = control
+    channel.bcast(buf.a_send)  # A and the control word
+    return SelectedStepStats(train=buf.w_parts[:, -STATS:].sum(axis=0), val=buf.a_parts[:, -STATS:].sum(axis=0),
+                             chosen=chosen, score=score)
+
+
 def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool,
                      control: int = CONTINUE) -> StepStats:
     """Rank 0's half of one iteration; `control` tells the parties what happens after it."""
@@ -72,13 +130,15 @@ def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, secon
 
 
 def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.ndarray, v_in: np.ndarray,
-                    second_order: bool, xi: float) -> int:
+                    second_order: bool, xi: float, gathered: bool = False) -> int:
     """Party k's half of one iteration; returns the server's control word.
 
     `w_in`, `a_in` (A + control word), `v_in` are preallocated receive buffers. `xi` is the server's W learning
-    rate of this step (the parties follow the same public schedule).
+    rate of this step (the parties follow the same public schedule). `gathered`: the server gathers the releases
+    (a selection) instead of reducing them; the party sends the same buffers either way.
     """
-    channel.reduce_sum(party.w_release())  # G_k
+    send = channel.gather if gathered else channel.reduce_sum
+    send(party.w_release())  # G_k
     channel.bcast(w_in)
     party.load_w(w_in)  # W'_k ← W
     if second_order:
@@ -87,7 +147,7 @@ def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.n
         h = party.a_release_second_order(v_in, xi)
     else:
         h = party.a_release()
-    channel.reduce_sum(h)  # H_k
+    send(h)  # H_k
     channel.bcast(a_in)
     party.load_a(a_in[:-1])  # A_k ← A
     return int(a_in[-1])

@@ -141,6 +141,33 @@ class Channel:
         for part in parts:  # rank order: the sum does not depend on who arrived first
             np.add(recv, part, out=recv)
 
+    def gather(self, send: np.ndarray, recv: np.ndarray | None = None) -> None:
+        """Server: ``recv[k - 1] = send_k`` for every party k (the server's own `send` is not kept). Party: send.
+
+        A party sends exactly what it would send to a Reduce (one point-to-point message to the server), so the
+        two exchanges release the same to the same peer; only what the server does with the rows differs.
+
+        Args:
+            send: (n,) contiguous float32, same n on every rank.
+            recv: server only, (K, n) contiguous float32; parties pass None.
+        """
+        _check_buffer(send)
+        if not self.is_server:
+            self._wait(_Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "gather")
+            return
+        if recv is None:
+            raise ValueError("the server must pass a receive buffer")
+        _check_buffer(recv)
+        if recv.shape != (self.size - 1, send.size):
+            raise ValueError(f"gather: receive buffer has shape {recv.shape}, expected ({self.size - 1}, {send.size})")
+        pending = _Requests([self.comm.Irecv(recv[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
+        try:
+            self._wait(pending, "gather")
+        except BaseException:
+            self._abandoned.append(recv)  # MPI may still write into it
+            raise
+        pending.check_floats(send.size)
+
     def bcast(self, buf: np.ndarray) -> None:
         """Overwrite `buf` ((n,) contiguous float32, same n everywhere) on every party with the server's `buf`."""
         _check_buffer(buf)

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.data.corruption import corrupt_shard
+from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
@@ -49,7 +51,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
 
     def iterate(step: int) -> int:
         xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
-        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
+        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, gathered=got.gathered)
 
     stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
                           journal=got.dp is not None, party=party, randomness=_randomness_source(got),
@@ -61,8 +63,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
 
 def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
     data = open_split(cfg, "train")
-    x_tr, y_tr = data.render(got.train_indices)
-    x_val, y_val = data.render(got.val_indices)
+    x_tr, y_tr = _own_shard(cfg, data, got, rank, "train")
+    x_val, y_val = _own_shard(cfg, data, got, rank, "val")
     model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
@@ -74,6 +76,17 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
         # Its own generator states: the resumed run continues its streams.
         party.load_state_dict(store.load_party(got.checkpoint_step, source))
     return party
+
+
+def _own_shard(cfg: Config, data, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The party's `shard` ("train" or "val") as it holds it: an unreliable party's with noise in place of the
+    stated fraction of its examples (simulated here, inside the party: these images are its data)."""
+    x, y = data.render(got.train_indices if shard == "train" else got.val_indices)
+    if got.corruption > 0:
+        mean, std = pixel_statistics(cfg.data.dataset)
+        x, y, _ = corrupt_shard(x, y, got.corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
+                                seed=cfg.seed, rank=rank, shard=shard)
+    return x, y
 
 
 def _randomness_source(got: Assignment) -> str:

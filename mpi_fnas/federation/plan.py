@@ -14,6 +14,8 @@ import numpy as np
 
 from mpi_fnas.config import Config, ConfigError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
+from mpi_fnas.data.corruption import unreliable_parties
+from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.budget import AugmentReleases, PrivacyPlan, augment_sample_rates, plan_privacy
 
@@ -32,6 +34,8 @@ class Assignment:
     steps: int = 0  # iterations of the whole run (filled in by plan_run)
     dp: DPParams | None = None  # the privacy parameters under dpfnas
     checkpoint_step: int = 0  # > 0 when resuming: the party restores its own state of that step
+    corruption: float = 0.0  # unreliable parties: the fraction of each shard the party replaces by noise
+    gathered: bool = False  # the server gathers every release (selection random or secprobe) instead of a Reduce
 
 
 @dataclass
@@ -43,6 +47,11 @@ class RunPlan:
     steps: int
     privacy: PrivacyPlan | None
     stop_reason: str = "completed"
+
+    @property
+    def unreliable(self) -> np.ndarray:
+        """(K,) bool: the parties simulated as unreliable (public)."""
+        return np.array([a.corruption > 0 for a in self.assignments], dtype=bool)
 
     @property
     def shard_sizes(self) -> list[list[int]]:
@@ -66,6 +75,10 @@ def open_split(cfg: Config, split: str, *, download: bool = False):
 def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     """Split and partition the train split by labels; one Assignment per party."""
     labels = open_split(cfg, "train", download=cfg.data.download).labels
+    try:
+        labels = labels[: party_positions(cfg, len(labels))]  # the held-out aux slice (cifar10) goes to no party
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
     train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
     try:
         kw = {"dirichlet_alpha": cfg.data.dirichlet_alpha, "classes_per_party": cfg.data.classes_per_party}
@@ -76,7 +89,11 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     steps = cfg.search.steps_per_epoch
     if steps is None:  # one epoch = one pass over the mean party's train shard
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
-    return [Assignment(train_idx[tp], val_idx[vp], steps) for tp, vp in zip(train_parts, val_parts, strict=True)]
+    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
+    gathered = cfg.federation.selection != "all"
+    return [Assignment(train_idx[tp], val_idx[vp], steps, corruption=cfg.federation.corruption if bad else 0.0,
+                       gathered=gathered)
+            for tp, vp, bad in zip(train_parts, val_parts, unreliable, strict=True)]
 
 
 def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray]:

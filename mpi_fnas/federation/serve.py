@@ -23,15 +23,25 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
-from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
+from mpi_fnas.federation.algorithm import (
+    GatherBuffers,
+    SelectedStepStats,
+    ServerBuffers,
+    StepStats,
+    server_iteration,
+    server_iteration_selecting,
+)
+from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
+from mpi_fnas.federation.randomness import os_seed, reproducible_seed
+from mpi_fnas.federation.selection import Selector, server_generator
 from mpi_fnas.federation.server import Server
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
-from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
 from mpi_fnas.space import PRIMITIVES, build_supernet, max_genotype_length, num_edges
 
 TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
@@ -88,14 +98,20 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     loop: _ServerLoop | None = None
     try:
+        selector = Selector(cfg.federation, channel.parties, server_generator(_selection_seed(cfg)))
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                       num_classes=test.num_classes), cfg.search, channel.parties)
+                                       num_classes=test.num_classes), cfg.search, selector.select)
         if resume is not None:
             server.load_state_dict(resume["server"])
+            if resume.get("selection") is not None:
+                selector.load_state_dict(resume["selection"])
         channel.bcast(server.w_buffer)
         channel.bcast(server.a_buffer)
         x_test, y_test = test.render(np.arange(len(test.labels)))
         loop = _ServerLoop(cfg, channel, server, plan, ledger, log, progress, run_dir, stop_requested)
+        if plan.assignments[0].gathered:
+            loop.selecting(selector, *(open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed
+                                       else (None, None)))
         outcome = loop.run(x_test, y_test, resume, start)
         outcome.privacy_guarantee = guarantee
     except BaseException as exc:
@@ -119,6 +135,24 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     return outcome
 
 
+def _selection_seed(cfg: Config) -> int:
+    """The seed of the server's draws: secret (OS CSPRNG), except with ``privacy.reproducible_noise`` (tests and
+    debugging: the run's ε is void anyway, and so is the selection's)."""
+    if cfg.privacy.reproducible_noise:
+        return reproducible_seed(cfg.seed, 0, "batches")
+    return os_seed()
+
+
+def _selection_schema(cfg: Config) -> SelectionSchema | None:
+    fed = cfg.federation
+    if fed.selection == "all":
+        return None
+    selector = Selector(fed, fed.select, server_generator(0))  # only its derived constants are read
+    return SelectionSchema(selection=fed.selection, select=fed.select, epsilon_per_step=fed.selection_epsilon,
+                           score_window=fed.score_window, aux_size=fed.aux_size, sensitivity=selector.sensitivity,
+                           delta=selector.delta)
+
+
 def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
                     guarantee: str) -> RunLog:
     """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
@@ -132,6 +166,7 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
         genotype_length=max_genotype_length(cfg.space.nodes, PRIMITIVES),
         privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
         rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
+        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=_selection_schema(cfg),
     )
 
 
@@ -155,10 +190,17 @@ class _ServerLoop:
         self.acc = _Accumulator()
         self.epsilon_so_far = math.nan
         self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
+        self.selector: Selector | None = None
+        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
+        """Run the iterations with the server's selection (federation.selection random or secprobe)."""
+        self.selector, self.aux = selector, (x_aux, y_aux)
 
     def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, start: float) -> SearchOutcome:
         cfg, channel, server, plan = self.cfg, self.channel, self.server, self.plan
         buffers = ServerBuffers(server.w.numel(), server.a.numel())
+        gathered = GatherBuffers(channel.parties, server.w.numel(), server.a.numel()) if self.selector else None
         second_order = cfg.search.order == "second_order"
         first = 1
         if resume is not None:
@@ -173,7 +215,11 @@ class _ServerLoop:
                 server.start_epoch(epoch)
             control, signal_name = self.control.at(step)
             t0, c0 = time.perf_counter(), channel.comm_seconds
-            stats = server_iteration(server, channel, buffers, second_order, control)
+            if self.selector is not None:
+                stats = server_iteration_selecting(server, channel, gathered, self.selector, *self.aux, control)
+                self._log_selection(step, stats)
+            else:
+                stats = server_iteration(server, channel, buffers, second_order, control)
             if self.ledger is not None:
                 self.ledger.record_step()
             self.recorded_step = step
@@ -231,6 +277,10 @@ class _ServerLoop:
                 shown["epsilon"] = self.epsilon_so_far
             self.progress(step, self.plan.steps, shown)
 
+    def _log_selection(self, step: int, stats: SelectedStepStats) -> None:
+        if self.log is not None:
+            self.log.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+
     def _write_privacy_rows(self, wait: bool) -> None:
         """Log the ε rows the ledger's worker has finished (all of them with `wait`)."""
         if self.ledger is None:
@@ -251,7 +301,8 @@ class _ServerLoop:
             "server": self.server.state_dict(), "shard_sizes": self.plan.shard_sizes,
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
             "accumulator": self.acc.state_dict(),
-            "log_rows": list(self.log.row_counts()) if self.log is not None else [0, 0, 0],
+            "selection": self.selector.state_dict() if self.selector is not None else None,
+            "log_rows": list(self.log.row_counts()) if self.log is not None else [0, 0, 0, 0],
         })
 
 

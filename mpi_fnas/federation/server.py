@@ -38,6 +38,7 @@ class Server:
     """
 
     def __init__(self, model: SearchNetwork, search: SearchConfig, parties: int) -> None:
+        # `parties` is the number of releases summed into each update: K, or K′ when the server selects.
         self.model = model
         self.search = search
         self.parties = parties
@@ -120,3 +121,19 @@ class Server:
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """[loss_sum, correct, count] of the global model on (x, y)."""
         return evaluate(self.sync_model(), x, y)
+
+    def probe_accuracy(self, grad: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
+        """Accuracy on (x, y) of W − ξ·g, the weights one party's W release g (num_w,) alone would step to.
+
+        The probe is a plain gradient step at the current ξ with the server's norm clip (``w_grad_clip``), no
+        momentum: it scores the release, not the optimizer's history. W, A and the optimizers are unchanged.
+        """
+        g = torch.from_numpy(np.ascontiguousarray(grad, dtype=np.float32))
+        if self.search.w_grad_clip > 0:
+            norm = float(torch.linalg.vector_norm(g))
+            if norm > self.search.w_grad_clip:
+                g = g * (self.search.w_grad_clip / norm)
+        model = self.sync_model()
+        assign(list(model.weights()), self.w.data - self.xi * g)
+        stats = evaluate(model, x, y)
+        return float(stats[1] / stats[2])

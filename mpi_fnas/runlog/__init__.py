@@ -13,6 +13,7 @@ from mpi_fnas.runlog.schema import (
     AugmentRowCounts,
     PrivacySchema,
     RowCounts,
+    SelectionSchema,
 )
 from mpi_fnas.runlog.writer import HEARTBEAT_SECONDS, RunLog
 
@@ -26,5 +27,6 @@ __all__ = [
     "PrivacySchema",
     "RowCounts",
     "RunLog",
+    "SelectionSchema",
     "read_run",
 ]

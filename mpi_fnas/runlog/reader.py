@@ -20,6 +20,9 @@ from mpi_fnas.runlog.schema import (
     COST_FIELDS,
     PRIVACY_FIXED,
     PRIVACY_GROWING,
+    SELECTION_EPSILON,
+    SELECTION_GROUP,
+    SELECTION_GROWING,
     augment_families,
     common_length,
     growing_families,
@@ -74,7 +77,7 @@ def read_run(
 def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
     """The log's contents as read_run returns them (statuses as stored), and its writer record."""
     root = handle.attrs
-    metric_sets, epoch_sets, privacy_sets = growing_families(handle)
+    metric_sets, epoch_sets, privacy_sets, selection_sets = growing_families(handle)
     metric_rows = common_length(metric_sets)
     epoch_rows = common_length(epoch_sets)
     metrics = {dataset.name.rsplit("/", 1)[1]: dataset[:metric_rows] for dataset in metric_sets}
@@ -99,7 +102,10 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         "genotypes": [row.decode("utf-8") for row in epoch_sets[2][:epoch_rows]],
         "cost": {name: _plain(handle["cost"].attrs[name]) for name in COST_FIELDS},
         "ranks": {key: _plain(value) for key, value in handle["ranks"].attrs.items()},
+        "unreliable": np.asarray(root["unreliable"], dtype=bool) if "unreliable" in root else None,
+        "corruption": float(root["corruption"]) if "corruption" in root else 0.0,
         "privacy": None,
+        "selection": None,
     }
     if "privacy" in handle:
         group = handle["privacy"]
@@ -113,6 +119,12 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         for name in PRIVACY_FIXED:
             privacy[name] = _plain(group[name][()])
         result["privacy"] = privacy
+    if SELECTION_GROUP in handle:
+        rows = common_length(selection_sets)
+        selection: dict[str, Any] = {name: _plain(value) for name, value in handle[SELECTION_GROUP].attrs.items()}
+        for name, dataset in zip((*SELECTION_GROWING, SELECTION_EPSILON), selection_sets, strict=True):
+            selection[name] = dataset[:rows]
+        result["selection"] = selection
     result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
     return result, writer
 

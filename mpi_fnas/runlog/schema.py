@@ -48,6 +48,13 @@ EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
 PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a")
 
+# The server's selection (federation.selection random or secprobe): /selection, one row per step, and the ε its
+# draws cost on the aux set in /privacy/selection_epsilon (same rows). The family's datasets, in RowCounts order:
+SELECTION_GROUP = "selection"
+SELECTION_GROWING = ("steps", "chosen", "score")
+SELECTION_EPSILON = "selection_epsilon"  # in /privacy
+SELECTION_ATTRS = ("selection", "select", "epsilon_per_step", "score_window", "aux_size", "sensitivity", "delta")
+
 # Chunk lengths along the growing axis: big enough that a long run has few chunks, small enough that a
 # flush per row rewrites little.
 _METRIC_CHUNK_ROWS = 256
@@ -86,6 +93,23 @@ class PrivacySchema:
 
 
 @dataclass(frozen=True)
+class SelectionSchema:
+    """Fixed facts of the server's selection, written once as ``/selection`` attrs (docs/secprobe.md).
+
+    selection: ``random`` or ``secprobe``. select: K′. epsilon_per_step: ε_EM of one step's draw. score_window:
+    steps a score averages. aux_size: n_aux. sensitivity: Δu of the score. delta: δ of ``selection_epsilon``.
+    """
+
+    selection: str
+    select: int
+    epsilon_per_step: float
+    score_window: int
+    aux_size: int
+    sensitivity: float
+    delta: float
+
+
+@dataclass(frozen=True)
 class AugmentPrivacySchema:
     """Fixed privacy facts of a DP augment stage, written once into ``/augment/privacy``. K = number of parties.
 
@@ -106,6 +130,7 @@ class RowCounts(NamedTuple):
     metric_rows: int
     epoch_rows: int
     privacy_rows: int
+    selection_rows: int = 0  # 0 without /selection (and in checkpoints older than it)
 
 
 class AugmentRowCounts(NamedTuple):
@@ -116,17 +141,20 @@ class AugmentRowCounts(NamedTuple):
     privacy_rows: int
 
 
-def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset], list[h5py.Dataset]]:
-    """The datasets of each growing family (metrics, epoch ends, privacy ledger), in ``RowCounts`` order.
+def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], ...]:
+    """The datasets of each growing family (metrics, epoch ends, privacy ledger, selection), in ``RowCounts`` order.
 
-    The datasets of one family always gain a row together; the privacy family is empty without ``/privacy``.
+    The datasets of one family always gain a row together; the privacy family is empty without ``/privacy``, the
+    selection family (``SELECTION_GROWING``, then ``/privacy/selection_epsilon``) without ``/selection``.
     """
     metrics = handle["metrics"]
     privacy = handle.get("privacy")
+    selection = handle.get(SELECTION_GROUP)
     return (
         [metrics[name] for name in metrics],
         [handle[name] for name in EPOCH_DATASETS],
         [] if privacy is None else [privacy[name] for name in PRIVACY_GROWING],
+        [] if selection is None else [*(selection[name] for name in SELECTION_GROWING), privacy[SELECTION_EPSILON]],
     )
 
 
@@ -161,9 +189,13 @@ def build_skeleton(
     genotype_length: int,
     privacy: Mapping[str, Any] | None,
     rank_values: Mapping[str, Any],
+    unreliable: np.ndarray,
+    corruption: float,
+    selection: SelectionSchema | None = None,
 ) -> None:
     """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
-    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None."""
+    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None. unreliable:
+    (K,) bool, corruption: P (root attrs). selection: needs privacy (its ε rows live in ``/privacy``)."""
     root = handle.attrs
     root["status"] = "running"
     root["mode"] = mode
@@ -175,6 +207,8 @@ def build_skeleton(
     root["reason"] = ""
     root["final_genotype"] = ""
     root["attempts"] = np.int64(1)
+    root["unreliable"] = np.asarray(unreliable, dtype=bool)
+    root["corruption"] = np.float64(corruption)
 
     # track_order keeps the caller's column order when the group is listed (default listing is alphabetical).
     metrics = handle.create_group("metrics", track_order=True)
@@ -203,6 +237,17 @@ def build_skeleton(
             _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
         for name in PRIVACY_FIXED:
             group.create_dataset(name, data=privacy[name])
+
+    if selection is not None:
+        if privacy is None:
+            raise ValueError("a selection needs a privacy ledger (/privacy/selection_epsilon)")
+        chosen = handle.create_group(SELECTION_GROUP, track_order=True)
+        for name in SELECTION_ATTRS:
+            chosen.attrs[name] = getattr(selection, name)
+        _growing(chosen, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+        _growing(chosen, "chosen", (parties,), np.bool_, _PRIVACY_CHUNK_ROWS, False)
+        _growing(chosen, "score", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+        _growing(handle["privacy"], SELECTION_EPSILON, (), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 
 def build_augment(

@@ -61,6 +61,7 @@ from mpi_fnas.runlog.schema import (
     AugmentRowCounts,
     PrivacySchema,
     RowCounts,
+    SelectionSchema,
     augment_families,
     build_augment,
     build_skeleton,
@@ -90,7 +91,7 @@ class RunLog:
     def _attach(self, handle: h5py.File) -> None:
         """Take the open SWMR-write ``handle`` and read the layout and row counts back from the file."""
         self._file: h5py.File | None = handle
-        self._metrics, epoch_sets, self._privacy_sets = growing_families(handle)
+        self._metrics, epoch_sets, self._privacy_sets, self._selection_sets = growing_families(handle)
         self._metric_names = tuple(dataset.name.rsplit("/", 1)[1] for dataset in self._metrics)
         self._alphas_normal, self._alphas_reduce, self._genotypes = epoch_sets
         self._alpha_shape = tuple(int(n) for n in self._alphas_normal.shape[1:])
@@ -99,7 +100,8 @@ class RunLog:
         self._heartbeat = handle[WRITER_GROUP]["heartbeat"]
         self._last_beat = time.monotonic()  # create/reopen has just written the heartbeat
         self._rows = RowCounts(
-            common_length(self._metrics), common_length(epoch_sets), common_length(self._privacy_sets)
+            common_length(self._metrics), common_length(epoch_sets), common_length(self._privacy_sets),
+            common_length(self._selection_sets),
         )
         # Empty families (0 rows) until /augment exists; in AUGMENT_METRICS / AUGMENT_PRIVACY_GROWING order.
         self._augment_metrics, self._augment_privacy_sets = augment_families(handle)
@@ -123,6 +125,9 @@ class RunLog:
         privacy_guarantee: str,
         privacy: PrivacySchema | None = None,
         rank_attrs: Mapping[str, Any] | None = None,
+        unreliable: Sequence[bool] | np.ndarray | None = None,
+        corruption: float = 0.0,
+        selection: SelectionSchema | None = None,
     ) -> RunLog:
         """Create a new log at ``path`` (must not exist) and enter SWMR-write mode.
 
@@ -130,7 +135,9 @@ class RunLog:
         alpha_shape: (edges, ops) of one cell's softmax weights. genotype_length: bytes per ``/genotype`` row
         (UTF-8). privacy_guarantee: ``"holds"``, or one line saying why there is no DP guarantee. privacy:
         required for mode ``dpfnas`` and refused otherwise, so a DP run always has a ledger. rank_attrs:
-        per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of either indexed by rank).
+        per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of either indexed by rank). unreliable:
+        (K,) bool, the parties simulated as unreliable (None: none), corruption: their fraction P of noise.
+        selection: the server's selection (``random``/``secprobe``, dpfnas only), or None for ``all``.
         """
         path = Path(path)
         if mode not in MODES:
@@ -150,6 +157,10 @@ class RunLog:
                 genotype_length=genotype_length,
                 privacy=None if privacy is None else _privacy_arrays(privacy, parties),
                 rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},
+                unreliable=np.zeros(parties, dtype=bool) if unreliable is None
+                else _per_party("unreliable", unreliable, parties, bool),
+                corruption=float(corruption),
+                selection=selection,
             )
             store_writer_record(handle, current_writer())
             handle.swmr_mode = True
@@ -288,19 +299,34 @@ class RunLog:
         self._rows = self._rows._replace(privacy_rows=self._rows.privacy_rows + 1)
         self.heartbeat()
 
+    def append_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
+        """Append one selection row: steps (iterations so far), chosen (K,) bool (whose releases updated W and
+        A), score (K,) the windowed aux-set scores the draw used (NaN under ``random``), and epsilon, the
+        selection's ε on the aux set after this step (``/privacy/selection_epsilon``)."""
+        self._require_open()
+        if not self._selection_sets:
+            raise RuntimeError("this run log was created without a selection schema")
+        row = [np.int64(steps), _per_party("chosen", chosen, self._parties, bool),
+               _per_party("score", score, self._parties, np.float64), np.float64(epsilon)]
+        # Same order as schema.growing_families: SELECTION_GROWING, then /privacy/selection_epsilon.
+        _append_row(self._selection_sets, self._rows.selection_rows, row)
+        self._rows = self._rows._replace(selection_rows=self._rows.selection_rows + 1)
+        self.heartbeat()
+
     # ------------------------------------------------------------------ counts and resume
 
     def row_counts(self) -> RowCounts:
-        """Rows of the metric, epoch (alphas + genotype) and privacy families; store it in a checkpoint."""
+        """Rows of the metric, epoch (alphas + genotype), privacy and selection families; store it in a
+        checkpoint."""
         return self._rows
 
-    def truncate(self, metric_rows: int, epoch_rows: int, privacy_rows: int) -> None:
+    def truncate(self, metric_rows: int, epoch_rows: int, privacy_rows: int, selection_rows: int = 0) -> None:
         """Drop rows written after a checkpoint (crash between checkpoint and log): shrink each family to the
         given count. Counts above what exists raise ValueError (growing would invent fill-value rows). The
         shrink happens outside SWMR mode (HDF5 only guarantees SWMR readers growing datasets), then the
         handle returns to SWMR mode."""
         self._require_open()
-        wanted = RowCounts(int(metric_rows), int(epoch_rows), int(privacy_rows))
+        wanted = RowCounts(int(metric_rows), int(epoch_rows), int(privacy_rows), int(selection_rows))
         for name, want, have in zip(RowCounts._fields, wanted, self._rows, strict=True):
             if not 0 <= want <= have:
                 raise ValueError(f"truncate {name}={want}: must be between 0 and the {have} rows written")

@@ -1,0 +1,55 @@
+"""The server's auxiliary set (SecProbe): a small clean set rank 0 holds, disjoint from every party's data.
+
+* ``synthetic-shapes``: a split of its own (``"aux"``), drawn from the seed like train and test, so the parties'
+  partitions do not depend on ``federation.aux_size``.
+* ``cifar10``: the last ``aux_size`` examples of the train split (after ``data.train_size``), a slice held out
+  before the train/validation split and the partition: no party is ever given one of them.
+
+No MPI, no autograd. The server reads only these examples, never a party's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from mpi_fnas.config import Config
+from mpi_fnas.data import Dataset, open_dataset
+
+# Fewer train examples than this left to the parties cannot be split into train and validation shards.
+_MIN_PARTY_EXAMPLES = 2
+
+
+def held_out_of_train(cfg: Config) -> bool:
+    """Whether the aux set is a slice of the train split (cifar10) rather than a split of its own (synthetic)."""
+    return cfg.data.dataset == "cifar10" and cfg.federation.aux_size > 0
+
+
+def party_positions(cfg: Config, train_size: int) -> int:
+    """How many train-split positions (0..n-1) the parties share: all but the held-out aux slice.
+
+    Raises ValueError when the slice would leave the parties fewer than 2 examples.
+    """
+    if not held_out_of_train(cfg):
+        return train_size
+    left = train_size - cfg.federation.aux_size
+    if left < _MIN_PARTY_EXAMPLES:
+        raise ValueError(f"federation.aux_size: {cfg.federation.aux_size} leaves {left} of the {train_size} "
+                         "train examples to the parties; make it smaller")
+    return left
+
+
+def open_aux_set(cfg: Config, train: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
+    """The aux set as rank 0 evaluates it: x float32 (n_aux, C, H, W) normalised, y int64 (n_aux,), on CPU.
+
+    `train` is the run's train split (the cifar10 aux set is its held-out slice).
+    """
+    n = cfg.federation.aux_size
+    if n < 1:
+        raise ValueError("federation.aux_size is 0: there is no aux set")
+    if held_out_of_train(cfg):
+        first = party_positions(cfg, len(train))
+        return train.render(np.arange(first, len(train)))
+    aux = open_dataset(cfg.data.dataset, "aux", root=cfg.data.root, image_size=cfg.data.image_size, size=n,
+                       seed=cfg.seed)
+    return aux.render(np.arange(n))

@@ -1,0 +1,92 @@
+"""Whose releases update W and A each step (``federation.selection``): all, random K′, or SecProbe's K′.
+
+No MPI here (the exchange is :mod:`mpi_fnas.federation.algorithm`'s). Under ``secprobe`` the server scores every
+party's W release on its own auxiliary set (:meth:`Server.probe_accuracy`), averages each party's last
+``score_window`` scores, and draws K′ parties with the exponential mechanism
+(:func:`mpi_fnas.privacy.exponential.exponential_mechanism_select`, Δu = 1/n_aux). The draw uses the server's own
+secret generator, seeded from the OS CSPRNG: the mechanism hides the aux set from the parties only if they cannot
+predict its coins (docs/privacy.md, "What SecProbe claims and what we guarantee"). Its state, and the score window,
+are rank 0's and are checkpointed with the rest of its state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from mpi_fnas.config import FederationConfig
+from mpi_fnas.privacy.exponential import (
+    exponential_mechanism_select,
+    selection_delta,
+    selection_epsilon,
+    uniform_select,
+)
+
+
+def server_generator(secret_seed: int) -> np.random.Generator:
+    """The server's generator of the draws (PCG64), from a seed only rank 0 knows."""
+    return np.random.default_rng(secret_seed)
+
+
+class Selector:
+    """Rank 0's choice, each step, of the parties whose releases are averaged.
+
+    Args:
+        fed: the federation settings (``selection``, ``select`` = K′, ``selection_epsilon``, ``score_window``,
+            ``aux_size``).
+        parties: K.
+        rng: the server's secret generator (:func:`server_generator`).
+    """
+
+    def __init__(self, fed: FederationConfig, parties: int, rng: np.random.Generator) -> None:
+        self.mode = fed.selection
+        self.parties = parties
+        self.select = parties if fed.select is None else fed.select
+        self.epsilon = fed.selection_epsilon
+        self.sensitivity = 1.0 / fed.aux_size if fed.aux_size > 0 else float("nan")
+        self.delta = selection_delta(fed.aux_size) if fed.aux_size > 0 else 0.0
+        self.rng = rng
+        self.window = np.full((fed.score_window, parties), np.nan)  # the last scores, oldest overwritten first
+        self.scored = 0  # steps scored so far
+        self.draws = 0  # exponential-mechanism draws so far (the steps the aux set has paid for)
+
+    @property
+    def scores_needed(self) -> bool:
+        """Whether `choose` needs this step's per-party accuracies (secprobe)."""
+        return self.mode == "secprobe"
+
+    def choose(self, accuracies: Callable[[], np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """(chosen (K,) bool, score (K,) float64: the windowed scores used, NaN when none) of this step.
+
+        `accuracies()` gives the parties' aux-set accuracies of this step, (K,); called only under secprobe.
+        """
+        score = np.full(self.parties, np.nan)
+        chosen = np.zeros(self.parties, dtype=bool)
+        if self.mode == "all":
+            chosen[:] = True
+        elif self.mode == "random":
+            chosen[uniform_select(self.parties, self.select, self.rng)] = True
+        else:
+            self.window[self.scored % self.window.shape[0]] = accuracies()
+            self.scored += 1
+            score = np.nanmean(self.window[: min(self.scored, self.window.shape[0])], axis=0)
+            chosen[exponential_mechanism_select(score, self.select, self.epsilon, self.sensitivity, self.rng)] = True
+            self.draws += 1
+        return chosen, score
+
+    def epsilon_spent(self) -> float:
+        """ε of the draws so far on the aux set, at δ = ``self.delta`` (0 for all and random: no aux data)."""
+        return selection_epsilon(self.draws, self.epsilon, self.select, self.delta)
+
+    def state_dict(self) -> dict:
+        return {"window": self.window.tolist(), "scored": self.scored, "draws": self.draws,
+                "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict) -> None:
+        window = np.asarray(state["window"], dtype=np.float64)
+        if window.shape != self.window.shape:
+            raise ValueError(f"selection state: score window {window.shape}, expected {self.window.shape}")
+        self.window = window
+        self.scored, self.draws = int(state["scored"]), int(state["draws"])
+        self.rng.bit_generator.state = state["rng"]
