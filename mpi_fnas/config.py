@@ -186,10 +186,11 @@ class FederationConfig:
     aux_size: int = _key(
         0, "examples of the server's clean auxiliary set, given to no party (synthetic: a split of its own; "
         "cifar10: the last aux_size examples of the train split)")
-    selection: Literal["all", "random", "secprobe"] = _key(
-        "all", "whose releases update W and A each step: all, random (select parties drawn uniformly) or secprobe "
-        "(select parties drawn by the exponential mechanism on their aux-set scores); docs/secprobe.md")
-    select: int | None = _key(None, "K′: parties drawn per step (selection random or secprobe)")
+    selection: Literal["all", "random", "secprobe", "oracle"] = _key(
+        "all", "whose releases update W and A each step: all, random (select parties drawn uniformly), secprobe "
+        "(select parties drawn by the exponential mechanism on their aux-set scores) or oracle (the reliable "
+        "parties, a baseline that knows them); docs/secprobe.md")
+    select: int | None = _key(None, "K′: parties drawn per step (selection random or secprobe; oracle: none)")
     selection_epsilon: float = _key(
         1.0, "ε_EM of one step's draw of select parties (secprobe); composed over the steps in "
         "/privacy/selection_epsilon")
@@ -448,11 +449,12 @@ def _validate_selection(cfg: Config) -> None:
     if fed.unreliable_parties > 0 and cfg.augment.epochs > 0 and cfg.augment.genotype is None:
         raise ConfigError("federation.unreliable_parties: the augmentation does not simulate unreliable parties; "
                           "set augment.epochs=0 (search only)")
-    if fed.selection == "all":
+    if fed.selection in ("all", "oracle"):
         if fed.select is not None:
             raise ConfigError("federation.select: only used with federation.selection random or secprobe")
-        return
-    if fed.select is None:
+        if fed.selection == "all":
+            return
+    elif fed.select is None:
         raise ConfigError(f"federation.select: federation.selection {fed.selection} needs the number K′ of parties "
                           "drawn per step")
     if cfg.mode != "dpfnas":

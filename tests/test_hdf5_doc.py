@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog
+from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 PARTIES = 2
@@ -63,9 +63,9 @@ def file_members(path: Path) -> set[Member]:
     return members
 
 
-def _fresh_log(path: Path, mode: str, *, augment: bool) -> Path:
+def _fresh_log(path: Path, mode: str, *, augment: bool, selection: bool = False) -> Path:
     """A finished search of ``mode`` with one row per family; with augment, also a finished augment stage that
-    is private exactly when the search was (as the product runs it)."""
+    is private exactly when the search was (as the product runs it); with selection (dpfnas), a SecProbe run."""
     privacy = None
     if mode == "dpfnas":
         privacy = PrivacySchema(
@@ -76,8 +76,13 @@ def _fresh_log(path: Path, mode: str, *, augment: bool) -> Path:
         path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=(14, 8),
         genotype_length=64, privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
         privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
+        unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,
+        selection=SelectionSchema(selection="secprobe", select=1, epsilon_per_step=1.0, score_window=2, aux_size=10,
+                                  sensitivity=0.1, delta=1e-5) if selection else None,
     )  # fmt: skip
     runlog.append_metrics({"step": 1})
+    if selection:
+        runlog.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 1.0)
     if privacy is not None:
         runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
     runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
@@ -104,14 +109,20 @@ def _under(member: Member, group: str) -> bool:
     return member[0] == group or member[0].startswith(group + "/") or member == (parent or "/", name, "group")
 
 
-@pytest.mark.parametrize(("mode", "augment"), [("dpfnas", False), ("fnas", False), ("dpfnas", True), ("fnas", True)])
-def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool) -> None:
+@pytest.mark.parametrize(("mode", "augment", "selection"), [
+    ("dpfnas", False, False), ("fnas", False, False), ("dpfnas", True, False), ("fnas", True, False),
+    ("dpfnas", False, True),
+])
+def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool, selection: bool) -> None:
     documented = documented_members(DOC.read_text(encoding="utf-8"))
+    if not selection:  # the doc marks /selection and /privacy/selection_epsilon as existing only with a selection
+        documented = {member for member in documented if not _under(member, "/selection")}
+        documented.discard(("/privacy", "selection_epsilon", "dataset"))
     if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only (and the augment stage is private only then)
         documented = {member for member in documented if not _under(member, "/privacy")}
         documented = {member for member in documented if not _under(member, "/augment/privacy")}
     if not augment:  # the doc marks /augment as existing once an augment stage has begun
         documented = {member for member in documented if not _under(member, "/augment")}
-    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment))
+    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment, selection=selection))
     assert sorted(written - documented) == [], "written but not documented"
     assert sorted(documented - written) == [], "documented but not written"

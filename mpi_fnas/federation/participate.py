@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.algorithm import party_iteration
@@ -63,8 +64,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
 
 def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
     data = open_split(cfg, "train")
-    x_tr, y_tr = _own_shard(cfg, data, got, rank, "train")
-    x_val, y_val = _own_shard(cfg, data, got, rank, "val")
+    x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
+    x_val, y_val = own_shard(cfg, data, got, rank, "val")
     model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
@@ -78,7 +79,7 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     return party
 
 
-def _own_shard(cfg: Config, data, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
+def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The party's `shard` ("train" or "val") as it holds it: an unreliable party's with noise in place of the
     stated fraction of its examples (simulated here, inside the party: these images are its data)."""
     x, y = data.render(got.train_indices if shard == "train" else got.val_indices)

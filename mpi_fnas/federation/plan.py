@@ -34,7 +34,8 @@ class Assignment:
     steps: int = 0  # iterations of the whole run (filled in by plan_run)
     dp: DPParams | None = None  # the privacy parameters under dpfnas
     checkpoint_step: int = 0  # > 0 when resuming: the party restores its own state of that step
-    corruption: float = 0.0  # unreliable parties: the fraction of each shard the party replaces by noise
+    unreliable: bool = False  # simulated as unreliable (drawn from the seed; public)
+    corruption: float = 0.0  # the fraction of each shard the party replaces by noise (0 unless unreliable)
     gathered: bool = False  # the server gathers every release (selection random or secprobe) instead of a Reduce
 
 
@@ -51,7 +52,7 @@ class RunPlan:
     @property
     def unreliable(self) -> np.ndarray:
         """(K,) bool: the parties simulated as unreliable (public)."""
-        return np.array([a.corruption > 0 for a in self.assignments], dtype=bool)
+        return np.array([a.unreliable for a in self.assignments], dtype=bool)
 
     @property
     def shard_sizes(self) -> list[list[int]]:
@@ -91,8 +92,8 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
     unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
     gathered = cfg.federation.selection != "all"
-    return [Assignment(train_idx[tp], val_idx[vp], steps, corruption=cfg.federation.corruption if bad else 0.0,
-                       gathered=gathered)
+    return [Assignment(train_idx[tp], val_idx[vp], steps, unreliable=bool(bad),
+                       corruption=cfg.federation.corruption if bad else 0.0, gathered=gathered)
             for tp, vp, bad in zip(train_parts, val_parts, unreliable, strict=True)]
 
 

@@ -1,4 +1,5 @@
-"""Whose releases update W and A each step (``federation.selection``): all, random K′, or SecProbe's K′.
+"""Whose releases update W and A each step (``federation.selection``): all, random K′, SecProbe's K′, or the
+oracle's (the parties simulated as reliable, a baseline that knows them).
 
 No MPI here (the exchange is :mod:`mpi_fnas.federation.algorithm`'s). Under ``secprobe`` the server scores every
 party's W release on its own auxiliary set (:meth:`Server.probe_accuracy`), averages each party's last
@@ -37,12 +38,18 @@ class Selector:
             ``aux_size``).
         parties: K.
         rng: the server's secret generator (:func:`server_generator`).
+        unreliable: (K,) bool, the parties simulated as unreliable (public; the oracle chooses the others).
     """
 
-    def __init__(self, fed: FederationConfig, parties: int, rng: np.random.Generator) -> None:
+    def __init__(self, fed: FederationConfig, parties: int, rng: np.random.Generator,
+                 unreliable: np.ndarray | None = None) -> None:
         self.mode = fed.selection
         self.parties = parties
-        self.select = parties if fed.select is None else fed.select
+        self.reliable = np.ones(parties, dtype=bool) if unreliable is None else ~np.asarray(unreliable, dtype=bool)
+        if self.mode == "oracle":
+            self.select = int(self.reliable.sum())
+        else:
+            self.select = parties if fed.select is None else fed.select
         self.epsilon = fed.selection_epsilon
         self.sensitivity = 1.0 / fed.aux_size if fed.aux_size > 0 else float("nan")
         self.delta = selection_delta(fed.aux_size) if fed.aux_size > 0 else 0.0
@@ -65,6 +72,8 @@ class Selector:
         chosen = np.zeros(self.parties, dtype=bool)
         if self.mode == "all":
             chosen[:] = True
+        elif self.mode == "oracle":
+            chosen[:] = self.reliable
         elif self.mode == "random":
             chosen[uniform_select(self.parties, self.select, self.rng)] = True
         else:
@@ -76,7 +85,7 @@ class Selector:
         return chosen, score
 
     def epsilon_spent(self) -> float:
-        """ε of the draws so far on the aux set, at δ = ``self.delta`` (0 for all and random: no aux data)."""
+        """ε of the draws so far on the aux set, at δ = ``self.delta`` (0 for all, random, oracle: no aux data)."""
         return selection_epsilon(self.draws, self.epsilon, self.select, self.delta)
 
     def state_dict(self) -> dict:

@@ -98,7 +98,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     loop: _ServerLoop | None = None
     try:
-        selector = Selector(cfg.federation, channel.parties, server_generator(_selection_seed(cfg)))
+        selector = Selector(cfg.federation, channel.parties, server_generator(_selection_seed(cfg)), plan.unreliable)
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                        num_classes=test.num_classes), cfg.search, selector.select)
         if resume is not None:
@@ -143,12 +143,12 @@ def _selection_seed(cfg: Config) -> int:
     return os_seed()
 
 
-def _selection_schema(cfg: Config) -> SelectionSchema | None:
+def _selection_schema(cfg: Config, plan: RunPlan) -> SelectionSchema | None:
     fed = cfg.federation
     if fed.selection == "all":
         return None
-    selector = Selector(fed, fed.select, server_generator(0))  # only its derived constants are read
-    return SelectionSchema(selection=fed.selection, select=fed.select, epsilon_per_step=fed.selection_epsilon,
+    selector = Selector(fed, len(plan.assignments), server_generator(0), plan.unreliable)  # its constants only
+    return SelectionSchema(selection=fed.selection, select=selector.select, epsilon_per_step=fed.selection_epsilon,
                            score_window=fed.score_window, aux_size=fed.aux_size, sensitivity=selector.sensitivity,
                            delta=selector.delta)
 
@@ -166,7 +166,7 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
         genotype_length=max_genotype_length(cfg.space.nodes, PRIMITIVES),
         privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
         rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
-        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=_selection_schema(cfg),
+        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=_selection_schema(cfg, plan),
     )
 
 

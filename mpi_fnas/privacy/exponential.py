@@ -55,7 +55,9 @@ def exponential_mechanism_select(scores: np.ndarray, k: int, epsilon: float, sen
     for draw in range(k):
         candidates = np.flatnonzero(remaining)
         weights = np.exp(logits[candidates] - logits[candidates].max())  # shift: no overflow, same distribution
-        pick = candidates[rng.choice(candidates.size, p=weights / weights.sum())]
+        cumulative = np.cumsum(weights)
+        at = np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")  # inverse CDF
+        pick = candidates[min(int(at), candidates.size - 1)]
         chosen[draw] = pick
         remaining[pick] = False
     return chosen

@@ -175,7 +175,8 @@ def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
                   f"`{run.genotype or 'none yet'}`"),
     ]
     captions = {"alphas": "final alphas (edge × op)", "alphas-epochs": "alphas over epochs",
-                "cells": "derived cells", "curves": "loss and accuracy", "epsilon": "ε per party over steps"}
+                "cells": "derived cells", "curves": "loss and accuracy", "epsilon": "ε per party over steps",
+                "selection": "selection rate per party"}
     for name in figures:
         suffix = name[len(run.slug) + 1 : -len(".png")]
         blocks.append(Image(name, f"{run.label}: {captions.get(suffix, suffix)}"))

@@ -26,8 +26,9 @@ DPI = 80
 FIGSIZE = (11.0, 5.5)  # inches
 #: Size of every figure, (width, height) in pixels.
 FIGURE_PIXELS = (round(FIGSIZE[0] * DPI), round(FIGSIZE[1] * DPI))
-#: File name suffixes of a run's figures (``<run>-<suffix>.png``); ``epsilon`` only for runs with a DP ledger.
-RUN_FIGURES = ("alphas", "alphas-epochs", "cells", "curves", "epsilon")
+#: File name suffixes of a run's figures (``<run>-<suffix>.png``); ``epsilon`` only for runs with a DP ledger,
+#: ``selection`` only for runs whose server selected parties (``/selection``).
+RUN_FIGURES = ("alphas", "alphas-epochs", "cells", "curves", "epsilon", "selection")
 #: File names of the figures across runs (table2.png only when Table 2 exists).
 TABLE1_FIGURE, TABLE2_FIGURE, COST_FIGURE = "table1.png", "table2.png", "search-cost.png"
 _MODE_COLORS = {"vanilla": "#7f7f7f", "fnas": "#1f77b4", "dpfnas": "#d62728"}
@@ -63,7 +64,42 @@ def run_figures(run: RunRecord) -> dict[str, bytes]:
     epsilon = epsilon_over_steps(log, run.label)
     if epsilon is not None:
         figures[f"{run.slug}-epsilon.png"] = epsilon
+    selection = selection_rate(log, run.label)
+    if selection is not None:
+        figures[f"{run.slug}-selection.png"] = selection
     return figures
+
+
+def selection_rate(log: dict[str, Any], label: str) -> bytes | None:
+    """The fraction of steps each party was chosen (/selection/chosen), unreliable parties (root attr
+    ``unreliable``) in a colour of their own; the selection ε on the aux set in the title. None without
+    ``/selection`` rows."""
+    selection = log.get("selection")
+    if selection is None or not len(selection["chosen"]):
+        return None
+    chosen = np.asarray(selection["chosen"], dtype=bool)  # (steps, K)
+    parties = chosen.shape[1]
+    unreliable = log.get("unreliable")
+    unreliable = np.zeros(parties, dtype=bool) if unreliable is None else np.asarray(unreliable, dtype=bool)
+    rate = chosen.mean(axis=0)
+    figure = new_figure()
+    ax = figure.subplots()
+    colors = ["#d62728" if bad else "#1f77b4" for bad in unreliable]
+    ax.bar(np.arange(1, parties + 1), rate, color=colors)
+    expected = float(selection["select"]) / parties  # what a uniform draw of K′ would give every party
+    ax.axhline(expected, color="#555555", linestyle="--", linewidth=1)
+    ax.text(parties + 0.4, expected, f" K′/K = {expected:.2f}", fontsize=8, va="bottom", ha="right",
+            color="#555555")
+    ax.set_xticks(range(1, parties + 1), [f"party {k}" + (" (unreliable)" if bad else "")
+                                          for k, bad in enumerate(unreliable, start=1)], rotation=20, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel(f"fraction of the {chosen.shape[0]} steps chosen")
+    ax.grid(alpha=0.3, axis="y")
+    eps = float(selection["selection_epsilon"][-1])
+    ax.set_title(f"{label}: selection {selection['selection']} (K′ = {selection['select']}); "
+                 f"selection ε on the aux set = {eps:.3g} at δ = {float(selection['delta']):.0e}; "
+                 f"corruption P = {float(log.get('corruption', 0.0)):g}", fontsize=9)
+    return png_bytes(figure)
 
 
 def alphas_heatmap(alphas: dict[str, np.ndarray], label: str) -> bytes:

@@ -1,0 +1,310 @@
+"""SecProbe (issue 13), in process: the exponential-mechanism sampler, its privacy and its composition, the
+unreliable parties' corruption, the aux set, the Gather path, the selection state across a checkpoint, bad config.
+
+The real mpirun run (pure-noise unreliable parties, secprobe at a high ε_EM) is tests/test_secprobe_run.py.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_to_dp_epsilon
+from scipy import stats
+
+from mpi_fnas.checkpoint import atomic_save, load_checkpoint
+from mpi_fnas.config import ConfigError, check_world, load_config
+from mpi_fnas.data import open_dataset
+from mpi_fnas.data.corruption import corrupted_count, unreliable_parties
+from mpi_fnas.data.datasets import pixel_statistics
+from mpi_fnas.federation.algorithm import (
+    GatherBuffers,
+    ServerBuffers,
+    server_iteration,
+    server_iteration_selecting,
+)
+from mpi_fnas.federation.aux_set import open_aux_set
+from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.participate import own_shard
+from mpi_fnas.federation.plan import SetupError, open_split, plan_assignments
+from mpi_fnas.federation.selection import Selector, server_generator
+from mpi_fnas.federation.server import Server
+from mpi_fnas.privacy.exponential import exponential_mechanism_select, selection_epsilon
+from mpi_fnas.space import build_supernet
+
+TINY = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
+        "space.nodes=2", "search.batch_size=8", "augment.epochs=0"]
+
+
+# -- the exponential mechanism --------------------------------------------------------------------------------------
+def exact_sequence_probabilities(scores: np.ndarray, k: int, epsilon: float, sensitivity: float) -> dict:
+    """Pr of every ordered draw of k distinct indices, peeling with Pr ∝ exp(ε u / (2 k Δ)) (written out here,
+    independently of the sampler)."""
+    weights = np.exp(epsilon * scores / (2 * k * sensitivity))
+    probabilities = {}
+    for sequence in itertools.permutations(range(scores.size), k):
+        p, left = 1.0, weights.sum()
+        for index in sequence:
+            p *= weights[index] / left
+            left -= weights[index]
+        probabilities[sequence] = p
+    return probabilities
+
+
+def test_sampler_frequencies_match_the_exact_without_replacement_distribution() -> None:
+    scores = np.array([0.10, 0.30, 0.35, 0.60, 0.62])
+    k, epsilon, sensitivity, draws = 2, 3.0, 0.25, 20_000
+    exact = exact_sequence_probabilities(scores, k, epsilon, sensitivity)
+    rng = np.random.default_rng(7)
+    counts = dict.fromkeys(exact, 0)
+    for _ in range(draws):
+        counts[tuple(int(i) for i in exponential_mechanism_select(scores, k, epsilon, sensitivity, rng))] += 1
+    observed = np.array([counts[s] for s in exact])
+    expected = np.array([exact[s] for s in exact]) * draws
+    assert math.isclose(expected.sum(), draws)
+    _, p_value = stats.chisquare(observed, expected)
+    assert p_value > 1e-3, (observed, expected.round(1))
+
+
+def test_one_draw_is_epsilon_dp_for_scores_moved_by_the_sensitivity() -> None:
+    """Every ordered outcome's probability changes by at most e^ε when each score moves by at most Δu (the
+    guarantee the accountant charges per step), and the bound is nearly reached (the mechanism is not noisier)."""
+    rng = np.random.default_rng(3)
+    k, epsilon, sensitivity = 2, 1.5, 0.1
+    worst = 0.0
+    for _ in range(200):
+        scores = rng.uniform(0, 1, 4)
+        moved = scores + rng.choice([-sensitivity, sensitivity], 4) * rng.uniform(0.5, 1.0, 4)
+        p, q = (exact_sequence_probabilities(s, k, epsilon, sensitivity) for s in (scores, moved))
+        worst = max(worst, max(abs(math.log(p[s] / q[s])) for s in p))
+    assert worst <= epsilon + 1e-9
+    assert worst > 0.5 * epsilon
+
+
+def test_selection_epsilon_is_basic_composition_or_the_zcdp_bound_reproduced_by_dp_accounting() -> None:
+    # Few steps at a large ε each: basic composition T·ε binds below the zCDP bound.
+    assert selection_epsilon(3, 2.0, 1, 1e-5) == pytest.approx(6.0)
+    assert selection_epsilon(0, 5.0, 2, 1e-5) == 0.0
+    # Many steps: zCDP. ρ = Σ over T·K′ peels of (ε/K′)²/8; dp_accounting's optimal RDP → DP conversion of the
+    # same ρ (RDP ε(α) = ρα) must not exceed ours (Bun & Steinke's closed form is looser), and ours stays close.
+    steps, epsilon, select, delta = 400, 0.5, 4, 1e-5
+    rho = sum((epsilon / select) ** 2 / 8 for _ in range(steps * select))
+    orders = np.linspace(1.01, 2000, 20000)
+    tight, _ = rdp_to_dp_epsilon(orders, rho * orders, delta)
+    ours = selection_epsilon(steps, epsilon, select, delta)
+    assert ours < steps * epsilon
+    assert tight <= ours <= 1.25 * tight
+    assert ours == pytest.approx(rho + 2 * math.sqrt(rho * math.log(1 / delta)))
+
+
+# -- unreliable parties ---------------------------------------------------------------------------------------------
+def test_unreliable_parties_are_drawn_from_the_seed() -> None:
+    first = unreliable_parties(8, 4, seed=0)
+    assert first.sum() == 4 and np.array_equal(first, unreliable_parties(8, 4, seed=0))
+    assert any(not np.array_equal(first, unreliable_parties(8, 4, seed=s)) for s in range(1, 5))
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.45, 1.0])
+def test_unreliable_shards_hold_exactly_the_stated_fraction_of_noise(fraction: float) -> None:
+    cfg = load_config(overrides=[*TINY, "mode=fnas", "federation.unreliable_parties=2",
+                                 f"federation.corruption={fraction}"])
+    assignments = plan_assignments(cfg, 4)
+    data = open_split(cfg, "train")
+    mean, std = pixel_statistics(cfg.data.dataset)
+    assert sum(a.unreliable for a in assignments) == 2
+    assert [a.corruption for a in assignments] == [fraction if a.unreliable else 0.0 for a in assignments]
+    for rank, got in enumerate(assignments, start=1):
+        for shard, indices in (("train", got.train_indices), ("val", got.val_indices)):
+            clean_x, _ = data.render(indices)
+            x, y = own_shard(cfg, data, got, rank, shard)
+            replaced = (x != clean_x).flatten(1).any(1).numpy()  # found from the pixels, not from the mask
+            expected = corrupted_count(len(indices), fraction) if got.corruption > 0 else 0
+            assert replaced.sum() == expected
+            unit = x[replaced] * torch.from_numpy(std).view(1, 3, 1, 1) + torch.from_numpy(mean).view(1, 3, 1, 1)
+            assert bool(((unit >= -1e-5) & (unit <= 1 + 1e-5)).all())  # uniform noise in [0, 1] before normalising
+            if expected >= 50:  # random labels: roughly uniform over the 10 classes
+                assert len(np.unique(y[replaced].numpy())) >= 8
+
+
+# -- the aux set ----------------------------------------------------------------------------------------------------
+def test_synthetic_aux_set_is_a_split_of_its_own_and_leaves_the_partition_unchanged() -> None:
+    base = load_config(overrides=[*TINY, "mode=dpfnas"])
+    with_aux = load_config(overrides=[*TINY, "mode=dpfnas", "federation.aux_size=32"])
+    for a, b in zip(plan_assignments(base, 3), plan_assignments(with_aux, 3), strict=True):
+        assert np.array_equal(a.train_indices, b.train_indices) and np.array_equal(a.val_indices, b.val_indices)
+    x_aux, y_aux = open_aux_set(with_aux, open_split(with_aux, "train"))
+    assert x_aux.shape == (32, 3, 8, 8) and y_aux.shape == (32,)
+    train_x, _ = open_split(with_aux, "train").render(np.arange(400))
+    flat_train = train_x.flatten(1)
+    assert not any(bool((flat_train == row).all(1).any()) for row in x_aux.flatten(1))  # no train image reused
+
+
+def test_cifar10_aux_set_is_a_held_out_slice_given_to_no_party(tmp_path: Path) -> None:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{b}" for b in range(1, 6)] + ["test_batch"]:
+        data = rng.integers(0, 256, (20, 3072), dtype=np.uint8)
+        (folder / name).write_bytes(pickle.dumps({"data": data, "labels": [int(v) for v in rng.integers(0, 10, 20)]}))
+    (folder / "batches.meta").write_bytes(pickle.dumps({"label_names": [f"c{i}" for i in range(10)]}))
+    overrides = ["data.dataset=cifar10", f"data.root={tmp_path}", "data.image_size=32", "data.train_size=null",
+                 "data.test_size=null", "mode=dpfnas", "augment.epochs=0", "federation.aux_size=15"]
+    cfg = load_config(overrides=overrides)
+    given = np.concatenate([np.concatenate([a.train_indices, a.val_indices]) for a in plan_assignments(cfg, 3)])
+    assert sorted(given.tolist()) == list(range(85))  # the last 15 of 100 went to no party
+    x_aux, y_aux = open_aux_set(cfg, open_split(cfg, "train"))
+    x_held, y_held = open_dataset("cifar10", "train", root=tmp_path, image_size=32, size=None, seed=0).render(
+        np.arange(85, 100))
+    assert torch.equal(x_aux, x_held) and torch.equal(y_aux, y_held)
+    with pytest.raises(SetupError, match=r"federation\.aux_size"):
+        plan_assignments(load_config(overrides=[*overrides[:-1], "federation.aux_size=99"]), 3)
+
+
+# -- the Gather path ------------------------------------------------------------------------------------------------
+class ScriptedChannel:
+    """Rank 0's side of the exchanges, the parties' buffers given in advance: W releases, then A releases."""
+
+    def __init__(self, w_parts: np.ndarray, a_parts: np.ndarray) -> None:
+        self.parts = [w_parts, a_parts]
+        self.parties = w_parts.shape[0]
+
+    def reduce_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
+        np.copyto(recv, send)
+        for part in self.parts.pop(0):
+            np.add(recv, part, out=recv)
+
+    def gather(self, send: np.ndarray, recv: np.ndarray) -> None:
+        np.copyto(recv, self.parts.pop(0))
+
+    def bcast(self, buf: np.ndarray) -> None:
+        pass
+
+
+def _server(parties: int) -> Server:
+    cfg = load_config(overrides=[*TINY, "mode=dpfnas"])
+    return Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, parties)
+
+
+def _releases(server: Server, parties: int) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(1)
+    w = rng.normal(0, 0.05, (parties, server.w.numel() + STATS)).astype(np.float32)
+    a = rng.normal(0, 0.05, (parties, server.a.numel() + STATS)).astype(np.float32)
+    return w, a
+
+
+def _fed(selection: str = "all", select: int | None = None):
+    extra = [] if selection == "all" else [f"federation.selection={selection}", f"federation.select={select}",
+                                           "federation.aux_size=16"]
+    return load_config(overrides=[*TINY, "mode=dpfnas", *extra]).federation
+
+
+def test_gather_path_with_all_selected_is_the_reduce_path_bit_for_bit() -> None:
+    parties = 3
+    reduced, gathered = _server(parties), _server(parties)
+    for _ in range(2):  # two steps: the optimizers' state matters too
+        w_parts, a_parts = _releases(reduced, parties)
+        server_iteration(reduced, ScriptedChannel(w_parts, a_parts), ServerBuffers(reduced.w.numel(),
+                                                                                   reduced.a.numel()), False)
+        selector = Selector(_fed(), parties, server_generator(0))
+        out = server_iteration_selecting(gathered, ScriptedChannel(w_parts, a_parts),
+                                         GatherBuffers(parties, gathered.w.numel(), gathered.a.numel()), selector,
+                                         None, None)
+        assert out.chosen.all()
+    assert torch.equal(reduced.w.data, gathered.w.data) and torch.equal(reduced.a.data, gathered.a.data)
+
+
+def test_only_the_selected_releases_update_w_and_a() -> None:
+    parties, select = 4, 2
+    selecting, reference = _server(select), _server(select)
+    w_parts, a_parts = _releases(selecting, parties)
+    selector = Selector(_fed("random", select), parties, server_generator(5))
+    out = server_iteration_selecting(selecting, ScriptedChannel(w_parts, a_parts),
+                                     GatherBuffers(parties, selecting.w.numel(), selecting.a.numel()), selector,
+                                     None, None)
+    assert out.chosen.sum() == select and np.isnan(out.score).all()
+    # The same step as a Reduce over the chosen parties only, averaged over K′.
+    server_iteration(reference, ScriptedChannel(w_parts[out.chosen], a_parts[out.chosen]),
+                     ServerBuffers(reference.w.numel(), reference.a.numel()), False)
+    assert torch.equal(selecting.w.data, reference.w.data) and torch.equal(selecting.a.data, reference.a.data)
+    np.testing.assert_allclose(out.train, w_parts[:, -STATS:].sum(0), rtol=1e-6)  # statistics of every party
+
+
+def test_secprobe_scores_are_each_release_probed_on_the_aux_set() -> None:
+    parties = 3
+    server = _server(2)
+    w_parts, a_parts = _releases(server, parties)
+    w_parts[1, :-STATS] *= 40  # a release that wrecks the weights
+    cfg = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=2",
+                                 "federation.aux_size=64"])
+    x_aux, y_aux = open_aux_set(cfg, open_split(cfg, "train"))
+    before = server.w.data.clone()
+    expected = [server.probe_accuracy(w[:-STATS], x_aux, y_aux) for w in w_parts]
+    assert torch.equal(server.w.data, before)  # probing leaves W alone
+    assert expected[1] != expected[0] or expected[1] != expected[2]  # the scores tell the releases apart
+    selector = Selector(cfg.federation, parties, server_generator(0))
+    out = server_iteration_selecting(server, ScriptedChannel(w_parts, a_parts),
+                                     GatherBuffers(parties, server.w.numel(), server.a.numel()), selector, x_aux, y_aux)
+    np.testing.assert_array_equal(out.score, expected)
+    assert selector.epsilon_spent() == pytest.approx(cfg.federation.selection_epsilon)
+
+
+def test_the_score_is_the_mean_over_the_window() -> None:
+    fed = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=1",
+                                 "federation.aux_size=10", "federation.score_window=2"]).federation
+    selector = Selector(fed, 3, server_generator(0))
+    _, first = selector.choose(lambda: np.array([0.1, 0.2, 0.3]))
+    _, second = selector.choose(lambda: np.array([0.3, 0.2, 0.1]))
+    _, third = selector.choose(lambda: np.array([0.5, 0.5, 0.5]))
+    np.testing.assert_allclose(first, [0.1, 0.2, 0.3])
+    np.testing.assert_allclose(second, [0.2, 0.2, 0.2])
+    np.testing.assert_allclose(third, [0.4, 0.35, 0.3])  # the oldest step has left the window
+
+
+def test_selection_state_survives_a_checkpoint_exactly(tmp_path: Path) -> None:
+    fed = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=2",
+                                 "federation.aux_size=10", "federation.score_window=3"]).federation
+    scores = np.random.default_rng(0).uniform(0, 1, (12, 5))
+    straight = Selector(fed, 5, server_generator(123))
+    expected = [straight.choose(lambda s=s: s) for s in scores]
+    first = Selector(fed, 5, server_generator(123))
+    for s in scores[:5]:
+        first.choose(lambda s=s: s)
+    atomic_save(tmp_path / "checkpoint.pt", {"selection": first.state_dict()})
+    resumed = Selector(fed, 5, server_generator(999))  # a fresh secret seed: the checkpoint's state must win
+    resumed.load_state_dict(load_checkpoint(tmp_path)["selection"])
+    for (chosen, score), s in zip(expected[5:], scores[5:], strict=True):
+        got_chosen, got_score = resumed.choose(lambda s=s: s)
+        assert np.array_equal(got_chosen, chosen) and np.array_equal(got_score, score)
+    assert resumed.epsilon_spent() == straight.epsilon_spent()
+
+
+# -- bad configuration: one line, exit code 2 (ConfigError) ---------------------------------------------------------
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["federation.selection=random"], "federation.select"),
+    (["federation.select=2"], "federation.select: only used"),
+    (["federation.selection=secprobe", "federation.select=2"], "federation.aux_size"),
+    (["mode=fnas", "federation.selection=random", "federation.select=2"], "mode dpfnas"),
+    (["federation.selection=random", "federation.select=2", "augment.epochs=2"], "search only"),
+    (["federation.unreliable_parties=1", "augment.epochs=1"], "augmentation does not simulate"),
+    (["federation.corruption=1.5"], "federation.corruption"),
+    (["federation.selection_epsilon=0"], "federation.selection_epsilon"),
+    (["federation.aux_size=100000"], "federation.aux_size"),
+])
+def test_bad_selection_config_is_one_clear_line(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        load_config(overrides=[*TINY, "mode=dpfnas", *overrides])
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize(("overrides", "match"), [
+    (["federation.selection=random", "federation.select=4"], "federation.select: 4 exceeds the 3 parties"),
+    (["federation.unreliable_parties=4"], "federation.unreliable_parties: 4 exceeds"),
+])
+def test_selection_larger_than_the_world_is_refused(overrides: list[str], match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        check_world(load_config(overrides=[*TINY, "mode=dpfnas", *overrides]), 4)
