@@ -635,4 +635,7 @@ def check_world(cfg: Config, world_size: int) -> int:
                           f"{parties} parties")
     if cfg.federation.select is not None and cfg.federation.select > parties:
         raise ConfigError(f"federation.select: {cfg.federation.select} exceeds the {parties} parties")
+    if cfg.federation.selection == "oracle" and cfg.federation.unreliable_parties == parties:
+        raise ConfigError("federation.selection: oracle averages the reliable parties, and all "
+                          f"{parties} are unreliable")
     return parties

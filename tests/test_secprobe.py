@@ -22,6 +22,7 @@ from mpi_fnas.config import ConfigError, check_world, load_config
 from mpi_fnas.data import open_dataset
 from mpi_fnas.data.corruption import corrupted_count, unreliable_parties
 from mpi_fnas.data.datasets import pixel_statistics
+from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.algorithm import (
     GatherBuffers,
     ServerBuffers,
@@ -29,7 +30,7 @@ from mpi_fnas.federation.algorithm import (
     server_iteration_selecting,
 )
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.flat import STATS, assign
 from mpi_fnas.federation.participate import own_shard
 from mpi_fnas.federation.plan import SetupError, open_split, plan_assignments
 from mpi_fnas.federation.selection import Selector, server_generator
@@ -109,7 +110,7 @@ def test_unreliable_parties_are_drawn_from_the_seed() -> None:
     assert any(not np.array_equal(first, unreliable_parties(8, 4, seed=s)) for s in range(1, 5))
 
 
-@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.45, 1.0])
+@pytest.mark.parametrize("fraction", [0.0, 0.2, 0.75, 1.0])  # 0.75 · 50 = 37.5: rounded, not floored
 def test_unreliable_shards_hold_exactly_the_stated_fraction_of_noise(fraction: float) -> None:
     cfg = load_config(overrides=[*TINY, "mode=fnas", "federation.unreliable_parties=2",
                                  f"federation.corruption={fraction}"])
@@ -253,6 +254,27 @@ def test_secprobe_scores_are_each_release_probed_on_the_aux_set() -> None:
     assert selector.epsilon_spent() == pytest.approx(cfg.federation.selection_epsilon)
 
 
+def test_probe_accuracy_is_that_of_w_minus_xi_g_with_the_current_a() -> None:
+    """Checked against a model of its own: W − ξ·g and the server's current A (moved by a step first)."""
+    cfg = load_config(overrides=[*TINY, "mode=dpfnas", "search.w_lr=5", "search.w_grad_clip=0"])
+    server = Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 1)
+    server.start_epoch(0)
+    server.step_a(np.random.default_rng(2).normal(0, 1, server.a.numel()).astype(np.float32))
+    x, y = open_dataset("synthetic-shapes", "aux", root=".", image_size=8, size=200, seed=0).render(np.arange(200))
+    reference = build_supernet(cfg.space, seed=1, in_channels=3, num_classes=10)
+    w_before = server.w.data.clone()
+    probes = []
+    for seed in range(4):
+        g = np.random.default_rng(seed).normal(0, 0.2, server.w.numel()).astype(np.float32)
+        assign(list(reference.weights()), server.w_buffer - server.xi * g)
+        assign(list(reference.alphas()), server.a_buffer)
+        stats = evaluate(reference, x, y)
+        probes.append(server.probe_accuracy(g, x, y))
+        assert probes[-1] == pytest.approx(float(stats[1] / stats[2]), abs=1e-12)
+    assert torch.equal(server.w.data, w_before)
+    assert len(set(probes)) > 1  # the releases move the accuracy: the check above can tell probes apart
+
+
 def test_the_score_is_the_mean_over_the_window() -> None:
     fed = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=1",
                                  "federation.aux_size=10", "federation.score_window=2"]).federation
@@ -304,6 +326,7 @@ def test_bad_selection_config_is_one_clear_line(overrides: list[str], match: str
 @pytest.mark.parametrize(("overrides", "match"), [
     (["federation.selection=random", "federation.select=4"], "federation.select: 4 exceeds the 3 parties"),
     (["federation.unreliable_parties=4"], "federation.unreliable_parties: 4 exceeds"),
+    (["federation.unreliable_parties=3", "federation.selection=oracle"], "all 3 are unreliable"),
 ])
 def test_selection_larger_than_the_world_is_refused(overrides: list[str], match: str) -> None:
     with pytest.raises(ConfigError, match=match):

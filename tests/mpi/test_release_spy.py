@@ -51,6 +51,12 @@ class RecordingChannel(Channel):
             self.sent.append(send.copy())
         super().reduce_sum(send, recv)
 
+    def gather(self, send, recv=None) -> None:  # a selection's exchange: a party sends what it would reduce
+        self.calls.append("gather")
+        if not self.is_server:
+            self.sent.append(send.copy())
+        super().gather(send, recv)
+
     def gather_objects(self, obj):
         self.calls.append("gather_objects")
         self.objects.append(obj)
