@@ -446,7 +446,7 @@ def _validate_selection(cfg: Config) -> None:
     if fed.unreliable_parties > 0 and cfg.mode == "vanilla":
         raise ConfigError("federation.unreliable_parties: vanilla NAS has one party holding all data; use fnas or "
                           "dpfnas")
-    if fed.unreliable_parties > 0 and cfg.augment.epochs > 0 and cfg.augment.genotype is None:
+    if fed.unreliable_parties > 0 and cfg.augment.epochs > 0:
         raise ConfigError("federation.unreliable_parties: the augmentation does not simulate unreliable parties; "
                           "set augment.epochs=0 (search only)")
     if fed.selection in ("all", "oracle"):
@@ -463,7 +463,7 @@ def _validate_selection(cfg: Config) -> None:
     if cfg.search.order != "first_order":
         raise ConfigError("search.order: second_order cannot be combined with federation.selection (the shared "
                           "validation gradient would mix unselected parties); use first_order")
-    if cfg.augment.epochs > 0 and cfg.augment.genotype is None:
+    if cfg.augment.epochs > 0:
         raise ConfigError(f"federation.selection: {fed.selection} applies to the search only; set "
                           "augment.epochs=0 (search only)")
     if fed.selection == "secprobe" and fed.aux_size < 1:

@@ -256,7 +256,7 @@ def test_secprobe_scores_are_each_release_probed_on_the_aux_set() -> None:
 
 def test_probe_accuracy_is_that_of_w_minus_xi_g_with_the_current_a() -> None:
     """Checked against a model of its own: W − ξ·g and the server's current A (moved by a step first)."""
-    cfg = load_config(overrides=[*TINY, "mode=dpfnas", "search.w_lr=5", "search.w_grad_clip=0"])
+    cfg = load_config(overrides=[*TINY, "mode=dpfnas", "search.w_lr=5", "search.w_grad_clip=0", "search.a_lr=5"])
     server = Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 1)
     server.start_epoch(0)
     server.step_a(np.random.default_rng(2).normal(0, 1, server.a.numel()).astype(np.float32))
@@ -313,6 +313,7 @@ def test_selection_state_survives_a_checkpoint_exactly(tmp_path: Path) -> None:
     (["mode=fnas", "federation.selection=random", "federation.select=2"], "mode dpfnas"),
     (["federation.selection=random", "federation.select=2", "augment.epochs=2"], "search only"),
     (["federation.unreliable_parties=1", "augment.epochs=1"], "augmentation does not simulate"),
+    (["federation.unreliable_parties=1", "augment.epochs=1", "augment.genotype=x"], "augmentation does not simulate"),
     (["federation.corruption=1.5"], "federation.corruption"),
     (["federation.selection_epsilon=0"], "federation.selection_epsilon"),
     (["federation.aux_size=100000"], "federation.aux_size"),
