@@ -90,8 +90,10 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         root = f.attrs
         assert set(root) == {
             "status", "mode", "parties", "config", "version", "final_genotype", "created", "reason",
-            "attempts", "privacy_guarantee",
+            "attempts", "privacy_guarantee", "unreliable", "corruption",
         }  # fmt: skip
+        assert not root["unreliable"].any() and root["unreliable"].shape == (root["parties"],)
+        assert root["corruption"] == 0.0
         for name in ("status", "mode", "config", "version", "final_genotype", "created", "reason", "privacy_guarantee"):
             string_info = h5py.check_string_dtype(root.get_id(name).dtype)
             assert string_info is not None and string_info.encoding == "utf-8", name
@@ -457,13 +459,13 @@ def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
         runlog.append_privacy(
             row + 1, np.full(PARTIES, row + 1), np.full(PARTIES, 0.1 * row), np.full(PARTIES, 0.01 * row)
         )
-    checkpoint = (3, 1, 2)
+    checkpoint = (3, 1, 2, 0)
 
     with pytest.raises(ValueError, match="metric_rows=6"):
         runlog.truncate(6, 1, 2)
     with pytest.raises(ValueError, match="privacy_rows=-1"):
         runlog.truncate(3, 1, -1)
-    assert runlog.row_counts() == (5, 3, 4)  # a rejected truncate changes nothing
+    assert runlog.row_counts() == (5, 3, 4, 0)  # a rejected truncate changes nothing
 
     runlog.truncate(*checkpoint)
     assert runlog.row_counts() == checkpoint
@@ -654,7 +656,7 @@ def test_reopen_refuses_a_live_writer_and_salvages_a_killed_one(tmp_path: Path) 
     killed_writer = read_run(path)["writer"]
 
     resumed = RunLog.reopen(path)
-    assert resumed.row_counts() == (5, 2, 2)
+    assert resumed.row_counts() == (5, 2, 2, 0)
     live = read_run(path)
     assert (live["status"], live["stale"], live["attempts"]) == ("running", False, 2)
     assert live["writer"]["pid"] == os.getpid() != killed_writer["pid"]  # owner reset
