@@ -106,6 +106,27 @@ class SearchConfig:
     a_beta1: float = _key(0.5, "Adam β1 of the A update (a_optimizer: adam)")
     a_beta2: float = _key(0.999, "Adam β2 of the A update (a_optimizer: adam)")
     a_weight_decay: float = _key(1e-3, "weight decay of the A update")
+    w_optimizer: Literal["sgd", "adadp"] = _key(
+        "sgd", "update of W: sgd (cosine schedule, momentum) or adadp (step size adapted from one full and two half "
+        "steps, two W releases per step; w_lr is the initial step size; see docs/adadp.md)")
+
+
+@dataclass
+class AdadpConfig:
+    """ADADP's step-size rule (search.w_optimizer: adadp; Koskela & Honkela, Algorithm 2; docs/adadp.md)."""
+
+    tol: float | None = _key(
+        None, "target error of the step-size rule; null: 1.0 under DP (mode dpfnas), 0.1 otherwise (the paper's)")
+    alpha_min: float = _key(0.9, "smallest factor of the step size per step (paper: 0.9)")
+    alpha_max: float = _key(1.1, "largest factor of the step size per step (paper: 1.1)")
+    next: Literal["extrapolated", "full"] = _key(
+        "extrapolated", "next iterate: extrapolated (the two half steps, W_half - eta/2 G2) or full (W - eta G1, "
+        "as the paper's Algorithm 2 text)")
+    factor: Literal["linear", "sqrt"] = _key(
+        "linear", "step-size factor: linear, clamp(tol/err) (the paper), or sqrt, clamp(sqrt(tol/err))")
+    reject: bool | None = _key(
+        None, "discard a step whose error exceeds tol (the paper's Algorithm 1); null: off under DP (the paper "
+        "omits it there), on otherwise")
 
 
 @dataclass
@@ -219,6 +240,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    adadp: AdadpConfig = field(default_factory=AdadpConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -266,6 +288,9 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.a_beta1", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_weight_decay", lambda v: v >= 0, "must be >= 0"),
+    ("adadp.tol", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("adadp.alpha_min", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("adadp.alpha_max", lambda v: v >= 1, "must be >= 1"),
     ("augment.epochs", lambda v: v >= 0, "must be >= 0 (0: search only)"),
     ("augment.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("augment.batch_size", lambda v: v >= 1, "must be >= 1"),
@@ -391,6 +416,13 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
     if cfg.augment.lr_min > cfg.augment.lr:
         raise ConfigError(f"augment.lr_min: {cfg.augment.lr_min} must not exceed augment.lr ({cfg.augment.lr})")
+    if cfg.search.w_optimizer == "adadp":
+        if cfg.search.w_momentum != 0:
+            raise ConfigError(f"search.w_momentum: {cfg.search.w_momentum} is refused with search.w_optimizer adadp "
+                              "(momentum mixes steps of different sizes into the error estimate); set it to 0")
+        if cfg.search.order != "first_order":
+            raise ConfigError("search.order: second_order is refused with search.w_optimizer adadp (its Hessian "
+                              "term assumes one W step per iteration); use first_order")
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
@@ -46,10 +47,11 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     party.load_a(a_in[:-1])
 
     second_order = cfg.search.order == "second_order"
+    rounds = w_rounds(cfg.search.w_optimizer)
 
     def iterate(step: int) -> int:
         xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
-        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi)
+        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, rounds)
 
     stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
                           journal=got.dp is not None, party=party, randomness=_randomness_source(got),

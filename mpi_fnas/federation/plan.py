@@ -14,6 +14,7 @@ import numpy as np
 
 from mpi_fnas.config import Config, ConfigError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.budget import AugmentReleases, PrivacyPlan, augment_sample_rates, plan_privacy
 
@@ -76,6 +77,8 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     steps = cfg.search.steps_per_epoch
     if steps is None:  # one epoch = one pass over the mean party's train shard
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
+    # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
+    steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
     return [Assignment(train_idx[tp], val_idx[vp], steps) for tp, vp in zip(train_parts, val_parts, strict=True)]
 
 
@@ -132,7 +135,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
                 DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
-                augment=augment_demand(cfg, assignments),
+                augment=augment_demand(cfg, assignments), w_releases_per_step=w_rounds(cfg.search.w_optimizer),
             )
         except ValueError as exc:
             raise SetupError(f"privacy: {exc}") from None

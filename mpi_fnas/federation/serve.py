@@ -23,6 +23,7 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
@@ -89,7 +90,8 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     loop: _ServerLoop | None = None
     try:
         server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                       num_classes=test.num_classes), cfg.search, channel.parties)
+                                       num_classes=test.num_classes), cfg.search, channel.parties,
+                        adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
         channel.bcast(server.w_buffer)
@@ -214,7 +216,7 @@ class _ServerLoop:
         return outcome
 
     def _log_row(self, step: int, epoch: int, test_stats: np.ndarray | None) -> None:
-        row = self.acc.row(step, epoch, self.channel.parties, self.server.xi)
+        row = self.acc.row(step, epoch, self.channel.parties, *self.server.w_log_values())
         if self.ledger is not None:  # a step's duration tracks its realised Poisson batch size: not released
             for column in TIMING_COLUMNS:
                 row[column] = math.nan
@@ -279,7 +281,7 @@ class _Accumulator:
         self.wall += wall
         self.comm += comm
 
-    def row(self, step: int, epoch: int, parties: int, w_lr: float) -> dict[str, float]:
+    def row(self, step: int, epoch: int, parties: int, w_lr: float, adadp_err: float) -> dict[str, float]:
         # Under DP the parties send no statistics: counts are 0 and the loss/accuracy columns are NaN.
         row = {
             "step": step, "epoch": epoch,
@@ -288,7 +290,7 @@ class _Accumulator:
             "step_seconds": self.wall / self.steps, "comm_seconds": self.comm / self.steps,
             "party_seconds": (self.train[3] + self.val[3]) / parties / self.steps if self.train[2] > 0
             else float("nan"),
-            "w_lr": w_lr,
+            "w_lr": w_lr, "adadp_err": adadp_err,
         }
         self.reset()
         return row

@@ -111,6 +111,9 @@ class PrivacyPlan:
     steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
     stop_reason: str  # "completed" or why fewer steps were planned
     augment: AugmentReleases | None = None  # the augment stage as planned with the search (σ, steps), if it was
+    # W releases per search iteration on the train shard: 2 under ADADP (G1 and G2, each on a fresh Poisson
+    # batch), else 1. The validation shard pays one A release per iteration either way.
+    w_releases_per_step: int = 1
 
 
 def augment_sample_rates(
@@ -150,8 +153,12 @@ def plan_privacy(
     planned_steps: int,
     *,
     augment: AugmentReleases | None = None,
+    w_releases_per_step: int = 1,
 ) -> PrivacyPlan:
     """Plan the DP parameters of a run (see the module docstring). Raises ValueError on impossible settings.
+
+    ``w_releases_per_step``: W releases each iteration makes on the train shard (2 under ADADP); every ε, σ and
+    step limit below counts them, so ``planned_steps`` iterations charge the train ledger that many times over.
 
     ``augment``: the augment stage planned in the same job (its ``steps`` = the planned augment iterations, its
     σ used unless ``target_epsilon`` calibrates it). The budget then covers the whole job: ``target_epsilon``
@@ -170,23 +177,29 @@ def plan_privacy(
     q_tr = expected_batch_size / n_tr
     q_val = expected_batch_size / n_val
     deltas = party_deltas(train_sizes, val_sizes, delta)
+    r = int(w_releases_per_step)
+    if r < 1:
+        raise ValueError(f"W releases per step must be >= 1, got {w_releases_per_step}")
     if augment is not None:
-        return _plan_job(q_tr, q_val, deltas, params, planned_steps, augment)
+        return replace(_plan_job(q_tr, q_val, deltas, params, planned_steps, augment, r), w_releases_per_step=r)
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     if target_epsilon is not None:
         # The worst party has the largest rate and the smallest δ: calibrating there bounds everyone.
         worst_q = float(max(q_tr.max(), q_val.max()))
-        sigma_w = sigma_a = calibrate_noise_multiplier(target_epsilon, float(deltas.min()), worst_q, planned_steps)
+        # r·T releases at the worst rate bound both ledgers (the validation one has T): exact when q_tr binds.
+        sigma_w = sigma_a = calibrate_noise_multiplier(target_epsilon, float(deltas.min()), worst_q,
+                                                       planned_steps * r)
     steps, reason = planned_steps, "completed"
     if max_epsilon is not None:
-        steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps)
+        steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps, r)
         if steps < planned_steps:
             reason = f"max_epsilon reached: {max_epsilon:g} allows {steps} of {planned_steps} steps"
-    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason)
+    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason,
+                       w_releases_per_step=r)
 
 
 def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: DPParams, search_steps: int,
-              augment: AugmentReleases) -> PrivacyPlan:
+              augment: AugmentReleases, w_releases_per_step: int = 1) -> PrivacyPlan:
     """plan_privacy of a job that runs the search and then the augment (rates and δ already checked)."""
     if augment.sample_rate_train.shape != q_tr.shape:
         raise ValueError(f"the augment releases cover {len(augment.sample_rate_train)} parties, the search "
@@ -196,12 +209,12 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
     sigma_aug, augment_steps = float(augment.noise_multiplier), augment.steps
     if target_epsilon is not None:
         # One σ for the three releases, the variable of every shard (None), solved on the exact composition.
-        shards = _job_shards(q_tr, q_val, deltas, None, None, augment)
+        shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
         sigma_w = sigma_a = sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon,
                                                    start=1.0, interval=DEFAULT_VALUE_DISCRETIZATION)
     steps, reason, augment_reason = search_steps, "completed", augment.stop_reason
     if max_epsilon is not None:
-        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), sigma_aug, augment)
+        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), sigma_aug, augment, w_releases_per_step)
         pairs, fractions = _proportional_pairs(search_steps, augment_steps)
         chosen = _largest_within(shards, pairs, max_epsilon, DEFAULT_VALUE_DISCRETIZATION)
         if chosen < len(pairs) - 1:
@@ -282,27 +295,27 @@ def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: fl
 
 
 def _worst_epsilon(steps: int, q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, sigma_w: float,
-                   sigma_a: float) -> float:
+                   sigma_a: float, w_releases_per_step: int = 1) -> float:
     if steps == 0:
         return 0.0
     worst = 0.0
     for key in sorted(set(zip(q_tr.tolist(), q_val.tolist(), deltas.tolist(), strict=True))):  # identical parties once
         qt, qv, d = key
-        for sigma, q in ((sigma_w, qt), (sigma_a, qv)):
+        for sigma, q, count in ((sigma_w, qt, steps * w_releases_per_step), (sigma_a, qv, steps)):
             ledger = PrivacyLedger()
-            ledger.step(noise_multiplier=sigma, sample_rate=q, num_steps=steps)
+            ledger.step(noise_multiplier=sigma, sample_rate=q, num_steps=count)
             worst = max(worst, ledger.get_epsilon(d))
     return worst
 
 
-def _steps_within(budget: float, q_tr, q_val, deltas, sigma_w, sigma_a, planned: int) -> int:
+def _steps_within(budget: float, q_tr, q_val, deltas, sigma_w, sigma_a, planned: int, w_releases: int = 1) -> int:
     """The largest T ≤ planned whose worst-party ε ≤ budget (ε grows with T: binary search)."""
-    if _worst_epsilon(planned, q_tr, q_val, deltas, sigma_w, sigma_a) <= budget:
+    if _worst_epsilon(planned, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
         return planned
     lo, hi = 0, planned  # ε(lo) ≤ budget < ε(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _worst_epsilon(mid, q_tr, q_val, deltas, sigma_w, sigma_a) <= budget:
+        if _worst_epsilon(mid, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
             lo = mid
         else:
             hi = mid
@@ -341,9 +354,10 @@ class _Shard:
     search: tuple[float | None, float]
     augment: tuple[float | None, float]
     delta: float
+    search_releases: int = 1  # releases per search iteration on this shard (2 on the train shard under ADADP)
 
     def runs(self, search_steps: int, augment_steps: int, sigma: float | None) -> Runs:
-        planned = ((self.search, search_steps), (self.augment, augment_steps))
+        planned = ((self.search, search_steps * self.search_releases), (self.augment, augment_steps))
         return self.spent + tuple((sigma if s is None else s, q, n) for (s, q), n in planned if q > 0 and n > 0)
 
     def dominates(self, other: _Shard) -> bool:
@@ -355,6 +369,7 @@ class _Shard:
         return (self.delta <= other.delta
                 and _runs_dominate(self.spent, other.spent)
                 and _release_dominates(self.search, other.search)
+                and (self.search_releases >= other.search_releases or other.search[1] == 0.0)
                 and _release_dominates(self.augment, other.augment))
 
 
@@ -399,12 +414,15 @@ def _canonical_runs(runs: Sequence[Sequence[float]]) -> Runs:
 
 
 def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, search_sigmas: tuple[float, float] | None,
-                augment_sigma: float | None, augment: AugmentReleases) -> set[_Shard]:
-    """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate)."""
+                augment_sigma: float | None, augment: AugmentReleases, w_releases_per_step: int = 1) -> set[_Shard]:
+    """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate).
+
+    The train shard pays ``w_releases_per_step`` W releases per search iteration, the validation shard one."""
     sigma_w, sigma_a = search_sigmas if search_sigmas is not None else (None, None)
     shards = set()
     for k, delta in enumerate(deltas.tolist()):
-        shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta))
+        shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta,
+                          w_releases_per_step))
         shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta))
     return shards
 
@@ -587,7 +605,8 @@ class FederationLedger:
 
     # -- recording -----------------------------------------------------------------------------------------------
     def record_step(self) -> None:
-        """One iteration: every party released one G_k (train) and one H_k (validation)."""
+        """One iteration: every party released ``plan.w_releases_per_step`` G_k (train; 2 under ADADP) and one H_k
+        (validation). ``charged_steps()`` counts iterations."""
         for k in range(len(self.train)):
             self._charge(k, 1)
 
@@ -748,19 +767,22 @@ class FederationLedger:
                                              "augment replay")
         if self.augment is not None and self.augment.sample_rate_train.shape != (len(self.train),):
             raise ValueError("privacy ledger state: the augment releases cover a different number of parties")
-        # What the ledgers hold minus the augment releases each one was charged is the search's count, which
-        # must be the same on a party's two shards.
-        search_train, search_val = (np.array([ledger.steps for ledger in ledgers], dtype=np.int64) - charged
-                                    for ledgers, charged in ((self.train, self._augment_charged("train")),
-                                                             (self.val, self._augment_charged("val"))))
-        if np.any(search_train != search_val) or np.any(search_train < 0):
+        # What the ledgers hold minus the augment releases each one was charged is the search's release count:
+        # w_releases_per_step per iteration on the train shard, one on the validation shard.
+        releases_train, search_val = (np.array([ledger.steps for ledger in ledgers], dtype=np.int64) - charged
+                                      for ledgers, charged in ((self.train, self._augment_charged("train")),
+                                                               (self.val, self._augment_charged("val"))))
+        search_train = releases_train // self.plan.w_releases_per_step
+        if (np.any(search_train != search_val) or np.any(search_train < 0)
+                or np.any(releases_train % self.plan.w_releases_per_step)):
             raise ValueError("privacy ledger state: a party's train and validation ledgers disagree on the step count")
         self._search_steps = search_train
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _charge(self, party: int, steps: int) -> None:
         self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
-                               sample_rate=float(self.plan.sample_rate_train[party]), num_steps=steps)
+                               sample_rate=float(self.plan.sample_rate_train[party]),
+                               num_steps=steps * self.plan.w_releases_per_step)
         self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
                              sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
         self._search_steps[party] += steps

@@ -34,6 +34,7 @@ SEARCH_METRICS = (
     "comm_seconds",
     "party_seconds",
     "w_lr",
+    "adadp_err",
     "test_loss",
     "test_acc",
 )
