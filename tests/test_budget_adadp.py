@@ -12,6 +12,8 @@ import pytest
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy import budget as budget_module
 from mpi_fnas.privacy.budget import AugmentReleases, FederationLedger, plan_privacy
+from mpi_fnas.sweep.composition import compose_pool
+from mpi_fnas.sweep.results import LogReleases
 
 SIZES = [400, 400]  # equal train and validation shards: q_tr = q_val, so the train ledger binds in both runs
 T = 40
@@ -99,3 +101,14 @@ def test_job_planner_with_augment_keeps_adadp_within_max_epsilon():
     # A plan that counted one W release per iteration would let ADADP overspend.
     one_release = plan_privacy(one, one, params(max_epsilon=2.0), planned_steps=20, augment=augment)
     assert spent(one_release, 2) > 2.0
+
+
+def test_sweep_composition_counts_both_w_releases_of_an_adadp_log():
+    def log(iterations: int, w_releases: int) -> LogReleases:
+        return LogReleases(log="x/search.h5", data_pool="pool", placement="one", sample_rate_train=(0.05,),
+                           sample_rate_val=(0.05,), noise_multiplier_w=(1.1,), noise_multiplier_a=(1.1,),
+                           delta=(1e-5,), releases=(iterations,), exact=True, w_releases_per_step=w_releases)
+
+    plain, adadp = compose_pool("pool", [log(T, 1)]), compose_pool("pool", [log(T // 2, 2)])
+    assert adadp.per_party == plain.per_party
+    assert compose_pool("pool", [log(T // 2, 1)]).epsilon < plain.epsilon
