@@ -412,7 +412,7 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} {requirement}")
-    if cfg.search.w_lr_min > cfg.search.w_lr:
+    if cfg.search.w_lr_min > cfg.search.w_lr and cfg.search.w_optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
     if cfg.augment.lr_min > cfg.augment.lr:
         raise ConfigError(f"augment.lr_min: {cfg.augment.lr_min} must not exceed augment.lr ({cfg.augment.lr})")

@@ -102,7 +102,11 @@ def test_settings_defaults_follow_the_mode_and_momentum_is_refused():
     with pytest.raises(ConfigError, match=r"search\.w_momentum") as refused:
         load_config(None, ["search.w_optimizer=adadp"])
     assert "\n" not in str(refused.value)
-    load_config(None, ["search.w_optimizer=adadp", "search.w_momentum=0"])
+    with pytest.raises(ConfigError, match=r"^search\.order: second_order is refused with search\.w_optimizer"):
+        load_config(None, ["mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0", "search.order=second_order"])
+    # η₀ below search.w_lr_min is fine: ADADP has no cosine schedule
+    tiny = load_config(None, ["search.w_optimizer=adadp", "search.w_momentum=0", "search.w_lr=0.0001"])
+    assert tiny.search.w_lr == 0.0001
 
 
 def test_server_two_w_rounds_and_exact_resume():
