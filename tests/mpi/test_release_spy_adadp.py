@@ -13,7 +13,6 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
 import torch
@@ -24,6 +23,7 @@ import mpi_fnas.federation.party as party_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.search import run_search
+from mpi_fnas.runlog import read_run
 
 B = 8
 SIGMA = 1.5
@@ -59,9 +59,9 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
         ledger = outcome.ledger_state
         assert [sum(run[2] for run in t["runs"]) for t in ledger["train"]] == [2 * STEPS] * channel.parties
         assert [sum(run[2] for run in v["runs"]) for v in ledger["val"]] == [STEPS] * channel.parties
-        with h5py.File(run_dir / "search.h5", "r") as log:
-            w_lr, err = log["metrics/w_lr"][:], log["metrics/adadp_err"][:]
-            assert log["privacy/charged_steps"][-1].tolist() == [STEPS] * channel.parties
+        log = read_run(run_dir / "search.h5")
+        w_lr, err = log["metrics"]["w_lr"], log["metrics"]["adadp_err"]
+        assert log["privacy"]["charged_steps"][-1].tolist() == [STEPS] * channel.parties
         assert len(err) == STEPS and np.all(np.isfinite(err)) and np.all(err > 0)
         assert w_lr[0] == cfg.search.w_lr and 0.9 * w_lr[0] <= w_lr[1] <= 1.1 * w_lr[0]
         return
