@@ -81,7 +81,7 @@ for lr in grid:
     for log in root.glob(f"sgd-lr{lr}-sigma2-seed*/search.h5"):
         acc = read_run(log)["metrics"]["test_acc"]
         accs.append(acc[np.isfinite(acc)][-1])
-    scores[lr] = np.mean(accs)
+    scores[lr] = np.mean(accs) if accs else -1.0  # a grid point without finished logs never wins
 print(max(grid, key=lambda lr: scores[lr]))
 EOF
 }

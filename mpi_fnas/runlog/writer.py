@@ -274,9 +274,9 @@ class RunLog:
         self.heartbeat()
 
     def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
-        """Append one ledger row. steps: iterations so far. charged_steps (K,): releases per shard each
-        party's ledgers have charged (steps plus steps replayed after a crash). epsilon (K,): tight ε per
-        party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
+        """Append one ledger row. steps: iterations so far. charged_steps (K,): iterations each party's
+        ledgers have charged (steps plus steps replayed after a crash; under ADADP each is two train releases).
+        epsilon (K,): tight ε per party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
         self._require_open()
         if not self._privacy_sets:
             raise RuntimeError("this run log was created without a privacy schema")
