@@ -113,7 +113,8 @@ class SearchConfig:
 
 @dataclass
 class AdadpConfig:
-    """ADADP's step-size rule (search.w_optimizer: adadp; Koskela & Honkela, Algorithm 2; docs/adadp.md)."""
+    """ADADP's step-size rule (search.w_optimizer: adadp and augment.optimizer: adadp; Koskela & Honkela,
+    Algorithm 2; docs/adadp.md)."""
 
     tol: float | None = _key(
         None, "target error of the step-size rule; null: 1.0 under DP (mode dpfnas), 0.1 otherwise (the paper's)")
@@ -175,6 +176,10 @@ class AugmentConfig:
     pool: Literal["all", "train"] = _key(
         "all", "what a party trains on: all (its search-train and search-validation shards) or train (its train "
         "shard only)")
+    optimizer: Literal["sgd", "adadp"] = _key(
+        "sgd", "update of the weights: sgd (cosine schedule, momentum) or adadp (the search's ADADP rule and adadp "
+        "section: two weight releases per iteration; lr is the initial step size; momentum must be 0; see "
+        "docs/adadp.md)")
     lr: float = _key(0.3, "initial SGD learning rate (cosine-annealed per step to lr_min; DARTS CIFAR-10: 0.025)")
     lr_min: float = _key(0.0, "final learning rate of the cosine schedule")
     momentum: float = _key(0.9, "SGD momentum")
@@ -414,7 +419,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}: {value!r} {requirement}")
     if cfg.search.w_lr_min > cfg.search.w_lr and cfg.search.w_optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
-    if cfg.augment.lr_min > cfg.augment.lr:
+    if cfg.augment.lr_min > cfg.augment.lr and cfg.augment.optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"augment.lr_min: {cfg.augment.lr_min} must not exceed augment.lr ({cfg.augment.lr})")
     if cfg.search.w_optimizer == "adadp":
         if cfg.search.w_momentum != 0:
@@ -423,6 +428,9 @@ def validate(cfg: Config) -> Config:
         if cfg.search.order != "first_order":
             raise ConfigError("search.order: second_order is refused with search.w_optimizer adadp (its Hessian "
                               "term assumes one W step per iteration); use first_order")
+    if cfg.augment.optimizer == "adadp" and cfg.augment.momentum != 0:
+        raise ConfigError(f"augment.momentum: {cfg.augment.momentum} is refused with augment.optimizer adadp "
+                          "(momentum mixes steps of different sizes into the error estimate); set it to 0")
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":

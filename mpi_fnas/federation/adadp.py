@@ -102,14 +102,30 @@ class AdadpStep:
         self.lr, self.lr_used, self.err = float(state["lr"]), float(state["lr_used"]), float(state["err"])
 
 
+def adadp_gradient(mean_grad: np.ndarray, w: np.ndarray, *, clip: float, weight_decay: float) -> np.ndarray:
+    """The gradient an ADADP half step uses, (n,) float32: the aggregated release `mean_grad` (n,) clipped to
+    L2 norm `clip` (0: no clip), then + `weight_decay`·`w` at the point `w` (n,) it was released at (torch SGD's
+    order), so weight decay is part of the flow both integrations follow. Public post-processing."""
+    grad = np.ascontiguousarray(mean_grad, dtype=np.float32)
+    if clip > 0:
+        norm = float(np.linalg.norm(grad.astype(np.float64)))
+        if norm > clip:
+            grad = grad * np.float32(clip / (norm + 1e-6))
+    return (grad + np.float32(weight_decay) * w).astype(np.float32)
+
+
 def w_rounds(w_optimizer: str) -> int:
-    """W releases per iteration: 2 under ADADP (G1 at W, G2 at W_half), 1 otherwise."""
+    """W releases per iteration: 2 under ADADP (G1 at W, G2 at W_half), 1 otherwise; for ``search.w_optimizer``
+    and ``augment.optimizer`` alike."""
     return 2 if w_optimizer == "adadp" else 1
 
 
-def adadp_settings(cfg: Config) -> AdadpSettings:
-    """The ``adadp`` section with its mode-dependent defaults resolved (tol 1.0 and no rejection under DP)."""
-    private = cfg.mode == "dpfnas"
+def adadp_settings(cfg: Config, *, private: bool | None = None) -> AdadpSettings:
+    """The ``adadp`` section with its defaults resolved for noisy (`private`) or exact releases: tol 1.0 and no
+    rejection under DP, tol 0.1 and rejection otherwise. `private` None: the search's, ``mode == dpfnas`` (the
+    augmentation passes whether its own releases are DP)."""
+    if private is None:
+        private = cfg.mode == "dpfnas"
     section = cfg.adadp
     return AdadpSettings(
         tol=section.tol if section.tol is not None else (1.0 if private else 0.1),

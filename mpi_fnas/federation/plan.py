@@ -90,8 +90,12 @@ def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray
 
 
 def augment_steps(cfg: Config, pool_sizes: list[int]) -> tuple[int, int]:
-    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool."""
+    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool.
+
+    As in the search, ``augment.steps_per_epoch`` counts weight releases (batches); an ADADP iteration makes two.
+    """
     per_epoch = cfg.augment.steps_per_epoch or max(1, math.ceil(float(np.mean(pool_sizes)) / cfg.augment.batch_size))
+    per_epoch = math.ceil(per_epoch / w_rounds(cfg.augment.optimizer))
     return per_epoch, cfg.augment.epochs * per_epoch
 
 
@@ -114,6 +118,7 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
         noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
         expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
         steps=augment_steps(cfg, [len(p) for p in augment_pools(cfg, assignments)])[1], stop_reason="completed",
+        releases_per_step=w_rounds(cfg.augment.optimizer),
     )
 
 

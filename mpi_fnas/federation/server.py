@@ -14,7 +14,7 @@ import torch
 
 from mpi_fnas.config import SearchConfig
 from mpi_fnas.evaluation import evaluate
-from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep
+from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.space import Genotype, SearchNetwork
 
@@ -106,14 +106,9 @@ class Server:
         self._set_w(self.adadp.finish(self.w_buffer, g2))
 
     def _adadp_gradient(self, summed_grad: np.ndarray) -> np.ndarray:
-        """The aggregated W gradient at the current W (n,) float32: server-side norm clip, then + weight decay·W
-        (as torch's SGD orders them), so weight decay acts at each point a gradient is evaluated at."""
-        grad = torch.from_numpy(np.ascontiguousarray(self.aggregate(summed_grad), dtype=np.float32))
-        if self.search.w_grad_clip > 0:
-            norm = float(torch.linalg.vector_norm(grad.double()))
-            if norm > self.search.w_grad_clip:
-                grad = grad * (self.search.w_grad_clip / (norm + 1e-6))
-        return (grad.numpy() + np.float32(self.search.w_weight_decay) * self.w_buffer).astype(np.float32)
+        """The aggregated W gradient at the current W (n,) float32, norm-clipped, plus weight decay·W."""
+        return adadp_gradient(self.aggregate(summed_grad), self.w_buffer, clip=self.search.w_grad_clip,
+                              weight_decay=self.search.w_weight_decay)
 
     def _set_w(self, flat: np.ndarray) -> None:
         with torch.no_grad():

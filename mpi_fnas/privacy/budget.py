@@ -15,8 +15,9 @@ train and validation shards are disjoint (Theorem 3.1). ε depends on public cou
 compute the log's ε on a background thread (:meth:`FederationLedger.submit`) while the parties train.
 
 The augment stage (training the found architecture on the same parties) releases one DP gradient per party and
-iteration, Poisson-sampled from a pool of the party's records (:func:`augment_sample_rates`): each record's shard
-ledger pays for it at that record's rate, so the party's ε stays the larger of its two *composed* ledgers'.
+iteration (two under ADADP: ``AugmentReleases.releases_per_step``), Poisson-sampled from a pool of the party's
+records (:func:`augment_sample_rates`): each record's shard ledger pays for it at that record's rate, so the
+party's ε stays the larger of its two *composed* ledgers'.
 :func:`plan_privacy` with ``augment`` plans both stages of one job against one budget; :func:`plan_augment`
 plans the augment alone against what a ledger has already spent.
 """
@@ -51,10 +52,11 @@ AugmentPool = Literal["all", "train"]
 class AugmentReleases:
     """Public constants of the augment stage's releases. Arrays are (K,), party k at index k - 1.
 
-    Each augment iteration, every party releases one gradient of its pool: Poisson-sampled, clipped per example
-    at ``clip``, noise ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's
-    train shard is sampled with rate ``sample_rate_train[k]``, one of its validation shard with
-    ``sample_rate_val[k]`` (0: the pool leaves that shard out, and its ledger is not charged).
+    Each augment iteration, every party releases ``releases_per_step`` gradients of its pool (1; 2 under
+    ``augment.optimizer: adadp``, each on a fresh batch): Poisson-sampled, clipped per example at ``clip``, noise
+    ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's train shard is sampled
+    with rate ``sample_rate_train[k]``, one of its validation shard with ``sample_rate_val[k]`` (0: the pool leaves
+    that shard out, and its ledger is not charged).
     """
 
     noise_multiplier: float
@@ -64,6 +66,7 @@ class AugmentReleases:
     sample_rate_val: np.ndarray
     steps: int  # augment iterations planned (≤ the configured ones)
     stop_reason: str = "completed"  # or why fewer augment steps were planned
+    releases_per_step: int = 1  # weight releases per augment iteration (2 under ADADP: at W, then at W_half)
 
     def __post_init__(self) -> None:
         # Frozen: the arrays are normalised through object.__setattr__, once, here.
@@ -81,16 +84,19 @@ class AugmentReleases:
                              f"{self.expected_batch_size:g}")
         if int(self.steps) != self.steps or self.steps < 0:
             raise ValueError(f"augment steps must be a non-negative integer, got {self.steps}")
+        if int(self.releases_per_step) != self.releases_per_step or self.releases_per_step < 1:
+            raise ValueError(f"augment releases per step must be an integer >= 1, got {self.releases_per_step}")
         object.__setattr__(self, "sample_rate_train", rate_train)
         object.__setattr__(self, "sample_rate_val", rate_val)
         object.__setattr__(self, "steps", int(self.steps))
+        object.__setattr__(self, "releases_per_step", int(self.releases_per_step))
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (JSON/HDF5-attribute friendly); :meth:`from_state_dict` restores it."""
         return {"noise_multiplier": float(self.noise_multiplier), "clip": float(self.clip),
                 "expected_batch_size": float(self.expected_batch_size),
                 "sample_rate_train": self.sample_rate_train.tolist(), "sample_rate_val": self.sample_rate_val.tolist(),
-                "steps": self.steps, "stop_reason": self.stop_reason}
+                "steps": self.steps, "stop_reason": self.stop_reason, "releases_per_step": self.releases_per_step}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
@@ -355,9 +361,11 @@ class _Shard:
     augment: tuple[float | None, float]
     delta: float
     search_releases: int = 1  # releases per search iteration on this shard (2 on the train shard under ADADP)
+    augment_releases: int = 1  # releases per augment iteration (2 under augment.optimizer: adadp)
 
     def runs(self, search_steps: int, augment_steps: int, sigma: float | None) -> Runs:
-        planned = ((self.search, search_steps * self.search_releases), (self.augment, augment_steps))
+        planned = ((self.search, search_steps * self.search_releases),
+                   (self.augment, augment_steps * self.augment_releases))
         return self.spent + tuple((sigma if s is None else s, q, n) for (s, q), n in planned if q > 0 and n > 0)
 
     def dominates(self, other: _Shard) -> bool:
@@ -370,7 +378,8 @@ class _Shard:
                 and _runs_dominate(self.spent, other.spent)
                 and _release_dominates(self.search, other.search)
                 and (self.search_releases >= other.search_releases or other.search[1] == 0.0)
-                and _release_dominates(self.augment, other.augment))
+                and _release_dominates(self.augment, other.augment)
+                and (self.augment_releases >= other.augment_releases or other.augment[1] == 0.0))
 
 
 def _runs_dominate(mine: Runs, other: Runs) -> bool:
@@ -422,8 +431,9 @@ def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, search_
     shards = set()
     for k, delta in enumerate(deltas.tolist()):
         shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta,
-                          w_releases_per_step))
-        shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta))
+                          w_releases_per_step, augment.releases_per_step))
+        shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta,
+                          1, augment.releases_per_step))
     return shards
 
 
@@ -434,7 +444,8 @@ def _ledger_shards(ledger: FederationLedger, augment_sigma: float | None, augmen
         for shard_ledger, rate in ((ledger.train[k], augment.sample_rate_train[k]),
                                    (ledger.val[k], augment.sample_rate_val[k])):
             spent = _canonical_runs(_runs(shard_ledger))
-            shards.add(_Shard(spent, (None, 0.0), (augment_sigma, float(rate)), delta))
+            shards.add(_Shard(spent, (None, 0.0), (augment_sigma, float(rate)), delta,
+                              augment_releases=augment.releases_per_step))
     return shards
 
 
@@ -571,7 +582,7 @@ class EpsilonRow:
     charged_steps: np.ndarray  # int64: search releases charged per shard so far (iterations + replays)
     epsilon: np.ndarray  # float64: tight PLD ε at the party's δ, the larger of its two composed ledgers'
     mu_gdp: np.ndarray  # float64: Theorem 3.1's μ, the larger of its two ledgers' (an approximation)
-    augment_steps: np.ndarray | None = None  # int64: augment releases charged so far (iterations + replays)
+    augment_steps: np.ndarray | None = None  # int64: augment iterations charged so far (plus replays)
 
 
 class FederationLedger:
@@ -649,25 +660,29 @@ class FederationLedger:
         if releases.sample_rate_train.shape != (len(self.train),):
             raise ValueError(f"the augment releases cover {len(releases.sample_rate_train)} parties, the ledger "
                              f"{len(self.train)}")
-        if self.augment is not None and self._augment_steps.any() and not (
-                np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
-                and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
-            raise ValueError("the augment sample rates changed after augment releases were charged")
+        if self.augment is not None and self._augment_steps.any():
+            if not (np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
+                    and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
+                raise ValueError("the augment sample rates changed after augment releases were charged")
+            if self.augment.releases_per_step != releases.releases_per_step:
+                raise ValueError("the augment releases per step changed after augment releases were charged")
         self.augment = releases
 
     def record_augment_step(self) -> None:
-        """One augment iteration: every party released one gradient of its pool."""
+        """One augment iteration: every party released ``augment.releases_per_step`` gradients of its pool (2 under
+        ADADP). ``augment_steps()`` counts iterations."""
         for k in range(len(self.train)):
             self._charge_augment(k, 1)
 
     def charge_augment_replays(self, party: int, steps: int) -> None:
-        """Charge ``steps`` replayed augment releases to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
+        """Charge ``steps`` replayed augment iterations to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
         self._check_replay(party, steps)
         self._charge_augment(party, int(steps))
         self._augment_replays[party] += int(steps)
 
     def augment_steps(self) -> np.ndarray:
-        """(K,) int64: augment releases charged so far, per party (its augment iterations plus their replays)."""
+        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
+        ``augment.releases_per_step`` releases)."""
         return self._augment_steps.copy()
 
     # -- privacy (caller's thread) -------------------------------------------------------------------------------
@@ -793,7 +808,8 @@ class FederationLedger:
         for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
                              (self.val[party], float(self.augment.sample_rate_val[party]))):
             if rate > 0:  # a shard outside the pool is never touched: nothing to pay
-                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate, num_steps=steps)
+                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
+                            num_steps=steps * self.augment.releases_per_step)
         self._augment_steps[party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
@@ -801,7 +817,7 @@ class FederationLedger:
         if self.augment is None:
             return np.zeros(len(self.train), dtype=np.int64)
         rates = self.augment.sample_rate_train if shard == "train" else self.augment.sample_rate_val
-        return np.where(rates > 0, self._augment_steps, 0)
+        return np.where(rates > 0, self._augment_steps * self.augment.releases_per_step, 0)
 
     def _check_replay(self, party: int, steps: int) -> None:
         if not 0 <= party < len(self.train):

@@ -59,7 +59,7 @@ _PRIVACY_CHUNK_ROWS = 64
 AUGMENT_GROUP = "augment"
 # Its metric columns, in the order they are listed in /augment/metrics: step and epoch are int64 (an exact
 # counter, unlike /metrics/step), the rest float64.
-AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
+AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "adadp_err")
 AUGMENT_INT_METRICS = ("step", "epoch")
 # /augment/privacy datasets that grow by one row per append_augment_privacy, and those written at creation.
 AUGMENT_PRIVACY_GROWING = ("steps", "epsilon")

@@ -1,5 +1,6 @@
 """ADADP under DP, spied: per step every party hands MPI two W releases (G1 at W, G2 at W_half, each on a fresh
-Poisson batch) and one A release, all noised, and nothing else; the ledger charges both W releases.
+Poisson batch) and one A release, all noised, and nothing else; the ledger charges both W releases. The same for
+the augmentation (``augment.optimizer: adadp``): two weight releases per augment iteration, both charged.
 
 A tiny DP-FNAS search of 2 ADADP steps (search.steps_per_epoch 4 W releases) with a checkpoint after step 1.
 On every party: the calls to its Party run w_release, load_w, w_release, load_w, a_release, load_a per step;
@@ -19,9 +20,11 @@ import torch
 from mpi4py import MPI
 from test_release_spy import RecordingChannel, check_noised_releases, check_party_messages, recording_release
 
+import mpi_fnas.federation.augment.party as augment_party_module
 import mpi_fnas.federation.party as party_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.job import run_job
 from mpi_fnas.federation.search import run_search
 from mpi_fnas.runlog import read_run
 
@@ -29,6 +32,8 @@ B = 8
 SIGMA = 1.5
 CLIP_W, CLIP_A = 0.05, 0.2
 STEPS = 2  # ADADP steps: 4 W releases per epoch
+GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
+            "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
 
 
 @pytest.mark.mpi(min_size=3)
@@ -75,3 +80,48 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
     assert len(releases) == 3 * STEPS
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
     assert [rel["clip"] for rel in releases] == [CLIP_W, CLIP_W, CLIP_A] * STEPS
+
+
+@pytest.mark.mpi(min_size=3)
+def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkeypatch):
+    """A DP augmentation of a given genotype with ADADP: 2 iterations (augment.steps_per_epoch 4 releases), a
+    checkpoint after iteration 1 carrying η; each party sent [G1, G2] per iteration, noised, nothing else."""
+    releases: list[dict] = []
+    monkeypatch.setattr(augment_party_module, "party_release",
+                        recording_release(augment_party_module.party_release, releases))
+    calls: list[str] = []
+    for name in ("release", "load_w"):
+        real = getattr(augment_party_module.AugmentParty, name)
+        monkeypatch.setattr(augment_party_module.AugmentParty, name,
+                            lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
+    cfg = load_config(None, [
+        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
+        f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={2 * STEPS}",
+        f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4", f"augment.noise_multiplier={SIGMA}",
+        f"augment.clip={CLIP_W}", "augment.optimizer=adadp", "augment.momentum=0", "runtime.progress=off",
+        "runtime.log_every=1", "checkpoint.every_steps=1",
+    ])
+    world = MPI.COMM_WORLD
+    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-adadp-aug-") if world.Get_rank() == 0 else None, root=0))
+    channel = RecordingChannel(world)
+    outcome = run_job(cfg, channel, run_dir, stage="augment")
+    world.Barrier()
+    if channel.is_server:
+        assert outcome.augment.steps == STEPS
+        state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+        assert state["stage"] == "augment" and state["step"] == 1 and state["server"]["adadp"]["lr"] > 0
+        ledger = state["ledger"]  # after iteration 1: two releases on each shard of the pool (pool all)
+        assert ledger["augment"]["steps"] == [1] * channel.parties
+        assert ledger["augment"]["releases"]["releases_per_step"] == 2
+        assert [sum(run[2] for run in t["runs"]) for t in ledger["train"]] == [2] * channel.parties
+        assert [sum(run[2] for run in v["runs"]) for v in ledger["val"]] == [2] * channel.parties
+        metrics = read_run(run_dir / "search.h5")["augment"]["metrics"]
+        lr, err = metrics["lr"], metrics["adadp_err"]
+        assert metrics["step"].tolist() == list(range(1, STEPS + 1)) and np.all(np.isfinite(err)) and np.all(err > 0)
+        assert lr[0] == cfg.augment.lr and 0.9 * lr[0] <= lr[1] <= 1.1 * lr[0]
+        return
+
+    check_party_messages(channel)
+    assert calls[:1] == ["load_w"] and calls[1:] == ["release", "load_w"] * (2 * STEPS)  # G2 only at W_half
+    assert len(channel.sent) == 2 * STEPS == len(releases)  # [G1, G2] per iteration, nothing else
+    check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W,))

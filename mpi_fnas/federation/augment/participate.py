@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.augment.algorithm import party_augment_iteration
 from mpi_fnas.federation.augment.party import AugmentParty
 from mpi_fnas.federation.augment.plan import AugmentAssignment
@@ -40,9 +41,11 @@ def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> 
     channel.bcast(w_in[:-1])
     party.load_w(w_in[:-1])
 
+    rounds = w_rounds(cfg.augment.optimizer)
+
     def iterate(step: int) -> int:
         return party_augment_iteration(party, channel, w_in,
-                                       drop_path_probability(cfg.augment, step, got.steps_per_epoch))
+                                       drop_path_probability(cfg.augment, step, got.steps_per_epoch), rounds)
 
     return party_steps(channel, stage=STAGE, first=got.checkpoint_step + 1, last=got.steps, store=store,
                        journal=private, party=party, randomness=_randomness_source(got), iterate=iterate)

@@ -21,6 +21,7 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.augment.algorithm import AugmentBuffers, server_augment_iteration
 from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
 from mpi_fnas.federation.augment.server import AugmentServer
@@ -108,7 +109,8 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     )
     loop: _AugmentLoop | None = None
     try:
-        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps)
+        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps,
+                               adadp_settings(cfg, private=private) if cfg.augment.optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
         channel.bcast(server.w_buffer)
@@ -230,7 +232,7 @@ class _AugmentLoop:
             "train_loss": _ratio(self.stats[0], self.stats[2]), "train_acc": _ratio(self.stats[1], self.stats[2]),
             "test_loss": _ratio(test[0], test[2]) if test is not None else math.nan,
             "test_acc": _ratio(test[1], test[2]) if test is not None else math.nan,
-            "lr": self.server.lr,
+            "lr": self.server.lr, "adadp_err": self.server.adadp_err,
         }
         self.stats[:] = 0
         if self.charging is not None and epsilon_row:
