@@ -13,7 +13,7 @@
 # finished by running the script again. The table (markdown: per σ and arm, test accuracy mean ± std over seeds,
 # the final η mean ± std, the worst party's ε) is printed at the end from the logs alone.
 # Environment: PYTHON, MPIRUN (default: the project's .venv), RANKS (default 5: 4 parties), EPOCHS (default 4),
-# STEPS (W releases per epoch, default 20).
+# STEPS (W releases per epoch, default 20), JOBS (searches at once, default 1).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
@@ -21,6 +21,7 @@ mpirun=${MPIRUN:-$here/.venv/bin/mpirun}
 ranks=${RANKS:-5}
 epochs=${EPOCHS:-4}
 steps=${STEPS:-20}
+jobs=${JOBS:-1}
 seeds=(0 1 2)
 sigmas=(1 2 4 8)
 lr_grid=(0.03 0.1 0.3)
@@ -96,12 +97,15 @@ run() {  # run ARM SEED KEY=VALUE...
   local sets=(--set seed="$seed" --set augment.epochs=0 --set search.epochs="$epochs"
               --set search.steps_per_epoch="$steps" --set runtime.progress=off)
   for kv in "$@"; do sets+=(--set "$kv"); done
-  "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}"
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  ( "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1 \
+      || echo "FAILED (exit $?): $dir, see $dir.out" ) &
 }
 
 for s in "${seeds[@]}"; do
   for lr in "${lr_grid[@]}"; do run "sgd-lr$lr-sigma2" "$s" search.w_lr="$lr" privacy.noise_multiplier_w=2; done
 done
+wait  # the tuned η needs every grid run
 tuned=$(best_sgd_lr "$out")
 echo "SGD tuned at σ_W = 2: search.w_lr = $tuned"
 for s in "${seeds[@]}"; do
@@ -113,4 +117,5 @@ for s in "${seeds[@]}"; do
     done
   done
 done
+wait
 summarize "$out"
