@@ -16,6 +16,7 @@ from mpi_fnas.config import SearchConfig
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.space import Genotype, SearchNetwork
+from mpi_fnas.space.dpnas import DpnasGenotype, DpnasSearchNetwork
 
 
 def w_learning_rate(search: SearchConfig, epoch: int) -> float:
@@ -31,13 +32,14 @@ class Server:
     """Global state of the search (rank 0).
 
     Args:
-        model: a supernet whose current W and A are the initial global values (rank 0 builds it from the seed);
-            it is also used to evaluate on the server's test split and to derive genotypes.
+        model: a supernet of any space (``search_space(kind).build_supernet``) whose current W and A are the initial
+            global values (rank 0 builds it from the seed); it is also used to evaluate on the server's test split
+            and to derive genotypes.
         search: optimiser settings.
         parties: K, for ``aggregate: mean``.
     """
 
-    def __init__(self, model: SearchNetwork, search: SearchConfig, parties: int) -> None:
+    def __init__(self, model: SearchNetwork | DpnasSearchNetwork, search: SearchConfig, parties: int) -> None:
         self.model = model
         self.search = search
         self.parties = parties
@@ -103,7 +105,7 @@ class Server:
         self.start_epoch(int(state["epoch"]))
 
     # -- views of the global state ---------------------------------------------------------------------------------
-    def sync_model(self) -> SearchNetwork:
+    def sync_model(self) -> SearchNetwork | DpnasSearchNetwork:
         """Copy the global W and A into the server's model (for evaluation / genotype) and return it."""
         assign(list(self.model.weights()), self.w_buffer)
         assign(list(self.model.alphas()), self.a_buffer)
@@ -114,7 +116,7 @@ class Server:
         soft = self.sync_model().alpha_softmax()
         return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in soft.items()}
 
-    def genotype(self) -> Genotype:
+    def genotype(self) -> Genotype | DpnasGenotype:
         return self.sync_model().genotype()
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:

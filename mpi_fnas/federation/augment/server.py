@@ -15,6 +15,7 @@ from mpi_fnas.config import AugmentConfig
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.space import AugmentNetwork
+from mpi_fnas.space.dpnas import DpnasNetwork
 
 
 def augment_learning_rate(cfg: AugmentConfig, step: int, steps: int) -> float:
@@ -42,7 +43,7 @@ class AugmentServer:
         steps: iterations of the whole augmentation (the cosine schedule's length).
     """
 
-    def __init__(self, model: AugmentNetwork, cfg: AugmentConfig, parties: int, steps: int) -> None:
+    def __init__(self, model: AugmentNetwork | DpnasNetwork, cfg: AugmentConfig, parties: int, steps: int) -> None:
         self.model = model
         self.cfg = cfg
         self.parties = parties
