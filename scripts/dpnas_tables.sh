@@ -8,11 +8,14 @@
 #      with every conv's activation replaced by one activation (act-<name>), as published (cell-dpnasnet: its max
 #      pools), and with every max pool replaced by an average pool (pool-avg).
 #   2. DP-aware search (paper Fig. 3b): search with DP-FNAS and with FNAS (K = 4 parties, the same seeds and steps;
-#      search-<mode>), then train both found cells under the same DP budget (train-<mode>).
+#      search-<mode>), then train both found cells under the same DP budget (train-<mode>; a cell cut off from its
+#      input is not trainable and is reported as such), and the argmax of the same alphas without none, every edge
+#      kept (train-<mode>-nonone).
 #   scripts/dpnas_tables.sh [OUT_DIR]        (default runs/dpnas-tables)
 #   scripts/dpnas_tables.sh --summarize OUT_DIR
-# Each run writes OUT_DIR/<arm>-seed<s>/search.h5; a run whose log exists is skipped, so an interrupted table is
-# finished by running the script again. The tables (markdown: mean ± std over seeds, the paper's value, the verdict;
+# Each run writes OUT_DIR/<arm>-seed<s>/search.h5 (its output in <arm>-seed<s>.out, and <arm>-seed<s>.done once it
+# succeeded); a done run is skipped and an unfinished one redone, so an interrupted table is finished by running the
+# script again. The tables (markdown: mean ± std over seeds, the paper's value, the verdict;
 # the op histograms of the found cells) are printed at the end from the logs alone.
 # Environment: PYTHON, MPIRUN (default: the project's .venv), SEEDS (default "0 1 2"), JOBS (runs at a time,
 # default 2), EPSILON (default 3).
@@ -111,37 +114,65 @@ if n_max > 1 and n_avg > 1:
           f"{se:.1f} (SE) |")
 
 print("\n### Experiment 2: cells found by DP-FNAS and by FNAS (K = 4), each trained under the same DP budget\n")
-print("| search | seeds | found cell trained under DP: test acc %, mean ± std | per seed | ε of training | "
+searches = {mode: sorted(runs.get(f"search-{mode}", []), key=lambda r: r["seed"]) for mode in ("dpfnas", "fnas")}
+for mode, rows in searches.items():
+    for r in rows:
+        r["cell"] = DpnasGenotype.from_string(r["genotype"])
+print("| search | seeds searched | trainable found cells (the space's rule) | found cell trained under DP: test acc %, "
+      "mean ± std | per seed | ε of training | argmax without none, trained under DP: test acc % | per seed | "
       "ε of the DP search (worst party) | search wall, mean |")
-print("|---|---|---|---|---|---|---|")
-for mode in ("dpfnas", "fnas"):
-    searches = runs.get(f"search-{mode}", [])
-    search_eps = [r["search_eps"] for r in searches if "search_eps" in r]
+print("|---|---|---|---|---|---|---|---|---|---|")
+for mode, rows in searches.items():
+    search_eps = [r["search_eps"] for r in rows if "search_eps" in r]
     eps_text = f"{np.mean(search_eps):.2f}" if search_eps else "— (not private)"
-    wall = f"{np.mean([r['wall'] for r in searches]):.0f} s" if searches else "—"
-    print(f"| {mode} | {stats(f'train-{mode}')[2]} | {cell(f'train-{mode}')} | {eps_text} | {wall} |")
-print(f"\nDP search finds a better cell for DP training (paper Fig. 3b): {verdict('train-dpfnas', 'train-fnas')}")
+    wall = f"{np.mean([r['wall'] for r in rows]):.0f} s" if rows else "—"
+    trainable = sum(r["cell"].connected for r in rows)
+    nonone = cell(f"train-{mode}-nonone").rsplit(" | ", 1)[0]
+    print(f"| {mode} | {len(rows)} | {trainable} of {len(rows)} | {cell(f'train-{mode}')} | {nonone} | {eps_text} | "
+          f"{wall} |")
+for mode, rows in searches.items():
+    cut = [str(r["seed"]) for r in rows if not r["cell"].connected]
+    if cut:
+        all_none = all(set(r["cell"].ops) == {"none"} for r in rows if not r["cell"].connected)
+        print(f"\n{mode}: the found cell of seed(s) {', '.join(cut)} has no path from its input, so it is not trainable "
+              f"(refused){'; every edge is none' if all_none else ''}", end="")
+print("\n")
+print(f"DP search finds a better cell for DP training (paper Fig. 3b), the space's rule: "
+      f"{verdict('train-dpfnas', 'train-fnas')}")
+print(f"\nThe same, argmax without none: {verdict('train-dpfnas-nonone', 'train-fnas-nonone')}")
 
-print("\n#### Op histogram of the found cells (edges per op, summed over seeds; 15 edges per cell)\n")
-print("| op | " + " | ".join(f"{mode} search" for mode in ("dpfnas", "fnas")) + " |")
-print("|---|---|---|")
-counts = {mode: {op: 0 for op in PRIMITIVES} for mode in ("dpfnas", "fnas")}
-for mode in counts:
-    for r in runs.get(f"search-{mode}", []):
-        for op, n in DpnasGenotype.from_string(r["genotype"]).op_counts().items():
-            counts[mode][op] += n
-for op in PRIMITIVES:
-    print(f"| {op} | {counts['dpfnas'][op]} | {counts['fnas'][op]} |")
+print("\n#### Op histograms of the found cells (edges per op, summed over seeds; 15 edges per cell)\n")
+nonone_cells = {mode: [DpnasGenotype.from_string(r["genotype"]) for r in runs.get(f"train-{mode}-nonone", [])]
+                for mode in searches}
+print("| op | dpfnas: the space's rule | fnas: the space's rule | dpfnas: argmax without none | "
+      "fnas: argmax without none | dpfnas: mean softmax weight | fnas: mean softmax weight |")
+print("|---|---|---|---|---|---|---|")
+counts = {mode: {op: sum(r["cell"].op_counts()[op] for r in rows) for op in PRIMITIVES}
+          for mode, rows in searches.items()}
+counts_nonone = {mode: {op: sum(c.op_counts()[op] for c in cells) for op in PRIMITIVES}
+                 for mode, cells in nonone_cells.items()}
+weights = {}
+for mode, rows in searches.items():
+    finals = [read_run(root / f"search-{mode}-seed{r['seed']}" / "search.h5")["alphas"]["normal"][-1] for r in rows]
+    weights[mode] = np.mean(finals, axis=(0, 1)) if finals else np.full(len(PRIMITIVES), np.nan)
+for k, op in enumerate(PRIMITIVES):
+    print(f"| {op} | {counts['dpfnas'][op]} | {counts['fnas'][op]} | {counts_nonone['dpfnas'][op]} | "
+          f"{counts_nonone['fnas'][op]} | {weights['dpfnas'][k]:.3f} | {weights['fnas'][k]:.3f} |")
 negative = ("conv_3x3_selu", "conv_3x3_tanh", "conv_3x3_linear", "conv_3x3_hardtanh")
-for mode in counts:
-    convs = sum(n for op, n in counts[mode].items() if op.startswith("conv_3x3_"))
-    keep = sum(counts[mode][op] for op in negative)
-    share = f"{100 * keep / convs:.0f} %" if convs else "n/a"
-    print(f"\n{mode} search: {keep} of {convs} conv edges ({share}) use an activation that keeps negative values "
-          "(SELU, Tanh, linear, Hardtanh; not ReLU, Sigmoid)", end="")
-print("\n\nFound cells:")
-for mode in counts:
-    for r in sorted(runs.get(f"search-{mode}", []), key=lambda r: r["seed"]):
+for label, table in (("the space's rule", counts), ("argmax without none", counts_nonone)):
+    for mode in searches:
+        convs = sum(n for op, n in table[mode].items() if op.startswith("conv_3x3_"))
+        keep = sum(table[mode][op] for op in negative)
+        share = f"{100 * keep / convs:.0f} %" if convs else "n/a"
+        print(f"\n{mode} search, {label}: {keep} of {convs} conv edges ({share}) use an activation that keeps "
+              "negative values (SELU, Tanh, linear, Hardtanh; not ReLU, Sigmoid)", end="")
+print("\n\nFound cells (the space's rule):")
+for mode, rows in searches.items():
+    for r in rows:
+        print(f"- {mode}, seed {r['seed']}: `{r['genotype']}`")
+print("\nArgmax without none:")
+for mode in searches:
+    for r in sorted(runs.get(f"train-{mode}-nonone", []), key=lambda r: r["seed"]):
         print(f"- {mode}, seed {r['seed']}: `{r['genotype']}`")
 EOF
 }
@@ -156,20 +187,24 @@ conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,con
 conv_3x3_tanh@4"
 space=(space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16
        runtime.threads_per_rank=1 runtime.progress=off checkpoint.every_steps=0)
-# Training under DP, one party: plain DP-SGD on 16,000 examples (its train and validation shards), B = 256.
-train=("${space[@]}" mode=dpfnas federation.parties=1 data.train_size=16000 augment.epochs=3 augment.batch_size=256
-       augment.lr=0.5 augment.clip=1.0 augment.weight_decay=0 privacy.delta=1e-5 privacy.target_epsilon="$epsilon")
-# The searches: K = 4 parties, 8,000 examples each (4,000 train + 4,000 validation), 4 epochs of 10 steps.
-search=("${space[@]}" data.train_size=32000 federation.parties=4 search.epochs=4 search.steps_per_epoch=10
-        search.batch_size=16 augment.epochs=0 privacy.delta=1e-5)
+# Training under DP, one party: plain DP-SGD on 8,000 examples (its train and validation shards), expected batch 256,
+# 4 epochs (125 steps): short and data-poor enough that the architecture shows (16,000 examples and 3 epochs put the
+# published cell at 94 %).
+train=("${space[@]}" mode=dpfnas federation.parties=1 data.train_size=8000 augment.epochs=4 augment.batch_size=256
+       augment.lr=0.5 augment.clip=1.0 augment.weight_decay=0 privacy.delta=1.0e-5 privacy.target_epsilon="$epsilon")
+# The searches: K = 4 parties, 8,000 examples each (4,000 train + 4,000 validation), 6 epochs of 10 steps, the
+# architecture's Adam at a_lr 0.01 (instead of 3e-3) so that 60 steps move the alphas visibly.
+search=("${space[@]}" data.train_size=32000 federation.parties=4 search.epochs=6 search.steps_per_epoch=10
+        search.batch_size=16 search.a_lr=0.01 augment.epochs=0 privacy.delta=1.0e-5)
 
 run() {  # run DIR RANKS KEY=VALUE...: one job in the background (at most $jobs at a time)
   local dir=$out/$1; local ranks=$2; shift 2
-  if [ -e "$dir/search.h5" ]; then echo "exists, skipped: $dir"; return; fi
+  if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
   local sets=(); for kv in "$@"; do sets+=(--set "$kv"); done
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-  ( "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1 \
-      || echo "FAILED (exit $?): $dir, see $dir.out" ) &
+  rm -rf "$dir"  # what an interrupted attempt left
+  ( if "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1; then
+      touch "$dir.done"; else echo "FAILED (exit $?): $dir, see $dir.out"; fi ) &
 }
 
 for s in "${seeds[@]}"; do   # experiment 2's searches first: their cells are trained below
@@ -187,8 +222,30 @@ wait
 for s in "${seeds[@]}"; do   # experiment 2's trainings: the found cells, as experiment 1 trains
   for mode in dpfnas fnas; do
     log=$out/search-$mode-seed$s/search.h5
-    found=$("$python" -c "import sys; from mpi_fnas.runlog import read_run; print(read_run(sys.argv[1])['final_genotype'])" "$log")
-    run "train-$mode-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="$found"
+    [ -e "$out/search-$mode-seed$s.done" ] || { echo "no finished search: $log"; continue; }
+    # The found cell (the space's rule: argmax with none), whether it can be trained, and the same alphas' argmax
+    # without none (every edge kept), which compares the two searches' op preferences when the rule cuts a cell off.
+    read -r found connected nonone < <("$python" - "$log" <<'PY'
+import sys
+
+import numpy as np
+
+from mpi_fnas.runlog import read_run
+from mpi_fnas.space.dpnas import PRIMITIVES, DpnasGenotype, derive_dpnas_genotype
+
+run = read_run(sys.argv[1])
+found = DpnasGenotype.from_string(run["final_genotype"])
+weights = np.array(run["alphas"]["normal"][-1], dtype=np.float64)
+weights[:, PRIMITIVES.index("none")] = -1.0  # below every softmax weight: never the argmax
+print(found.to_string(), int(found.connected), derive_dpnas_genotype(weights, found.nodes).to_string())
+PY
+)
+    if [ "$connected" = 1 ]; then
+      run "train-$mode-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="$found"
+    else
+      echo "not trainable (no path from the cell input, refused): the cell of $log"
+    fi
+    run "train-$mode-nonone-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="$nonone"
   done
 done
 wait
