@@ -22,6 +22,7 @@ import pytest
 
 import mpi_fnas
 from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, PrivacySchema, RunLog, liveness, read_run, writer
+from mpi_fnas.runlog import reader as reader_module
 
 EDGES, OPS = 14, 8
 PARTIES = 3
@@ -585,6 +586,31 @@ def test_a_cut_log_is_refused_quickly_not_retried_for_minutes(tmp_path: Path) ->
             read_run(cut, wait_seconds=0.5)
         assert time.monotonic() - start < 30, path.name  # seconds, where the SWMR retries alone took minutes
         assert read_run(path)["metrics"]["step"].tolist()[:4] == [0.0, 1.0, 2.0, 3.0]  # the whole file still reads
+
+
+def test_a_read_that_fails_half_way_is_retried_within_the_wait(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SWMR reader can meet metadata a live writer is still extending (seen in CI while --follow watched a run:
+    "address of object past end of allocation"): read_run reads again, and raises only once its wait is over."""
+    path = tmp_path / "search.h5"
+    runlog = _create(path)
+    runlog.append_metrics(_metric_row(0))
+    runlog.finish("finished", reason="completed")
+    real, failures = reader_module.growing_families, []
+
+    def flaky(handle):
+        if len(failures) < 2:
+            failures.append(1)
+            raise OSError("Can't synchronously read data (address of object past end of allocation)")
+        return real(handle)
+
+    monkeypatch.setattr(reader_module, "growing_families", flaky)
+    assert read_run(path)["metrics"]["step"].tolist() == [0.0] and len(failures) == 2
+    failures.clear()
+    monkeypatch.setattr(reader_module, "growing_families", lambda handle: (_ for _ in ()).throw(OSError("broken")))
+    start = time.monotonic()
+    with pytest.raises(OSError, match="broken"):
+        read_run(path, wait_seconds=0.3)
+    assert time.monotonic() - start >= 0.3
 
 
 def test_plain_h5py_opens_a_dead_writers_log_only_with_swmr(tmp_path: Path) -> None:

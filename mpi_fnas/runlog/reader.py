@@ -11,7 +11,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpi_fnas.runlog.liveness import read_writer_record, writer_gone_reason
+from mpi_fnas.runlog.liveness import WriterRecord, read_writer_record, writer_gone_reason
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
     AUGMENT_METRICS,
@@ -53,56 +53,75 @@ def read_run(
     logged augment step), while the search's status stays whatever the search recorded. stale_after: seconds
     without heartbeat after which a writer on another machine counts as dead. Each growing family is cut to
     its shortest dataset so a row caught mid-append is not returned half-filled. wait_seconds: how long to
-    retry while the writer briefly holds the file outside SWMR mode.
+    retry while the writer briefly holds the file outside SWMR mode, and how long to retry a read that failed
+    half-way (a SWMR reader can meet metadata a live writer is still extending: "address of object past end of
+    allocation"); a file that still fails after that raises.
     """
-    handle = _open_swmr_reader(Path(path), wait_seconds)
-    try:
-        root = handle.attrs
-        metric_sets, epoch_sets, privacy_sets = growing_families(handle)
-        metric_rows = common_length(metric_sets)
-        epoch_rows = common_length(epoch_sets)
-        metrics = {dataset.name.rsplit("/", 1)[1]: dataset[:metric_rows] for dataset in metric_sets}
-        steps = metrics.get("step", np.empty(0))
-        writer = read_writer_record(handle)
-        result: dict[str, Any] = {
-            "status": str(root["status"]),
-            "reason": str(root["reason"]),
-            "stale": False,
-            "last_step": int(steps[-1]) if len(steps) else None,
-            "writer": dataclasses.asdict(writer),
-            "mode": str(root["mode"]),
-            # Logs written before the DPNAS space record no space: they are DARTS searches.
-            "space": str(root.get("space", "darts")),
-            "parties": int(root["parties"]),
-            "config": str(root["config"]),
-            "privacy_guarantee": str(root["privacy_guarantee"]),
-            "version": str(root["version"]),
-            "created": str(root["created"]),
-            "final_genotype": str(root["final_genotype"]),
-            "attempts": int(root["attempts"]),
-            "metrics": metrics,
-            "alphas": {"normal": epoch_sets[0][:epoch_rows], "reduce": epoch_sets[1][:epoch_rows]},
-            "genotypes": [row.decode("utf-8") for row in epoch_sets[2][:epoch_rows]],
-            "cost": {name: _plain(handle["cost"].attrs[name]) for name in COST_FIELDS},
-            "ranks": {key: _plain(value) for key, value in handle["ranks"].attrs.items()},
-            "privacy": None,
-        }
-        if "privacy" in handle:
-            group = handle["privacy"]
-            privacy_rows = common_length(privacy_sets)
-            privacy: dict[str, Any] = {
-                "delta": np.asarray(group.attrs["delta"]),
-                "accountant": str(group.attrs["accountant"]),
-            }
-            for name, dataset in zip(PRIVACY_GROWING, privacy_sets, strict=True):
-                privacy[name] = dataset[:privacy_rows]
-            for name in PRIVACY_FIXED:
-                privacy[name] = _plain(group[name][()])
-            result["privacy"] = privacy
-        result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
-    finally:
-        handle.close()
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        handle = _open_swmr_reader(Path(path), max(0.0, deadline - time.monotonic()))
+        try:
+            result, writer = _read_open_log(handle)
+            break
+        except (OSError, KeyError, RuntimeError):
+            if time.monotonic() >= deadline:
+                raise
+        finally:
+            handle.close()
+        time.sleep(0.05)
+    return _judge_writer(result, writer, stale_after)
 
+
+def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
+    """The log's contents as read_run returns them (statuses as stored), and its writer record."""
+    root = handle.attrs
+    metric_sets, epoch_sets, privacy_sets = growing_families(handle)
+    metric_rows = common_length(metric_sets)
+    epoch_rows = common_length(epoch_sets)
+    metrics = {dataset.name.rsplit("/", 1)[1]: dataset[:metric_rows] for dataset in metric_sets}
+    steps = metrics.get("step", np.empty(0))
+    writer = read_writer_record(handle)
+    result: dict[str, Any] = {
+        "status": str(root["status"]),
+        "reason": str(root["reason"]),
+        "stale": False,
+        "last_step": int(steps[-1]) if len(steps) else None,
+        "writer": dataclasses.asdict(writer),
+        "mode": str(root["mode"]),
+        # Logs written before the DPNAS space record no space: they are DARTS searches.
+        "space": str(root.get("space", "darts")),
+        "parties": int(root["parties"]),
+        "config": str(root["config"]),
+        "privacy_guarantee": str(root["privacy_guarantee"]),
+        "version": str(root["version"]),
+        "created": str(root["created"]),
+        "final_genotype": str(root["final_genotype"]),
+        "attempts": int(root["attempts"]),
+        "metrics": metrics,
+        "alphas": {"normal": epoch_sets[0][:epoch_rows], "reduce": epoch_sets[1][:epoch_rows]},
+        "genotypes": [row.decode("utf-8") for row in epoch_sets[2][:epoch_rows]],
+        "cost": {name: _plain(handle["cost"].attrs[name]) for name in COST_FIELDS},
+        "ranks": {key: _plain(value) for key, value in handle["ranks"].attrs.items()},
+        "privacy": None,
+    }
+    if "privacy" in handle:
+        group = handle["privacy"]
+        privacy_rows = common_length(privacy_sets)
+        privacy: dict[str, Any] = {
+            "delta": np.asarray(group.attrs["delta"]),
+            "accountant": str(group.attrs["accountant"]),
+        }
+        for name, dataset in zip(PRIVACY_GROWING, privacy_sets, strict=True):
+            privacy[name] = dataset[:privacy_rows]
+        for name in PRIVACY_FIXED:
+            privacy[name] = _plain(group[name][()])
+        result["privacy"] = privacy
+    result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
+    return result, writer
+
+
+def _judge_writer(result: dict[str, Any], writer: WriterRecord, stale_after: float) -> dict[str, Any]:
+    """A stage still marked running whose writer is gone becomes failed (stale), with a reason naming the writer."""
     augment = result["augment"]
     stages = [(result, "step")] + ([(augment, "augment step")] if augment is not None else [])
     running = [(stage, noun) for stage, noun in stages if stage["status"] == "running"]
