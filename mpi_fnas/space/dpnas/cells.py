@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mpi_fnas.space.cells import dense_nodes, weighted_sum
 from mpi_fnas.space.derived import drop_path
 from mpi_fnas.space.dpnas.genotype import (
     NUM_CELL_INPUTS,
@@ -35,11 +36,7 @@ class DpnasMixedOp(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         if weights.shape != (len(self.ops),):
             raise ValueError(f"DpnasMixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}")
-        # Out of place: the per-example gradient methods refuse in-place updates of shared inputs and outputs.
-        out = weights[0] * self.ops[0](x)
-        for k in range(1, len(self.ops)):
-            out = out + weights[k] * self.ops[k](x)
-        return out
+        return weighted_sum(self.ops, x, weights)
 
 
 class DpnasSearchCell(nn.Module):
@@ -56,15 +53,7 @@ class DpnasSearchCell(nn.Module):
         expected = (num_edges(self.nodes), len(PRIMITIVES))
         if tuple(weights.shape) != expected:
             raise ValueError(f"DpnasSearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
-        states = [self.preprocess(x)]
-        edge = 0
-        for _ in range(self.nodes):
-            node = None
-            for state in states:
-                contribution = self.edges[edge](state, weights[edge])
-                node = contribution if node is None else node + contribution
-                edge += 1
-            states.append(node)
+        states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
 
 
