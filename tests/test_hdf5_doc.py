@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog
+from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, read_run
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 PARTIES = 2
@@ -63,21 +63,29 @@ def file_members(path: Path) -> set[Member]:
     return members
 
 
-def _fresh_log(path: Path, mode: str, *, augment: bool) -> Path:
-    """A finished search of ``mode`` with one row per family; with augment, also a finished augment stage that
-    is private exactly when the search was (as the product runs it)."""
+#: (alpha_shape, reduce_alpha_shape) per space kind, as ``mpi_fnas.space.search_space(kind).alpha_shapes`` gives them
+#: for 4 DARTS nodes and the paper's 5 DPNAS nodes.
+ALPHA_SHAPES = {"darts": ((14, 8), (14, 8)), "dpnas": ((15, 10), (0, 10))}
+
+
+def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts") -> Path:
+    """A finished search of ``mode`` in ``space`` with one row per family; with augment, also a finished augment
+    stage that is private exactly when the search was (as the product runs it)."""
     privacy = None
     if mode == "dpfnas":
         privacy = PrivacySchema(
             delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.01] * PARTIES,
             sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
         )  # fmt: skip
+    normal, reduce = ALPHA_SHAPES[space]
     runlog = RunLog.create(
-        path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=(14, 8),
-        genotype_length=64, privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
+        path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=normal,
+        reduce_alpha_shape=reduce, space=space, genotype_length=64,
+        privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
         privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
     )  # fmt: skip
     runlog.append_metrics({"step": 1})
+    runlog.append_epoch(np.full(normal, 1 / normal[1]), np.full(reduce, 1 / reduce[1]), "g")
     if privacy is not None:
         runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
     runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
@@ -104,14 +112,28 @@ def _under(member: Member, group: str) -> bool:
     return member[0] == group or member[0].startswith(group + "/") or member == (parent or "/", name, "group")
 
 
-@pytest.mark.parametrize(("mode", "augment"), [("dpfnas", False), ("fnas", False), ("dpfnas", True), ("fnas", True)])
-def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool) -> None:
+@pytest.mark.parametrize(("mode", "augment", "space"), [("dpfnas", False, "darts"), ("fnas", False, "darts"),
+                                                       ("dpfnas", True, "darts"), ("fnas", True, "darts"),
+                                                       ("dpfnas", True, "dpnas"), ("fnas", False, "dpnas")])
+def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool, space: str) -> None:
     documented = documented_members(DOC.read_text(encoding="utf-8"))
     if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only (and the augment stage is private only then)
         documented = {member for member in documented if not _under(member, "/privacy")}
         documented = {member for member in documented if not _under(member, "/augment/privacy")}
     if not augment:  # the doc marks /augment as existing once an augment stage has begun
         documented = {member for member in documented if not _under(member, "/augment")}
-    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment))
+    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment, space=space))
     assert sorted(written - documented) == [], "written but not documented"
     assert sorted(documented - written) == [], "documented but not written"
+
+
+def test_dpnas_alphas_are_one_cell_and_an_edgeless_reduce_as_documented(tmp_path: Path) -> None:
+    """docs/hdf5.md, /alphas: under space dpnas, normal holds the (15, 10) cell, reduce grows with it at 0 edges."""
+    path = _fresh_log(tmp_path / "search.h5", "dpfnas", augment=False, space="dpnas")
+    with h5py.File(path, "r") as f:
+        assert f.attrs["space"] == "dpnas"
+        assert f["alphas/normal"].shape == (1, 15, 10) and f["alphas/normal"].maxshape == (None, 15, 10)
+        assert f["alphas/reduce"].shape == (1, 0, 10) and f["alphas/reduce"].maxshape == (None, None, 10)
+    run = read_run(path)
+    assert run["space"] == "dpnas" and run["alphas"]["reduce"].shape == (1, 0, 10)
+    assert np.allclose(run["alphas"]["normal"][0].sum(axis=1), 1.0)

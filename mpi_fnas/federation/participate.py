@@ -28,7 +28,7 @@ from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.server import w_learning_rate
-from mpi_fnas.space import build_supernet
+from mpi_fnas.space import search_space
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
@@ -65,7 +65,8 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     data = open_split(cfg, "train")
     x_tr, y_tr = data.render(got.train_indices)
     x_val, y_val = data.render(got.val_indices)
-    model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
+    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
+                                                        num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
     party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),

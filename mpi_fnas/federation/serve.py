@@ -33,7 +33,7 @@ from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost,
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
-from mpi_fnas.space import PRIMITIVES, build_supernet, max_genotype_length, num_edges
+from mpi_fnas.space import search_space
 
 TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
 
@@ -89,8 +89,9 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     loop: _ServerLoop | None = None
     try:
-        server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                       num_classes=test.num_classes), cfg.search, channel.parties,
+        supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
+                                                               num_classes=test.num_classes)
+        server = Server(supernet, cfg.search, channel.parties,
                         adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
@@ -128,10 +129,12 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
         log.truncate(*resume["log_rows"])
         return log
+    space = search_space(cfg.space.kind)
+    normal_shape, reduce_shape = space.alpha_shapes(cfg.space)
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
-        metric_names=SEARCH_METRICS, alpha_shape=(num_edges(cfg.space.nodes), len(PRIMITIVES)),
-        genotype_length=max_genotype_length(cfg.space.nodes, PRIMITIVES),
+        metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
+        genotype_length=space.max_genotype_length(cfg.space),
         privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
         rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
     )

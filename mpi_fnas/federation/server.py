@@ -17,6 +17,7 @@ from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.space import Genotype, SearchNetwork
+from mpi_fnas.space.dpnas import DpnasGenotype, DpnasSearchNetwork
 
 
 def w_learning_rate(search: SearchConfig, epoch: int) -> float:
@@ -32,15 +33,16 @@ class Server:
     """Global state of the search (rank 0).
 
     Args:
-        model: a supernet whose current W and A are the initial global values (rank 0 builds it from the seed);
-            it is also used to evaluate on the server's test split and to derive genotypes.
+        model: a supernet of any space (``search_space(kind).build_supernet``) whose current W and A are the initial
+            global values (rank 0 builds it from the seed); it is also used to evaluate on the server's test split
+            and to derive genotypes.
         search: optimiser settings.
         parties: K, for ``aggregate: mean``.
         adadp: with ``search.w_optimizer: adadp``, the step-size rule's settings; W then takes an ADADP step
             (:meth:`adadp_half_step`, then :meth:`adadp_full_step`) instead of the SGD step.
     """
 
-    def __init__(self, model: SearchNetwork, search: SearchConfig, parties: int,
+    def __init__(self, model: SearchNetwork | DpnasSearchNetwork, search: SearchConfig, parties: int,
                  adadp: AdadpSettings | None = None) -> None:
         self.model = model
         self.search = search
@@ -141,7 +143,7 @@ class Server:
         self.start_epoch(int(state["epoch"]))
 
     # -- views of the global state ---------------------------------------------------------------------------------
-    def sync_model(self) -> SearchNetwork:
+    def sync_model(self) -> SearchNetwork | DpnasSearchNetwork:
         """Copy the global W and A into the server's model (for evaluation / genotype) and return it."""
         assign(list(self.model.weights()), self.w_buffer)
         assign(list(self.model.alphas()), self.a_buffer)
@@ -152,7 +154,7 @@ class Server:
         soft = self.sync_model().alpha_softmax()
         return {k: v.detach().cpu().numpy().astype(np.float32) for k, v in soft.items()}
 
-    def genotype(self) -> Genotype:
+    def genotype(self) -> Genotype | DpnasGenotype:
         return self.sync_model().genotype()
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:

@@ -162,12 +162,17 @@ def build_skeleton(
     genotype_length: int,
     privacy: Mapping[str, Any] | None,
     rank_values: Mapping[str, Any],
+    space: str = "darts",
+    reduce_alpha_shape: tuple[int, int] | None = None,
 ) -> None:
     """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
-    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None."""
+    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None.
+    reduce_alpha_shape: (edges, ops) of ``/alphas/reduce`` when it differs from ``alpha_shape`` (``(0, ops)`` in a
+    space without reduction cell)."""
     root = handle.attrs
     root["status"] = "running"
     root["mode"] = mode
+    root["space"] = space
     root["parties"] = np.int64(parties)
     root["config"] = config_text
     root["privacy_guarantee"] = privacy_guarantee
@@ -184,8 +189,9 @@ def build_skeleton(
         _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
 
     alphas = handle.create_group("alphas")
-    for cell in ("normal", "reduce"):
-        _growing(alphas, cell, tuple(alpha_shape), np.float32, 1, math.nan)
+    shapes = {"normal": alpha_shape, "reduce": alpha_shape if reduce_alpha_shape is None else reduce_alpha_shape}
+    for cell, shape in shapes.items():
+        _growing(alphas, cell, tuple(shape), np.float32, 1, math.nan)
     _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
 
     _empty_cost(handle.create_group("cost"))
@@ -257,12 +263,15 @@ def _empty_cost(group: h5py.Group) -> None:
 
 
 def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: Any, chunk_rows: int, fill: Any) -> None:
-    """A dataset of shape (0, *row_shape) that grows along axis 0."""
+    """A dataset of shape (0, *row_shape) that grows along axis 0.
+
+    A zero-length row axis (e.g. the reduction alphas of a space without reduction cell) gets maxshape None and
+    chunk length 1 on that axis: HDF5 chunks must be positive and no longer than a fixed axis."""
     parent.create_dataset(
         name,
         shape=(0, *row_shape),
-        maxshape=(None, *row_shape),
-        chunks=(chunk_rows, *row_shape),
+        maxshape=(None, *(size if size > 0 else None for size in row_shape)),
+        chunks=(chunk_rows, *(max(size, 1) for size in row_shape)),
         dtype=dtype,
         fillvalue=fill,
     )

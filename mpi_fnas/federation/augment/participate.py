@@ -24,7 +24,7 @@ from mpi_fnas.federation.party import Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.space import Genotype, build_augment_network
+from mpi_fnas.space import search_space
 
 STAGE = "augment"
 
@@ -55,11 +55,9 @@ def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.d
                  store: PartyStore | None) -> AugmentParty:
     data = open_split(cfg, "train")
     x, y = data.render(got.pool_indices)
-    model = build_augment_network(
-        Genotype.from_string(got.genotype), channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
-        in_channels=data.in_channels, num_classes=data.num_classes, stem_multiplier=cfg.space.stem_multiplier,
-        norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
-    )
+    space = search_space(cfg.space.kind)
+    model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,
+                                        in_channels=data.in_channels, num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device, stage=STAGE)
     party = AugmentParty(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment, rng.sampling,

@@ -17,6 +17,7 @@ from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.space import AugmentNetwork
+from mpi_fnas.space.dpnas import DpnasNetwork
 
 
 def augment_learning_rate(cfg: AugmentConfig, step: int, steps: int) -> float:
@@ -46,7 +47,7 @@ class AugmentServer:
             :meth:`adadp_half_step` and :meth:`adadp_full_step` instead of :meth:`step` (``lr`` the initial η).
     """
 
-    def __init__(self, model: AugmentNetwork, cfg: AugmentConfig, parties: int, steps: int,
+    def __init__(self, model: AugmentNetwork | DpnasNetwork, cfg: AugmentConfig, parties: int, steps: int,
                  adadp: AdadpSettings | None = None) -> None:
         self.model = model
         self.cfg = cfg
