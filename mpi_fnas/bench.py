@@ -74,7 +74,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
 
     from mpi_fnas.federation.party import Party, Shard
     from mpi_fnas.privacy import DPParams
-    from mpi_fnas.space import build_supernet
+    from mpi_fnas.space import search_space
 
     c, h, w, classes = _input_shape(cfg)
     n = examples or cfg.search.batch_size
@@ -85,7 +85,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
                      torch.randint(0, classes, (n,), generator=data_gen))
 
     train, val = shard(), shard()
-    model = build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
+    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
     sampling_gen = torch.Generator().manual_seed(1)
     if not private:
         return Party(model, train, val, n, sampling_gen)
@@ -168,16 +168,15 @@ def make_augment_party(cfg: Config, private: bool):
     from mpi_fnas.federation.augment.party import AugmentParty
     from mpi_fnas.federation.party import Shard
     from mpi_fnas.privacy.budget import AugmentReleases
-    from mpi_fnas.space import Genotype, build_augment_network, build_supernet
+    from mpi_fnas.space import search_space
 
     c, h, w, classes = _input_shape(cfg)
+    space = search_space(cfg.space.kind)
     if cfg.augment.genotype is not None:
-        genotype = Genotype.from_string(cfg.augment.genotype)
+        genotype = space.parse_genotype(cfg.augment.genotype)
     else:
-        genotype = build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes).genotype()
-    model = build_augment_network(genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
-                                  in_channels=c, num_classes=classes, stem_multiplier=cfg.space.stem_multiplier,
-                                  norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0)
+        genotype = space.build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes).genotype()
+    model = space.build_augment_network(genotype, cfg, seed=cfg.seed, in_channels=c, num_classes=classes)
     n = cfg.augment.batch_size
     data_gen = torch.Generator().manual_seed(0)
     pool = Shard(torch.randn(n, c, h, w, generator=data_gen), torch.randint(0, classes, (n,), generator=data_gen))

@@ -70,15 +70,24 @@ class DataConfig:
 
 @dataclass
 class SpaceConfig:
-    """The DARTS supernet."""
+    """The search space and its supernet."""
 
-    channels: int = _key(8, "initial channels C of the cells (doubled at each reduction cell)")
-    layers: int = _key(3, "cells in the supernet; those at layers//3 and 2·layers//3 are reduction cells")
+    kind: Literal["darts", "dpnas"] = _key(
+        "darts", "search space: darts (a normal and a reduction cell, DARTS' 8 ops) or dpnas (one dense cell for "
+        "every stage, 10 ops with a choice of activation: Cheng et al. 2021; docs/dpnas.md)")
+    channels: int = _key(8, "darts: initial channels C of the cells (doubled at each reduction cell)")
+    layers: int = _key(3, "darts: cells in the supernet; those at layers//3 and 2·layers//3 are reduction cells")
     nodes: int = _key(
-        2, "intermediate nodes per cell (DARTS uses 4; 2 keeps the default run within minutes on a laptop CPU)")
-    stem_multiplier: int = _key(3, "the stem convolution outputs stem_multiplier·channels channels")
+        2, "intermediate nodes per cell (DARTS uses 4, DPNAS 5; 2 keeps the default run within minutes on a laptop "
+        "CPU)")
+    stem_multiplier: int = _key(3, "darts: the stem convolution outputs stem_multiplier·channels channels")
     norm: Literal["batchnorm", "groupnorm"] = _key(
-        "groupnorm", "normalisation inside the ops: groupnorm (per example; required under DP) or batchnorm (DARTS)")
+        "groupnorm", "normalisation inside the ops: groupnorm (per example; required under DP and by dpnas) or "
+        "batchnorm (DARTS)")
+    # default_factory: every Config gets its own list.
+    stage_channels: list[int] = field(default_factory=lambda: [8, 16, 32], metadata={HELP: (
+        "dpnas: channels of the cell of each stage, one stage per entry (each stage: cell, then a stride-2 max pool); "
+        "the paper: 48, 96, 192 on CIFAR-10, 32, 32, 64 on MNIST; also the trained network's")})
 
 
 @dataclass
@@ -106,6 +115,28 @@ class SearchConfig:
     a_beta1: float = _key(0.5, "Adam β1 of the A update (a_optimizer: adam)")
     a_beta2: float = _key(0.999, "Adam β2 of the A update (a_optimizer: adam)")
     a_weight_decay: float = _key(1e-3, "weight decay of the A update")
+    w_optimizer: Literal["sgd", "adadp"] = _key(
+        "sgd", "update of W: sgd (cosine schedule, momentum) or adadp (step size adapted from one full and two half "
+        "steps, two W releases per step; w_lr is the initial step size; see docs/adadp.md)")
+
+
+@dataclass
+class AdadpConfig:
+    """ADADP's step-size rule (search.w_optimizer: adadp and augment.optimizer: adadp; Koskela & Honkela,
+    Algorithm 2; docs/adadp.md)."""
+
+    tol: float | None = _key(
+        None, "target error of the step-size rule; null: 1.0 under DP (mode dpfnas), 0.1 otherwise (the paper's)")
+    alpha_min: float = _key(0.9, "smallest factor of the step size per step (paper: 0.9)")
+    alpha_max: float = _key(1.1, "largest factor of the step size per step (paper: 1.1)")
+    next: Literal["extrapolated", "full"] = _key(
+        "extrapolated", "next iterate: extrapolated (the two half steps, W_half - eta/2 G2) or full (W - eta G1, "
+        "as the paper's Algorithm 2 text)")
+    factor: Literal["linear", "sqrt"] = _key(
+        "linear", "step-size factor: linear, clamp(tol/err) (the paper), or sqrt, clamp(sqrt(tol/err))")
+    reject: bool | None = _key(
+        None, "discard a step whose error exceeds tol (the paper's Algorithm 1); null: off under DP (the paper "
+        "omits it there), on otherwise")
 
 
 @dataclass
@@ -149,18 +180,25 @@ class AugmentConfig:
     batch_size: int = _key(64, "examples per party and step (under DP: the expected Poisson batch size)")
     genotype: str | None = _key(
         None, "train this genotype (the string the search prints) instead of searching; null: the searched one")
-    layers: int = _key(3, "cells of the augmented network; those at layers//3 and 2·layers//3 are reduction cells")
-    channels: int = _key(8, "initial channels of the augmented network (DARTS CIFAR-10: 36)")
+    layers: int = _key(
+        3, "darts: cells of the augmented network; those at layers//3 and 2·layers//3 are reduction cells (dpnas "
+        "trains the searched stages, space.stage_channels)")
+    channels: int = _key(8, "darts: initial channels of the augmented network (DARTS CIFAR-10: 36)")
     pool: Literal["all", "train"] = _key(
         "all", "what a party trains on: all (its search-train and search-validation shards) or train (its train "
         "shard only)")
+    optimizer: Literal["sgd", "adadp"] = _key(
+        "sgd", "update of the weights: sgd (cosine schedule, momentum) or adadp (the search's ADADP rule and adadp "
+        "section: two weight releases per iteration; lr is the initial step size; momentum must be 0; see "
+        "docs/adadp.md)")
     lr: float = _key(0.3, "initial SGD learning rate (cosine-annealed per step to lr_min; DARTS CIFAR-10: 0.025)")
     lr_min: float = _key(0.0, "final learning rate of the cosine schedule")
     momentum: float = _key(0.9, "SGD momentum")
     weight_decay: float = _key(3e-4, "L2 weight decay")
     grad_clip: float = _key(
         1.0, "server-side clip of the aggregated gradient's L2 norm (not the DP clip; DARTS: 5); 0 disables")
-    auxiliary_weight: float = _key(0.0, "weight of the auxiliary head's loss (DARTS: 0.4); 0: no auxiliary head")
+    auxiliary_weight: float = _key(
+        0.0, "weight of the auxiliary head's loss (DARTS: 0.4); 0: no auxiliary head (darts only)")
     drop_path: float = _key(0.0, "drop-path probability, ramped linearly from 0 over the epochs (DARTS: 0.2)")
     cutout: int = _key(0, "cutout square side in pixels, per example (DARTS CIFAR-10: 16); 0: off")
     crop_padding: int = _key(0, "random crop after zero padding by this many pixels, per example (DARTS: 4); 0: off")
@@ -237,6 +275,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
+    adadp: AdadpConfig = field(default_factory=AdadpConfig)
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     federation: FederationConfig = field(default_factory=FederationConfig)
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
@@ -275,6 +314,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("space.layers", lambda v: v >= 1, "must be >= 1"),
     ("space.nodes", lambda v: v >= 1, "must be >= 1"),
     ("space.stem_multiplier", lambda v: v >= 1, "must be >= 1"),
+    ("space.stage_channels", lambda v: len(v) >= 1 and all(c >= 1 for c in v),
+     "must be a non-empty list of integers >= 1 (one per stage)"),
     ("search.epochs", lambda v: v >= 1, "must be >= 1"),
     ("search.batch_size", lambda v: v >= 1, "must be >= 1"),
     ("search.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
@@ -287,6 +328,9 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.a_beta1", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_beta2", lambda v: 0 <= v < 1, "must be in [0, 1)"),
     ("search.a_weight_decay", lambda v: v >= 0, "must be >= 0"),
+    ("adadp.tol", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("adadp.alpha_min", lambda v: 0 < v <= 1, "must be in (0, 1]"),
+    ("adadp.alpha_max", lambda v: v >= 1, "must be >= 1"),
     ("augment.epochs", lambda v: v >= 0, "must be >= 0 (0: search only)"),
     ("augment.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("augment.batch_size", lambda v: v >= 1, "must be >= 1"),
@@ -328,6 +372,8 @@ def _type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(tp)[0])}"
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -352,6 +398,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             except ConfigError:
                 continue
         raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: expected {_type_name(tp)} (e.g. [8, 16, 32]), got {value!r}")
+        return [_coerce(key, item, typing.get_args(tp)[0]) for item in value]
     if tp is type(None):
         if value is None:
             return None
@@ -414,10 +464,26 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} {requirement}")
-    if cfg.search.w_lr_min > cfg.search.w_lr:
+    if cfg.search.w_lr_min > cfg.search.w_lr and cfg.search.w_optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
-    if cfg.augment.lr_min > cfg.augment.lr:
+    if cfg.augment.lr_min > cfg.augment.lr and cfg.augment.optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"augment.lr_min: {cfg.augment.lr_min} must not exceed augment.lr ({cfg.augment.lr})")
+    if cfg.search.w_optimizer == "adadp":
+        if cfg.search.w_momentum != 0:
+            raise ConfigError(f"search.w_momentum: {cfg.search.w_momentum} is refused with search.w_optimizer adadp "
+                              "(momentum mixes steps of different sizes into the error estimate); set it to 0")
+        if cfg.search.order != "first_order":
+            raise ConfigError("search.order: second_order is refused with search.w_optimizer adadp (its Hessian "
+                              "term assumes one W step per iteration); use first_order")
+    if cfg.augment.optimizer == "adadp" and cfg.augment.momentum != 0:
+        raise ConfigError(f"augment.momentum: {cfg.augment.momentum} is refused with augment.optimizer adadp "
+                          "(momentum mixes steps of different sizes into the error estimate); set it to 0")
+    if cfg.space.kind == "dpnas":
+        if cfg.space.norm != "groupnorm":
+            raise ConfigError(f"space.norm: the dpnas space normalises with GroupNorm (the paper's choice, per "
+                              f"example); set space.norm: groupnorm, got {cfg.space.norm}")
+        if cfg.augment.auxiliary_weight > 0:
+            raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":
@@ -466,6 +532,9 @@ def _validate_selection(cfg: Config) -> None:
     if cfg.augment.epochs > 0:
         raise ConfigError(f"federation.selection: {fed.selection} applies to the search only; set "
                           "augment.epochs=0 (search only)")
+    if cfg.search.w_optimizer == "adadp" or (cfg.augment.epochs > 0 and cfg.augment.optimizer == "adadp"):
+        raise ConfigError(f"federation.selection: {fed.selection} cannot be combined with ADADP (the selection "
+                          "chooses once per step, ADADP releases W twice); use the sgd optimizer")
     if fed.selection == "secprobe" and fed.aux_size < 1:
         raise ConfigError("federation.aux_size: federation.selection secprobe scores parties on the server's aux "
                           "set; set aux_size >= 1")
@@ -501,7 +570,9 @@ def key_docs() -> list[KeyDoc]:
 
 
 def _yaml_scalar(value: Any) -> str:
-    return yaml.safe_dump(value).strip().removesuffix("...").strip().replace("\n", " ")
+    # A list on one line, in flow style ([8, 16, 32]): block style would not survive the joined line.
+    return yaml.safe_dump(value, default_flow_style=isinstance(value, list) or None).strip().removesuffix(
+        "...").strip().replace("\n", " ")
 
 
 def describe_keys(width: int = 100) -> list[str]:

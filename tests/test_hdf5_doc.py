@@ -15,7 +15,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema
+from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema, read_run
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 PARTIES = 2
@@ -63,18 +63,26 @@ def file_members(path: Path) -> set[Member]:
     return members
 
 
-def _fresh_log(path: Path, mode: str, *, augment: bool, selection: bool = False) -> Path:
-    """A finished search of ``mode`` with one row per family; with augment, also a finished augment stage that
-    is private exactly when the search was (as the product runs it); with selection (dpfnas), a SecProbe run."""
+#: (alpha_shape, reduce_alpha_shape) per space kind, as ``mpi_fnas.space.search_space(kind).alpha_shapes`` gives them
+#: for 4 DARTS nodes and the paper's 5 DPNAS nodes.
+ALPHA_SHAPES = {"darts": ((14, 8), (14, 8)), "dpnas": ((15, 10), (0, 10))}
+
+
+def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", selection: bool = False) -> Path:
+    """A finished search of ``mode`` in ``space`` with one row per family; with augment, also a finished augment
+    stage that is private exactly when the search was (as the product runs it); with selection (dpfnas), a
+    SecProbe run."""
     privacy = None
     if mode == "dpfnas":
         privacy = PrivacySchema(
             delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.01] * PARTIES,
             sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
         )  # fmt: skip
+    normal, reduce = ALPHA_SHAPES[space]
     runlog = RunLog.create(
-        path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=(14, 8),
-        genotype_length=64, privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
+        path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=normal,
+        reduce_alpha_shape=reduce, space=space, genotype_length=64,
+        privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
         privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
         unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,
         selection=SelectionSchema(selection="secprobe", select=1, epsilon_per_step=1.0, score_window=2, aux_size=10,
@@ -83,6 +91,7 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, selection: bool = False)
     runlog.append_metrics({"step": 1})
     if selection:
         runlog.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 1.0)
+    runlog.append_epoch(np.full(normal, 1 / normal[1]), np.full(reduce, 1 / reduce[1]), "g")
     if privacy is not None:
         runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
     runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
@@ -109,11 +118,13 @@ def _under(member: Member, group: str) -> bool:
     return member[0] == group or member[0].startswith(group + "/") or member == (parent or "/", name, "group")
 
 
-@pytest.mark.parametrize(("mode", "augment", "selection"), [
-    ("dpfnas", False, False), ("fnas", False, False), ("dpfnas", True, False), ("fnas", True, False),
-    ("dpfnas", False, True),
+@pytest.mark.parametrize(("mode", "augment", "space", "selection"), [
+    ("dpfnas", False, "darts", False), ("fnas", False, "darts", False), ("dpfnas", True, "darts", False),
+    ("fnas", True, "darts", False), ("dpfnas", True, "dpnas", False), ("fnas", False, "dpnas", False),
+    ("dpfnas", False, "darts", True),
 ])
-def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool, selection: bool) -> None:
+def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool, space: str,
+                                                   selection: bool) -> None:
     documented = documented_members(DOC.read_text(encoding="utf-8"))
     if not selection:  # the doc marks /selection and /privacy/selection_epsilon as existing only with a selection
         documented = {member for member in documented if not _under(member, "/selection")}
@@ -123,6 +134,19 @@ def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, au
         documented = {member for member in documented if not _under(member, "/augment/privacy")}
     if not augment:  # the doc marks /augment as existing once an augment stage has begun
         documented = {member for member in documented if not _under(member, "/augment")}
-    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment, selection=selection))
+    written = file_members(_fresh_log(tmp_path / "search.h5", mode, augment=augment, space=space,
+                                      selection=selection))
     assert sorted(written - documented) == [], "written but not documented"
     assert sorted(documented - written) == [], "documented but not written"
+
+
+def test_dpnas_alphas_are_one_cell_and_an_edgeless_reduce_as_documented(tmp_path: Path) -> None:
+    """docs/hdf5.md, /alphas: under space dpnas, normal holds the (15, 10) cell, reduce grows with it at 0 edges."""
+    path = _fresh_log(tmp_path / "search.h5", "dpfnas", augment=False, space="dpnas")
+    with h5py.File(path, "r") as f:
+        assert f.attrs["space"] == "dpnas"
+        assert f["alphas/normal"].shape == (1, 15, 10) and f["alphas/normal"].maxshape == (None, 15, 10)
+        assert f["alphas/reduce"].shape == (1, 0, 10) and f["alphas/reduce"].maxshape == (None, None, 10)
+    run = read_run(path)
+    assert run["space"] == "dpnas" and run["alphas"]["reduce"].shape == (1, 0, 10)
+    assert np.allclose(run["alphas"]["normal"][0].sum(axis=1), 1.0)

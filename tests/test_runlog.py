@@ -89,12 +89,14 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
     with h5py.File(path, "r") as f:
         root = f.attrs
         assert set(root) == {
-            "status", "mode", "parties", "config", "version", "final_genotype", "created", "reason",
+            "status", "mode", "space", "parties", "config", "version", "final_genotype", "created", "reason",
             "attempts", "privacy_guarantee", "unreliable", "corruption",
         }  # fmt: skip
         assert not root["unreliable"].any() and root["unreliable"].shape == (root["parties"],)
         assert root["corruption"] == 0.0
-        for name in ("status", "mode", "config", "version", "final_genotype", "created", "reason", "privacy_guarantee"):
+        assert root["space"] == "darts"  # the default: DARTS' two cells
+        for name in ("status", "mode", "space", "config", "version", "final_genotype", "created", "reason",
+                     "privacy_guarantee"):
             string_info = h5py.check_string_dtype(root.get_id(name).dtype)
             assert string_info is not None and string_info.encoding == "utf-8", name
         assert (root["status"], root["mode"], root["reason"]) == ("finished", "dpfnas", "completed")

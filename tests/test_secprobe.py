@@ -314,6 +314,8 @@ def test_selection_state_survives_a_checkpoint_exactly(tmp_path: Path) -> None:
     (["federation.selection=random", "federation.select=2", "augment.epochs=2"], "search only"),
     (["federation.unreliable_parties=1", "augment.epochs=1"], "augmentation does not simulate"),
     (["federation.unreliable_parties=1", "augment.epochs=1", "augment.genotype=x"], "augmentation does not simulate"),
+    (["federation.selection=random", "federation.select=2", "search.w_optimizer=adadp",
+      "search.w_momentum=0"], "ADADP"),
     (["federation.corruption=1.5"], "federation.corruption"),
     (["federation.selection_epsilon=0"], "federation.selection_epsilon"),
     (["federation.aux_size=100000"], "federation.aux_size"),

@@ -10,6 +10,10 @@ server broadcasts the aggregate v, and each party adds its finite-difference Hes
 (Eq. 5). Using the aggregate v makes Σ_k H_k the exact unrolled gradient of the aggregated validation loss
 (the paper's per-party v_k drops cross-party terms); it costs one more W-sized exchange per step.
 
+With ADADP (``search.w_optimizer: adadp``) the W half takes two rounds (Koskela & Honkela, Algorithm 2):
+G1 at W → the server broadcasts W_half = W − (η/2)·G1 → G2 at W_half, on a fresh batch → the server broadcasts
+the next W and adapts η (:mod:`mpi_fnas.federation.adadp`). The A half follows once.
+
 Under DP the party's "release" is clipped and noised inside the party (``Party`` decides; see
 ``mpi_fnas.privacy``); nothing here changes. The server contributes zeros to every Reduce.
 The returned ``StepStats`` carries the STATS tails (loss sums, counts, compute seconds) for logging.
@@ -26,6 +30,7 @@ without another collective.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -114,9 +119,11 @@ def server_iteration_selecting(server: Server, channel: Channel, buf: GatherBuff
 def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool,
                      control: int = CONTINUE) -> StepStats:
     """Rank 0's half of one iteration; `control` tells the parties what happens after it."""
-    channel.reduce_sum(buf.w_zero, buf.w_sum)  # Σ_k G_k
-    server.step_w(buf.w_sum[:-STATS])
-    channel.bcast(server.w_buffer)  # W'
+    if server.adadp is None:
+        train = _w_round(server.step_w, channel, buf, server)  # Σ_k G_k → W'
+    else:
+        train = _w_round(server.adadp_half_step, channel, buf, server)  # Σ_k G1_k → W_half
+        train += _w_round(server.adadp_full_step, channel, buf, server)  # Σ_k G2_k → W'
     if second_order:
         channel.reduce_sum(buf.v_zero, buf.v_sum)  # Σ_k v_k
         v = np.ascontiguousarray(server.aggregate(buf.v_sum), dtype=np.float32)
@@ -126,21 +133,31 @@ def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, secon
     buf.a_send[:-1] = server.a_buffer
     buf.a_send[-1] = control
     channel.bcast(buf.a_send)  # A and the control word
-    return StepStats(train=buf.w_sum[-STATS:].copy(), val=buf.a_sum[-STATS:].copy())
+    return StepStats(train=train, val=buf.a_sum[-STATS:].copy())
+
+
+def _w_round(step: Callable[[np.ndarray], None], channel: Channel, buf: ServerBuffers, server: Server) -> np.ndarray:
+    """One W round on rank 0: Reduce the parties' W releases, `step` W with their sum, broadcast W; its STATS."""
+    channel.reduce_sum(buf.w_zero, buf.w_sum)
+    step(buf.w_sum[:-STATS])
+    channel.bcast(server.w_buffer)
+    return buf.w_sum[-STATS:].copy()
 
 
 def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.ndarray, v_in: np.ndarray,
-                    second_order: bool, xi: float, gathered: bool = False) -> int:
+                    second_order: bool, xi: float, w_rounds: int = 1, gathered: bool = False) -> int:
     """Party k's half of one iteration; returns the server's control word.
 
     `w_in`, `a_in` (A + control word), `v_in` are preallocated receive buffers. `xi` is the server's W learning
-    rate of this step (the parties follow the same public schedule). `gathered`: the server gathers the releases
-    (a selection) instead of reducing them; the party sends the same buffers either way.
+    rate of this step (the parties follow the same public schedule). `w_rounds`: 2 under ADADP (G1 at W, then
+    G2 at the broadcast W_half on a fresh batch), else 1. `gathered`: the server gathers the releases (a
+    selection; never with ADADP) instead of reducing them; the party sends the same buffers either way.
     """
     send = channel.gather if gathered else channel.reduce_sum
-    send(party.w_release())  # G_k
-    channel.bcast(w_in)
-    party.load_w(w_in)  # W'_k ← W
+    for _ in range(w_rounds):
+        send(party.w_release())  # G_k (ADADP: G1_k, then G2_k)
+        channel.bcast(w_in)
+        party.load_w(w_in)  # W'_k ← W (ADADP: W_half first)
     if second_order:
         channel.reduce_sum(party.val_gradients())  # v_k
         channel.bcast(v_in)

@@ -22,6 +22,7 @@ from mpi_fnas.config import Config
 from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
@@ -30,7 +31,7 @@ from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.server import w_learning_rate
-from mpi_fnas.space import build_supernet
+from mpi_fnas.space import search_space
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
@@ -49,10 +50,11 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     party.load_a(a_in[:-1])
 
     second_order = cfg.search.order == "second_order"
+    rounds = w_rounds(cfg.search.w_optimizer)
 
     def iterate(step: int) -> int:
         xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
-        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, gathered=got.gathered)
+        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, rounds, gathered=got.gathered)
 
     stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
                           journal=got.dp is not None, party=party, randomness=_randomness_source(got),
@@ -66,7 +68,8 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     data = open_split(cfg, "train")
     x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
     x_val, y_val = own_shard(cfg, data, got, rank, "val")
-    model = build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels, num_classes=data.num_classes)
+    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
+                                                        num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
     party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),

@@ -25,6 +25,7 @@ from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import os_seed
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp, party_release, poisson_sample
 from mpi_fnas.space import SearchNetwork
+from mpi_fnas.space.dpnas import DpnasSearchNetwork
 
 
 @dataclass
@@ -83,8 +84,8 @@ class Party:
     """
 
     def __init__(
-        self, model: SearchNetwork, train: Shard, val: Shard, batch_size: int, generator: torch.Generator,
-        dp: DPParams | None = None, noise_generator: torch.Generator | None = None,
+        self, model: SearchNetwork | DpnasSearchNetwork, train: Shard, val: Shard, batch_size: int,
+        generator: torch.Generator, dp: DPParams | None = None, noise_generator: torch.Generator | None = None,
     ) -> None:
         self.model = model
         self.w_params = list(model.weights())

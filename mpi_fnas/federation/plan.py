@@ -15,6 +15,7 @@ import numpy as np
 from mpi_fnas.config import Config, ConfigError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import unreliable_parties
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.budget import AugmentReleases, PrivacyPlan, augment_sample_rates, plan_privacy
@@ -90,6 +91,8 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
     steps = cfg.search.steps_per_epoch
     if steps is None:  # one epoch = one pass over the mean party's train shard
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
+    # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
+    steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
     unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
     gathered = cfg.federation.selection != "all"
     return [Assignment(train_idx[tp], val_idx[vp], steps, unreliable=bool(bad),
@@ -105,8 +108,12 @@ def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray
 
 
 def augment_steps(cfg: Config, pool_sizes: list[int]) -> tuple[int, int]:
-    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool."""
+    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool.
+
+    As in the search, ``augment.steps_per_epoch`` counts weight releases (batches); an ADADP iteration makes two.
+    """
     per_epoch = cfg.augment.steps_per_epoch or max(1, math.ceil(float(np.mean(pool_sizes)) / cfg.augment.batch_size))
+    per_epoch = math.ceil(per_epoch / w_rounds(cfg.augment.optimizer))
     return per_epoch, cfg.augment.epochs * per_epoch
 
 
@@ -129,6 +136,7 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
         noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
         expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
         steps=augment_steps(cfg, [len(p) for p in augment_pools(cfg, assignments)])[1], stop_reason="completed",
+        releases_per_step=w_rounds(cfg.augment.optimizer),
     )
 
 
@@ -150,7 +158,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
                 DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
-                augment=augment_demand(cfg, assignments),
+                augment=augment_demand(cfg, assignments), w_releases_per_step=w_rounds(cfg.search.w_optimizer),
             )
         except ValueError as exc:
             raise SetupError(f"privacy: {exc}") from None

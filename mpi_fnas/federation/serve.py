@@ -23,6 +23,7 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import (
     GatherBuffers,
     SelectedStepStats,
@@ -42,7 +43,7 @@ from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost,
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
-from mpi_fnas.space import PRIMITIVES, build_supernet, max_genotype_length, num_edges
+from mpi_fnas.space import search_space
 
 TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
 
@@ -99,8 +100,10 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     loop: _ServerLoop | None = None
     try:
         selector = Selector(cfg.federation, channel.parties, server_generator(_selection_seed(cfg)), plan.unreliable)
-        server = Server(build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                       num_classes=test.num_classes), cfg.search, selector.select)
+        supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
+                                                               num_classes=test.num_classes)
+        server = Server(supernet, cfg.search, selector.select,
+                        adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
             if resume.get("selection") is not None:
@@ -160,10 +163,12 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
         log.truncate(*resume["log_rows"])
         return log
+    space = search_space(cfg.space.kind)
+    normal_shape, reduce_shape = space.alpha_shapes(cfg.space)
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
-        metric_names=SEARCH_METRICS, alpha_shape=(num_edges(cfg.space.nodes), len(PRIMITIVES)),
-        genotype_length=max_genotype_length(cfg.space.nodes, PRIMITIVES),
+        metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
+        genotype_length=space.max_genotype_length(cfg.space),
         privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
         rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
         unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=_selection_schema(cfg, plan),
@@ -260,7 +265,7 @@ class _ServerLoop:
         return outcome
 
     def _log_row(self, step: int, epoch: int, test_stats: np.ndarray | None) -> None:
-        row = self.acc.row(step, epoch, self.channel.parties, self.server.xi)
+        row = self.acc.row(step, epoch, self.channel.parties, *self.server.w_log_values())
         if self.ledger is not None:  # a step's duration tracks its realised Poisson batch size: not released
             for column in TIMING_COLUMNS:
                 row[column] = math.nan
@@ -330,7 +335,7 @@ class _Accumulator:
         self.wall += wall
         self.comm += comm
 
-    def row(self, step: int, epoch: int, parties: int, w_lr: float) -> dict[str, float]:
+    def row(self, step: int, epoch: int, parties: int, w_lr: float, adadp_err: float) -> dict[str, float]:
         # Under DP the parties send no statistics: counts are 0 and the loss/accuracy columns are NaN.
         row = {
             "step": step, "epoch": epoch,
@@ -339,7 +344,7 @@ class _Accumulator:
             "step_seconds": self.wall / self.steps, "comm_seconds": self.comm / self.steps,
             "party_seconds": (self.train[3] + self.val[3]) / parties / self.steps if self.train[2] > 0
             else float("nan"),
-            "w_lr": w_lr,
+            "w_lr": w_lr, "adadp_err": adadp_err,
         }
         self.reset()
         return row

@@ -15,8 +15,9 @@ train and validation shards are disjoint (Theorem 3.1). ε depends on public cou
 compute the log's ε on a background thread (:meth:`FederationLedger.submit`) while the parties train.
 
 The augment stage (training the found architecture on the same parties) releases one DP gradient per party and
-iteration, Poisson-sampled from a pool of the party's records (:func:`augment_sample_rates`): each record's shard
-ledger pays for it at that record's rate, so the party's ε stays the larger of its two *composed* ledgers'.
+iteration (two under ADADP: ``AugmentReleases.releases_per_step``), Poisson-sampled from a pool of the party's
+records (:func:`augment_sample_rates`): each record's shard ledger pays for it at that record's rate, so the
+party's ε stays the larger of its two *composed* ledgers'.
 :func:`plan_privacy` with ``augment`` plans both stages of one job against one budget; :func:`plan_augment`
 plans the augment alone against what a ledger has already spent.
 """
@@ -51,10 +52,11 @@ AugmentPool = Literal["all", "train"]
 class AugmentReleases:
     """Public constants of the augment stage's releases. Arrays are (K,), party k at index k - 1.
 
-    Each augment iteration, every party releases one gradient of its pool: Poisson-sampled, clipped per example
-    at ``clip``, noise ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's
-    train shard is sampled with rate ``sample_rate_train[k]``, one of its validation shard with
-    ``sample_rate_val[k]`` (0: the pool leaves that shard out, and its ledger is not charged).
+    Each augment iteration, every party releases ``releases_per_step`` gradients of its pool (1; 2 under
+    ``augment.optimizer: adadp``, each on a fresh batch): Poisson-sampled, clipped per example at ``clip``, noise
+    ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's train shard is sampled
+    with rate ``sample_rate_train[k]``, one of its validation shard with ``sample_rate_val[k]`` (0: the pool leaves
+    that shard out, and its ledger is not charged).
     """
 
     noise_multiplier: float
@@ -64,6 +66,7 @@ class AugmentReleases:
     sample_rate_val: np.ndarray
     steps: int  # augment iterations planned (≤ the configured ones)
     stop_reason: str = "completed"  # or why fewer augment steps were planned
+    releases_per_step: int = 1  # weight releases per augment iteration (2 under ADADP: at W, then at W_half)
 
     def __post_init__(self) -> None:
         # Frozen: the arrays are normalised through object.__setattr__, once, here.
@@ -81,16 +84,19 @@ class AugmentReleases:
                              f"{self.expected_batch_size:g}")
         if int(self.steps) != self.steps or self.steps < 0:
             raise ValueError(f"augment steps must be a non-negative integer, got {self.steps}")
+        if int(self.releases_per_step) != self.releases_per_step or self.releases_per_step < 1:
+            raise ValueError(f"augment releases per step must be an integer >= 1, got {self.releases_per_step}")
         object.__setattr__(self, "sample_rate_train", rate_train)
         object.__setattr__(self, "sample_rate_val", rate_val)
         object.__setattr__(self, "steps", int(self.steps))
+        object.__setattr__(self, "releases_per_step", int(self.releases_per_step))
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (JSON/HDF5-attribute friendly); :meth:`from_state_dict` restores it."""
         return {"noise_multiplier": float(self.noise_multiplier), "clip": float(self.clip),
                 "expected_batch_size": float(self.expected_batch_size),
                 "sample_rate_train": self.sample_rate_train.tolist(), "sample_rate_val": self.sample_rate_val.tolist(),
-                "steps": self.steps, "stop_reason": self.stop_reason}
+                "steps": self.steps, "stop_reason": self.stop_reason, "releases_per_step": self.releases_per_step}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
@@ -111,6 +117,9 @@ class PrivacyPlan:
     steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
     stop_reason: str  # "completed" or why fewer steps were planned
     augment: AugmentReleases | None = None  # the augment stage as planned with the search (σ, steps), if it was
+    # W releases per search iteration on the train shard: 2 under ADADP (G1 and G2, each on a fresh Poisson
+    # batch), else 1. The validation shard pays one A release per iteration either way.
+    w_releases_per_step: int = 1
 
 
 def augment_sample_rates(
@@ -150,8 +159,12 @@ def plan_privacy(
     planned_steps: int,
     *,
     augment: AugmentReleases | None = None,
+    w_releases_per_step: int = 1,
 ) -> PrivacyPlan:
     """Plan the DP parameters of a run (see the module docstring). Raises ValueError on impossible settings.
+
+    ``w_releases_per_step``: W releases each iteration makes on the train shard (2 under ADADP); every ε, σ and
+    step limit below counts them, so ``planned_steps`` iterations charge the train ledger that many times over.
 
     ``augment``: the augment stage planned in the same job (its ``steps`` = the planned augment iterations, its
     σ used unless ``target_epsilon`` calibrates it). The budget then covers the whole job: ``target_epsilon``
@@ -170,23 +183,29 @@ def plan_privacy(
     q_tr = expected_batch_size / n_tr
     q_val = expected_batch_size / n_val
     deltas = party_deltas(train_sizes, val_sizes, delta)
+    r = int(w_releases_per_step)
+    if r < 1:
+        raise ValueError(f"W releases per step must be >= 1, got {w_releases_per_step}")
     if augment is not None:
-        return _plan_job(q_tr, q_val, deltas, params, planned_steps, augment)
+        return replace(_plan_job(q_tr, q_val, deltas, params, planned_steps, augment, r), w_releases_per_step=r)
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     if target_epsilon is not None:
         # The worst party has the largest rate and the smallest δ: calibrating there bounds everyone.
         worst_q = float(max(q_tr.max(), q_val.max()))
-        sigma_w = sigma_a = calibrate_noise_multiplier(target_epsilon, float(deltas.min()), worst_q, planned_steps)
+        # r·T releases at the worst rate bound both ledgers (the validation one has T): exact when q_tr binds.
+        sigma_w = sigma_a = calibrate_noise_multiplier(target_epsilon, float(deltas.min()), worst_q,
+                                                       planned_steps * r)
     steps, reason = planned_steps, "completed"
     if max_epsilon is not None:
-        steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps)
+        steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps, r)
         if steps < planned_steps:
             reason = f"max_epsilon reached: {max_epsilon:g} allows {steps} of {planned_steps} steps"
-    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason)
+    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason,
+                       w_releases_per_step=r)
 
 
 def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: DPParams, search_steps: int,
-              augment: AugmentReleases) -> PrivacyPlan:
+              augment: AugmentReleases, w_releases_per_step: int = 1) -> PrivacyPlan:
     """plan_privacy of a job that runs the search and then the augment (rates and δ already checked)."""
     if augment.sample_rate_train.shape != q_tr.shape:
         raise ValueError(f"the augment releases cover {len(augment.sample_rate_train)} parties, the search "
@@ -196,12 +215,12 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
     sigma_aug, augment_steps = float(augment.noise_multiplier), augment.steps
     if target_epsilon is not None:
         # One σ for the three releases, the variable of every shard (None), solved on the exact composition.
-        shards = _job_shards(q_tr, q_val, deltas, None, None, augment)
+        shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
         sigma_w = sigma_a = sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon,
                                                    start=1.0, interval=DEFAULT_VALUE_DISCRETIZATION)
     steps, reason, augment_reason = search_steps, "completed", augment.stop_reason
     if max_epsilon is not None:
-        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), sigma_aug, augment)
+        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), sigma_aug, augment, w_releases_per_step)
         pairs, fractions = _proportional_pairs(search_steps, augment_steps)
         chosen = _largest_within(shards, pairs, max_epsilon, DEFAULT_VALUE_DISCRETIZATION)
         if chosen < len(pairs) - 1:
@@ -282,27 +301,27 @@ def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: fl
 
 
 def _worst_epsilon(steps: int, q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, sigma_w: float,
-                   sigma_a: float) -> float:
+                   sigma_a: float, w_releases_per_step: int = 1) -> float:
     if steps == 0:
         return 0.0
     worst = 0.0
     for key in sorted(set(zip(q_tr.tolist(), q_val.tolist(), deltas.tolist(), strict=True))):  # identical parties once
         qt, qv, d = key
-        for sigma, q in ((sigma_w, qt), (sigma_a, qv)):
+        for sigma, q, count in ((sigma_w, qt, steps * w_releases_per_step), (sigma_a, qv, steps)):
             ledger = PrivacyLedger()
-            ledger.step(noise_multiplier=sigma, sample_rate=q, num_steps=steps)
+            ledger.step(noise_multiplier=sigma, sample_rate=q, num_steps=count)
             worst = max(worst, ledger.get_epsilon(d))
     return worst
 
 
-def _steps_within(budget: float, q_tr, q_val, deltas, sigma_w, sigma_a, planned: int) -> int:
+def _steps_within(budget: float, q_tr, q_val, deltas, sigma_w, sigma_a, planned: int, w_releases: int = 1) -> int:
     """The largest T ≤ planned whose worst-party ε ≤ budget (ε grows with T: binary search)."""
-    if _worst_epsilon(planned, q_tr, q_val, deltas, sigma_w, sigma_a) <= budget:
+    if _worst_epsilon(planned, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
         return planned
     lo, hi = 0, planned  # ε(lo) ≤ budget < ε(hi)
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _worst_epsilon(mid, q_tr, q_val, deltas, sigma_w, sigma_a) <= budget:
+        if _worst_epsilon(mid, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
             lo = mid
         else:
             hi = mid
@@ -341,9 +360,12 @@ class _Shard:
     search: tuple[float | None, float]
     augment: tuple[float | None, float]
     delta: float
+    search_releases: int = 1  # releases per search iteration on this shard (2 on the train shard under ADADP)
+    augment_releases: int = 1  # releases per augment iteration (2 under augment.optimizer: adadp)
 
     def runs(self, search_steps: int, augment_steps: int, sigma: float | None) -> Runs:
-        planned = ((self.search, search_steps), (self.augment, augment_steps))
+        planned = ((self.search, search_steps * self.search_releases),
+                   (self.augment, augment_steps * self.augment_releases))
         return self.spent + tuple((sigma if s is None else s, q, n) for (s, q), n in planned if q > 0 and n > 0)
 
     def dominates(self, other: _Shard) -> bool:
@@ -355,7 +377,9 @@ class _Shard:
         return (self.delta <= other.delta
                 and _runs_dominate(self.spent, other.spent)
                 and _release_dominates(self.search, other.search)
-                and _release_dominates(self.augment, other.augment))
+                and (self.search_releases >= other.search_releases or other.search[1] == 0.0)
+                and _release_dominates(self.augment, other.augment)
+                and (self.augment_releases >= other.augment_releases or other.augment[1] == 0.0))
 
 
 def _runs_dominate(mine: Runs, other: Runs) -> bool:
@@ -399,13 +423,17 @@ def _canonical_runs(runs: Sequence[Sequence[float]]) -> Runs:
 
 
 def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, search_sigmas: tuple[float, float] | None,
-                augment_sigma: float | None, augment: AugmentReleases) -> set[_Shard]:
-    """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate)."""
+                augment_sigma: float | None, augment: AugmentReleases, w_releases_per_step: int = 1) -> set[_Shard]:
+    """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate).
+
+    The train shard pays ``w_releases_per_step`` W releases per search iteration, the validation shard one."""
     sigma_w, sigma_a = search_sigmas if search_sigmas is not None else (None, None)
     shards = set()
     for k, delta in enumerate(deltas.tolist()):
-        shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta))
-        shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta))
+        shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta,
+                          w_releases_per_step, augment.releases_per_step))
+        shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta,
+                          1, augment.releases_per_step))
     return shards
 
 
@@ -416,7 +444,8 @@ def _ledger_shards(ledger: FederationLedger, augment_sigma: float | None, augmen
         for shard_ledger, rate in ((ledger.train[k], augment.sample_rate_train[k]),
                                    (ledger.val[k], augment.sample_rate_val[k])):
             spent = _canonical_runs(_runs(shard_ledger))
-            shards.add(_Shard(spent, (None, 0.0), (augment_sigma, float(rate)), delta))
+            shards.add(_Shard(spent, (None, 0.0), (augment_sigma, float(rate)), delta,
+                              augment_releases=augment.releases_per_step))
     return shards
 
 
@@ -553,7 +582,7 @@ class EpsilonRow:
     charged_steps: np.ndarray  # int64: search releases charged per shard so far (iterations + replays)
     epsilon: np.ndarray  # float64: tight PLD ε at the party's δ, the larger of its two composed ledgers'
     mu_gdp: np.ndarray  # float64: Theorem 3.1's μ, the larger of its two ledgers' (an approximation)
-    augment_steps: np.ndarray | None = None  # int64: augment releases charged so far (iterations + replays)
+    augment_steps: np.ndarray | None = None  # int64: augment iterations charged so far (plus replays)
 
 
 class FederationLedger:
@@ -587,7 +616,8 @@ class FederationLedger:
 
     # -- recording -----------------------------------------------------------------------------------------------
     def record_step(self) -> None:
-        """One iteration: every party released one G_k (train) and one H_k (validation)."""
+        """One iteration: every party released ``plan.w_releases_per_step`` G_k (train; 2 under ADADP) and one H_k
+        (validation). ``charged_steps()`` counts iterations."""
         for k in range(len(self.train)):
             self._charge(k, 1)
 
@@ -630,25 +660,29 @@ class FederationLedger:
         if releases.sample_rate_train.shape != (len(self.train),):
             raise ValueError(f"the augment releases cover {len(releases.sample_rate_train)} parties, the ledger "
                              f"{len(self.train)}")
-        if self.augment is not None and self._augment_steps.any() and not (
-                np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
-                and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
-            raise ValueError("the augment sample rates changed after augment releases were charged")
+        if self.augment is not None and self._augment_steps.any():
+            if not (np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
+                    and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
+                raise ValueError("the augment sample rates changed after augment releases were charged")
+            if self.augment.releases_per_step != releases.releases_per_step:
+                raise ValueError("the augment releases per step changed after augment releases were charged")
         self.augment = releases
 
     def record_augment_step(self) -> None:
-        """One augment iteration: every party released one gradient of its pool."""
+        """One augment iteration: every party released ``augment.releases_per_step`` gradients of its pool (2 under
+        ADADP). ``augment_steps()`` counts iterations."""
         for k in range(len(self.train)):
             self._charge_augment(k, 1)
 
     def charge_augment_replays(self, party: int, steps: int) -> None:
-        """Charge ``steps`` replayed augment releases to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
+        """Charge ``steps`` replayed augment iterations to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
         self._check_replay(party, steps)
         self._charge_augment(party, int(steps))
         self._augment_replays[party] += int(steps)
 
     def augment_steps(self) -> np.ndarray:
-        """(K,) int64: augment releases charged so far, per party (its augment iterations plus their replays)."""
+        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
+        ``augment.releases_per_step`` releases)."""
         return self._augment_steps.copy()
 
     # -- privacy (caller's thread) -------------------------------------------------------------------------------
@@ -748,19 +782,22 @@ class FederationLedger:
                                              "augment replay")
         if self.augment is not None and self.augment.sample_rate_train.shape != (len(self.train),):
             raise ValueError("privacy ledger state: the augment releases cover a different number of parties")
-        # What the ledgers hold minus the augment releases each one was charged is the search's count, which
-        # must be the same on a party's two shards.
-        search_train, search_val = (np.array([ledger.steps for ledger in ledgers], dtype=np.int64) - charged
-                                    for ledgers, charged in ((self.train, self._augment_charged("train")),
-                                                             (self.val, self._augment_charged("val"))))
-        if np.any(search_train != search_val) or np.any(search_train < 0):
+        # What the ledgers hold minus the augment releases each one was charged is the search's release count:
+        # w_releases_per_step per iteration on the train shard, one on the validation shard.
+        releases_train, search_val = (np.array([ledger.steps for ledger in ledgers], dtype=np.int64) - charged
+                                      for ledgers, charged in ((self.train, self._augment_charged("train")),
+                                                               (self.val, self._augment_charged("val"))))
+        search_train = releases_train // self.plan.w_releases_per_step
+        if (np.any(search_train != search_val) or np.any(search_train < 0)
+                or np.any(releases_train % self.plan.w_releases_per_step)):
             raise ValueError("privacy ledger state: a party's train and validation ledgers disagree on the step count")
         self._search_steps = search_train
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _charge(self, party: int, steps: int) -> None:
         self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
-                               sample_rate=float(self.plan.sample_rate_train[party]), num_steps=steps)
+                               sample_rate=float(self.plan.sample_rate_train[party]),
+                               num_steps=steps * self.plan.w_releases_per_step)
         self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
                              sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
         self._search_steps[party] += steps
@@ -771,7 +808,8 @@ class FederationLedger:
         for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
                              (self.val[party], float(self.augment.sample_rate_val[party]))):
             if rate > 0:  # a shard outside the pool is never touched: nothing to pay
-                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate, num_steps=steps)
+                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
+                            num_steps=steps * self.augment.releases_per_step)
         self._augment_steps[party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
@@ -779,7 +817,7 @@ class FederationLedger:
         if self.augment is None:
             return np.zeros(len(self.train), dtype=np.int64)
         rates = self.augment.sample_rate_train if shard == "train" else self.augment.sample_rate_val
-        return np.where(rates > 0, self._augment_steps, 0)
+        return np.where(rates > 0, self._augment_steps * self.augment.releases_per_step, 0)
 
     def _check_replay(self, party: int, steps: int) -> None:
         if not 0 <= party < len(self.train):

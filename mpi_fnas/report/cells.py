@@ -1,8 +1,10 @@
 """A derived cell drawn as a graph with matplotlib alone (no graphviz binaries, no display).
 
-Layout, left to right: the two cell inputs c_{k-2} (above) and c_{k-1} (below); the intermediate nodes 0 .. n-1 on a
-line (an edge that skips a node arcs over it); the output c_{k}, which concatenates the states in ``concat``. Each op
-edge is an arrow labelled with its op and coloured by it; the concatenation edges are grey and dashed.
+DARTS (:func:`draw_cell`), left to right: the two cell inputs c_{k-2} (above) and c_{k-1} (below); the intermediate
+nodes 0 .. n-1 on a line (an edge that skips a node arcs over it); the output c_{k}, which concatenates the states in
+``concat``. DPNAS (:func:`draw_dense_cell`): the one input node (the 1x1 conv of the cell input) on the same line as
+the intermediate nodes, every kept edge (``none`` edges are absent) arcing above or below it. Each op edge is an
+arrow labelled with its op and coloured by it; the concatenation edges are grey and dashed.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from matplotlib.axes import Axes
 from matplotlib.patches import Circle, FancyArrowPatch
 
 NODE_RADIUS = 0.27  # data units; the axes keep an equal aspect so circles stay round
+DENSE_SPACING = 1.8  # distance between neighbouring nodes of a DPNAS cell: room for a label on the straight edges
 _INPUT_NAMES = ("c_{k-2}", "c_{k-1}")
 _FILL = {"input": "#cfe3f7", "node": "#fcefc0", "output": "#cdebc8"}
 
@@ -68,6 +71,53 @@ def draw_cell(ax: Axes, edges: Sequence[tuple[str, int]], concat: Sequence[int],
     ax.set_aspect("equal")
     ax.set_axis_off()
     ax.set_title(title, fontsize=10)
+
+
+def draw_dense_cell(ax: Axes, node_edges: Sequence[Sequence[tuple[str, int]]], title: str,
+                    colors: dict[str, str] | None = None) -> None:
+    """Draw one DPNAS cell on `ax`.
+
+    node_edges: per intermediate node i, its kept edges (op, input state), state 0 being the cell's input node and
+    state j >= 1 node j - 1 (as :meth:`mpi_fnas.space.dpnas.DpnasGenotype.node_edges`). Every node is concatenated
+    into the output.
+    """
+    colors = colors or {}
+    nodes = len(node_edges)
+    positions = {state: (DENSE_SPACING * state, 0.0) for state in range(nodes + 1)}
+    output = (DENSE_SPACING * (nodes + 1), -1.4)
+    reach = 1.0  # the farthest arc from the line, for the axes' limits
+    for i, edges in enumerate(node_edges):
+        target = i + 1
+        for op, source in edges:
+            span = target - source
+            # Neighbours are joined straight; longer edges arc, alternately above and below the line (by span),
+            # farther the more nodes they skip, so that parallel edges stay apart.
+            rad = 0.0 if span == 1 else (-1 if span % 2 == 0 else 1) * (0.2 + 0.04 * span)
+            reach = max(reach, abs(rad) * DENSE_SPACING * span / 2 + 0.4)
+            colour = colors.get(op, "#444444")
+            _arrow(ax, positions[source], positions[target], rad, colour, solid=True)
+            (x, y), angle = _arc_point(positions[source], positions[target], rad, 0.5)
+            ax.text(x, y, short_op_name(op), fontsize=7, ha="center", va="center", color=colour, zorder=7,
+                    rotation=angle, rotation_mode="anchor",
+                    bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "edgecolor": "none", "alpha": 0.85})
+    for state in range(1, nodes + 1):
+        _arrow(ax, positions[state], output, 0.2, "#9a9a9a", solid=False)
+    for state, centre in positions.items():
+        _node(ax, centre, "in" if state == 0 else str(state - 1), _FILL["input" if state == 0 else "node"])
+    _node(ax, output, "out", _FILL["output"])
+    ax.set_xlim(-0.5, DENSE_SPACING * (nodes + 1) + 0.5)
+    ax.set_ylim(-max(reach, 1.8), reach)
+    ax.set_aspect("equal")
+    ax.set_axis_off()
+    ax.set_title(title, fontsize=10)
+
+
+def short_op_name(op: str) -> str:
+    """The label of a DPNAS op on a drawn edge: ``conv_3x3_selu`` -> ``conv selu``, ``max_pool_3x3`` -> ``max pool``,
+    ``skip_connect`` -> ``skip``."""
+    if op.startswith("conv_3x3_"):
+        return "conv " + op.removeprefix("conv_3x3_")
+    return {"skip_connect": "skip"}.get(op, op.removesuffix("_3x3").replace("_", " "))
 
 
 def _node(ax: Axes, centre: tuple[float, float], label: str, fill: str) -> None:

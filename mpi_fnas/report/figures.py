@@ -17,7 +17,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from mpi_fnas.report.cells import draw_cell, op_colors, state_name
+from mpi_fnas.report.cells import draw_cell, draw_dense_cell, op_colors, state_name
 from mpi_fnas.report.collect import MODE_ORDER, STAGE_AUGMENT, RunRecord
 from mpi_fnas.report.tables import Group, augment_noise_label, noise_label
 from mpi_fnas.sweep import variance_label
@@ -53,11 +53,12 @@ def run_figures(run: RunRecord) -> dict[str, bytes]:
     """``{"<slug>-<suffix>.png": PNG}`` for the figures `run`'s log has data for: alphas and cells need an epoch
     end (and a parseable genotype), ε a DP ledger row; the curves are always drawn."""
     log = run.log
+    space = log.get("space", "darts")
     figures: dict[str, bytes] = {}
     if len(log["alphas"]["normal"]):
-        figures[f"{run.slug}-alphas.png"] = alphas_heatmap(log["alphas"], run.label)
-        figures[f"{run.slug}-alphas-epochs.png"] = alphas_over_epochs(log["alphas"], run.label)
-    cells = cells_figure(run.genotype, run.label) if run.genotype else None
+        figures[f"{run.slug}-alphas.png"] = alphas_heatmap(log["alphas"], run.label, space)
+        figures[f"{run.slug}-alphas-epochs.png"] = alphas_over_epochs(log["alphas"], run.label, space)
+    cells = cells_figure(run.genotype, run.label, space) if run.genotype else None
     if cells is not None:
         figures[f"{run.slug}-cells.png"] = cells
     figures[f"{run.slug}-curves.png"] = curves(log, run.label)
@@ -102,66 +103,85 @@ def selection_rate(log: dict[str, Any], label: str) -> bytes | None:
     return png_bytes(figure)
 
 
-def alphas_heatmap(alphas: dict[str, np.ndarray], label: str) -> bytes:
-    """The last epoch's softmax alphas, edge × op, normal and reduce side by side. alphas: {"normal", "reduce":
-    (epochs, edges, ops)}."""
-    primitives = _primitives(alphas["normal"].shape[2])
+def alphas_heatmap(alphas: dict[str, np.ndarray], label: str, space: str = "darts") -> bytes:
+    """The last epoch's softmax alphas, edge × op: normal and reduce side by side (DARTS), or the one cell of every
+    stage (DPNAS, whose reduce matrix has no edge). alphas: {"normal", "reduce": (epochs, edges, ops)}."""
+    primitives = _primitives(alphas["normal"].shape[2], space)
+    cells = _cells_with_edges(alphas)
     figure = new_figure()
-    axes = figure.subplots(1, 2)
+    axes = figure.subplots(1, len(cells), squeeze=False)[0]
     epochs = alphas["normal"].shape[0]
-    for ax, cell in zip(axes, ("normal", "reduce"), strict=True):
+    for ax, cell in zip(axes, cells, strict=True):
         final = np.asarray(alphas[cell][-1], dtype=float)
         # The colour scale spans the values, not [0, 1]: early in a search all weights are near 1/ops.
         image = ax.imshow(final, aspect="auto", cmap="viridis")
         ax.set_xticks(range(final.shape[1]), primitives, rotation=40, ha="right", fontsize=8)
-        ax.set_yticks(range(final.shape[0]), _edge_labels(final.shape[0]), fontsize=8)
-        ax.set_title(f"{cell} cell", fontsize=10)
+        ax.set_yticks(range(final.shape[0]), _EDGE_LABELS.get(space, _darts_edge_labels)(final.shape[0]), fontsize=8)
+        ax.set_title(_cell_title(cell, len(cells)), fontsize=10)
         figure.colorbar(image, ax=ax, fraction=0.046, pad=0.03)
     figure.suptitle(f"{label}: softmax alphas after epoch {epochs} (edge × op)", fontsize=11)
     figure.tight_layout()
     return png_bytes(figure)
 
 
-def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str) -> bytes:
-    """Each op's softmax weight averaged over the edges, per epoch end (the heatmap shows the edges)."""
-    primitives = _primitives(alphas["normal"].shape[2])
+def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str, space: str = "darts") -> bytes:
+    """Each op's softmax weight averaged over the edges, per epoch end (the heatmap shows the edges); one panel per
+    cell with edges."""
+    primitives = _primitives(alphas["normal"].shape[2], space)
     colors = op_colors(primitives)
+    cells = _cells_with_edges(alphas)
     figure = new_figure()
-    axes = figure.subplots(1, 2, sharey=True)
-    for ax, cell in zip(axes, ("normal", "reduce"), strict=True):
+    axes = figure.subplots(1, len(cells), sharey=True, squeeze=False)[0]
+    for ax, cell in zip(axes, cells, strict=True):
         values = np.asarray(alphas[cell], dtype=float)  # (epochs, edges, ops)
         epochs = np.arange(1, values.shape[0] + 1)
         for k, name in enumerate(primitives):
             ax.plot(epochs, values[:, :, k].mean(axis=1), marker="o", markersize=3, color=colors[name],
                     linestyle="--" if name == "none" else "-", label=name)
         ax.set_xlabel("epoch")
-        ax.set_title(f"{cell} cell", fontsize=10)
+        ax.set_title(_cell_title(cell, len(cells)), fontsize=10)
         ax.grid(alpha=0.3)
         ax.xaxis.get_major_locator().set_params(integer=True)
     axes[0].set_ylabel("mean softmax weight over edges")
-    axes[1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     figure.suptitle(f"{label}: alphas over epochs", fontsize=11)
     figure.tight_layout()
     return png_bytes(figure)
 
 
-def cells_figure(genotype_text: str, label: str) -> bytes | None:
-    """The normal and reduce cells of a genotype string as graphs; None when the text does not parse."""
-    from mpi_fnas.space.genotype import Genotype  # imports torch (mpi_fnas.space): only when drawing
-    from mpi_fnas.space.ops import PRIMITIVES
+def cells_figure(genotype_text: str, label: str, space: str = "darts") -> bytes | None:
+    """The cells of a genotype string of `space` as graphs (DARTS: normal and reduce; DPNAS: its one cell); None
+    when the text does not parse."""
+    from mpi_fnas.space import search_space  # imports torch: only when drawing
 
+    kind = search_space(space)
     try:
-        genotype = Genotype.from_string(genotype_text)
+        genotype = kind.parse_genotype(genotype_text)
     except ValueError:
         return None
-    colors = op_colors(PRIMITIVES)
+    colors = op_colors(kind.primitives)
     figure = new_figure()
-    axes = figure.subplots(1, 2)
-    draw_cell(axes[0], genotype.normal, genotype.normal_concat, "normal cell", colors)
-    draw_cell(axes[1], genotype.reduce, genotype.reduce_concat, "reduction cell", colors)
+    _CELL_DRAWERS[space](figure, genotype, colors)
     figure.suptitle(f"{label}: derived cells", fontsize=11)
     figure.tight_layout()
     return png_bytes(figure)
+
+
+def _draw_darts_cells(figure: Figure, genotype: Any, colors: dict[str, str]) -> None:
+    axes = figure.subplots(1, 2)
+    draw_cell(axes[0], genotype.normal, genotype.normal_concat, "normal cell", colors)
+    draw_cell(axes[1], genotype.reduce, genotype.reduce_concat, "reduction cell", colors)
+
+
+def _draw_dpnas_cell(figure: Figure, genotype: Any, colors: dict[str, str]) -> None:
+    ax = figure.subplots()
+    node_edges = [genotype.node_edges(i) for i in range(genotype.nodes)]
+    note = "" if genotype.connected else " (no path from the input: not trainable)"
+    draw_dense_cell(ax, node_edges, f"the cell of every stage{note}", colors)
+
+
+#: How the cells of a genotype are drawn, per space kind.
+_CELL_DRAWERS = {"darts": _draw_darts_cells, "dpnas": _draw_dpnas_cell}
 
 
 def curves(log: dict[str, Any], label: str) -> bytes:
@@ -345,13 +365,23 @@ def cost_figure(runs: Sequence[RunRecord]) -> bytes:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------------
-def _primitives(ops: int) -> list[str]:
-    from mpi_fnas.space.ops import PRIMITIVES
+def _primitives(ops: int, space: str = "darts") -> list[str]:
+    from mpi_fnas.space import search_space
 
-    return list(PRIMITIVES) if len(PRIMITIVES) == ops else [f"op {k}" for k in range(ops)]
+    primitives = search_space(space).primitives
+    return list(primitives) if len(primitives) == ops else [f"op {k}" for k in range(ops)]
 
 
-def _edge_labels(edges: int) -> list[str]:
+def _cells_with_edges(alphas: dict[str, np.ndarray]) -> list[str]:
+    """The alpha matrices worth a panel: those with edges (DPNAS' reduce matrix has none)."""
+    return [cell for cell in ("normal", "reduce") if np.asarray(alphas[cell]).shape[1] > 0]
+
+
+def _cell_title(cell: str, panels: int) -> str:
+    return "the cell of every stage" if panels == 1 and cell == "normal" else f"{cell} cell"
+
+
+def _darts_edge_labels(edges: int) -> list[str]:
     """``"<input> → <node>"`` per alpha row (node i has inputs 0 .. i + 1: see mpi_fnas.space.genotype)."""
     labels = []
     node = 0
@@ -359,6 +389,20 @@ def _edge_labels(edges: int) -> list[str]:
         labels += [f"{state_name(j)} → {node}" for j in range(node + 2)]
         node += 1
     return labels[:edges]
+
+
+def _dpnas_edge_labels(edges: int) -> list[str]:
+    """``"<input> → <node>"`` per alpha row (node i has inputs in, 0 .. i - 1: see mpi_fnas.space.dpnas.genotype)."""
+    labels = []
+    node = 0
+    while len(labels) < edges:
+        labels += [f"{'in' if j == 0 else j - 1} → {node}" for j in range(node + 1)]
+        node += 1
+    return labels[:edges]
+
+
+#: Alpha-row labels per space kind.
+_EDGE_LABELS = {"darts": _darts_edge_labels, "dpnas": _dpnas_edge_labels}
 
 
 def _series(ax: Axes, metrics: dict[str, np.ndarray], names: Sequence[str], title: str, private: bool) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from mpi_fnas import cli
 from mpi_fnas.config import ConfigError, config_from_text
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.report.collect import (
     AUGMENT_PENDING,
     FINISHED,
@@ -249,6 +250,8 @@ def _planned_search_steps(log: dict[str, Any], config: dict[str, Any]) -> int | 
     if per_epoch is None:
         shard = _examples(config) * (1.0 - float(config_value(config, "data.val_fraction", 0.5))) / log["parties"]
         per_epoch = max(1, math.ceil(shard / int(config_value(config, "search.batch_size", 1))))
+    if isinstance(per_epoch, int):  # as the plan: an epoch counts W releases, an ADADP iteration makes two
+        per_epoch = math.ceil(per_epoch / w_rounds(str(config_value(config, "search.w_optimizer", "sgd"))))
     epochs = config_value(config, "search.epochs")
     return int(epochs) * int(per_epoch) if isinstance(epochs, int) else None
 
@@ -264,6 +267,8 @@ def _planned_augment_steps(log: dict[str, Any], config: dict[str, Any]) -> int |
             1.0 - float(config_value(config, "data.val_fraction", 0.5)))
         per_epoch = max(1, math.ceil(_examples(config) * share / log["parties"]
                                      / int(config_value(config, "augment.batch_size", 1))))
+    if isinstance(per_epoch, int):  # as the plan: an epoch counts weight releases, an ADADP iteration makes two
+        per_epoch = math.ceil(per_epoch / w_rounds(str(config_value(config, "augment.optimizer", "sgd"))))
     return int(epochs) * int(per_epoch) if isinstance(epochs, int) else None
 
 

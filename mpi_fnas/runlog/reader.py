@@ -38,9 +38,10 @@ def read_run(
 ) -> dict[str, Any]:
     """Read a run log through a SWMR read open (the only open HDF5 allows while, or after, a writer held it).
 
-    Returns a dict: status, reason, mode, parties, config, privacy_guarantee, version, created, final_genotype,
+    Returns a dict: status, reason, mode, space, parties, config, privacy_guarantee, version, created, final_genotype,
     attempts (root attrs); stale (bool), last_step (int | None), writer (the ``/writer`` record as a dict);
-    metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32};
+    metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32; "reduce" has 0 edges
+    under space dpnas};
     genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; privacy None or a dict with
     delta (K,), accountant, steps (rows,), charged_steps (rows, K), epsilon (rows, K), mu_gdp (rows, K),
     sample_rate_train (K,), sample_rate_val (K,), noise_multiplier_w, noise_multiplier_a, clip_w, clip_a;
@@ -90,6 +91,8 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         "last_step": int(steps[-1]) if len(steps) else None,
         "writer": dataclasses.asdict(writer),
         "mode": str(root["mode"]),
+        # Logs written before the DPNAS space record no space: they are DARTS searches.
+        "space": str(root.get("space", "darts")),
         "parties": int(root["parties"]),
         "config": str(root["config"]),
         "privacy_guarantee": str(root["privacy_guarantee"]),

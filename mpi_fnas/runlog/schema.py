@@ -34,6 +34,7 @@ SEARCH_METRICS = (
     "comm_seconds",
     "party_seconds",
     "w_lr",
+    "adadp_err",
     "test_loss",
     "test_acc",
 )
@@ -65,7 +66,7 @@ _PRIVACY_CHUNK_ROWS = 64
 AUGMENT_GROUP = "augment"
 # Its metric columns, in the order they are listed in /augment/metrics: step and epoch are int64 (an exact
 # counter, unlike /metrics/step), the rest float64.
-AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr")
+AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "adadp_err")
 AUGMENT_INT_METRICS = ("step", "epoch")
 # /augment/privacy datasets that grow by one row per append_augment_privacy, and those written at creation.
 AUGMENT_PRIVACY_GROWING = ("steps", "epsilon")
@@ -192,13 +193,18 @@ def build_skeleton(
     unreliable: np.ndarray,
     corruption: float,
     selection: SelectionSchema | None = None,
+    space: str = "darts",
+    reduce_alpha_shape: tuple[int, int] | None = None,
 ) -> None:
     """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
     datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None. unreliable:
-    (K,) bool, corruption: P (root attrs). selection: needs privacy (its ε rows live in ``/privacy``)."""
+    (K,) bool, corruption: P (root attrs). selection: needs privacy (its ε rows live in ``/privacy``).
+    reduce_alpha_shape: (edges, ops) of ``/alphas/reduce`` when it differs from ``alpha_shape`` (``(0, ops)`` in a
+    space without reduction cell)."""
     root = handle.attrs
     root["status"] = "running"
     root["mode"] = mode
+    root["space"] = space
     root["parties"] = np.int64(parties)
     root["config"] = config_text
     root["privacy_guarantee"] = privacy_guarantee
@@ -217,8 +223,9 @@ def build_skeleton(
         _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
 
     alphas = handle.create_group("alphas")
-    for cell in ("normal", "reduce"):
-        _growing(alphas, cell, tuple(alpha_shape), np.float32, 1, math.nan)
+    shapes = {"normal": alpha_shape, "reduce": alpha_shape if reduce_alpha_shape is None else reduce_alpha_shape}
+    for cell, shape in shapes.items():
+        _growing(alphas, cell, tuple(shape), np.float32, 1, math.nan)
     _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
 
     _empty_cost(handle.create_group("cost"))
@@ -301,12 +308,15 @@ def _empty_cost(group: h5py.Group) -> None:
 
 
 def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: Any, chunk_rows: int, fill: Any) -> None:
-    """A dataset of shape (0, *row_shape) that grows along axis 0."""
+    """A dataset of shape (0, *row_shape) that grows along axis 0.
+
+    A zero-length row axis (e.g. the reduction alphas of a space without reduction cell) gets maxshape None and
+    chunk length 1 on that axis: HDF5 chunks must be positive and no longer than a fixed axis."""
     parent.create_dataset(
         name,
         shape=(0, *row_shape),
-        maxshape=(None, *row_shape),
-        chunks=(chunk_rows, *row_shape),
+        maxshape=(None, *(size if size > 0 else None for size in row_shape)),
+        chunks=(chunk_rows, *(max(size, 1) for size in row_shape)),
         dtype=dtype,
         fillvalue=fill,
     )

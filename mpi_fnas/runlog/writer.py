@@ -94,7 +94,8 @@ class RunLog:
         self._metrics, epoch_sets, self._privacy_sets, self._selection_sets = growing_families(handle)
         self._metric_names = tuple(dataset.name.rsplit("/", 1)[1] for dataset in self._metrics)
         self._alphas_normal, self._alphas_reduce, self._genotypes = epoch_sets
-        self._alpha_shape = tuple(int(n) for n in self._alphas_normal.shape[1:])
+        self._alpha_shapes = {"alphas_normal": tuple(int(n) for n in self._alphas_normal.shape[1:]),
+                              "alphas_reduce": tuple(int(n) for n in self._alphas_reduce.shape[1:])}
         self._genotype_length = int(self._genotypes.dtype.itemsize)
         self._parties = int(handle.attrs["parties"])
         self._heartbeat = handle[WRITER_GROUP]["heartbeat"]
@@ -128,11 +129,15 @@ class RunLog:
         unreliable: Sequence[bool] | np.ndarray | None = None,
         corruption: float = 0.0,
         selection: SelectionSchema | None = None,
+        space: str = "darts",
+        reduce_alpha_shape: tuple[int, int] | None = None,
     ) -> RunLog:
         """Create a new log at ``path`` (must not exist) and enter SWMR-write mode.
 
         metric_names: names of the ``/metrics`` datasets (normally ``SEARCH_METRICS``), in column order.
-        alpha_shape: (edges, ops) of one cell's softmax weights. genotype_length: bytes per ``/genotype`` row
+        alpha_shape: (edges, ops) of one cell's softmax weights; reduce_alpha_shape: the reduction cell's when it
+        differs (``(0, ops)`` under ``space`` dpnas, which has one cell). space: the search space's kind (root
+        attr). genotype_length: bytes per ``/genotype`` row
         (UTF-8). privacy_guarantee: ``"holds"``, or one line saying why there is no DP guarantee. privacy:
         required for mode ``dpfnas`` and refused otherwise, so a DP run always has a ledger. rank_attrs:
         per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of either indexed by rank). unreliable:
@@ -154,6 +159,8 @@ class RunLog:
                 privacy_guarantee=privacy_guarantee,
                 metric_names=metric_names,
                 alpha_shape=alpha_shape,
+                reduce_alpha_shape=reduce_alpha_shape,
+                space=space,
                 genotype_length=genotype_length,
                 privacy=None if privacy is None else _privacy_arrays(privacy, parties),
                 rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},
@@ -285,9 +292,9 @@ class RunLog:
         self.heartbeat()
 
     def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
-        """Append one ledger row. steps: iterations so far. charged_steps (K,): releases per shard each
-        party's ledgers have charged (steps plus steps replayed after a crash). epsilon (K,): tight ε per
-        party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
+        """Append one ledger row. steps: iterations so far. charged_steps (K,): iterations each party's
+        ledgers have charged (steps plus steps replayed after a crash; under ADADP each is two train releases).
+        epsilon (K,): tight ε per party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
         self._require_open()
         if not self._privacy_sets:
             raise RuntimeError("this run log was created without a privacy schema")
@@ -568,8 +575,9 @@ class RunLog:
     def _softmax_weights(self, name: str, alphas: np.ndarray) -> np.ndarray:
         """Refuse raw alphas: the file promises per-edge distributions (docs/hdf5.md)."""
         array = np.asarray(alphas, dtype=np.float32)
-        if array.shape != self._alpha_shape:
-            raise ValueError(f"{name} must have shape {self._alpha_shape} (edges, ops), got {array.shape}")
+        shape = self._alpha_shapes[name]
+        if array.shape != shape:
+            raise ValueError(f"{name} must have shape {shape} (edges, ops), got {array.shape}")
         if np.any(array < 0) or not np.allclose(array.sum(axis=1), 1.0, atol=_SOFTMAX_SUM_ATOL):
             raise ValueError(f"{name} rows must be non-negative and sum to 1 (softmax over ops), not raw alphas")
         return array

@@ -1,4 +1,5 @@
-"""DARTS search space: candidate ops, search cells, the supernet, discrete genotypes, and the augment network."""
+"""Search spaces: DARTS (candidate ops, search cells, the supernet, discrete genotypes, the augment network) and
+DPNAS (``mpi_fnas.space.dpnas``), chosen by ``space.kind`` through :func:`search_space`."""
 
 from mpi_fnas.space.derived import (
     AugmentNetwork,
@@ -8,12 +9,14 @@ from mpi_fnas.space.derived import (
     build_augment_network,
 )
 from mpi_fnas.space.genotype import DARTS_V2, Genotype, derive_genotype, max_genotype_length, num_edges
+from mpi_fnas.space.kinds import SPACE_KINDS, search_space
 from mpi_fnas.space.network import SearchNetwork, build_supernet
 from mpi_fnas.space.ops import PRIMITIVES
 
 __all__ = [
     "DARTS_V2",
     "PRIMITIVES",
+    "SPACE_KINDS",
     "AugmentNetwork",
     "AuxiliaryHead",
     "DerivedCell",
@@ -25,4 +28,5 @@ __all__ = [
     "derive_genotype",
     "max_genotype_length",
     "num_edges",
+    "search_space",
 ]

@@ -12,6 +12,31 @@ from mpi_fnas.space.ops import PRIMITIVES, make_op
 from mpi_fnas.space.scaffold import cell_inputs
 
 
+def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``sum_k weights[k] · ops[k](x)``: one edge of a continuous relaxation, ``weights`` (len(ops),)."""
+    # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
+    out = weights[0] * ops[0](x)
+    for k in range(1, len(ops)):
+        out = out + weights[k] * ops[k](x)
+    return out
+
+
+def dense_nodes(states: list[torch.Tensor], edges: Sequence[nn.Module], weights: torch.Tensor,
+                nodes: int) -> list[torch.Tensor]:
+    """``states`` (the cell's inputs) followed by ``nodes`` intermediate nodes, each the sum of one mixed edge from
+    every earlier state: ``edges[e](state, weights[e])`` in alpha-row order (node by node, then by input state)."""
+    states = list(states)
+    edge = 0
+    for _ in range(nodes):
+        node = None
+        for state in list(states):
+            contribution = edges[edge](state, weights[edge])
+            node = contribution if node is None else node + contribution
+            edge += 1
+        states.append(node)
+    return states
+
+
 class MixedOp(nn.Module):
     """All candidate ops of one edge, combined as a weighted sum.
 
@@ -29,11 +54,7 @@ class MixedOp(nn.Module):
             raise ValueError(
                 f"MixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}"
             )
-        # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
-        out = weights[0] * self.ops[0](x)
-        for k in range(1, len(self.ops)):
-            out = out + weights[k] * self.ops[k](x)
-        return out
+        return weighted_sum(self.ops, x, weights)
 
 
 class SearchCell(nn.Module):
@@ -74,13 +95,5 @@ class SearchCell(nn.Module):
         expected = (num_edges(self.nodes), self.num_ops)
         if tuple(weights.shape) != expected:
             raise ValueError(f"SearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
-        states = [self.preprocess0(s0), self.preprocess1(s1)]
-        edge = 0
-        for _ in range(self.nodes):
-            node = None
-            for state in states:
-                contribution = self.edges[edge](state, weights[edge])
-                node = contribution if node is None else node + contribution
-                edge += 1
-            states.append(node)
+        states = dense_nodes([self.preprocess0(s0), self.preprocess1(s1)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)

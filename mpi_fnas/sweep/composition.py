@@ -67,7 +67,7 @@ def compose_pool(pool: str, logs: Sequence[LogReleases]) -> SweepComposition:
             train, val = PrivacyLedger(), PrivacyLedger()
             for r in logs:
                 train.step(noise_multiplier=r.noise_multiplier_w[k], sample_rate=r.sample_rate_train[k],
-                           num_steps=r.releases[k])
+                           num_steps=r.releases[k] * r.w_releases_per_step)
                 val.step(noise_multiplier=r.noise_multiplier_a[k], sample_rate=r.sample_rate_val[k],
                          num_steps=r.releases[k])
             delta = min(r.delta[k] for r in logs)  # a bound at the smallest δ holds at every larger one
@@ -77,7 +77,8 @@ def compose_pool(pool: str, logs: Sequence[LogReleases]) -> SweepComposition:
     worst = PrivacyLedger()
     for r in logs:
         worst.step(noise_multiplier=min(*r.noise_multiplier_w, *r.noise_multiplier_a),
-                   sample_rate=max(*r.sample_rate_train, *r.sample_rate_val), num_steps=max(r.releases))
+                   sample_rate=max(*r.sample_rate_train, *r.sample_rate_val),
+                   num_steps=max(r.releases) * r.w_releases_per_step)
     delta = min(min(r.delta) for r in logs)
     return SweepComposition(pool, names, worst.get_epsilon(delta), delta, None, exact)
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from mpi_fnas.config import Config, config_from_text
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.sweep.points import POINT_DIR, noise_multiplier
 
 #: Final statuses whose last /privacy row counts every release of the log (a signal checkpoints at the step it
@@ -31,8 +32,8 @@ class LogReleases:
 
     Tuples are per party (K,), party k at index k - 1. Every iteration releases two Poisson-subsampled Gaussian
     mechanisms per party: G_k on its train shard (rate q_tr = B/N_k^tr, noise multiplier σ_W) and H_k on its
-    disjoint validation shard (q_val = B/N_k^val, σ_A); ``releases`` counts them per shard (train and validation
-    alike).
+    disjoint validation shard (q_val = B/N_k^val, σ_A); ``releases`` counts iterations, each one release per
+    shard, except under ADADP (``w_releases_per_step`` 2: G1 and G2 on the train shard, docs/adadp.md).
     """
 
     log: str  # "var<v>-seed<s>/search.h5" (or an abandoned search-attempt<n>.h5 of that point)
@@ -45,6 +46,7 @@ class LogReleases:
     delta: tuple[float, ...]
     releases: tuple[int, ...]  # releases charged to each of party k's two ledgers
     exact: bool  # False: `releases` is an upper bound (an unfinished run, or requeues the log cannot count)
+    w_releases_per_step: int = 1  # train-shard releases per iteration (2 under search.w_optimizer: adadp)
 
 
 def data_identity(cfg: Config, parties: int) -> tuple[str, str]:
@@ -79,6 +81,7 @@ def planned_steps_bound(cfg: Config, sample_rate_train: Sequence[float]) -> int:
         batch = cfg.search.batch_size
         sizes = [round(batch / q) for q in sample_rate_train]
         per_epoch = max(1, math.ceil(float(np.mean(sizes)) / batch))
+    per_epoch = math.ceil(per_epoch / w_rounds(cfg.search.w_optimizer))  # as the plan: an epoch counts W releases
     return int(cfg.search.epochs) * int(per_epoch)
 
 
@@ -126,6 +129,7 @@ def log_releases(log: dict[str, Any], name: str) -> LogReleases:
         noise_multiplier_w=per_party(privacy["noise_multiplier_w"]),
         noise_multiplier_a=per_party(privacy["noise_multiplier_a"]),
         delta=per_party(privacy["delta"]), releases=tuple(int(c) for c in counts), exact=exact,
+        w_releases_per_step=w_rounds(cfg.search.w_optimizer),
     )
 
 

@@ -1,4 +1,5 @@
-"""Everything a DP party hands to MPI is a noised release or data-independent; no generator state ever leaves it.
+"""Everything a DP party hands to MPI is a noised release or data-independent; no generator state ever leaves it,
+in either search space (``space.kind`` darts and dpnas).
 
 Each party's Channel records every call that can send something (``reduce_sum``, ``gather_objects``,
 ``notify_failure``, and the object/buffer collectives, whose payload a party does not send); ``party_release`` is
@@ -101,13 +102,24 @@ def plain_data(obj: object) -> bool:
     return False
 
 
+#: The two search spaces, smallest: DARTS' normal and reduction cells, and DPNAS' dense cell with its 10 ops (the
+#: same party code, another model: what the party hands to MPI must not change with the space).
+SPACES = {
+    "darts": ["space.channels=4", "space.layers=3", "space.nodes=1"],
+    "dpnas": ["space.kind=dpnas", "space.nodes=2", "space.stage_channels=[4, 4]"],
+}
+#: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10.
+ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10}
+
+
 @pytest.mark.mpi(min_size=3)
-def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
+@pytest.mark.parametrize("space", sorted(SPACES))
+def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, space):
     releases: list[dict] = []
     monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
-        "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
+        *SPACES[space], f"search.batch_size={B}", "search.epochs=1",
         f"search.steps_per_epoch={STEPS}", f"privacy.noise_multiplier_w={SIGMA}",
         f"privacy.noise_multiplier_a={SIGMA}", f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}",
         "runtime.progress=off", "checkpoint.every_steps=2",
@@ -127,6 +139,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch):
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
+    # the H releases are this space's alpha (the parametrisation really ran the space it names)
+    assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[space]}
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.augment.algorithm import party_augment_iteration
 from mpi_fnas.federation.augment.party import AugmentParty
 from mpi_fnas.federation.augment.plan import AugmentAssignment
@@ -23,7 +24,7 @@ from mpi_fnas.federation.party import Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.space import Genotype, build_augment_network
+from mpi_fnas.space import search_space
 
 STAGE = "augment"
 
@@ -40,9 +41,11 @@ def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> 
     channel.bcast(w_in[:-1])
     party.load_w(w_in[:-1])
 
+    rounds = w_rounds(cfg.augment.optimizer)
+
     def iterate(step: int) -> int:
         return party_augment_iteration(party, channel, w_in,
-                                       drop_path_probability(cfg.augment, step, got.steps_per_epoch))
+                                       drop_path_probability(cfg.augment, step, got.steps_per_epoch), rounds)
 
     return party_steps(channel, stage=STAGE, first=got.checkpoint_step + 1, last=got.steps, store=store,
                        journal=private, party=party, randomness=_randomness_source(got), iterate=iterate)
@@ -52,11 +55,9 @@ def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.d
                  store: PartyStore | None) -> AugmentParty:
     data = open_split(cfg, "train")
     x, y = data.render(got.pool_indices)
-    model = build_augment_network(
-        Genotype.from_string(got.genotype), channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
-        in_channels=data.in_channels, num_classes=data.num_classes, stem_multiplier=cfg.space.stem_multiplier,
-        norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
-    )
+    space = search_space(cfg.space.kind)
+    model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,
+                                        in_channels=data.in_channels, num_classes=data.num_classes)
     source = _randomness_source(got)
     rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device, stage=STAGE)
     party = AugmentParty(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment, rng.sampling,

@@ -23,6 +23,7 @@ from mpi_fnas.federation.randomness import os_seed
 from mpi_fnas.privacy import check_model_for_dp, party_release, poisson_sample
 from mpi_fnas.privacy.budget import AugmentReleases
 from mpi_fnas.space import AugmentNetwork, augment_loss
+from mpi_fnas.space.dpnas import DpnasNetwork
 
 
 class AugmentParty:
@@ -38,9 +39,9 @@ class AugmentParty:
         secure_rng: every noise draw and every batch's coins from ``os.urandom``.
     """
 
-    def __init__(self, model: AugmentNetwork, pool: Shard, cfg: AugmentConfig, generator: torch.Generator,
-                 releases: AugmentReleases | None = None, noise_generator: torch.Generator | None = None,
-                 secure_rng: bool = False) -> None:
+    def __init__(self, model: AugmentNetwork | DpnasNetwork, pool: Shard, cfg: AugmentConfig,
+                 generator: torch.Generator, releases: AugmentReleases | None = None,
+                 noise_generator: torch.Generator | None = None, secure_rng: bool = False) -> None:
         self.model = model
         self.w_params = list(model.weights())
         self.num_w = numel(self.w_params)

@@ -7,6 +7,7 @@ so the augmentation trains on exactly the shards the search used and the privacy
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from mpi_fnas.config import Config
 from mpi_fnas.federation.plan import Assignment, SetupError, augment_demand, augment_pools, augment_steps
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.budget import AugmentReleases, FederationLedger, plan_augment
-from mpi_fnas.space import Genotype
+from mpi_fnas.space import search_space
 
 
 @dataclass
@@ -35,7 +36,7 @@ class AugmentPlan:
     """Rank 0's plan of the augmentation."""
 
     assignments: list[AugmentAssignment]
-    genotype: Genotype
+    genotype: Any  # the space's genotype (mpi_fnas.space.Genotype, mpi_fnas.space.dpnas.DpnasGenotype)
     steps_per_epoch: int
     steps: int
     releases: AugmentReleases | None
@@ -46,15 +47,19 @@ class AugmentPlan:
         return [len(a.pool_indices) for a in self.assignments]
 
 
-def parse_genotype(text: str, where: str) -> Genotype:
-    """A genotype string (``Genotype.to_string``); SetupError naming `where` when it does not parse."""
+def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
+    """A genotype string of space `kind` (its genotype's ``to_string``) that a network can be built from; SetupError
+    naming `where` when it does not parse or cannot be trained (a DPNAS cell cut off from its input)."""
+    space = search_space(kind)
     try:
-        return Genotype.from_string(text)
+        genotype = space.parse_genotype(text)
+        space.check_trainable(genotype)
     except ValueError as exc:
         raise SetupError(f"{where}: {exc}") from None
+    return genotype
 
 
-def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Genotype,
+def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
                        ledger: FederationLedger | None, params: DPParams | None) -> AugmentPlan:
     """The augmentation's plan, its privacy planned against what the search has spent (``ledger``).
 

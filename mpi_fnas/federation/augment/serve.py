@@ -21,6 +21,7 @@ import torch
 
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.augment.algorithm import AugmentBuffers, server_augment_iteration
 from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
 from mpi_fnas.federation.augment.server import AugmentServer
@@ -31,7 +32,7 @@ from mpi_fnas.federation.serve import open_search_log
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.budget import FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
-from mpi_fnas.space import build_augment_network
+from mpi_fnas.space import search_space
 
 STAGE = "augment"
 
@@ -68,7 +69,8 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     start = time.perf_counter()
     try:
         search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None)
-        genotype = parse_genotype(cfg.augment.genotype or searched["genotype"], "augment.genotype")
+        where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
+        genotype = parse_genotype(cfg.augment.genotype or searched["genotype"], where, cfg.space.kind)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
         ledger = None
         if search_plan.privacy is not None:
@@ -93,11 +95,9 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         if resume is None:
             ledger.start_augment(plan.releases)
         ledger.charge_sent(reports.sent_steps, stage="augment")
-    model = build_augment_network(
-        genotype, channels=cfg.augment.channels, layers=cfg.augment.layers, seed=cfg.seed,
-        in_channels=test.in_channels, num_classes=test.num_classes, stem_multiplier=cfg.space.stem_multiplier,
-        norm=cfg.space.norm, auxiliary=cfg.augment.auxiliary_weight > 0,
-    )
+    model = search_space(cfg.space.kind).build_augment_network(genotype, cfg, seed=cfg.seed,
+                                                               in_channels=test.in_channels,
+                                                               num_classes=test.num_classes)
     guarantee = search_plan.privacy.params.guarantee if private else _no_guarantee(cfg)
     log = _open_log(cfg, run_dir, search_plan, plan, model.num_params(), ledger if private else None, resume, devices,
                     guarantee)
@@ -108,7 +108,8 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     )
     loop: _AugmentLoop | None = None
     try:
-        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps)
+        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps,
+                               adadp_settings(cfg, private=private) if cfg.augment.optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
         channel.bcast(server.w_buffer)
@@ -230,7 +231,7 @@ class _AugmentLoop:
             "train_loss": _ratio(self.stats[0], self.stats[2]), "train_acc": _ratio(self.stats[1], self.stats[2]),
             "test_loss": _ratio(test[0], test[2]) if test is not None else math.nan,
             "test_acc": _ratio(test[1], test[2]) if test is not None else math.nan,
-            "lr": self.server.lr,
+            "lr": self.server.lr, "adadp_err": self.server.adadp_err,
         }
         self.stats[:] = 0
         if self.charging is not None and epsilon_row:

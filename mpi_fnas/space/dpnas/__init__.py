@@ -1,0 +1,31 @@
+"""The DPNAS search space (Cheng et al. 2021): ops with a choice of activation, one dense cell shared by every
+stage, derivation by per-edge argmax with ``none`` meaning "no edge". Selected by ``space.kind: dpnas``."""
+
+from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasMixedOp, DpnasSearchCell
+from mpi_fnas.space.dpnas.genotype import (
+    DpnasGenotype,
+    check_connected,
+    derive_dpnas_genotype,
+    edge_endpoints,
+    max_dpnas_genotype_length,
+    num_edges,
+)
+from mpi_fnas.space.dpnas.network import DpnasNetwork, DpnasSearchNetwork
+from mpi_fnas.space.dpnas.ops import ACTIVATIONS, PRIMITIVES, make_dpnas_op
+
+__all__ = [
+    "ACTIVATIONS",
+    "PRIMITIVES",
+    "DerivedDpnasCell",
+    "DpnasGenotype",
+    "DpnasMixedOp",
+    "DpnasNetwork",
+    "DpnasSearchCell",
+    "DpnasSearchNetwork",
+    "check_connected",
+    "derive_dpnas_genotype",
+    "edge_endpoints",
+    "make_dpnas_op",
+    "max_dpnas_genotype_length",
+    "num_edges",
+]

@@ -1,0 +1,97 @@
+"""DPNAS cells: the search cell (every op on every edge, weighted by the alphas) and the derived cell (one op per
+kept edge). Both: a 1x1 conv + GroupNorm brings the input to the cell's channels (state 0), then the intermediate
+nodes of :mod:`mpi_fnas.space.dpnas.genotype`, concatenated. A cell keeps the resolution; the network pools.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from mpi_fnas.space.cells import dense_nodes, weighted_sum
+from mpi_fnas.space.derived import drop_path
+from mpi_fnas.space.dpnas.genotype import (
+    NUM_CELL_INPUTS,
+    DpnasGenotype,
+    check_connected,
+    edge_endpoints,
+    num_edges,
+)
+from mpi_fnas.space.dpnas.ops import PRIMITIVES, make_dpnas_op
+from mpi_fnas.space.ops import make_norm
+
+
+def cell_input(c_in: int, channels: int) -> nn.Sequential:
+    """State 0: 1x1 conv (no bias) -> GroupNorm (no affine): ``(N, c_in, H, W)`` -> ``(N, channels, H, W)``."""
+    return nn.Sequential(nn.Conv2d(c_in, channels, 1, bias=False), make_norm("groupnorm", channels, affine=False))
+
+
+class DpnasMixedOp(nn.Module):
+    """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,))`` -> (N, C, H, W)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in PRIMITIVES)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        if weights.shape != (len(self.ops),):
+            raise ValueError(f"DpnasMixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}")
+        return weighted_sum(self.ops, x, weights)
+
+
+class DpnasSearchCell(nn.Module):
+    """``forward(x, weights)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(PRIMITIVES)) softmax
+    weights -> (N, nodes · channels, H, W)."""
+
+    def __init__(self, nodes: int, c_in: int, channels: int) -> None:
+        super().__init__()
+        self.nodes = nodes
+        self.preprocess = cell_input(c_in, channels)
+        self.edges = nn.ModuleList(DpnasMixedOp(channels) for _ in edge_endpoints(nodes))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        expected = (num_edges(self.nodes), len(PRIMITIVES))
+        if tuple(weights.shape) != expected:
+            raise ValueError(f"DpnasSearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
+        states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
+        return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
+
+
+class DerivedDpnasCell(nn.Module):
+    """The discrete cell of ``genotype``: ``forward(x, drop_prob=0.0, generator=None)``, ``x`` (N, c_in, H, W) ->
+    (N, nodes · channels, H, W).
+
+    ``none`` edges are left out; a node without kept edges is a zero map. Drop-path (training mode only) zeroes
+    an op's output per example, never an identity's (as the DARTS augment cell). A genotype that is not
+    ``connected`` (no intermediate node depends on the input, e.g. every edge ``none``) is refused: its network
+    would output a constant, with nothing to train.
+    """
+
+    def __init__(self, genotype: DpnasGenotype, c_in: int, channels: int) -> None:
+        super().__init__()
+        if not isinstance(genotype, DpnasGenotype):
+            raise TypeError(f"DerivedDpnasCell: genotype must be a DpnasGenotype, got {type(genotype).__name__}")
+        check_connected(genotype)
+        self.nodes = genotype.nodes
+        self.preprocess = cell_input(c_in, channels)
+        # Kept edges in genotype order: (node, input state) and the op, side by side.
+        self.endpoints = tuple((node, j) for node in range(self.nodes) for _, j in genotype.node_edges(node))
+        self.ops = nn.ModuleList(make_dpnas_op(op, channels) for node in range(self.nodes)
+                                 for op, _ in genotype.node_edges(node))
+
+    def forward(self, x: torch.Tensor, drop_prob: float = 0.0,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+        states = [self.preprocess(x)]
+        sums: list[torch.Tensor | None] = [None] * self.nodes
+        use_drop_path = self.training and drop_prob > 0.0
+        k = 0
+        for node in range(self.nodes):
+            while k < len(self.endpoints) and self.endpoints[k][0] == node:
+                op = self.ops[k]
+                out = op(states[self.endpoints[k][1]])
+                if use_drop_path and not isinstance(op, nn.Identity):
+                    out = drop_path(out, drop_prob, generator)
+                sums[node] = out if sums[node] is None else sums[node] + out
+                k += 1
+            states.append(sums[node] if sums[node] is not None else torch.zeros_like(states[0]))
+        return torch.cat(states[NUM_CELL_INPUTS:], dim=1)

@@ -1,0 +1,185 @@
+"""DPNAS cell topology, the discrete cell (genotype), its derivation from the alphas and its string form.
+
+Topology: one input node (state 0, a 1x1 conv of the cell's input) and ``nodes`` intermediate nodes; node ``i``
+(0-based) is state ``i + 1`` and takes one edge from every earlier state ``j = 0 .. i``, so a cell has
+``nodes · (nodes + 1) / 2`` edges (15 for the paper's 5 nodes). Edges are enumerated node by node and, within a
+node, by input state: row ``e`` of the alpha matrix belongs to ``edge_endpoints(nodes)[e]``. The cell's output is
+the concatenation of every intermediate node.
+
+Derivation (:func:`derive_dpnas_genotype`): the strongest op of every edge, ``none`` included; ``none`` means "no
+edge". A node whose edges are all ``none`` is a zero map. A cell in which no intermediate node is reached from the
+input (:meth:`DpnasGenotype.connected` is False; the all-``none`` cell is one) is a valid record of what the alphas
+say, but no network is built from it: :class:`mpi_fnas.space.dpnas.cells.DerivedDpnasCell` refuses it.
+
+String form (``DpnasGenotype.to_string`` / ``from_string``), ASCII, no whitespace, one field::
+
+    dpnas=OP@0|OP@0,OP@1|OP@0,OP@1,OP@2|...
+
+``|`` separates nodes (node 0 first), ``,`` the edges of a node, listed for every input ``0 .. i`` in order (``none``
+included, so the text is the whole alpha argmax). The parser ignores whitespace around tokens, never evaluates
+the text, and raises ``ValueError`` naming the node for anything else.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mpi_fnas.space.dpnas.ops import PRIMITIVES
+
+NUM_CELL_INPUTS = 1  # state 0: the 1x1 conv of the cell's input
+FIELD = "dpnas"
+_INDEX = re.compile(r"[0-9]+")
+
+
+def num_edges(nodes: int) -> int:
+    """Edges (alpha rows) of a DPNAS cell with ``nodes`` intermediate nodes: ``nodes · (nodes + 1) / 2``."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    return nodes * (nodes + 1) // 2
+
+
+def edge_endpoints(nodes: int) -> list[tuple[int, int]]:
+    """``(node, input_state)`` per edge, in alpha-row order (node 0 first, then input state ascending)."""
+    if nodes < 1:
+        raise ValueError(f"nodes must be >= 1, got {nodes}")
+    return [(i, j) for i in range(nodes) for j in range(i + NUM_CELL_INPUTS)]
+
+
+def nodes_of(edges: int) -> int:
+    """The node count whose cell has ``edges`` edges; ValueError when ``edges`` is not such a count."""
+    nodes = (math.isqrt(8 * edges + 1) - 1) // 2
+    if nodes < 1 or num_edges(nodes) != edges:
+        raise ValueError(f"{edges} edges is not the edge count of a DPNAS cell (1, 3, 6, 10, 15, ...)")
+    return nodes
+
+
+@dataclass(frozen=True)
+class DpnasGenotype:
+    """The discrete DPNAS cell: ``ops[e]`` is the op of edge ``e`` (alpha-row order), ``none`` for no edge.
+
+    Shared by every cell of the network (the space has no reduction cell). Validated on construction: the count
+    is a cell's edge count and every op is a DPNAS primitive.
+    """
+
+    ops: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.ops, str):
+            raise ValueError("DPNAS genotype: ops must be a sequence of op names, not one string")
+        ops = tuple(self.ops)
+        object.__setattr__(self, "ops", ops)
+        nodes_of(len(ops))
+        unknown = sorted({op for op in ops if op not in PRIMITIVES}, key=str)
+        if unknown:
+            raise ValueError(f"DPNAS genotype: unknown op(s) {unknown}; expected ops of {', '.join(PRIMITIVES)}")
+
+    @property
+    def nodes(self) -> int:
+        """Number of intermediate nodes."""
+        return nodes_of(len(self.ops))
+
+    def node_edges(self, node: int) -> list[tuple[str, int]]:
+        """The kept (non-``none``) edges into ``node``: ``(op, input_state)`` by input state."""
+        first = num_edges(node) if node > 0 else 0
+        return [(op, j) for j, op in enumerate(self.ops[first : first + node + NUM_CELL_INPUTS]) if op != "none"]
+
+    def live_nodes(self) -> list[int]:
+        """Intermediate nodes whose value depends on the cell input: reached by a kept edge from state 0 or from
+        another live node. The others are zero maps, or constants made from them."""
+        live_states = {0}
+        for node in range(self.nodes):
+            if any(j in live_states for _, j in self.node_edges(node)):
+                live_states.add(node + NUM_CELL_INPUTS)
+        return [state - NUM_CELL_INPUTS for state in sorted(live_states) if state >= NUM_CELL_INPUTS]
+
+    @property
+    def connected(self) -> bool:
+        """Whether the cell's output depends on its input at all (some intermediate node is live)."""
+        return bool(self.live_nodes())
+
+    def op_counts(self) -> dict[str, int]:
+        """How many edges use each primitive (``none`` included), in ``PRIMITIVES`` order."""
+        counts = Counter(self.ops)
+        return {name: counts.get(name, 0) for name in PRIMITIVES}
+
+    def to_string(self) -> str:
+        """``dpnas=...`` as in the module docstring; ``from_string`` inverts it exactly."""
+        nodes_text = []
+        for node in range(self.nodes):
+            first = num_edges(node) if node > 0 else 0
+            row = self.ops[first : first + node + NUM_CELL_INPUTS]
+            nodes_text.append(",".join(f"{op}@{j}" for j, op in enumerate(row)))
+        return f"{FIELD}={'|'.join(nodes_text)}"
+
+    @classmethod
+    def from_string(cls, text: str) -> DpnasGenotype:
+        """Parse ``to_string`` output; ValueError naming the node for malformed text."""
+        if not isinstance(text, str):
+            raise ValueError(f"genotype string must be str, got {type(text).__name__}")
+        key, sep, value = text.strip().partition("=")
+        if not sep or key.strip() != FIELD:
+            raise ValueError(f"DPNAS genotype string: expected '{FIELD}=OP@0|OP@0,OP@1|...', got {text.strip()[:60]!r}")
+        ops: list[str] = []
+        for node, node_text in enumerate(value.split("|")):
+            edge_texts = node_text.split(",")
+            if len(edge_texts) != node + NUM_CELL_INPUTS:
+                raise ValueError(f"DPNAS genotype string: node {node} lists {len(edge_texts)} edge(s), expected "
+                                 f"{node + NUM_CELL_INPUTS} (one per input 0..{node})")
+            for expected, edge_text in enumerate(edge_texts):
+                op, at, index = (t.strip() for t in edge_text.partition("@"))
+                if not at or not _INDEX.fullmatch(index):
+                    raise ValueError(f"DPNAS genotype string: node {node}: expected 'op@state', "
+                                     f"got {edge_text.strip()!r}")
+                if int(index) != expected:
+                    raise ValueError(f"DPNAS genotype string: node {node}: edge {expected} must come from state "
+                                     f"{expected}, got {int(index)}")
+                if op not in PRIMITIVES:
+                    raise ValueError(f"DPNAS genotype string: node {node}: unknown op {op!r}; expected one of "
+                                     f"{', '.join(PRIMITIVES)}")
+                ops.append(op)
+        return cls(tuple(ops))
+
+
+def check_connected(genotype: DpnasGenotype) -> None:
+    """ValueError unless the cell's output depends on its input (the decision for cut-off cells: refused, since a
+    network of them outputs a constant and has nothing to learn but the classifier's bias)."""
+    if not genotype.connected:
+        raise ValueError(
+            "DPNAS genotype: no intermediate node is reached from the cell input (every path is cut by 'none' "
+            f"edges), so its network would output a constant; refusing to build {genotype.to_string()!r}")
+
+
+def derive_dpnas_genotype(weights: Any, nodes: int, primitives: Sequence[str] = PRIMITIVES) -> DpnasGenotype:
+    """The strongest op of every edge, ``none`` included: ``weights`` (num_edges(nodes), len(primitives)), numpy
+    or torch (softmax weights or raw alphas; the argmax is the same). Ties go to the earlier op in ``primitives``.
+    The DARTS rule (two strongest non-``none`` inputs per node) does not apply: ``none`` is how this space says
+    "no edge"."""
+    names = list(primitives)
+    if sorted(names) != sorted(PRIMITIVES) or len(set(names)) != len(names):
+        raise ValueError(f"primitives must be a permutation of the DPNAS primitives {PRIMITIVES}, got {names}")
+    if hasattr(weights, "detach"):  # torch tensor, possibly on an accelerator or in low precision
+        weights = weights.detach().cpu().double().numpy()
+    w = np.asarray(weights, dtype=np.float64)
+    expected = (num_edges(nodes), len(names))
+    if w.shape != expected:
+        raise ValueError(f"DPNAS weights: expected shape {expected} (edges, ops) for nodes={nodes}, got {w.shape}")
+    if not np.all(np.isfinite(w)):
+        raise ValueError("DPNAS weights contain non-finite values")
+    # argmax returns the first maximum: the earliest op in `primitives` on ties.
+    return DpnasGenotype(tuple(names[k] for k in np.argmax(w, axis=1)))
+
+
+def max_dpnas_genotype_length(nodes: int) -> int:
+    """Upper bound on ``len(g.to_string())`` (ASCII bytes) for any DPNAS genotype with ``nodes`` nodes: every edge
+    with the longest op name."""
+    longest = max(len(p) for p in PRIMITIVES)
+    edges = sum(longest + 1 + len(str(j)) for _, j in edge_endpoints(nodes))
+    commas = sum(node for node in range(nodes))  # node i lists i + 1 edges
+    return len(FIELD) + 1 + edges + commas + (nodes - 1)

@@ -1,0 +1,161 @@
+"""DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv -> one stage per entry of ``stage_channels``, each
+[cell, 3x3 max pool with stride 2] -> global average pooling -> linear classifier.
+
+Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(PRIMITIVES))``, no reduction
+cell. ``DpnasSearchNetwork`` is the supernet the federation searches (weights W apart from the alpha A);
+``DpnasNetwork`` is a derived cell stacked the same way and trained from scratch (the augment stage).
+Normalisation is GroupNorm without affine parameters throughout: per example, as DP-SGD needs, and buffer-free,
+so a network's state is exactly its parameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasSearchCell
+from mpi_fnas.space.dpnas.genotype import DpnasGenotype, derive_dpnas_genotype, num_edges
+from mpi_fnas.space.dpnas.ops import PRIMITIVES
+from mpi_fnas.space.ops import make_norm
+
+ALPHA_INIT_SCALE = 1e-3  # near-uniform op weights at the start of the search (as DARTS)
+
+
+def stem(in_channels: int, channels: int) -> nn.Sequential:
+    """3x3 conv (no bias) -> GroupNorm (no affine): ``(N, in_channels, H, W)`` -> ``(N, channels, H, W)``."""
+    return nn.Sequential(nn.Conv2d(in_channels, channels, 3, padding=1, bias=False),
+                         make_norm("groupnorm", channels, affine=False))
+
+
+def downsample() -> nn.MaxPool2d:
+    """The pool after every cell: 3x3, stride 2, padding 1: ``(N, C, H, W)`` -> ``(N, C, ceil(H/2), ceil(W/2))``."""
+    return nn.MaxPool2d(3, stride=2, padding=1)
+
+
+def _check_sizes(owner: str, stage_channels: Sequence[int], nodes: int, num_classes: int, in_channels: int) -> None:
+    if not stage_channels or any(int(c) < 1 for c in stage_channels):
+        raise ValueError(f"{owner}: stage_channels must be a non-empty list of integers >= 1, "
+                         f"got {list(stage_channels)}")
+    for name, value in (("nodes", nodes), ("num_classes", num_classes), ("in_channels", in_channels)):
+        if value < 1:
+            raise ValueError(f"{owner}: {name} must be >= 1, got {value}")
+
+
+class DpnasSearchNetwork(nn.Module):
+    """The DPNAS supernet. ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes).
+
+    After stage s the maps are ``(N, nodes · stage_channels[s], ceil(H / 2^(s+1)), ...)``. The alpha is created
+    last, so for a given seed the weights' initialisation does not depend on its shape.
+    """
+
+    def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3) -> None:
+        super().__init__()
+        _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels)
+        self.stage_channels = tuple(int(c) for c in stage_channels)
+        self.nodes = nodes
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.primitives = PRIMITIVES
+        self.stem = stem(in_channels, self.stage_channels[0])
+        c_prev = self.stage_channels[0]
+        self.cells = nn.ModuleList()
+        for channels in self.stage_channels:
+            self.cells.append(DpnasSearchCell(nodes, c_prev, channels))
+            c_prev = nodes * channels
+        self.pool = downsample()
+        self.classifier = nn.Linear(c_prev, num_classes)
+        self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(PRIMITIVES)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"DpnasSearchNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        weights = F.softmax(self.alpha, dim=-1)  # one softmax per forward, shared by every cell
+        x = self.stem(x)
+        for cell in self.cells:
+            x = self.pool(cell(x, weights))
+        return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    def named_weights(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """``(name, parameter)`` for every parameter except the alpha, in ``named_parameters`` order."""
+        return ((name, p) for name, p in self.named_parameters() if p is not self.alpha)
+
+    def weights(self) -> list[nn.Parameter]:
+        """Network weights W: every parameter except the alpha."""
+        return [p for _, p in self.named_weights()]
+
+    def named_alphas(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """``("alpha", (edges, ops))``: the one architecture matrix."""
+        return iter((("alpha", self.alpha),))
+
+    def alphas(self) -> list[nn.Parameter]:
+        """Architecture variables A: ``[alpha]``, (edges, ops)."""
+        return [self.alpha]
+
+    def alpha_softmax(self) -> dict[str, torch.Tensor]:
+        """Detached row softmax, keyed as the run log stores it: ``{"normal": (edges, ops), "reduce": (0, ops)}``
+        (every cell is the "normal" one; there is no reduction cell, so its matrix has no edge)."""
+        with torch.no_grad():
+            return {"normal": F.softmax(self.alpha, dim=-1).detach(),
+                    "reduce": torch.zeros(0, len(PRIMITIVES), dtype=self.alpha.dtype)}
+
+    def genotype(self) -> DpnasGenotype:
+        """The argmax of every edge, ``none`` included (``derive_dpnas_genotype``)."""
+        return derive_dpnas_genotype(self.alpha, self.nodes)
+
+
+class DpnasNetwork(nn.Module):
+    """A derived DPNAS cell stacked like the supernet, trained from scratch.
+
+    ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes). Drop-path: ``drop_path_prob`` (set by
+    the caller, 0 by default) and ``generator`` (the masks' only source, required when it is > 0 in training).
+    """
+
+    def __init__(self, genotype: DpnasGenotype, stage_channels: Sequence[int], num_classes: int,
+                 in_channels: int = 3) -> None:
+        super().__init__()
+        if not isinstance(genotype, DpnasGenotype):
+            raise TypeError(f"DpnasNetwork: genotype must be a DpnasGenotype, got {type(genotype).__name__}")
+        _check_sizes("DpnasNetwork", stage_channels, genotype.nodes, num_classes, in_channels)
+        self.genotype = genotype
+        self.stage_channels = tuple(int(c) for c in stage_channels)
+        self.num_classes = num_classes
+        self.in_channels = in_channels
+        self.drop_path_prob: float = 0.0
+        self.generator: torch.Generator | None = None
+        self.stem = stem(in_channels, self.stage_channels[0])
+        c_prev = self.stage_channels[0]
+        self.cells = nn.ModuleList()
+        for channels in self.stage_channels:
+            self.cells.append(DerivedDpnasCell(genotype, c_prev, channels))
+            c_prev = genotype.nodes * channels
+        self.pool = downsample()
+        self.classifier = nn.Linear(c_prev, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(f"DpnasNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        if not 0.0 <= self.drop_path_prob < 1.0:
+            raise ValueError(f"DpnasNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")
+        drop_prob = float(self.drop_path_prob) if self.training else 0.0
+        if drop_prob > 0.0 and self.generator is None:
+            raise ValueError("DpnasNetwork: drop_path_prob > 0 in training mode needs `generator` (a torch.Generator "
+                             "the drop-path masks are drawn from); the global RNG is never used")
+        x = self.stem(x)
+        for cell in self.cells:
+            x = self.pool(cell(x, drop_prob, self.generator))
+        return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    def weights(self) -> list[nn.Parameter]:
+        """Every parameter, in ``named_parameters`` order: what the server federates."""
+        return list(self.parameters())
+
+    def main_parameters(self) -> list[nn.Parameter]:
+        """The evaluated model's parameters (all of them: there is no auxiliary head)."""
+        return self.weights()
+
+    def num_params(self) -> int:
+        """Number of scalar parameters."""
+        return sum(p.numel() for p in self.parameters())

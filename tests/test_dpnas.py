@@ -1,0 +1,429 @@
+"""The DPNAS search space (space.kind: dpnas): ops, cell and network shapes, per-example independence under
+GroupNorm, derivation with zero edges (the all-zero cell refused), the genotype string, the factory, the config and
+the report's drawing. All in-process and cheap; the end-to-end run is tests/test_dpnas_run.py."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.federation.augment.plan import parse_genotype
+from mpi_fnas.federation.plan import SetupError
+from mpi_fnas.privacy.per_sample import hooks_supported, per_sample_gradients
+from mpi_fnas.space import SPACE_KINDS, Genotype, build_augment_network, build_supernet, search_space
+from mpi_fnas.space.dpnas import (
+    PRIMITIVES,
+    DerivedDpnasCell,
+    DpnasGenotype,
+    DpnasNetwork,
+    DpnasSearchCell,
+    DpnasSearchNetwork,
+    derive_dpnas_genotype,
+    edge_endpoints,
+    make_dpnas_op,
+    max_dpnas_genotype_length,
+    num_edges,
+)
+
+NONE = PRIMITIVES.index("none")
+CONV_OPS = [p for p in PRIMITIVES if p.startswith("conv_3x3_")]
+
+
+def random_genotype(rng: random.Random, nodes: int = 5, p_none: float = 0.3) -> DpnasGenotype:
+    return DpnasGenotype(tuple("none" if rng.random() < p_none else rng.choice(PRIMITIVES[1:])
+                               for _ in range(num_edges(nodes))))
+
+
+# A connected cell with every kind of op and two 'none' edges (node 1 keeps 1 of its 2 inputs, node 3 3 of 4).
+MIXED = DpnasGenotype((
+    "conv_3x3_selu",
+    "max_pool_3x3", "none",
+    "conv_3x3_relu", "conv_3x3_tanh", "skip_connect",
+    "conv_3x3_sigmoid", "none", "avg_pool_3x3", "conv_3x3_hardtanh",
+    "conv_3x3_linear", "conv_3x3_selu", "skip_connect", "max_pool_3x3", "conv_3x3_tanh",
+))
+
+
+# ---------------------------------------------------------------------------------------------- shapes and edges
+
+
+def test_edge_count_and_order() -> None:
+    assert [num_edges(n) for n in (1, 2, 3, 4, 5)] == [1, 3, 6, 10, 15]
+    # node i takes the input node (state 0) and every earlier node (states 1..i), node by node
+    assert edge_endpoints(3) == [(0, 0), (1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+    assert len(PRIMITIVES) == 10 and len(set(PRIMITIVES)) == 10
+    assert PRIMITIVES[NONE] == "none" and len(CONV_OPS) == 6
+    with pytest.raises(ValueError):
+        num_edges(0)
+
+
+def test_every_op_keeps_the_shape_and_convs_are_depthwise_with_parameter_free_groupnorm() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 7, 7)
+    for name in PRIMITIVES:
+        op = make_dpnas_op(name, 8)
+        assert op(x).shape == x.shape, name
+        assert not any(getattr(m, "inplace", False) for m in op.modules()), name
+    for name in CONV_OPS:
+        conv, norm, _ = make_dpnas_op(name, 8)
+        assert isinstance(conv, nn.Conv2d) and conv.groups == 8 and conv.kernel_size == (3, 3) and conv.bias is None
+        assert isinstance(norm, nn.GroupNorm) and norm.num_groups == 4 and not norm.affine
+        assert [p.shape for p in make_dpnas_op(name, 8).parameters()] == [(8, 1, 3, 3)]  # the conv's weight only
+    assert torch.equal(make_dpnas_op("none", 8)(x), torch.zeros_like(x))
+    assert torch.equal(make_dpnas_op("skip_connect", 8)(x), x)
+    assert isinstance(make_dpnas_op("conv_3x3_selu", 8)[2], nn.SELU)  # SELU, as the paper names it
+    with pytest.raises(ValueError, match="unknown DPNAS op"):
+        make_dpnas_op("sep_conv_3x3", 8)
+
+
+def test_search_cell_concatenates_nodes_and_alpha_rows_drive_their_edges() -> None:
+    """Route through chosen edges only: row (node 2 <- node 1) drives that edge, the output is the 3 nodes."""
+    torch.manual_seed(1)
+    cell = DpnasSearchCell(3, 5, 4)
+    x = torch.randn(2, 5, 6, 6)
+    weights = torch.zeros(num_edges(3), len(PRIMITIVES))
+    weights[:, NONE] = 1.0
+    rows = {edge: row for row, edge in enumerate(edge_endpoints(3))}
+    skip = PRIMITIVES.index("skip_connect")
+    for edge in ((0, 0), (2, 1)):  # node 0 <- input, node 2 <- node 0 (state 1)
+        weights[rows[edge]] = F.one_hot(torch.tensor(skip), len(PRIMITIVES)).float()
+    out = cell(x, weights)
+    state0 = cell.preprocess(x)
+    assert out.shape == (2, 3 * 4, 6, 6)
+    assert torch.allclose(out, torch.cat([state0, torch.zeros_like(state0), state0], dim=1))
+
+
+@pytest.mark.parametrize(("stages", "nodes", "size"), [((8, 16, 32), 5, 16), ((4, 4, 8), 2, 15), ((6,), 1, 8)])
+def test_supernet_and_derived_network_shapes(stages: tuple[int, ...], nodes: int, size: int) -> None:
+    torch.manual_seed(2)
+    net = DpnasSearchNetwork(stages, num_classes=7, nodes=nodes)
+    x = torch.randn(3, 3, size, size)
+    assert net(x).shape == (3, 7)
+    # one alpha (edges, ops), no reduction alpha; every cell of every stage reads the same weights
+    assert [tuple(a.shape) for a in net.alphas()] == [(num_edges(nodes), 10)]
+    soft = net.alpha_softmax()
+    assert soft["normal"].shape == (num_edges(nodes), 10) and soft["reduce"].shape == (0, 10)
+    assert torch.allclose(soft["normal"].sum(dim=1), torch.ones(num_edges(nodes)))
+    # W and A partition the parameters, W in named_parameters order (the party checks its wire order against it)
+    assert [n for n, _ in net.named_weights()] == [n for n, _ in net.named_parameters() if n != "alpha"]
+    assert {id(p) for p in net.weights()} | {id(net.alpha)} == {id(p) for p in net.parameters()}
+    # stage s: a cell at stage_channels[s] concatenating `nodes` nodes, then a stride-2 pool
+    h = net.stem(x)
+    for s, cell in enumerate(net.cells):
+        h = net.pool(cell(h, soft["normal"]))
+        side = -(-size // 2 ** (s + 1))
+        assert h.shape == (3, nodes * stages[s], side, side)
+    assert net.classifier.in_features == nodes * stages[-1]
+    derived = DpnasNetwork(net.genotype() if net.genotype().connected else DpnasGenotype(("skip_connect",) *
+                           num_edges(nodes)), stages, num_classes=7)
+    assert derived(x).shape == (3, 7)
+    assert list(net.buffers()) == [] and list(derived.buffers()) == []
+
+
+def test_derived_cell_builds_exactly_the_kept_edges() -> None:
+    cell = DerivedDpnasCell(MIXED, 6, 4)
+    assert len(cell.ops) == 13  # 15 edges, two of them 'none'
+    assert cell.endpoints == tuple((i, j) for i, j in edge_endpoints(5)
+                                   if MIXED.ops[edge_endpoints(5).index((i, j))] != "none")
+    net = DpnasNetwork(MIXED, (4, 8), num_classes=10)
+    convs = [m for m in net.modules() if isinstance(m, nn.Conv2d) and m.kernel_size == (3, 3) and m.groups > 1]
+    conv_edges = sum(op.startswith("conv_3x3_") for op in MIXED.ops)
+    assert len(convs) == 2 * conv_edges  # one depthwise conv per conv edge per stage
+    # hand count: stem 3·4·9; per stage the 1x1 input conv and C·9 per conv edge; the classifier
+    expected = 3 * 4 * 9 + (4 * 4 + conv_edges * 4 * 9) + (20 * 8 + conv_edges * 8 * 9) + (40 * 10 + 10)
+    assert net.num_params() == expected
+
+
+# ---------------------------------------------------------------------------------------------- per-example gradients
+
+
+def _perturb_others(x: torch.Tensor) -> torch.Tensor:
+    changed = x.clone()
+    changed[1:] = 3.0 * torch.randn_like(x[1:]) + 1.0
+    return changed
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
+    torch.manual_seed(3)
+    x = torch.randn(4, 3, 8, 8)
+    for net in (DpnasSearchNetwork((4, 8), 10, nodes=3), DpnasNetwork(MIXED, (4, 8), 10)):
+        net.train(train)
+        with torch.no_grad():
+            assert (net(x)[0] - net(_perturb_others(x))[0]).abs().max().item() < 1e-5
+
+
+@pytest.mark.parametrize("which", ["supernet W", "supernet A", "derived"])
+def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str) -> None:
+    """Example 0's gradient is the same whatever the rest of the batch holds, and equals its own backward; W is
+    taken by the hooks (depthwise and 1x1 convs, Linear; GroupNorm has no weights), A by vmap."""
+    torch.manual_seed(4)
+    net = DpnasNetwork(MIXED, (4, 8), 10) if which == "derived" else DpnasSearchNetwork((4, 8), 10, nodes=3)
+    if which == "supernet A":
+        params, method = dict(net.named_alphas()), "vmap"
+    else:
+        params = dict(net.named_weights()) if which == "supernet W" else dict(net.named_parameters())
+        method = "hooks"
+        assert hooks_supported(net, params)
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])
+    first = per_sample_gradients(net, params, x, y, method=method)
+    again = per_sample_gradients(net, params, _perturb_others(x), y, method=method)
+    assert torch.allclose(first[0], again[0], atol=1e-6)
+    assert not torch.allclose(first[1], again[1], atol=1e-4)  # the others' did change: the check is not vacuous
+    net.zero_grad()
+    F.cross_entropy(net(x[:1]), y[:1]).backward()
+    alone = torch.cat([p.grad.reshape(-1) for p in params.values()])
+    assert torch.allclose(first[0], alone, rtol=1e-4, atol=1e-6)
+
+
+def test_hooks_and_vmap_agree_on_the_whole_supernet_weights() -> None:
+    torch.manual_seed(5)
+    net = DpnasSearchNetwork((4, 8), 10, nodes=3)
+    params = dict(net.named_weights())
+    x, y = torch.randn(3, 3, 8, 8), torch.tensor([0, 5, 9])
+    hooks = per_sample_gradients(net, params, x, y, method="hooks")
+    assert torch.allclose(hooks, per_sample_gradients(net, params, x, y, method="vmap"), rtol=1e-4, atol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------- derivation
+
+
+def test_derivation_is_the_argmax_of_every_edge_with_none_meaning_no_edge() -> None:
+    w = np.full((15, 10), 0.05)
+    strongest = ["none"] * 15
+    for e, (node, j) in enumerate(edge_endpoints(5)):
+        if node == 4:  # node 4 keeps all five inputs: the DARTS top-2 rule does not apply
+            strongest[e] = CONV_OPS[j]
+        elif (node, j) == (0, 0):
+            strongest[e] = "conv_3x3_selu"
+        elif j == node:  # from the previous node
+            strongest[e] = "skip_connect"
+    for e, op in enumerate(strongest):
+        w[e, PRIMITIVES.index(op)] = 0.3
+    genotype = derive_dpnas_genotype(w, 5)
+    assert genotype.ops == tuple(strongest)
+    assert [len(genotype.node_edges(i)) for i in range(5)] == [1, 1, 1, 1, 5]
+    assert genotype.connected and genotype.live_nodes() == [0, 1, 2, 3, 4]
+    # ties go to the earlier op; torch input works the same
+    tied = np.full((3, 10), 0.1)
+    assert derive_dpnas_genotype(torch.tensor(tied), 2).ops == ("none",) * 3
+    with pytest.raises(ValueError, match="expected shape"):
+        derive_dpnas_genotype(np.zeros((14, 10)), 5)
+    with pytest.raises(ValueError, match="non-finite"):
+        derive_dpnas_genotype(np.full((15, 10), np.nan), 5)
+
+
+def test_a_node_without_edges_is_a_zero_map_in_a_built_network() -> None:
+    ops = list(MIXED.ops)
+    ops[3:6] = ["none"] * 3  # node 2 loses every input; node 3 and 4 read it
+    genotype = DpnasGenotype(tuple(ops))
+    assert genotype.node_edges(2) == [] and genotype.live_nodes() == [0, 1, 3, 4]
+    cell = DerivedDpnasCell(genotype, 6, 4).eval()
+    out = cell(torch.randn(2, 6, 5, 5))
+    assert torch.equal(out[:, 8:12], torch.zeros(2, 4, 5, 5))  # node 2's slice of the concatenation
+    assert out[:, 12:].abs().sum() > 0
+
+
+def test_the_all_zero_cell_is_derived_and_logged_but_refused_for_training() -> None:
+    """Decision (docs/dpnas.md): derivation records it as it is; building or training a network from it is refused
+    with one clear error (the network would output a constant)."""
+    w = np.zeros((15, 10))
+    w[:, NONE] = 1.0
+    genotype = derive_dpnas_genotype(w, 5)
+    assert genotype.ops == ("none",) * 15 and not genotype.connected and genotype.live_nodes() == []
+    assert DpnasGenotype.from_string(genotype.to_string()) == genotype  # the log can hold it
+    for build in (lambda: DerivedDpnasCell(genotype, 3, 4), lambda: DpnasNetwork(genotype, (4,), 10)):
+        with pytest.raises(ValueError, match="no intermediate node is reached from the cell input"):
+            build()
+    with pytest.raises(SetupError, match=r"^the searched genotype: DPNAS genotype: no intermediate node") as info:
+        parse_genotype(genotype.to_string(), "the searched genotype", "dpnas")
+    assert "\n" not in str(info.value)
+    # cut off without being all zero: node 0's only input is 'none' and every other edge reads a dead node
+    cut = DpnasGenotype(tuple("none" if j == 0 else "conv_3x3_selu" for _, j in edge_endpoints(5)))
+    assert not cut.connected
+    with pytest.raises(SetupError, match="no intermediate node"):
+        parse_genotype(cut.to_string(), "augment.genotype", "dpnas")
+
+
+# ---------------------------------------------------------------------------------------------- string form
+
+
+def test_string_round_trip_property() -> None:
+    rng = random.Random(0)
+    for _ in range(300):
+        nodes = rng.randint(1, 6)
+        genotype = random_genotype(rng, nodes, p_none=rng.random())
+        text = genotype.to_string()
+        assert DpnasGenotype.from_string(text) == genotype
+        assert text.isascii() and " " not in text
+        assert len(text) <= max_dpnas_genotype_length(nodes)
+    worst = DpnasGenotype(("conv_3x3_hardtanh",) * 15)  # the longest op name everywhere attains the bound
+    assert len(worst.to_string()) == max_dpnas_genotype_length(5)
+    assert DpnasGenotype.from_string(" dpnas = skip_connect @ 0 | none@0 , max_pool_3x3@1 ").ops == (
+        "skip_connect", "none", "max_pool_3x3")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2", "expected 'dpnas="),
+    ("dpnas=", "node 0: expected 'op@state'"),
+    ("dpnas=skip_connect@0|skip_connect@0", "node 1 lists 1 edge"),
+    ("dpnas=skip_connect@0|skip_connect@1,none@0", "edge 0 must come from state 0"),
+    ("dpnas=skip_connect@-1", "expected 'op@state'"),
+    ("dpnas=sep_conv_3x3@0", "unknown op 'sep_conv_3x3'"),
+    ("dpnas=__import__('os')@0", "unknown op"),
+    ("dpnas=skip_connect", "expected 'op@state'"),
+])
+def test_malformed_strings_are_refused_naming_the_node(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DpnasGenotype.from_string(text)
+
+
+def test_genotype_validates_on_construction() -> None:
+    with pytest.raises(ValueError, match="not the edge count"):
+        DpnasGenotype(("none",) * 14)
+    with pytest.raises(ValueError, match="unknown op"):
+        DpnasGenotype(("sep_conv_3x3",))
+    with pytest.raises(ValueError, match="not one string"):
+        DpnasGenotype("skip_connect")
+    assert MIXED.op_counts()["none"] == 2 and sum(MIXED.op_counts().values()) == 15
+
+
+# ---------------------------------------------------------------------------------------------- factory and config
+
+
+def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
+    assert set(SPACE_KINDS) == {"darts", "dpnas"}
+    with pytest.raises(ValueError, match="unknown space kind 'nasnet'"):
+        search_space("nasnet")
+    cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 8]"])
+    dp = search_space("dpnas")
+    net = dp.build_supernet(cfg.space, seed=3, in_channels=3, num_classes=10)
+    assert isinstance(net, DpnasSearchNetwork) and net.stage_channels == (4, 8)
+    assert dp.alpha_shapes(cfg.space) == ((15, 10), (0, 10))
+    again = dp.build_supernet(cfg.space, seed=3, in_channels=3, num_classes=10)
+    assert all(torch.equal(a, b) for a, b in zip(net.parameters(), again.parameters(), strict=True))
+    trained = dp.build_augment_network(dp.parse_genotype(MIXED.to_string()), cfg, seed=0, in_channels=3,
+                                       num_classes=10)
+    assert isinstance(trained, DpnasNetwork) and trained.genotype == MIXED and trained.stage_channels == (4, 8)
+    # DARTS through the factory: bit-identical to the direct builders
+    darts_cfg = load_config(None, [])
+    through = search_space("darts").build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
+    direct = build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
+    assert all(torch.equal(a, b) for a, b in zip(through.parameters(), direct.parameters(), strict=True))
+    genotype = direct.genotype()
+    aug = search_space("darts").build_augment_network(genotype, darts_cfg, seed=1, in_channels=3, num_classes=10)
+    ref = build_augment_network(genotype, channels=8, layers=3, seed=1, in_channels=3, num_classes=10)
+    assert all(torch.equal(a, b) for a, b in zip(aug.parameters(), ref.parameters(), strict=True))
+    assert isinstance(search_space("darts").parse_genotype(genotype.to_string()), Genotype)
+    with pytest.raises(SetupError, match=r"^augment\.genotype: genotype string: unknown field 'dpnas'"):
+        parse_genotype(MIXED.to_string(), "augment.genotype", "darts")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    (["space.kind=nasnet"], r"^space\.kind: 'nasnet' is not one of 'darts', 'dpnas'$"),
+    (["space.stage_channels=[]"], r"^space\.stage_channels: \[\] must be a non-empty list of integers >= 1"),
+    (["space.stage_channels=[8, 0]"], r"^space\.stage_channels: \[8, 0\] must be a non-empty list"),
+    (["space.stage_channels=48"], r"^space\.stage_channels: expected list of int \(e\.g\. \[8, 16, 32\]\), got 48$"),
+    (["space.stage_channels=[8, x]"], r"^space\.stage_channels: expected an integer, got 'x'$"),
+    (["space.kind=dpnas", "space.norm=batchnorm", "mode=fnas"], r"^space\.norm: the dpnas space normalises"),
+    (["space.kind=dpnas", "augment.auxiliary_weight=0.4"], r"^augment\.auxiliary_weight: the dpnas network has no"),
+])
+def test_bad_space_config_is_one_line(override: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, override)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("path", ["configs/dpnas.yaml", "configs/cifar10_dpnas.yaml"])
+def test_dpnas_configs_load_with_the_papers_cell(path: str) -> None:
+    cfg = load_config(path)
+    assert cfg.space.kind == "dpnas" and cfg.space.nodes == 5 and cfg.space.norm == "groupnorm"
+    assert search_space(cfg.space.kind).alpha_shapes(cfg.space)[0] == (15, 10)
+    if "cifar10" in path:
+        assert cfg.space.stage_channels == [48, 96, 192] and cfg.data.dataset == "cifar10"
+        assert cfg.privacy.target_epsilon == 3.0  # the paper's budget (ε, δ) = (3, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+
+def test_report_draws_a_dpnas_cell_and_its_single_alpha_heatmap() -> None:
+    from mpi_fnas.report.figures import FIGURE_PIXELS, alphas_heatmap, alphas_over_epochs, cells_figure
+
+    def size(png: bytes) -> tuple[int, int]:
+        assert png[:8] == b"\x89PNG\r\n\x1a\n"
+        return int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+
+    assert size(cells_figure(MIXED.to_string(), "run", "dpnas")) == FIGURE_PIXELS
+    all_zero = DpnasGenotype(("none",) * 15).to_string()
+    assert cells_figure(all_zero, "run", "dpnas") is not None  # drawn (and labelled not trainable), not an error
+    assert cells_figure(MIXED.to_string(), "run", "darts") is None  # not a DARTS genotype: no figure
+    alphas = {"normal": np.full((2, 15, 10), 0.1, dtype=np.float32), "reduce": np.zeros((2, 0, 10), np.float32)}
+    assert size(alphas_heatmap(alphas, "run", "dpnas")) == FIGURE_PIXELS
+    assert size(alphas_over_epochs(alphas, "run", "dpnas")) == FIGURE_PIXELS
+
+
+# ---------------------------------------------------------------------------------------------- every mode, in-process
+
+
+@pytest.mark.parametrize("private", [False, True], ids=["vanilla-fnas", "dpfnas"])
+def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_path) -> None:
+    """One iteration of Algorithm 1 with the DPNAS supernet built by the factory, as every mode runs it (vanilla and
+    fnas share the exact path, dpfnas releases clipped and noised), the server's genotype and the log's epoch row;
+    then one augment release of the derived network."""
+    from mpi_fnas.config import load_config
+    from mpi_fnas.federation.augment.party import AugmentParty
+    from mpi_fnas.federation.flat import STATS
+    from mpi_fnas.federation.party import Party, Shard
+    from mpi_fnas.federation.server import Server
+    from mpi_fnas.privacy import DPParams
+    from mpi_fnas.privacy.budget import AugmentReleases
+    from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, read_run
+
+    cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 4]", "mode=fnas",
+                             "search.batch_size=4", "augment.batch_size=4"])
+    space = search_space("dpnas")
+    make = lambda: space.build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)  # noqa: E731
+    gen = torch.Generator().manual_seed(0)
+    shard = lambda: Shard(torch.randn(8, 3, 8, 8, generator=gen), torch.randint(0, 10, (8,), generator=gen))  # noqa: E731
+    dp = DPParams(1.0, 1.0, 1.0, 0.1, expected_batch_size=4.0) if private else None
+    party = Party(make(), shard(), shard(), 4, torch.Generator().manual_seed(1), dp=dp,
+                  noise_generator=torch.Generator().manual_seed(2) if private else None)
+    server = Server(make(), cfg.search, parties=1)
+    assert party.num_a == 150 and server.a.numel() == 150
+    g = party.w_release()
+    assert g.shape == (party.num_w + STATS,) and np.isfinite(g).all() and np.abs(g[:-STATS]).sum() > 0
+    assert (g[-STATS:] == 0).all() == private  # a DP release carries no statistics
+    server.step_w(g[:-STATS])
+    party.load_w(server.w_buffer)
+    h = party.a_release()
+    assert np.isfinite(h).all() and np.abs(h[:-STATS]).sum() > 0
+    server.step_a(h[:-STATS])
+    soft = server.alpha_softmax()
+    genotype = server.genotype()
+    assert soft["normal"].shape == (15, 10) and soft["reduce"].shape == (0, 10)
+    normal, reduce = space.alpha_shapes(cfg.space)
+    privacy = PrivacySchema(delta=[1e-5], accountant="pld", sample_rate_train=[0.5], sample_rate_val=[0.5],
+                            noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1) if private else None
+    log = RunLog.create(tmp_path / "search.h5", mode="dpfnas" if private else "fnas", parties=1, config_text="",
+                        metric_names=SEARCH_METRICS, alpha_shape=normal, reduce_alpha_shape=reduce, space=space.kind,
+                        genotype_length=space.max_genotype_length(cfg.space), privacy_guarantee="holds",
+                        privacy=privacy)
+    log.append_epoch(soft["normal"], soft["reduce"], genotype.to_string())
+    log.finish("finished", reason="completed", final_genotype=genotype.to_string())
+    run = read_run(tmp_path / "search.h5")
+    assert run["space"] == "dpnas" and DpnasGenotype.from_string(run["genotypes"][0]) == genotype
+
+    trained = space.build_augment_network(MIXED, cfg, seed=0, in_channels=3, num_classes=10)
+    releases = AugmentReleases(noise_multiplier=1.0, clip=1.0, expected_batch_size=4.0, sample_rate_train=[0.5],
+                               sample_rate_val=[0.5], steps=1) if private else None
+    augment = AugmentParty(trained, shard(), cfg.augment, torch.Generator().manual_seed(3), releases=releases,
+                           noise_generator=torch.Generator().manual_seed(4) if private else None)
+    out = augment.release(drop_path_prob=0.0)
+    assert out.shape == (trained.num_params() + STATS,) and np.isfinite(out).all()

@@ -1,0 +1,83 @@
+"""DP-FNAS on the DPNAS space end to end: a real `mpirun` job (2 parties) searches the 15-edge cell under DP and
+trains the cell it found from scratch under DP; its log holds one alpha matrix, parseable DPNAS genotypes and an ε
+that dp_accounting, called directly on the log's public facts, reproduces for both stages."""
+
+from __future__ import annotations
+
+import dp_accounting
+import numpy as np
+import pytest
+from conftest import TINY, mpirun
+
+from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
+from mpi_fnas.report.collect import read_record
+from mpi_fnas.report.figures import run_figures
+from mpi_fnas.runlog import read_run
+from mpi_fnas.space.dpnas import PRIMITIVES, DpnasGenotype, DpnasNetwork
+
+pytestmark = pytest.mark.slow  # a real mpirun job
+
+STAGES = [4, 4, 8]
+DPNAS_RUN = [
+    *TINY, "--set", "space.kind=dpnas", "--set", "space.nodes=5", "--set", f"space.stage_channels={STAGES}",
+    "--set", "mode=dpfnas", "--set", "data.train_size=800", "--set", "augment.epochs=1",
+    "--set", "augment.steps_per_epoch=4", "--set", "augment.batch_size=16",
+]
+
+
+def pld_epsilon(segments: list[tuple[float, float, int]], delta: float) -> float:
+    """dp_accounting's PLD accountant over (σ, q, releases) segments composed in order."""
+    accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
+    for sigma, rate, count in segments:
+        if count:
+            accountant.compose(dp_accounting.PoissonSampledDpEvent(rate, dp_accounting.GaussianDpEvent(sigma)), count)
+    return accountant.get_epsilon(delta)
+
+
+def test_dpfnas_searches_and_trains_a_dpnas_cell_with_its_epsilon_reproduced(tmp_path):
+    out = mpirun(3, *DPNAS_RUN, "--out", str(tmp_path / "run"), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    log = read_run(tmp_path / "run" / "search.h5")
+    assert log["status"] == "finished" and log["space"] == "dpnas" and log["privacy_guarantee"] == "holds"
+
+    # one 15 × 10 alpha per epoch end, an edgeless reduce, and the derived cell's string each epoch
+    epochs = len(log["genotypes"])
+    assert epochs == 2 and log["alphas"]["normal"].shape == (2, 15, 10) and log["alphas"]["reduce"].shape == (2, 0, 10)
+    assert np.allclose(log["alphas"]["normal"].sum(axis=2), 1.0)
+    final = DpnasGenotype.from_string(log["final_genotype"])
+    assert final == DpnasGenotype.from_string(log["genotypes"][-1])
+    # the search's argmax is the logged genotype (none included)
+    argmax = log["alphas"]["normal"][-1].argmax(axis=1)
+    assert final.ops == tuple(PRIMITIVES[k] for k in argmax)
+
+    # the augmentation trained exactly that cell, privately, at the searched widths
+    augment = log["augment"]
+    assert augment["status"] == "finished" and augment["private"] and augment["genotype"] == final.to_string()
+    assert augment["params"] == DpnasNetwork(final, STAGES, num_classes=10).num_params()
+    assert np.isnan(augment["metrics"]["train_loss"]).all()  # nothing data-dependent released
+
+    # ε per party, independently: the search's W releases on the train shard and A releases on the validation
+    # shard, then the augmentation's releases on both (pool: all), composed per shard; a party's ε is the larger
+    search, aug = log["privacy"], augment["privacy"]
+    sigma_w = float(np.asarray(search["noise_multiplier_w"]).reshape(-1)[0])
+    sigma_a = float(np.asarray(search["noise_multiplier_a"]).reshape(-1)[0])
+    sigma_aug = float(np.asarray(aug["noise_multiplier"]).reshape(-1)[0])
+    aug_steps = int(aug["steps"][-1])
+    assert aug_steps == 4
+    for k in range(log["parties"]):
+        steps = int(search["charged_steps"][-1][k])
+        assert steps == 8  # 2 epochs × 4 steps, no replay
+        delta = float(search["delta"][k])
+        q_tr, q_val, q_aug = (float(search["sample_rate_train"][k]), float(search["sample_rate_val"][k]),
+                              float(aug["sample_rate"][k]))
+        search_eps = max(pld_epsilon([(sigma_w, q_tr, steps)], delta), pld_epsilon([(sigma_a, q_val, steps)], delta))
+        assert search["epsilon"][-1][k] == pytest.approx(search_eps, rel=1e-6)
+        both = max(pld_epsilon([(sigma_w, q_tr, steps), (sigma_aug, q_aug, aug_steps)], delta),
+                   pld_epsilon([(sigma_a, q_val, steps), (sigma_aug, q_aug, aug_steps)], delta))
+        assert aug["epsilon"][-1][k] == pytest.approx(both, rel=1e-6)
+        assert aug["epsilon"][-1][k] > search["epsilon"][-1][k]
+
+    # the report draws this run's cell and its single alpha heatmap
+    record = read_record(tmp_path / "run" / "search.h5", tmp_path)
+    figures = run_figures(record)
+    assert {name.rsplit("-", 1)[-1] for name in figures} >= {"alphas.png", "cells.png", "epochs.png", "epsilon.png"}
