@@ -225,13 +225,14 @@ class FederationConfig:
         0, "examples of the server's clean auxiliary set, given to no party (synthetic: a split of its own; "
         "cifar10: the last aux_size examples of the train split)")
     selection: Literal["all", "random", "secprobe", "oracle"] = _key(
-        "all", "whose releases update W and A each step: all, random (select parties drawn uniformly), secprobe "
+        "all", "whose releases update W and A each search step and the weights each augment iteration: all, random "
+        "(select parties drawn uniformly), secprobe "
         "(select parties drawn by the exponential mechanism on their aux-set scores) or oracle (the reliable "
         "parties, a baseline that knows them); docs/secprobe.md")
     select: int | None = _key(None, "K′: parties drawn per step (selection random or secprobe; oracle: none)")
     selection_epsilon: float = _key(
-        1.0, "ε_EM of one step's draw of select parties (secprobe); composed over the steps in "
-        "/privacy/selection_epsilon")
+        1.0, "ε_EM of one step's draw of select parties (secprobe); composed over the steps of both stages in "
+        "/privacy/selection_epsilon and /augment/privacy/selection_epsilon")
     score_window: int = _key(
         1, "secprobe: a party's score is its aux-set accuracy averaged over its last score_window steps")
 
@@ -512,9 +513,6 @@ def _validate_selection(cfg: Config) -> None:
     if fed.unreliable_parties > 0 and cfg.mode == "vanilla":
         raise ConfigError("federation.unreliable_parties: vanilla NAS has one party holding all data; use fnas or "
                           "dpfnas")
-    if fed.unreliable_parties > 0 and cfg.augment.epochs > 0:
-        raise ConfigError("federation.unreliable_parties: the augmentation does not simulate unreliable parties; "
-                          "set augment.epochs=0 (search only)")
     if fed.selection in ("all", "oracle"):
         if fed.select is not None:
             raise ConfigError("federation.select: only used with federation.selection random or secprobe")
@@ -529,9 +527,9 @@ def _validate_selection(cfg: Config) -> None:
     if cfg.search.order != "first_order":
         raise ConfigError("search.order: second_order cannot be combined with federation.selection (the shared "
                           "validation gradient would mix unselected parties); use first_order")
-    if cfg.augment.epochs > 0:
-        raise ConfigError(f"federation.selection: {fed.selection} applies to the search only; set "
-                          "augment.epochs=0 (search only)")
+    if cfg.augment.epochs > 0 and not cfg.augment.private:
+        raise ConfigError(f"federation.selection: {fed.selection} in the augmentation needs augment.private (its "
+                          "draws are accounted in /augment/privacy, which only a private augmentation has)")
     if cfg.search.w_optimizer == "adadp" or (cfg.augment.epochs > 0 and cfg.augment.optimizer == "adadp"):
         raise ConfigError(f"federation.selection: {fed.selection} cannot be combined with ADADP (the selection "
                           "chooses once per step, ADADP releases W twice); use the sgd optimizer")

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Regenerates the table of docs/secprobe.md (issue 13): 8 parties, 4 of them unreliable, a fraction P of their
-# examples replaced by noise, P in {0, 0.2, 0.4, 0.6}; arms all, random (K' = 4), secprobe (K' = 4) at
-# eps_EM in {0.1, 1, 10}, and the oracle (the reliable parties only); seeds 0 1 2; the search only (DP-FNAS,
-# the make-run config otherwise), test accuracy of the supernet.
+# Regenerates the table of docs/secprobe.md (issue 13): 8 parties (9 ranks), 4 of them unreliable, a fraction P of
+# their examples replaced by noise, P in {0, 0.2, 0.4, 0.6}; arms all, random (K' = 4), secprobe (K' = 4) at
+# eps_EM in {0.1, 1, 10}, and the oracle (the reliable parties only); seeds 0 1 2: 72 runs. Every run is the
+# AUGMENTATION of a fixed cell (augment.genotype: the DPNAS paper's CIFAR-10 cell, as scripts/dpnas_tables.sh
+# trains it; no search), under DP (mode dpfnas), where the network learns within the run (a tiny supernet stays
+# at chance, and so would every probe: docs/secprobe.md). Reported: the test accuracy of the trained network, and
+# the rate at which the unreliable and the reliable parties were selected (/augment/selection).
 #   scripts/secprobe_table.sh [OUT_DIR]        (default runs/secprobe-table)
 #   scripts/secprobe_table.sh --summarize OUT_DIR
 #   ARMS="all secprobe-eps10" PS="0.6" SEEDS="0" scripts/secprobe_table.sh OUT_DIR   (a subset, e.g. a smoke test)
-# Each run writes OUT_DIR/p<P>-<arm>-seed<s>/search.h5; a run whose log exists is skipped, so an interrupted
-# table is finished by running the script again. The tables (markdown, mean ± std over seeds) are printed at the
-# end from the logs alone. Environment: PYTHON, MPIRUN (default: the project's .venv); EXTRA: more KEY=VALUE
-# settings for every run (e.g. a tiny config for a smoke test).
+# Each run writes OUT_DIR/p<P>-<arm>-seed<s>/search.h5 (its output in .out, and .done once it succeeded); a done run
+# is skipped and an unfinished one redone, so an interrupted table is finished by running the script again. The
+# tables (markdown, mean ± std over seeds) are printed at the end from the logs alone. Environment: PYTHON, MPIRUN
+# (default: the project's .venv); EXTRA: more KEY=VALUE settings for every run (e.g. a tiny config for a smoke
+# test). One run at a time: 9 ranks already oversubscribe a 2-core machine.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
@@ -34,11 +38,12 @@ for log in sorted(root.glob("p*-*-seed*/search.h5")):
     name = log.parent.name.rsplit("-seed", 1)[0]
     fraction, arm = name[1:].split("-", 1)
     run = read_run(log)
-    if run["status"] != "finished":
+    augment = run["augment"]
+    if augment is None or augment["status"] != "finished":
         print(f"skipped (not finished): {log}", file=sys.stderr)
         continue
     unreliable = np.asarray(run["unreliable"], dtype=bool)
-    selection = run["selection"]
+    selection = augment["selection"]
     rate_bad = rate_good = eps = float("nan")
     if selection is not None and len(selection["chosen"]):
         chosen = np.asarray(selection["chosen"], dtype=bool)
@@ -47,9 +52,11 @@ for log in sorted(root.glob("p*-*-seed*/search.h5")):
         eps = float(selection["selection_epsilon"][-1])
     elif arm == "all":
         rate_bad = rate_good = 1.0
+    privacy = augment["privacy"]
     cells.setdefault((float(fraction), arm), []).append({
-        "acc": float(run["metrics"]["test_acc"][-1]), "bad": rate_bad, "good": rate_good, "eps": eps,
-        "party_eps": float(run["privacy"]["epsilon"][-1].max()) if run["privacy"] is not None else float("nan"),
+        "acc": float(augment["test_acc"]), "bad": rate_bad, "good": rate_good, "eps": eps,
+        "party_eps": float(privacy["epsilon"][-1].max()) if privacy is not None else float("nan"),
+        "wall": float(augment["cost"]["wall_seconds"]),
     })
 
 
@@ -62,12 +69,13 @@ def mean_std(values: list[float]) -> str:
 
 
 print("| P | arm | seeds | test acc | selection rate, unreliable | selection rate, reliable | selection ε (aux set) "
-      "| worst-party ε |")
-print("|---|---|---|---|---|---|---|---|")
+      "| worst-party ε | wall s |")
+print("|---|---|---|---|---|---|---|---|---|")
 for (fraction, arm), rows in sorted(cells.items()):
     print(f"| {fraction:g} | {arm} | {len(rows)} | {mean_std([r['acc'] for r in rows])} "
           f"| {mean_std([r['bad'] for r in rows])} | {mean_std([r['good'] for r in rows])} "
-          f"| {mean_std([r['eps'] for r in rows])} | {mean_std([r['party_eps'] for r in rows])} |")
+          f"| {mean_std([r['eps'] for r in rows])} | {mean_std([r['party_eps'] for r in rows])} "
+          f"| {np.mean([r['wall'] for r in rows]):.0f} |")
 PY
 }
 
@@ -75,17 +83,31 @@ if [ "${1:-}" = "--summarize" ]; then summarize "${2:?usage: secprobe_table.sh -
 out=${1:-runs/secprobe-table}
 mkdir -p "$out"
 
+# The DPNAS paper's CIFAR-10 cell (Fig. 4c) as released, in our string form (scripts/dpnas_tables.sh, docs/dpnas.md).
+dpnasnet="dpnas=conv_3x3_selu@0|max_pool_3x3@0,conv_3x3_selu@1|conv_3x3_tanh@0,max_pool_3x3@1,none@2|\
+conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,conv_3x3_tanh@2,max_pool_3x3@3,\
+conv_3x3_tanh@4"
+# Sized so that the network learns within a run and the 72 runs take about an hour on a 2-core VM (docs/secprobe.md,
+# the measured run): synthetic-shapes 16x16, 8 parties of 1,000 examples (their train and validation shards), DP
+# releases of expected batch 64 per party, AUGMENT_EPOCHS (4) epochs of 16 iterations, an aux set of 50 examples.
+train=(mode=dpfnas space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16
+       data.train_size=8000 data.test_size=1000 federation.parties=8 augment.genotype="$dpnasnet"
+       augment.epochs="${AUGMENT_EPOCHS:-4}" augment.batch_size=64 augment.lr=0.5 augment.weight_decay=0
+       augment.clip=1.0 federation.aux_size=50 runtime.threads_per_rank=1 runtime.progress=off
+       checkpoint.every_steps=0)
+
 run() {  # run NAME KEY=VALUE...
   local dir=$out/$1; shift
-  if [ -e "$dir/search.h5" ]; then echo "exists, skipped: $dir"; return; fi
+  if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
+  rm -rf "$dir"  # what an interrupted attempt left
   local sets=(); for kv in "$@" "${extra[@]}"; do [ -n "$kv" ] && sets+=(--set "$kv"); done
-  "$mpirun" -n 9 "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}"
+  if "$mpirun" -n 9 "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1; then
+    touch "$dir.done"; else echo "FAILED (exit $?): $dir, see $dir.out"; fi
 }
 
 for s in "${seeds[@]}"; do
   for p in "${fractions[@]}"; do
-    common=(seed="$s" mode=dpfnas augment.epochs=0 federation.unreliable_parties=4 federation.corruption="$p"
-            federation.aux_size=256)
+    common=("${train[@]}" seed="$s" federation.unreliable_parties=4 federation.corruption="$p")
     for arm in "${arms[@]}"; do
       case $arm in
         all) run "p$p-$arm-seed$s" "${common[@]}" ;;

@@ -79,14 +79,15 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
             sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
         )  # fmt: skip
     normal, reduce = ALPHA_SHAPES[space]
+    schema = SelectionSchema(selection="secprobe", select=1, epsilon_per_step=1.0, score_window=2, aux_size=10,
+                             sensitivity=0.1, delta=1e-5)
     runlog = RunLog.create(
         path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=normal,
         reduce_alpha_shape=reduce, space=space, genotype_length=64,
         privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
         privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
         unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,
-        selection=SelectionSchema(selection="secprobe", select=1, epsilon_per_step=1.0, score_window=2, aux_size=10,
-                                  sensitivity=0.1, delta=1e-5) if selection else None,
+        selection=schema if selection else None,
     )  # fmt: skip
     runlog.append_metrics({"step": 1})
     if selection:
@@ -104,10 +105,13 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
         runlog.begin_augment(
             genotype="g", params=1000, private=privacy is not None, privacy=augment_privacy, parties=PARTIES,
             privacy_guarantee="holds" if privacy is not None else "none: no privacy claim",
+            selection=schema if selection else None,
         )
         runlog.append_augment_metrics({"step": 1, "epoch": 0})
         if augment_privacy is not None:
             runlog.append_augment_privacy(1, np.zeros(PARTIES))
+        if selection:
+            runlog.append_augment_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 2.0)
         runlog.finish_augment("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0})
     return path
 
@@ -121,14 +125,16 @@ def _under(member: Member, group: str) -> bool:
 @pytest.mark.parametrize(("mode", "augment", "space", "selection"), [
     ("dpfnas", False, "darts", False), ("fnas", False, "darts", False), ("dpfnas", True, "darts", False),
     ("fnas", True, "darts", False), ("dpfnas", True, "dpnas", False), ("fnas", False, "dpnas", False),
-    ("dpfnas", False, "darts", True),
+    ("dpfnas", False, "darts", True), ("dpfnas", True, "darts", True),
 ])
 def test_doc_lists_exactly_what_the_writer_creates(tmp_path: Path, mode: str, augment: bool, space: str,
                                                    selection: bool) -> None:
     documented = documented_members(DOC.read_text(encoding="utf-8"))
     if not selection:  # the doc marks /selection and /privacy/selection_epsilon as existing only with a selection
         documented = {member for member in documented if not _under(member, "/selection")}
+        documented = {member for member in documented if not _under(member, "/augment/selection")}
         documented.discard(("/privacy", "selection_epsilon", "dataset"))
+        documented.discard(("/augment/privacy", "selection_epsilon", "dataset"))
     if mode != "dpfnas":  # the doc marks /privacy as dpfnas-only (and the augment stage is private only then)
         documented = {member for member in documented if not _under(member, "/privacy")}
         documented = {member for member in documented if not _under(member, "/augment/privacy")}

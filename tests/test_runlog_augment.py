@@ -106,7 +106,7 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
     path = tmp_path / "search.h5"
     runlog = _searched(path)
     searched = read_run(path)
-    assert searched["augment"] is None and runlog.augment_row_counts() == (0, 0)
+    assert searched["augment"] is None and runlog.augment_row_counts() == (0, 0, 0)
     with pytest.raises(RuntimeError, match="closed"):
         runlog.heartbeat()  # finish closed the file; begin_augment reopens it
 
@@ -125,7 +125,7 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
     for step in range(4):
         runlog.append_augment_metrics(_augment_row(step))
     runlog.heartbeat()
-    assert runlog.augment_row_counts() == (4, 0)
+    assert runlog.augment_row_counts() == (4, 0, 0)
     runlog.finish("failed", reason="late search failure")  # the search's outcome was recorded: no effect
     runlog.finish_augment(
         "finished", reason="completed", test_acc=0.9725,
@@ -218,7 +218,7 @@ def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) ->
         runlog.append_augment_metrics({"step": 0.5, "epoch": 0})
     with pytest.raises(RuntimeError, match="without a privacy schema"):
         runlog.append_augment_privacy(1, np.zeros(PARTIES))
-    assert runlog.augment_row_counts() == (0, 0)
+    assert runlog.augment_row_counts() == (0, 0, 0)
     runlog.append_augment_metrics({"step": np.int64(7), "epoch": 0.0})
 
     with pytest.raises(ValueError, match="final status must be one of"):
@@ -252,7 +252,7 @@ def test_reopen_for_augment_counts_attempts_and_truncates(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="keeps the search's /ranks"):
         RunLog.reopen(path, augment=True, rank_attrs={"devices": ["cpu"]})
     resumed = RunLog.reopen(path, augment=True)
-    assert resumed.augment_row_counts() == (5, 3)
+    assert resumed.augment_row_counts() == (5, 3, 0)
     with pytest.raises(ValueError, match="a resumed augment must train the same network"):
         _begin(resumed, private=True, genotype="another genotype")
     assert read_run(path)["augment"]["attempts"] == 1  # the refused resume changed nothing
@@ -260,7 +260,7 @@ def test_reopen_for_augment_counts_attempts_and_truncates(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match="metric_rows=6"):
         resumed.truncate_augment(6, 2)
     resumed.truncate_augment(*checkpoint)
-    assert resumed.augment_row_counts() == checkpoint
+    assert resumed.augment_row_counts() == (*checkpoint, 0)  # no selection rows
     resumed.append_augment_metrics(_augment_row(3, private=True))
     resumed.append_augment_privacy(4, np.full(PARTIES, 0.7))
     live = read_run(path)
@@ -383,7 +383,7 @@ def test_a_ragged_augment_row_is_hidden_and_trimmed_on_reopen(tmp_path: Path) ->
     assert augment["privacy"]["steps"].tolist() == [2]
 
     resumed = RunLog.reopen(path, augment=True)
-    assert resumed.augment_row_counts() == (2, 1)
+    assert resumed.augment_row_counts() == (2, 1, 0)
     with h5py.File(path, "r", libver="latest", swmr=True) as f:  # the file itself is consistent again
         assert {f["augment/metrics"][name].shape for name in AUGMENT_METRICS} == {(2,)}
         assert f["augment/privacy/steps"].shape == (1,)
@@ -475,7 +475,7 @@ def test_a_writer_killed_mid_augment_fails_the_augment_not_the_search(
     assert stale["augment"]["reason"].endswith("(stale after 0 s); last logged augment step 4")
 
     resumed = RunLog.reopen(path, augment=True)  # salvages the file the killed writer left open
-    assert resumed.augment_row_counts() == (5, 0)
+    assert resumed.augment_row_counts() == (5, 0, 0)
     resumed.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2,
                            privacy_guarantee="none: not private")
     resumed.append_augment_metrics({"step": 5, "epoch": 1})

@@ -5,9 +5,10 @@
 * ``stage="augment"``: augment only: a finished search's cell (``--augment RUN_DIR``, or a job resumed after its
   search finished), or ``augment.genotype`` (no search at all).
 
-``searched.pt`` is the search's result as rank 0 owns it: the genotype and the privacy ledgers at the end of the
-search (public counts). The augmentation starts from it, in the same job or in a later one, so both stages'
-releases compose in one ledger per party and dataset.
+``searched.pt`` is the search's result as rank 0 owns it: the genotype, the privacy ledgers at the end of the
+search and the count of the selection's draws on the aux set (public counts). The augmentation starts from it, in
+the same job or in a later one, so both stages' releases compose in one ledger per party and dataset, and both
+stages' draws in one selection ε.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class JobOutcome:
 
 
 def searched_state(run_dir: Path) -> dict | None:
-    """The search result saved in `run_dir` (``genotype``, ``ledger``, ``config``), or None."""
+    """The search result saved in `run_dir` (``genotype``, ``ledger``, ``selection``, ``config``), or None."""
     path = Path(run_dir) / SEARCHED_NAME
     return atomic_load(path) if path.exists() else None
 
@@ -66,7 +67,8 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
                        stop_requested=stop_requested)
         if search.interrupted:
             return JobOutcome(search, None)
-        searched = {"genotype": search.genotype, "ledger": search.ledger_state, "config": cfg.to_yaml()}
+        searched = {"genotype": search.genotype, "ledger": search.ledger_state, "selection": search.selection_state,
+                    "config": cfg.to_yaml()}
         atomic_save(run_dir / SEARCHED_NAME, searched)
         resume = None
     else:

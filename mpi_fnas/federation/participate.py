@@ -85,10 +85,20 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
 def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The party's `shard` ("train" or "val") as it holds it: an unreliable party's with noise in place of the
     stated fraction of its examples (simulated here, inside the party: these images are its data)."""
-    x, y = data.render(got.train_indices if shard == "train" else got.val_indices)
-    if got.corruption > 0:
+    indices = got.train_indices if shard == "train" else got.val_indices
+    return own_examples(cfg, data, indices, got.corruption, rank, shard)
+
+
+def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: float, rank: int,
+                 shard: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Party `rank`'s examples of its `shard` ("train" or "val") at `indices` (the whole shard, in the plan's
+    order): x (N, C, H, W), y (N,), with ``corrupt_shard``'s noise in place of the fraction `corruption` of them.
+    The noise is a function of (seed, rank, shard, N), so the search and the augmentation corrupt the same
+    examples of a shard."""
+    x, y = data.render(indices)
+    if corruption > 0:
         mean, std = pixel_statistics(cfg.data.dataset)
-        x, y, _ = corrupt_shard(x, y, got.corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
+        x, y, _ = corrupt_shard(x, y, corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
                                 seed=cfg.seed, rank=rank, shard=shard)
     return x, y
 

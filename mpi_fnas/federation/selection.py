@@ -7,7 +7,9 @@ party's W release on its own auxiliary set (:meth:`Server.probe_accuracy`), aver
 (:func:`mpi_fnas.privacy.exponential.exponential_mechanism_select`, Δu = 1/n_aux). The draw uses the server's own
 secret generator, seeded from the OS CSPRNG: the mechanism hides the aux set from the parties only if they cannot
 predict its coins (docs/privacy.md, "What SecProbe claims and what we guarantee"). Its state, and the score window,
-are rank 0's and are checkpointed with the rest of its state.
+are rank 0's and are checkpointed with the rest of its state. The augmentation selects with a Selector of its own
+(a fresh window, its own generator) that continues the search's draw count (:meth:`Selector.continue_after`), so
+the selection's ε composes over both stages.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from mpi_fnas.config import FederationConfig
+from mpi_fnas.config import Config, FederationConfig
+from mpi_fnas.federation.randomness import os_seed, reproducible_seed
 from mpi_fnas.privacy.exponential import (
     exponential_mechanism_select,
     selection_delta,
@@ -28,6 +31,14 @@ from mpi_fnas.privacy.exponential import (
 def server_generator(secret_seed: int) -> np.random.Generator:
     """The server's generator of the draws (PCG64), from a seed only rank 0 knows."""
     return np.random.default_rng(secret_seed)
+
+
+def selection_seed(cfg: Config, stage: str) -> int:
+    """The seed of the server's draws in `stage` ("search" or "augment"): secret (OS CSPRNG), except with
+    ``privacy.reproducible_noise`` (tests and debugging: the run's ε is void anyway, and so is the selection's)."""
+    if cfg.privacy.reproducible_noise:
+        return reproducible_seed(cfg.seed, 0, "batches", stage=stage)
+    return os_seed()
 
 
 class Selector:
@@ -83,6 +94,22 @@ class Selector:
             chosen[exponential_mechanism_select(score, self.select, self.epsilon, self.sensitivity, self.rng)] = True
             self.draws += 1
         return chosen, score
+
+    def continue_after(self, earlier: dict | None) -> None:
+        """Count the draws of an earlier stage on the same aux set (the search's :meth:`summary`, None: none), so
+        that :meth:`epsilon_spent` composes both stages. The window starts empty: the earlier scores rated another
+        network. ValueError when the earlier stage drew at another ε_EM or K′ (the composition assumes one)."""
+        if earlier is None or not earlier["draws"]:
+            return
+        if (earlier["epsilon"], earlier["select"]) != (self.epsilon, self.select):
+            raise ValueError(f"federation.selection: the search drew at ε_EM = {earlier['epsilon']}, "
+                             f"K′ = {earlier['select']}; the augmentation must draw at the same (it has "
+                             f"ε_EM = {self.epsilon}, K′ = {self.select})")
+        self.draws = int(earlier["draws"])
+
+    def summary(self) -> dict:
+        """What a later stage needs to compose with these draws: draws, ε_EM (epsilon), K′ (select)."""
+        return {"draws": self.draws, "epsilon": self.epsilon, "select": self.select}
 
     def epsilon_spent(self) -> float:
         """ε of the draws so far on the aux set, at δ = ``self.delta`` (0 for all, random, oracle: no aux data)."""

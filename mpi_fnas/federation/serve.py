@@ -36,8 +36,7 @@ from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
-from mpi_fnas.federation.randomness import os_seed, reproducible_seed
-from mpi_fnas.federation.selection import Selector, server_generator
+from mpi_fnas.federation.selection import Selector, selection_seed, server_generator
 from mpi_fnas.federation.server import Server
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
@@ -71,6 +70,7 @@ class SearchOutcome:
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
     ledger_state: dict | None = None  # the privacy ledgers at the end (DP only): the augmentation continues them
+    selection_state: dict | None = None  # the selection's draws (Selector.summary): the augmentation continues them
 
 
 def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
@@ -99,7 +99,8 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     loop: _ServerLoop | None = None
     try:
-        selector = Selector(cfg.federation, channel.parties, server_generator(_selection_seed(cfg)), plan.unreliable)
+        selector = Selector(cfg.federation, channel.parties, server_generator(selection_seed(cfg, "search")),
+                            plan.unreliable)
         supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                                                num_classes=test.num_classes)
         server = Server(supernet, cfg.search, selector.select,
@@ -138,15 +139,8 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     return outcome
 
 
-def _selection_seed(cfg: Config) -> int:
-    """The seed of the server's draws: secret (OS CSPRNG), except with ``privacy.reproducible_noise`` (tests and
-    debugging: the run's ε is void anyway, and so is the selection's)."""
-    if cfg.privacy.reproducible_noise:
-        return reproducible_seed(cfg.seed, 0, "batches")
-    return os_seed()
-
-
-def _selection_schema(cfg: Config, plan: RunPlan) -> SelectionSchema | None:
+def selection_schema(cfg: Config, plan: RunPlan) -> SelectionSchema | None:
+    """The log's fixed facts of the selection (``/selection`` and ``/augment/selection`` attrs); None for ``all``."""
     fed = cfg.federation
     if fed.selection == "all":
         return None
@@ -171,7 +165,7 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
         genotype_length=space.max_genotype_length(cfg.space),
         privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
         rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
-        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=_selection_schema(cfg, plan),
+        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=selection_schema(cfg, plan),
     )
 
 
@@ -261,6 +255,8 @@ class _ServerLoop:
             outcome.epsilon, outcome.mu_gdp = self.ledger.epsilons(), self.ledger.mu_gdp()
             outcome.delta = plan.privacy.delta
             outcome.ledger_state = self.ledger.state_dict()
+        if self.selector is not None:
+            outcome.selection_state = self.selector.summary()
             self.ledger.close()
         return outcome
 

@@ -16,6 +16,7 @@ from mpi_fnas.config import SearchConfig
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
+from mpi_fnas.federation.probe import probe_accuracy
 from mpi_fnas.space import Genotype, SearchNetwork
 from mpi_fnas.space.dpnas import DpnasGenotype, DpnasSearchNetwork
 
@@ -163,17 +164,8 @@ class Server:
         return evaluate(self.sync_model(), x, y)
 
     def probe_accuracy(self, grad: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
-        """Accuracy on (x, y) of W − ξ·g, the weights one party's W release g (num_w,) alone would step to.
-
-        The probe is a plain gradient step at the current ξ with the server's norm clip (``w_grad_clip``), no
-        momentum: it scores the release, not the optimizer's history. W, A and the optimizers are unchanged.
-        """
-        g = torch.from_numpy(np.ascontiguousarray(grad, dtype=np.float32))
-        if self.search.w_grad_clip > 0:
-            norm = float(torch.linalg.vector_norm(g))
-            if norm > self.search.w_grad_clip:
-                g = g * (self.search.w_grad_clip / norm)
+        """Accuracy on (x, y) of W − ξ·g, the weights one party's W release g (num_w,) alone would step to, with
+        the current A (:func:`mpi_fnas.federation.probe.probe_accuracy`, the server's clip ``w_grad_clip``). W, A
+        and the optimizers are unchanged."""
         model = self.sync_model()
-        assign(list(model.weights()), self.w.data - self.xi * g)
-        stats = evaluate(model, x, y)
-        return float(stats[1] / stats[2])
+        return probe_accuracy(model, list(model.weights()), self.w.data, grad, self.xi, self.search.w_grad_clip, x, y)

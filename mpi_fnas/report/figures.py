@@ -72,34 +72,38 @@ def run_figures(run: RunRecord) -> dict[str, bytes]:
 
 
 def selection_rate(log: dict[str, Any], label: str) -> bytes | None:
-    """The fraction of steps each party was chosen (/selection/chosen), unreliable parties (root attr
-    ``unreliable``) in a colour of their own; the selection ε on the aux set in the title. None without
-    ``/selection`` rows."""
-    selection = log.get("selection")
-    if selection is None or not len(selection["chosen"]):
+    """The fraction of steps each party was chosen, one panel per stage that selected (``/selection/chosen``, then
+    ``/augment/selection/chosen``), unreliable parties (root attr ``unreliable``) in a colour of their own; the
+    selection ε on the aux set after the stage (both stages composed) in the panel's title. None without rows."""
+    augment = log.get("augment") or {}
+    stages = [(name, selection) for name, selection in (("search", log.get("selection")),
+                                                        ("augmentation", augment.get("selection")))
+              if selection is not None and len(selection["chosen"])]
+    if not stages:
         return None
-    chosen = np.asarray(selection["chosen"], dtype=bool)  # (steps, K)
-    parties = chosen.shape[1]
+    parties = np.asarray(stages[0][1]["chosen"]).shape[1]
     unreliable = log.get("unreliable")
     unreliable = np.zeros(parties, dtype=bool) if unreliable is None else np.asarray(unreliable, dtype=bool)
-    rate = chosen.mean(axis=0)
     figure = new_figure()
-    ax = figure.subplots()
+    axes = figure.subplots(1, len(stages), squeeze=False)[0]
     colors = ["#d62728" if bad else "#1f77b4" for bad in unreliable]
-    ax.bar(np.arange(1, parties + 1), rate, color=colors)
-    expected = float(selection["select"]) / parties  # what a uniform draw of K′ would give every party
-    ax.axhline(expected, color="#555555", linestyle="--", linewidth=1)
-    ax.text(parties + 0.4, expected, f" K′/K = {expected:.2f}", fontsize=8, va="bottom", ha="right",
-            color="#555555")
-    ax.set_xticks(range(1, parties + 1), [f"party {k}" + (" (unreliable)" if bad else "")
-                                          for k, bad in enumerate(unreliable, start=1)], rotation=20, fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel(f"fraction of the {chosen.shape[0]} steps chosen")
-    ax.grid(alpha=0.3, axis="y")
-    eps = float(selection["selection_epsilon"][-1])
-    ax.set_title(f"{label}: selection {selection['selection']} (K′ = {selection['select']}); "
-                 f"selection ε on the aux set = {eps:.3g} at δ = {float(selection['delta']):.0e}; "
-                 f"corruption P = {float(log.get('corruption', 0.0)):g}", fontsize=9)
+    for ax, (stage, selection) in zip(axes, stages, strict=True):
+        chosen = np.asarray(selection["chosen"], dtype=bool)  # (steps, K)
+        ax.bar(np.arange(1, parties + 1), chosen.mean(axis=0), color=colors)
+        expected = float(selection["select"]) / parties  # what a uniform draw of K′ would give every party
+        ax.axhline(expected, color="#555555", linestyle="--", linewidth=1)
+        ax.text(parties + 0.4, expected, f" K′/K = {expected:.2f}", fontsize=8, va="bottom", ha="right",
+                color="#555555")
+        ax.set_xticks(range(1, parties + 1), [f"party {k}" + (" (unreliable)" if bad else "")
+                                              for k, bad in enumerate(unreliable, start=1)], rotation=20, fontsize=8)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel(f"fraction of the {chosen.shape[0]} {stage} steps chosen")
+        ax.grid(alpha=0.3, axis="y")
+        eps = float(selection["selection_epsilon"][-1])
+        ax.set_title(f"{stage}: selection ε on the aux set = {eps:.3g} at δ = {float(selection['delta']):.0e}",
+                     fontsize=9)
+    figure.suptitle(f"{label}: selection {stages[0][1]['selection']} (K′ = {stages[0][1]['select']}); "
+                    f"corruption P = {float(log.get('corruption', 0.0)):g}", fontsize=9)
     return png_bytes(figure)
 
 

@@ -48,7 +48,8 @@ def read_run(
     augment None (no augment stage) or a dict with status, reason, stale, genotype, params, test_acc,
     test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step,
     epoch int64, the rest float64}, cost {field: value}, privacy None or {sample_rate (K,), noise_multiplier,
-    clip, delta (K,), steps (rows,), epsilon (rows, K)}.
+    clip, delta (K,), steps (rows,), epsilon (rows, K)}, selection None or the ``/augment/selection`` dict (as
+    ``selection``).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
@@ -123,11 +124,7 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
             privacy[name] = _plain(group[name][()])
         result["privacy"] = privacy
     if SELECTION_GROUP in handle:
-        rows = common_length(selection_sets)
-        selection: dict[str, Any] = {name: _plain(value) for name, value in handle[SELECTION_GROUP].attrs.items()}
-        for name, dataset in zip((*SELECTION_GROWING, SELECTION_EPSILON), selection_sets, strict=True):
-            selection[name] = dataset[:rows]
-        result["selection"] = selection
+        result["selection"] = _read_selection(handle[SELECTION_GROUP], selection_sets)
     result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
     return result, writer
 
@@ -151,7 +148,7 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
     """``/augment`` as stored (status not yet judged against the writer), with ``last_step`` for the reason."""
     group = handle[AUGMENT_GROUP]
     attrs = group.attrs
-    metric_sets, privacy_sets = augment_families(handle)
+    metric_sets, privacy_sets, selection_sets = augment_families(handle)
     rows = common_length(metric_sets)
     metrics = {name: dataset[:rows] for name, dataset in zip(AUGMENT_METRICS, metric_sets, strict=True)}
     augment: dict[str, Any] = {
@@ -170,6 +167,7 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         "metrics": metrics,
         "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
         "privacy": None,
+        "selection": None,
     }
     if "privacy" in group:
         ledger = group["privacy"]
@@ -178,7 +176,18 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         for name, dataset in zip(AUGMENT_PRIVACY_GROWING, privacy_sets, strict=True):
             privacy[name] = dataset[:privacy_rows]
         augment["privacy"] = privacy
+    if SELECTION_GROUP in group:
+        augment["selection"] = _read_selection(group[SELECTION_GROUP], selection_sets)
     return augment
+
+
+def _read_selection(group: h5py.Group, datasets: list[h5py.Dataset]) -> dict[str, Any]:
+    """A selection group's attrs and its rows (``SELECTION_GROWING``, then ``SELECTION_EPSILON``)."""
+    rows = common_length(datasets)
+    selection: dict[str, Any] = {name: _plain(value) for name, value in group.attrs.items()}
+    for name, dataset in zip((*SELECTION_GROWING, SELECTION_EPSILON), datasets, strict=True):
+        selection[name] = dataset[:rows]
+    return selection
 
 
 def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:

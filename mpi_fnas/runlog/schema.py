@@ -49,8 +49,9 @@ EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
 PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a")
 
-# The server's selection (federation.selection random or secprobe): /selection, one row per step, and the ε its
-# draws cost on the aux set in /privacy/selection_epsilon (same rows). The family's datasets, in RowCounts order:
+# The server's selection (federation.selection random, secprobe or oracle): /selection, one row per step, and the ε
+# its draws cost on the aux set in /privacy/selection_epsilon (same rows); the augmentation's in /augment/selection
+# and /augment/privacy/selection_epsilon. The family's datasets, in RowCounts order:
 SELECTION_GROUP = "selection"
 SELECTION_GROWING = ("steps", "chosen", "score")
 SELECTION_EPSILON = "selection_epsilon"  # in /privacy
@@ -140,6 +141,7 @@ class AugmentRowCounts(NamedTuple):
 
     metric_rows: int
     privacy_rows: int
+    selection_rows: int = 0  # 0 without /augment/selection (and in checkpoints older than it)
 
 
 def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], ...]:
@@ -159,17 +161,20 @@ def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], ...]:
     )
 
 
-def augment_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset]]:
+def augment_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset], list[h5py.Dataset]]:
     """The datasets of ``/augment``'s growing families (metrics in ``AUGMENT_METRICS`` order, privacy ledger in
-    ``AUGMENT_PRIVACY_GROWING`` order); both empty without ``/augment``, the ledger empty without
-    ``/augment/privacy``."""
+    ``AUGMENT_PRIVACY_GROWING`` order, selection: ``SELECTION_GROWING`` then ``/augment/privacy/selection_epsilon``),
+    in ``AugmentRowCounts`` order; all empty without ``/augment``, the ledger empty without ``/augment/privacy``,
+    the selection empty without ``/augment/selection``."""
     group = handle.get(AUGMENT_GROUP)
     if group is None:
-        return [], []
+        return [], [], []
     privacy = group.get("privacy")
+    selection = group.get(SELECTION_GROUP)
     return (
         [group["metrics"][name] for name in AUGMENT_METRICS],
         [] if privacy is None else [privacy[name] for name in AUGMENT_PRIVACY_GROWING],
+        [] if selection is None else [*(selection[name] for name in SELECTION_GROWING), privacy[SELECTION_EPSILON]],
     )
 
 
@@ -248,13 +253,19 @@ def build_skeleton(
     if selection is not None:
         if privacy is None:
             raise ValueError("a selection needs a privacy ledger (/privacy/selection_epsilon)")
-        chosen = handle.create_group(SELECTION_GROUP, track_order=True)
-        for name in SELECTION_ATTRS:
-            chosen.attrs[name] = getattr(selection, name)
-        _growing(chosen, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
-        _growing(chosen, "chosen", (parties,), np.bool_, _PRIVACY_CHUNK_ROWS, False)
-        _growing(chosen, "score", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
-        _growing(handle["privacy"], SELECTION_EPSILON, (), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+        _selection_group(handle, selection, parties)
+
+
+def _selection_group(parent: h5py.Group, selection: SelectionSchema, parties: int) -> None:
+    """``parent/selection`` (attrs ``SELECTION_ATTRS``, growing ``SELECTION_GROWING``) and
+    ``parent/privacy/selection_epsilon``; `parent` is the root (search) or ``/augment``."""
+    chosen = parent.create_group(SELECTION_GROUP, track_order=True)
+    for name in SELECTION_ATTRS:
+        chosen.attrs[name] = getattr(selection, name)
+    _growing(chosen, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+    _growing(chosen, "chosen", (parties,), np.bool_, _PRIVACY_CHUNK_ROWS, False)
+    _growing(chosen, "score", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+    _growing(parent["privacy"], SELECTION_EPSILON, (), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 
 def build_augment(
@@ -266,10 +277,12 @@ def build_augment(
     parties: int,
     privacy: Mapping[str, np.ndarray] | None,
     privacy_guarantee: str,
+    selection: SelectionSchema | None = None,
 ) -> None:
     """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and
     ``/augment/privacy`` when privacy (the ``AugmentPrivacySchema`` fields as arrays, (K,) or scalar) is given.
-    Only outside SWMR mode."""
+    selection: ``/augment/selection`` and ``/augment/privacy/selection_epsilon`` (needs privacy). Only outside SWMR
+    mode."""
     group = handle.create_group(AUGMENT_GROUP, track_order=True)
     attrs = group.attrs
     attrs["status"] = "running"
@@ -297,6 +310,11 @@ def build_augment(
             ledger.create_dataset(name, data=privacy[name])
         _growing(ledger, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
         _growing(ledger, "epsilon", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+
+    if selection is not None:
+        if privacy is None:
+            raise ValueError("an augment selection needs a privacy ledger (/augment/privacy/selection_epsilon)")
+        _selection_group(group, selection, parties)
 
 
 def _empty_cost(group: h5py.Group) -> None:

@@ -105,9 +105,10 @@ class RunLog:
             common_length(self._selection_sets),
         )
         # Empty families (0 rows) until /augment exists; in AUGMENT_METRICS / AUGMENT_PRIVACY_GROWING order.
-        self._augment_metrics, self._augment_privacy_sets = augment_families(handle)
+        self._augment_metrics, self._augment_privacy_sets, self._augment_selection_sets = augment_families(handle)
         self._augment_rows = AugmentRowCounts(
-            common_length(self._augment_metrics), common_length(self._augment_privacy_sets)
+            common_length(self._augment_metrics), common_length(self._augment_privacy_sets),
+            common_length(self._augment_selection_sets),
         )
 
     # ------------------------------------------------------------------ opening
@@ -357,6 +358,7 @@ class RunLog:
         privacy: AugmentPrivacySchema | None,
         parties: int,
         privacy_guarantee: str,
+        selection: SelectionSchema | None = None,
     ) -> None:
         """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties.
 
@@ -371,7 +373,8 @@ class RunLog:
         whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal
         the search's (the stage runs across the same parties). privacy_guarantee: what the final weights may
         claim, ``"holds"`` or one line saying why not (e.g. exact gradients under dpfnas: ε covers the search only);
-        rewritten on resume. The search must have ended first (``finish``,
+        rewritten on resume. selection: the server's selection in this stage (``/augment/selection``; needs
+        privacy), or None. The search must have ended first (``finish``,
         or ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and
         private (ValueError otherwise).
         """
@@ -393,7 +396,7 @@ class RunLog:
             if group is None:
                 build_augment(
                     handle, genotype=genotype, params=count, private=bool(private), parties=self._parties,
-                    privacy=arrays, privacy_guarantee=privacy_guarantee,
+                    privacy=arrays, privacy_guarantee=privacy_guarantee, selection=selection,
                 )  # fmt: skip
             else:
                 stored = (str(group.attrs["genotype"]), int(group.attrs["params"]), bool(group.attrs["private"]))
@@ -454,19 +457,33 @@ class RunLog:
         self._augment_rows = self._augment_rows._replace(privacy_rows=self._augment_rows.privacy_rows + 1)
         self.heartbeat()
 
+    def append_augment_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
+        """Append one ``/augment/selection`` row, like ``append_selection``: steps (augment iterations so far),
+        chosen (K,) bool, score (K,) (NaN unless secprobe), and epsilon, the selection's ε on the aux set after
+        this iteration over the draws of both stages (``/augment/privacy/selection_epsilon``)."""
+        self._require_augmenting()
+        if not self._augment_selection_sets:
+            raise RuntimeError("this augment stage was begun without a selection schema")
+        row = [np.int64(_integral("steps", steps)), _per_party("chosen", chosen, self._parties, bool),
+               _per_party("score", score, self._parties, np.float64), np.float64(epsilon)]
+        # Same order as schema.augment_families: SELECTION_GROWING, then /augment/privacy/selection_epsilon.
+        _append_row(self._augment_selection_sets, self._augment_rows.selection_rows, row)
+        self._augment_rows = self._augment_rows._replace(selection_rows=self._augment_rows.selection_rows + 1)
+        self.heartbeat()
+
     def augment_row_counts(self) -> AugmentRowCounts:
-        """Rows of ``/augment``'s metric and privacy families ((0, 0) without ``/augment``); store it in the
-        augment checkpoint."""
+        """Rows of ``/augment``'s metric, privacy and selection families ((0, 0, 0) without ``/augment``); store
+        it in the augment checkpoint."""
         return self._augment_rows
 
-    def truncate_augment(self, metric_rows: int, privacy_rows: int) -> None:
+    def truncate_augment(self, metric_rows: int, privacy_rows: int, selection_rows: int = 0) -> None:
         """Drop ``/augment`` rows written after an augment checkpoint, like ``truncate`` does for the search:
         counts above what exists raise ValueError; the shrink happens outside SWMR mode. Needs ``/augment``
         (``begin_augment`` first)."""
         self._require_open()
         if not self._augment_metrics:
             raise RuntimeError(f"{self._path} has no augment stage to truncate; begin_augment() first")
-        wanted = AugmentRowCounts(int(metric_rows), int(privacy_rows))
+        wanted = AugmentRowCounts(int(metric_rows), int(privacy_rows), int(selection_rows))
         for name, want, have in zip(AugmentRowCounts._fields, wanted, self._augment_rows, strict=True):
             if not 0 <= want <= have:
                 raise ValueError(f"truncate_augment {name}={want}: must be between 0 and the {have} rows written")

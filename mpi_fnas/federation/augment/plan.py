@@ -2,6 +2,8 @@
 
 No MPI and no autograd here. The pools follow from the search's partition (the same pure function of the config),
 so the augmentation trains on exactly the shards the search used and the privacy ledgers of the search continue.
+An unreliable party corrupts its pool as it corrupted its shards (the same examples: ``train_count`` tells it
+where its train shard ends), and a selection gathers the releases here too.
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ class AugmentAssignment:
     releases: AugmentReleases | None  # the DP releases' public constants (None: exact gradients)
     params: DPParams | None  # the run's privacy parameters (where the party's randomness comes from)
     checkpoint_step: int = 0  # > 0 when resuming: the party restores its own state of that step
+    train_count: int = 0  # the first train_count pool indices are the search's train shard, the rest its val shard
+    corruption: float = 0.0  # the fraction of each shard the party replaces by noise, as in the search
+    gathered: bool = False  # the server gathers every release (a selection) instead of a Reduce
 
 
 @dataclass
@@ -80,7 +85,8 @@ def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
         steps, reason = releases.steps, releases.stop_reason
     assignments = [
         AugmentAssignment(pool, genotype.to_string(), per_epoch, steps, releases,
-                          params if releases is not None else None)
-        for pool in party_pools
+                          params if releases is not None else None, train_count=len(shards.train_indices),
+                          corruption=shards.corruption, gathered=shards.gathered)
+        for pool, shards in zip(party_pools, search, strict=True)
     ]
     return AugmentPlan(assignments, genotype, per_epoch, steps, releases, reason)

@@ -5,7 +5,9 @@ on devices, charge the augment iterations a party sent beyond the ledger's count
 log's ``/augment`` group and broadcast the initial weights. Then :mod:`.algorithm`'s iterations.
 
 The privacy ledgers are the search's, continued: every augment release is charged on the ledgers of the records
-it may touch, so the ε logged in ``/augment/privacy/epsilon`` is the composition of both stages per party.
+it may touch, so the ε logged in ``/augment/privacy/epsilon`` is the composition of both stages per party. With a
+selection the server gathers every release and averages the K′ it chooses (docs/secprobe.md); the selection's ε
+on the aux set continues the search's draws (``/augment/privacy/selection_epsilon``).
 """
 
 from __future__ import annotations
@@ -22,13 +24,20 @@ import torch
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
-from mpi_fnas.federation.augment.algorithm import AugmentBuffers, server_augment_iteration
+from mpi_fnas.federation.augment.algorithm import (
+    AugmentBuffers,
+    AugmentGatherBuffers,
+    server_augment_iteration,
+    server_augment_iteration_selecting,
+)
 from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
 from mpi_fnas.federation.augment.server import AugmentServer
+from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
-from mpi_fnas.federation.serve import open_search_log
+from mpi_fnas.federation.selection import Selector, selection_seed, server_generator
+from mpi_fnas.federation.serve import open_search_log, selection_schema
 from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
 from mpi_fnas.privacy.budget import FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
@@ -81,6 +90,7 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         params = search_plan.privacy.params if search_plan.privacy is not None else None
         plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
         test = open_split(cfg, "test")
+        selector, aux = _selection(cfg, search_plan, searched.get("selection"))
         if resume is not None:
             _attach_resume(plan, resume)
     except SetupError as exc:
@@ -100,7 +110,7 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
                                                                num_classes=test.num_classes)
     guarantee = search_plan.privacy.params.guarantee if private else _no_guarantee(cfg)
     log = _open_log(cfg, run_dir, search_plan, plan, model.num_params(), ledger if private else None, resume, devices,
-                    guarantee)
+                    guarantee, selector is not None)
     outcome = AugmentOutcome(
         genotype=genotype.to_string(), params=model.num_params(), epochs=math.ceil(plan.steps / plan.steps_per_epoch),
         steps=plan.steps, test_acc=math.nan, test_loss=math.nan, wall_seconds=0.0, stop_reason=plan.stop_reason,
@@ -108,13 +118,18 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     )
     loop: _AugmentLoop | None = None
     try:
-        server = AugmentServer(model, cfg.augment, channel.parties, plan.steps,
+        server = AugmentServer(model, cfg.augment, selector.select if selector is not None else channel.parties,
+                               plan.steps,
                                adadp_settings(cfg, private=private) if cfg.augment.optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
+            if selector is not None and resume.get("selection") is not None:
+                selector.load_state_dict(resume["selection"])  # its window, draw count (both stages) and coins
         channel.bcast(server.w_buffer)
         x_test, y_test = test.render(np.arange(len(test.labels)))
         loop = _AugmentLoop(cfg, channel, server, plan, ledger, private, log, progress, run_dir, stop_requested)
+        if selector is not None:
+            loop.selecting(selector, *aux)
         loop.run(x_test, y_test, resume, outcome)
     except BaseException as exc:
         if ledger is not None and private:
@@ -137,6 +152,24 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     return outcome
 
 
+def _selection(cfg: Config, search_plan: RunPlan,
+               searched: dict | None) -> tuple[Selector | None, tuple[torch.Tensor | None, torch.Tensor | None]]:
+    """The augmentation's selector (None for ``all``), continuing the search's draws (`searched`: its
+    ``Selector.summary``), and the aux set it scores on ((None, None) unless secprobe). SetupError when the
+    search drew at another ε_EM or K′."""
+    if cfg.federation.selection == "all":
+        return None, (None, None)
+    selector = Selector(cfg.federation, len(search_plan.assignments), server_generator(selection_seed(cfg, STAGE)),
+                        search_plan.unreliable)
+    try:
+        selector.continue_after(searched)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if not selector.scores_needed:
+        return selector, (None, None)
+    return selector, open_aux_set(cfg, open_split(cfg, "train"))
+
+
 def _no_guarantee(cfg: Config) -> str:
     if cfg.mode == "dpfnas":
         return ("none: augment.private is false, so the augmentation used exact gradients and the final weights are "
@@ -153,8 +186,10 @@ def _attach_resume(plan: AugmentPlan, checkpoint: dict) -> None:
 
 
 def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPlan, params: int,
-              ledger: FederationLedger | None, resume: dict | None, devices: list[str], guarantee: str) -> RunLog:
-    """The search's log, reopened for its ``/augment`` group (created first when the job did not search)."""
+              ledger: FederationLedger | None, resume: dict | None, devices: list[str], guarantee: str,
+              selecting: bool) -> RunLog:
+    """The search's log, reopened for its ``/augment`` group (created first when the job did not search);
+    `selecting`: with ``/augment/selection``."""
     path = run_dir / "search.h5"
     if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
         log = open_search_log(cfg, run_dir, search_plan, None, devices, guarantee)
@@ -167,7 +202,8 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
             clip=plan.releases.clip, delta=ledger.plan.delta,
         )
     log.begin_augment(genotype=plan.genotype.to_string(), params=params, private=ledger is not None,
-                      privacy=privacy, parties=len(plan.assignments), privacy_guarantee=guarantee)
+                      privacy=privacy, parties=len(plan.assignments), privacy_guarantee=guarantee,
+                      selection=selection_schema(cfg, search_plan) if selecting else None)
     if resume is not None:
         log.truncate_augment(*resume["log_rows"])
     return log
@@ -187,9 +223,27 @@ class _AugmentLoop:
         self.stats = np.zeros(4)
         self.epsilon_so_far = math.nan
         self.recorded_step = 0  # the last augment iteration the ledger has recorded (labels a failure's ε row)
+        self.selector: Selector | None = None
+        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
+        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
+        self.selector, self.aux = selector, (x_aux, y_aux)
+
+    def _iteration(self, step: int, control: int, buffers: AugmentBuffers,
+                   gathered: AugmentGatherBuffers | None) -> np.ndarray:
+        """One iteration on rank 0 (Reduce, or Gather and select); its STATS; logs the selection row."""
+        if self.selector is None:
+            return server_augment_iteration(self.server, self.channel, buffers, step, control)
+        assert gathered is not None
+        out = server_augment_iteration_selecting(self.server, self.channel, gathered, self.selector, *self.aux, step,
+                                                 control)
+        self.log.append_augment_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
+        return out.stats
 
     def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, outcome: AugmentOutcome) -> None:
         plan, buffers = self.plan, AugmentBuffers(self.server.w.numel())
+        gathered = AugmentGatherBuffers(self.channel.parties, self.server.w.numel()) if self.selector else None
         first = 1
         if resume is not None:
             first = int(resume["step"]) + 1
@@ -198,7 +252,7 @@ class _AugmentLoop:
             outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
         for step in range(first, plan.steps + 1):
             control, signal_name = self.control.at(step)
-            self.stats += server_augment_iteration(self.server, self.channel, buffers, step, control)
+            self.stats += self._iteration(step, control, buffers, gathered)
             if self.charging is not None:
                 self.charging.record_augment_step()
             self.recorded_step = step
@@ -260,6 +314,7 @@ class _AugmentLoop:
             "config": self.cfg.to_yaml(), "server": self.server.state_dict(),
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
             "stats": self.stats.tolist(), "test_acc": outcome.test_acc, "test_loss": outcome.test_loss,
+            "selection": self.selector.state_dict() if self.selector is not None else None,
             "log_rows": list(self.log.augment_row_counts()),
         })
 

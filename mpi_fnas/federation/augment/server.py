@@ -16,6 +16,7 @@ from mpi_fnas.config import AugmentConfig
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
+from mpi_fnas.federation.probe import probe_accuracy
 from mpi_fnas.space import AugmentNetwork
 from mpi_fnas.space.dpnas import DpnasNetwork
 
@@ -41,7 +42,7 @@ class AugmentServer:
     Args:
         model: the network built from the seed (every rank builds the same); also evaluates on the test split.
         cfg: the ``augment`` section (optimiser settings).
-        parties: K: the server averages the K party gradients.
+        parties: the number of releases averaged into each update: K, or K′ when the server selects.
         steps: iterations of the whole augmentation (the cosine schedule's length).
         adadp: with ``augment.optimizer: adadp``, the step-size rule's settings; each iteration is then
             :meth:`adadp_half_step` and :meth:`adadp_full_step` instead of :meth:`step` (``lr`` the initial η).
@@ -105,6 +106,13 @@ class AugmentServer:
         """[loss_sum, correct, count] of the global weights on (x, y), in eval mode."""
         assign(list(self.model.weights()), self.w_buffer)
         return evaluate(self.model, x, y)
+
+    def probe_accuracy(self, grad: np.ndarray, x: torch.Tensor, y: torch.Tensor, step: int) -> float:
+        """SecProbe's score of one party's release g (num_w,) at iteration `step`: the accuracy on (x, y) of
+        W − lr·g at that iteration's scheduled lr, with the server's ``grad_clip``
+        (:func:`mpi_fnas.federation.probe.probe_accuracy`). W and the optimizer are unchanged."""
+        return probe_accuracy(self.model, list(self.model.weights()), self.w.data, grad,
+                              augment_learning_rate(self.cfg, step, self.steps), self.cfg.grad_clip, x, y)
 
     def state_dict(self) -> dict:
         return {"w": self.w.data.clone(), "opt": self.opt.state_dict(),
