@@ -19,14 +19,14 @@
 # succeeded); a done run is skipped and an unfinished one redone, so an interrupted table is finished by running the
 # script again. The table (markdown: per σ and arm, test accuracy mean ± std over seeds, the final η mean ± std,
 # the worst party's ε) is printed at the end from the logs alone.
-# Environment: PYTHON, MPIRUN (default: the project's .venv), EPOCHS (default 8), JOBS (runs at a time, default 1;
+# Environment: PYTHON, MPIRUN (default: the project's .venv), EPOCHS (default 6), JOBS (runs at a time, default 2;
 # each run has 3 ranks, 2 of them busy).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=${PYTHON:-$here/.venv/bin/python}
 mpirun=${MPIRUN:-$here/.venv/bin/mpirun}
-epochs=${EPOCHS:-8}
-jobs=${JOBS:-1}
+epochs=${EPOCHS:-6}
+jobs=${JOBS:-2}
 seeds=(0 1 2)
 sigmas=(1 2 4 8)
 lr_grid=(0.1 0.3 1)
@@ -104,7 +104,7 @@ dpnasnet="dpnas=conv_3x3_selu@0|max_pool_3x3@0,conv_3x3_selu@1|conv_3x3_tanh@0,m
 conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,conv_3x3_tanh@2,max_pool_3x3@3,\
 conv_3x3_tanh@4"
 # 2 parties of 2,000 examples each (train and validation shards pooled), expected batch 64 per party: 32 weight
-# releases per epoch, so EPOCHS=8 gives SGD 256 iterations and ADADP 128.
+# releases per epoch, so EPOCHS=6 gives SGD 192 iterations and ADADP 96.
 common=(space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16 mode=dpfnas
         federation.parties=2 data.train_size=4000 augment.genotype="$dpnasnet" augment.epochs="$epochs"
         augment.batch_size=64 augment.clip=1.0 augment.momentum=0 augment.weight_decay=0 augment.grad_clip=0
