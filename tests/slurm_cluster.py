@@ -154,6 +154,7 @@ class SlurmCluster:
     node: str = field(default_factory=lambda: socket.gethostname().split(".")[0] or "localhost")
     cpus: int = NODE_CPUS
     gpus: int = NODE_GPUS
+    first_job_id: int = field(default_factory=lambda: 1000 + secrets.randbelow(60_000_000))
     _procs: dict[str, subprocess.Popen] = field(default_factory=dict, repr=False)
     gpu_files_are_devices: bool = False
     start_seconds: float | None = None
@@ -190,6 +191,10 @@ class SlurmCluster:
                 f"SlurmctldHost={self.node}(127.0.0.1)",
                 f"SlurmctldPort={ctld_port}",
                 f"SlurmdPort={slurmd_port}",
+                # Job ids start at a random value, not 1: MPICH names its shared-memory segment after the PMI
+                # job id, so a segment left in /dev/shm by a killed run of an earlier test cluster (whose ids
+                # also started at 1) would be picked up by this cluster's job 1 and break it.
+                f"FirstJobId={self.first_job_id}",
                 "SlurmUser=root",
                 "SlurmdUser=root",
                 "AuthType=auth/munge",

@@ -12,7 +12,7 @@ import shutil
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, mpirun, mpirun_together
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -46,18 +46,27 @@ def launch(*args: str, ranks: int = 3, env: dict | None = None):
 
 
 @pytest.fixture(scope="module")
-def dp_run(tmp_path_factory):
-    """A DP-FNAS search and augmentation, secret noise (the real thing)."""
-    run = tmp_path_factory.mktemp("dp") / "run"
-    out = launch(*AUGMENT, *LEARN_DP, "--set", "mode=dpfnas", "--out", str(run))
+def learning_runs(tmp_path_factory):
+    """The two learning runs, started side by side: {"dp": (run dir, result), "fnas": (run dir, result)}.
+
+    dp: a DP-FNAS search and augmentation, secret noise (the real thing); fnas: the same with exact gradients."""
+    root = tmp_path_factory.mktemp("learn")
+    dp, fnas = mpirun_together((3, [*AUGMENT, *LEARN_DP, "--set", "mode=dpfnas", "--out", str(root / "dp")]),
+                               (3, [*AUGMENT, *LEARN_FNAS, "--set", "mode=fnas", "--out", str(root / "fnas")]))
+    return {"dp": (root / "dp", dp), "fnas": (root / "fnas", fnas)}
+
+
+@pytest.fixture(scope="module")
+def dp_run(learning_runs):
+    run, out = learning_runs["dp"]
     assert out.returncode == 0, out.stderr[-3000:]
     return run, out
 
 
-def test_fnas_augmentation_learns(tmp_path):
-    out = launch(*AUGMENT, *LEARN_FNAS, "--set", "mode=fnas", "--out", str(tmp_path / "run"))
+def test_fnas_augmentation_learns(learning_runs):
+    run, out = learning_runs["fnas"]
     assert out.returncode == 0, out.stderr[-3000:]
-    augment = read_run(tmp_path / "run" / "search.h5")["augment"]
+    augment = read_run(run / "search.h5")["augment"]
     assert augment["status"] == "finished" and not augment["private"]
     assert augment["test_acc"] > 0.3, augment  # chance is 0.1
     assert augment["test_error"] == pytest.approx(1 - augment["test_acc"])
@@ -108,11 +117,28 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
         assert log["augment"]["privacy"]["epsilon"][-1][k] > log["privacy"]["epsilon"][-1][k]  # it costs privacy
 
 
-def test_given_genotype_is_trained_exactly_without_a_search(tmp_path):
+@pytest.fixture(scope="module")
+def given_genotype_runs(tmp_path_factory):
+    """Three independent launches with a genotype on the command line, side by side: {name: (run dir, result)}.
+
+    exact: SMALL_GENOTYPE under FNAS; not_private: SMALL_GENOTYPE under DP-FNAS with augment.private=false (2 steps);
+    darts_v2: DARTS_V2 with augment.epochs=0 (refused)."""
+    root = tmp_path_factory.mktemp("given")
+    plans = {
+        "exact": [*AUGMENT, "--set", "mode=fnas", "--set", f"augment.genotype={SMALL_GENOTYPE}"],
+        "not_private": [*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.private=false",
+                        "--set", f"augment.genotype={SMALL_GENOTYPE}", "--set", "augment.steps_per_epoch=2"],
+        "darts_v2": [*AUGMENT, "--set", f"augment.genotype={DARTS_V2.to_string()}", "--set", "augment.epochs=0"],
+    }
+    outs = mpirun_together(*((3, [*args, "--out", str(root / name)]) for name, args in plans.items()))
+    return {name: (root / name, out) for name, out in zip(plans, outs, strict=True)}
+
+
+def test_given_genotype_is_trained_exactly_without_a_search(given_genotype_runs):
     text = SMALL_GENOTYPE
-    out = launch(*AUGMENT, "--set", "mode=fnas", "--set", f"augment.genotype={text}", "--out", str(tmp_path / "run"))
+    run, out = given_genotype_runs["exact"]
     assert out.returncode == 0, out.stderr[-3000:]
-    log = read_run(tmp_path / "run" / "search.h5")
+    log = read_run(run / "search.h5")
     assert len(log["metrics"]["step"]) == 0  # no search ran
     assert log["augment"]["genotype"] == text
     expected = build_augment_network(Genotype.from_string(text), channels=8, layers=3, seed=0, in_channels=3,
@@ -121,19 +147,18 @@ def test_given_genotype_is_trained_exactly_without_a_search(tmp_path):
     assert "== mpi_fnas search finished ==" not in out.stdout
 
 
-def test_darts_v2_baseline_parses_from_the_command_line(tmp_path):
-    out = launch(*AUGMENT, "--set", f"augment.genotype={DARTS_V2.to_string()}", "--set", "augment.epochs=0",
-                 "--out", str(tmp_path / "run"))
+def test_darts_v2_baseline_parses_from_the_command_line(given_genotype_runs):
+    _, out = given_genotype_runs["darts_v2"]
     assert out.returncode == 2 and "augment.genotype" in out.stderr  # needs epochs > 0: one clear line
 
 
 def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path):
     """DP (reproducible noise): the parties' own generator states and the ledger must both resume exactly."""
     common = [*AUGMENT, "--set", "mode=dpfnas", *REPRODUCIBLE]
-    straight = launch(*common, "--out", str(tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stderr[-3000:]
     run = tmp_path / "interrupted"
-    first = launch(*common, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "augment:3"})
+    straight, first = mpirun_together((3, [*common, "--out", str(tmp_path / "straight")]),  # independent
+                                      (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "augment:3"}))
+    assert straight.returncode == 0, straight.stderr[-3000:]
     assert first.returncode == 75, first.stderr[-3000:]
     assert read_run(run / "search.h5")["augment"]["status"] == "interrupted"
     assert load_checkpoint(run)["stage"] == "augment" and load_checkpoint(run)["step"] == 3
@@ -173,8 +198,7 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
         assert PartyStore(party_dir(run, rank), stage="augment").load_state(4)["randomness"] == "secret"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    for directory in (run, copy):
-        out = launch(*common, "--resume", str(directory))
+    for out in mpirun_together(*((3, [*common, "--resume", str(d)]) for d in (run, copy))):  # independent copies
         assert out.returncode == 0, out.stderr[-3000:]
     a, b = read_run(run / "search.h5"), read_run(copy / "search.h5")
     assert a["augment"]["status"] == "finished" and a["augment"]["attempts"] == 2
@@ -186,15 +210,13 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
         assert a["augment"]["privacy"]["epsilon"][-1][k] > independent_epsilon(a, k, 6)  # replays cost privacy
 
 
-def test_exact_augmentation_under_dpfnas_says_loudly_it_is_not_private(tmp_path):
-    out = launch(*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.private=false",
-                 "--set", f"augment.genotype={SMALL_GENOTYPE}", "--set", "augment.steps_per_epoch=2",
-                 "--out", str(tmp_path / "run"))  # a given genotype: no search needed for what is checked
+def test_exact_augmentation_under_dpfnas_says_loudly_it_is_not_private(given_genotype_runs):
+    run, out = given_genotype_runs["not_private"]  # a given genotype: no search needed for what is checked
     assert out.returncode == 0, out.stderr[-3000:]
     assert ("WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the final weights "
             "are NOT private") in out.stderr
     assert "NOT PRIVATE: augment.private is false" in out.stdout
-    log = read_run(tmp_path / "run" / "search.h5")
+    log = read_run(run / "search.h5")
     assert not log["augment"]["private"]
     assert "NOT private; ε covers the search only" in log["augment"]["privacy_guarantee"]
     assert log["augment"]["privacy"] is None  # no augment ε: it would claim what the releases do not give
@@ -203,18 +225,20 @@ def test_exact_augmentation_under_dpfnas_says_loudly_it_is_not_private(tmp_path)
 
 def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     run = tmp_path / "run"
-    common = [*AUGMENT, "--set", "mode=dpfnas"]
-    stopped = launch(*common, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "3"})  # the search did not finish
-    assert stopped.returncode == 75
-    refused = launch("--augment", str(run))
-    assert refused.returncode == 2 and "did not finish" in refused.stderr
-    assert refused.stderr.count("did not finish") == 1  # one line, printed once
-
     searched = tmp_path / "searched"
-    assert launch(*common, "--set", "augment.epochs=0", "--out", str(searched)).returncode == 0
+    common = [*AUGMENT, "--set", "mode=dpfnas"]
+    # Two independent runs side by side, then their two refusals side by side.
+    stopped, finished = mpirun_together(
+        (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "3"}),  # the search did not finish
+        (3, [*common, "--set", "augment.epochs=0", "--out", str(searched)]))
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    assert finished.returncode == 0, finished.stderr[-3000:]
     log = read_run(searched / "search.h5")
     assert log["augment"] is None
-    changed = launch("--augment", str(searched), "--set", "search.epochs=3")
+    refused, changed = mpirun_together((3, ["--augment", str(run)]),
+                                       (3, ["--augment", str(searched), "--set", "search.epochs=3"]))
+    assert refused.returncode == 2 and "did not finish" in refused.stderr
+    assert refused.stderr.count("did not finish") == 1  # one line, printed once
     assert changed.returncode == 2 and "only augment.*" in changed.stderr
     out = launch("--augment", str(searched), "--set", "augment.epochs=1")
     assert out.returncode == 0, out.stderr[-3000:]

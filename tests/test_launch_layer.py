@@ -21,7 +21,7 @@ class FakeChannel:
             self.sent = obj
         return self.sent
 
-    def notify_failure(self, message: str, grace: float = 3.0) -> None:
+    def notify_failure(self, message: str, grace: float | None = None) -> None:
         self.notices.append(message)
 
     def abort(self, code: int = 1) -> None:

@@ -14,7 +14,7 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_background, rank_pid, wait_for
+from conftest import TINY, mpirun, mpirun_background, mpirun_together, rank_pid, wait_for
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -33,17 +33,25 @@ def alphas(run) -> np.ndarray:
     return np.concatenate([log["alphas"]["normal"][-1].ravel(), log["alphas"]["reduce"][-1].ravel()])
 
 
-def test_noise_is_secret_by_default_and_reproducible_only_on_request(tmp_path):
+@pytest.fixture(scope="module")
+def same_seed_runs(tmp_path_factory):
+    """Four DP runs of one config and seed, side by side: s1, s2 with secret noise (the default), r1, r2 with
+    reproducible noise. Returns (their directory, {name: result}). Concurrency changes no number of a run."""
+    root = tmp_path_factory.mktemp("same_seed")
+    plans = {"s1": [], "s2": [], "r1": REPRODUCIBLE, "r2": REPRODUCIBLE}
+    outs = mpirun_together(*((3, [*DP, *extra, "--out", str(root / name)]) for name, extra in plans.items()))
+    return root, dict(zip(plans, outs, strict=True))
+
+
+def test_noise_is_secret_by_default_and_reproducible_only_on_request(same_seed_runs):
     """Item 1: the same config and seed must not give the same noise, or the config holder subtracts it."""
-    runs = {}
-    for name, extra in (("s1", []), ("s2", []), ("r1", REPRODUCIBLE), ("r2", REPRODUCIBLE)):
-        out = mpirun(3, *DP, *extra, "--out", str(tmp_path / name))
+    root, runs = same_seed_runs
+    for out in runs.values():
         assert out.returncode == 0, out.stderr
-        runs[name] = out
-    assert not np.array_equal(alphas(tmp_path / "s1"), alphas(tmp_path / "s2"))
-    np.testing.assert_array_equal(alphas(tmp_path / "r1"), alphas(tmp_path / "r2"))
-    assert read_run(tmp_path / "s1" / "search.h5")["privacy_guarantee"] == "holds"
-    void = read_run(tmp_path / "r1" / "search.h5")["privacy_guarantee"]
+    assert not np.array_equal(alphas(root / "s1"), alphas(root / "s2"))
+    np.testing.assert_array_equal(alphas(root / "r1"), alphas(root / "r2"))
+    assert read_run(root / "s1" / "search.h5")["privacy_guarantee"] == "holds"
+    void = read_run(root / "r1" / "search.h5")["privacy_guarantee"]
     assert void.startswith("void:") and "reproducible_noise" in void
     assert "ε VOID" in runs["r1"].stdout and "tight PLD bound" not in runs["r1"].stdout
     warnings = [line for line in runs["r1"].stderr.splitlines() if "WARNING" in line]
@@ -65,8 +73,7 @@ def test_secret_resume_continues_from_each_party_own_state(tmp_path):
         assert PartyStore(party_dir(run, rank)).load_state(3)["randomness"] == "secret"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    for d in (run, copy):
-        out = mpirun(3, *DP, "--resume", str(d))
+    for out in mpirun_together(*((3, [*DP, "--resume", str(d)]) for d in (run, copy))):  # independent copies
         assert out.returncode == 0, out.stderr
     np.testing.assert_array_equal(alphas(run), alphas(copy))
     np.testing.assert_array_equal(read_run(run / "search.h5")["privacy"]["charged_steps"][-1], [8, 8])
@@ -124,11 +131,11 @@ def test_a_killed_party_fails_the_run_and_its_replayed_steps_are_charged(tmp_pat
         assert math.isclose(log["privacy"]["epsilon"][-1][party], expected, rel_tol=1e-9)
 
 
-def test_no_per_step_timing_under_dp(tmp_path):
+def test_no_per_step_timing_under_dp(same_seed_runs):
     """Item 5: a step's duration tracks its realised Poisson batch size; only the whole run's cost is logged."""
-    out = mpirun(3, *DP, "--out", str(tmp_path / "d"))
-    assert out.returncode == 0, out.stderr
-    log = read_run(tmp_path / "d" / "search.h5")
+    root, runs = same_seed_runs  # s2: a plain DP run (TINY, secret noise)
+    assert runs["s2"].returncode == 0, runs["s2"].stderr
+    log = read_run(root / "s2" / "search.h5")
     for column in ("step_seconds", "comm_seconds", "party_seconds"):
         assert np.all(np.isnan(log["metrics"][column])), column
     assert log["cost"]["wall_seconds"] > 0

@@ -10,7 +10,7 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_background, wait_for
+from conftest import TINY, mpirun, mpirun_background, mpirun_together, wait_for
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.runlog import read_run
@@ -40,11 +40,11 @@ def assert_same_result(straight: dict, resumed: dict) -> None:
 @pytest.mark.parametrize(("mode", "stop_after"), [("fnas", 3), ("dpfnas", 5)])
 def test_interrupt_and_resume_equals_uninterrupted(tmp_path, mode, stop_after):
     common = [*TINY, "--set", f"mode={mode}", *(REPRODUCIBLE if mode == "dpfnas" else [])]
-    straight = launch(*common, "--out", str(tmp_path / "straight"))
-    assert straight.returncode == 0, straight.stderr
-
     run = tmp_path / "interrupted"
-    first = launch(*common, "--out", str(run), stop_after=stop_after)
+    # The straight run and the first attempt are independent: side by side.
+    straight, first = mpirun_together((3, [*common, "--out", str(tmp_path / "straight")]),
+                                      (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": str(stop_after)}))
+    assert straight.returncode == 0, straight.stderr
     assert first.returncode == 75, first.stderr
     assert f"resume with: --resume {run}" in first.stderr
     assert read_run(run / "search.h5")["status"] == "interrupted"
@@ -88,7 +88,14 @@ def test_sigusr1_checkpoints_and_exits_75(tmp_path):
 
 def test_resume_refusals_and_fresh_start(tmp_path):
     run = tmp_path / "run"
-    assert launch(*TINY, "--out", str(run), stop_after=2).returncode == 75
+    # A run preempted before its first checkpoint starts afresh and keeps the earlier log (checked below); it is
+    # independent of the stopped run, so both start side by side.
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    (fresh / "search.h5").write_bytes(b"earlier attempt")
+    stopped, out = mpirun_together((3, [*TINY, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "2"}),
+                                   (3, [*TINY, "--resume", str(fresh)]))
+    assert stopped.returncode == 75, stopped.stderr
     changed = launch(*TINY, "--set", "search.w_lr=0.5", "--resume", str(run))
     assert changed.returncode == 2
     assert "differs from the one" in changed.stderr.strip().splitlines()[-1]
@@ -96,11 +103,6 @@ def test_resume_refusals_and_fresh_start(tmp_path):
     again = launch(*TINY, "--resume", str(run))
     assert again.returncode == 2 and "already finished" in again.stderr
 
-    # A run preempted before its first checkpoint starts afresh and keeps the earlier log.
-    fresh = tmp_path / "fresh"
-    fresh.mkdir()
-    (fresh / "search.h5").write_bytes(b"earlier attempt")
-    out = launch(*TINY, "--resume", str(fresh))
     assert out.returncode == 0, out.stderr
     assert (fresh / "search-attempt1.h5").read_bytes() == b"earlier attempt"
     assert read_run(fresh / "search.h5")["status"] == "finished"

@@ -68,6 +68,12 @@ PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
 SERVER_PAUSE_FRACTION = 1e-3  # … or this fraction of the time already waited, if larger,
 PARTY_PAUSE_FRACTION = 1e-2
 PAUSE_CEILING = 0.05  # … but never more than this (seconds)
+# Seconds a failed party waits for the server to notice its notice, mark the log `failed` and abort the job,
+# before it aborts the job itself (capped by the channel's timeout). The server reads notices only while it waits
+# in an exchange, so this must cover its longest stretch of compute between two exchanges (an evaluation, a
+# checkpoint), also on a loaded machine: 3 s was too short with 2 cores shared by two jobs (the log stayed
+# `running`). A server that is itself stuck costs the job at most this long.
+FAILURE_GRACE = 60.0
 
 
 class PartyFailedError(RuntimeError):
@@ -225,11 +231,15 @@ class Channel:
         return parts
 
     # -- failure handling --------------------------------------------------------------------------------------
-    def notify_failure(self, message: str, grace: float = 3.0) -> None:
+    def notify_failure(self, message: str, grace: float | None = None) -> None:
         """Best effort: tell the server this party failed (the caller then aborts the job).
 
-        Sends exactly the UTF-8 bytes of `message` (truncated to 4095) in a fixed-size zero-padded buffer.
+        Sends exactly the UTF-8 bytes of `message` (truncated to 4095) in a fixed-size zero-padded buffer, then
+        waits `grace` seconds (default: ``min(FAILURE_GRACE, timeout)``) for the server to abort the job; the
+        server normally does so within milliseconds of its next poll, so the wait is rarely spent in full.
         """
+        if grace is None:
+            grace = min(FAILURE_GRACE, self.timeout)
         if self.is_server:
             return
         data = message.encode("utf-8", "replace")[: _MAX_NOTICE - 1]

@@ -63,7 +63,7 @@ class RecordingChannel(Channel):
         self.objects.append(obj)
         return super().gather_objects(obj)
 
-    def notify_failure(self, message, grace=3.0):
+    def notify_failure(self, message, grace=None):
         self.calls.append("notify_failure")
         self.objects.append(message)
         return super().notify_failure(message, grace)
