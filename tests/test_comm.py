@@ -46,6 +46,16 @@ def test_a_failure_notice_ends_the_servers_wait_in_every_exchange(tmp_path):
         assert outcomes[1][kind] == "notified"
 
 
+def test_a_failed_party_waits_longer_than_the_server_takes_to_settle_and_mark_the_log():
+    """A failed party aborts the job itself only after FAILURE_GRACE: by then the server must have logged its last ε
+    rows (bounded by SETTLE_SECONDS) and the status `failed`. With the old 3 s grace a settle slowed by a loaded
+    machine lost that race and the log stayed `running` (seen in CI)."""
+    from mpi_fnas.federation.comm import FAILURE_GRACE
+    from mpi_fnas.federation.stage import SETTLE_SECONDS
+
+    assert FAILURE_GRACE >= 2 * SETTLE_SECONDS
+
+
 def test_a_party_that_never_joins_makes_the_others_time_out(tmp_path):
     outcomes = run_scenario("absent", tmp_path)
     timeout = "CollectiveTimeoutError"

@@ -68,11 +68,11 @@ PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
 SERVER_PAUSE_FRACTION = 1e-3  # … or this fraction of the time already waited, if larger,
 PARTY_PAUSE_FRACTION = 1e-2
 PAUSE_CEILING = 0.05  # … but never more than this (seconds)
-# Seconds a failed party waits for the server to notice its notice, mark the log `failed` and abort the job,
-# before it aborts the job itself (capped by the channel's timeout). The server reads notices only while it waits
-# in an exchange, so this must cover its longest stretch of compute between two exchanges (an evaluation, a
-# checkpoint), also on a loaded machine: 3 s was too short with 2 cores shared by two jobs (the log stayed
-# `running`). A server that is itself stuck costs the job at most this long.
+# Seconds a failed party waits for the server to notice its notice, log its last ε rows (up to
+# stage.SETTLE_SECONDS), mark the log `failed` and abort the job, before it aborts the job itself (capped by the
+# channel's timeout). The server reads notices only while it waits in an exchange, so this also covers its
+# stretches of compute between two exchanges (an evaluation, a checkpoint) on a loaded machine: 3 s was too short
+# (a slow settle lost the race and the log stayed `running`). A server that is itself stuck costs at most this.
 FAILURE_GRACE = 60.0
 
 
