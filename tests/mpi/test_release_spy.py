@@ -130,8 +130,10 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, space):
     run_search(cfg, channel, run_dir)
     world.Barrier()
     if channel.is_server:
+        # "selection": the server's own selector (its score window, draw count and coins), never a party's state
         check_checkpoint_holds_no_party_state(run_dir, ["format_version", "stage", "step", "plan_steps", "config",
-                                                        "server", "shard_sizes", "ledger", "accumulator", "log_rows"],
+                                                        "server", "selection", "shard_sizes", "ledger", "accumulator",
+                                                        "log_rows"],
                                               party_state="state-2.pt")
         return
 

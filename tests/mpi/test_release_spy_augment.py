@@ -53,8 +53,8 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
     world.Barrier()
     if channel.is_server:
         state = check_checkpoint_holds_no_party_state(
-            run_dir, ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "ledger",
-                      "stats", "test_acc", "test_loss", "log_rows"], party_state="augment-state-2.pt")
+            run_dir, ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "selection",
+                      "ledger", "stats", "test_acc", "test_loss", "log_rows"], party_state="augment-state-2.pt")
         assert state["stage"] == "augment" and state["step"] == 2
         return
 
