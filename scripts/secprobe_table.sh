@@ -4,11 +4,14 @@
 # eps_EM in {0.1, 1, 10}, and the oracle (the reliable parties only); seeds 0 1 2: 72 runs. Every run is the
 # AUGMENTATION of a fixed cell (augment.genotype: the DPNAS paper's CIFAR-10 cell, as scripts/dpnas_tables.sh
 # trains it; no search), under DP (mode dpfnas), where the network learns within the run (a tiny supernet stays
-# at chance, and so would every probe: docs/secprobe.md). Reported: the test accuracy of the trained network, and
-# the rate at which the unreliable and the reliable parties were selected (/augment/selection).
+# at chance, and so would every probe: docs/secprobe.md). Reported: the test accuracy of the trained network,
+# the rate at which the unreliable and the reliable parties were selected (/augment/selection), and the score gap
+# (per iteration, the reliable parties' mean score minus the unreliable ones', averaged: the probe's signal).
 #   scripts/secprobe_table.sh [OUT_DIR]        (default runs/secprobe-table)
 #   scripts/secprobe_table.sh --summarize OUT_DIR
 #   ARMS="all secprobe-eps10" PS="0.6" SEEDS="0" scripts/secprobe_table.sh OUT_DIR   (a subset, e.g. a smoke test)
+#   ARMS="secprobe-eps10" PS="0.6 0" EXTRA="federation.aux_size=500 federation.score_window=8" \
+#     scripts/secprobe_table.sh OUT_DIR   (docs/secprobe.md's second table: a larger aux set and a score window)
 # Each run writes OUT_DIR/p<P>-<arm>-seed<s>/search.h5 (its output in .out, and .done once it succeeded); a done run
 # is skipped and an unfinished one redone, so an interrupted table is finished by running the script again. The
 # tables (markdown, mean ± std over seeds) are printed at the end from the logs alone. Environment: PYTHON, MPIRUN
@@ -44,17 +47,21 @@ for log in sorted(root.glob("p*-*-seed*/search.h5")):
         continue
     unreliable = np.asarray(run["unreliable"], dtype=bool)
     selection = augment["selection"]
-    rate_bad = rate_good = eps = float("nan")
+    rate_bad = rate_good = eps = gap = float("nan")
     if selection is not None and len(selection["chosen"]):
         chosen = np.asarray(selection["chosen"], dtype=bool)
         rate_bad = chosen[:, unreliable].mean() if unreliable.any() else float("nan")
         rate_good = chosen[:, ~unreliable].mean()
         eps = float(selection["selection_epsilon"][-1])
+        score = np.asarray(selection["score"], dtype=float)
+        if unreliable.any() and not np.isnan(score).all():
+            # the probe's signal: per iteration, the reliable parties' mean score minus the unreliable ones'
+            gap = float(np.nanmean(score[:, ~unreliable].mean(axis=1) - score[:, unreliable].mean(axis=1)))
     elif arm == "all":
         rate_bad = rate_good = 1.0
     privacy = augment["privacy"]
     cells.setdefault((float(fraction), arm), []).append({
-        "acc": float(augment["test_acc"]), "bad": rate_bad, "good": rate_good, "eps": eps,
+        "acc": float(augment["test_acc"]), "bad": rate_bad, "good": rate_good, "eps": eps, "gap": gap,
         "party_eps": float(privacy["epsilon"][-1].max()) if privacy is not None else float("nan"),
         "wall": float(augment["cost"]["wall_seconds"]),
     })
@@ -68,12 +75,13 @@ def mean_std(values: list[float]) -> str:
     return f"{np.nanmean(array):.3f} ± {spread:.3f}"
 
 
-print("| P | arm | seeds | test acc | selection rate, unreliable | selection rate, reliable | selection ε (aux set) "
-      "| worst-party ε | wall s |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| P | arm | seeds | test acc | selection rate, unreliable | selection rate, reliable | score gap "
+      "| selection ε (aux set) | worst-party ε | wall s |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for (fraction, arm), rows in sorted(cells.items()):
     print(f"| {fraction:g} | {arm} | {len(rows)} | {mean_std([r['acc'] for r in rows])} "
           f"| {mean_std([r['bad'] for r in rows])} | {mean_std([r['good'] for r in rows])} "
+          f"| {mean_std([r['gap'] for r in rows])} "
           f"| {mean_std([r['eps'] for r in rows])} | {mean_std([r['party_eps'] for r in rows])} "
           f"| {np.mean([r['wall'] for r in rows]):.0f} |")
 PY
