@@ -1,5 +1,6 @@
 """Everything a DP party hands to MPI is a noised release or data-independent; no generator state ever leaves it,
-in either search space (``space.kind`` darts and dpnas).
+in either search space (``space.kind`` darts and dpnas), and under SecProbe's selection, where the releases go by
+Gather instead of Reduce and one party holds noise examples.
 
 Each party's Channel records every call that can send something (``reduce_sum``, ``gather_objects``,
 ``notify_failure``, and the object/buffer collectives, whose payload a party does not send); ``party_release`` is
@@ -110,16 +111,26 @@ SPACES = {
 }
 #: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10.
 ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10}
+#: The cases: each space, and DARTS under SecProbe (docs/secprobe.md), where the server Gathers every release to
+#: score it and an unreliable party holds noise examples: a party must hand the Gather exactly what it would Reduce.
+CASES = {
+    "darts": SPACES["darts"],
+    "dpnas": SPACES["dpnas"],
+    "darts-secprobe": [*SPACES["darts"], "federation.selection=secprobe", "federation.select=1",
+                       "federation.selection_epsilon=1.0", "federation.aux_size=16",
+                       "federation.unreliable_parties=1", "federation.corruption=0.5"],
+}
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("space", sorted(SPACES))
-def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, space):
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
+    space, selecting = case.split("-")[0], case.endswith("secprobe")
     releases: list[dict] = []
     monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
-        *SPACES[space], f"search.batch_size={B}", "search.epochs=1",
+        *CASES[case], f"search.batch_size={B}", "search.epochs=1",
         f"search.steps_per_epoch={STEPS}", f"privacy.noise_multiplier_w={SIGMA}",
         f"privacy.noise_multiplier_a={SIGMA}", f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}",
         "runtime.progress=off", "checkpoint.every_steps=2",
@@ -137,7 +148,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, space):
                                               party_state="state-2.pt")
         return
 
-    check_party_messages(channel)
+    check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
 
     assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
     assert len(releases) == 2 * STEPS
@@ -158,11 +169,13 @@ def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, par
     return state
 
 
-def check_party_messages(channel: RecordingChannel) -> None:
-    """A party used only the run's collectives (notify_failure and barrier are spied too: neither happens in a run
-    that neither fails nor stops), and every object it sent is plain, data-independent setup data or an
-    acknowledgement: its device and a zero sent-steps count first."""
-    assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+def check_party_messages(channel: RecordingChannel, exchange: str = "reduce_sum") -> None:
+    """A party used only the run's collectives, its releases going by `exchange` (``reduce_sum``, or ``gather``
+    under a selection; notify_failure and barrier are spied too: neither happens in a run that neither fails nor
+    stops), and every object it sent is plain, data-independent setup data or an acknowledgement: its device and a
+    zero sent-steps count first."""
+    assert exchange in channel.calls
+    assert set(channel.calls) <= {exchange, "gather_objects", "bcast", "bcast_object", "scatter_objects"}
     assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
     assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
 
