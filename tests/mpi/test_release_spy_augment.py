@@ -6,6 +6,7 @@ A DP job that trains a given genotype (no search) with a checkpoint every 2 step
   * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
   * every object it sent is plain data (its device, its augment sent-steps count, checkpoint acknowledgements);
 and on the server: the augmentation's checkpoint holds no party state, while each party's own directory does.
+Twice: with every release reduced, and under SecProbe's selection (releases gathered, one party's pool partly noise).
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
             "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
 
 
+#: SecProbe in the augmentation (docs/secprobe.md): the server Gathers every release to score it on its aux set.
+SELECTING = ["federation.selection=secprobe", "federation.select=1", "federation.selection_epsilon=1.0",
+             "federation.aux_size=16", "federation.unreliable_parties=1", "federation.corruption=0.5"]
+
+
 @pytest.mark.mpi(min_size=3)
-def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
+@pytest.mark.parametrize("selecting", [False, True], ids=["reduce", "secprobe"])
+def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch, selecting):
     releases: list[dict] = []
     monkeypatch.setattr(augment_party_module, "party_release",
                         recording_release(augment_party_module.party_release, releases))
@@ -44,7 +51,7 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
         f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4", f"augment.noise_multiplier={SIGMA}",
-        f"augment.clip={CLIP}", "runtime.progress=off", "checkpoint.every_steps=2",
+        f"augment.clip={CLIP}", "runtime.progress=off", "checkpoint.every_steps=2", *(SELECTING if selecting else []),
     ])
     world = MPI.COMM_WORLD
     run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-augment-") if world.Get_rank() == 0 else None, root=0))
@@ -58,7 +65,7 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch):
         assert state["stage"] == "augment" and state["step"] == 2
         return
 
-    check_party_messages(channel)
+    check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
 
     assert len(channel.sent) == STEPS == len(releases)  # one release per step, nothing else
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP,))
