@@ -73,6 +73,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     import torch
 
     from mpi_fnas.federation.party import Party, Shard
+    from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.space import search_space
 
@@ -86,11 +87,11 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
 
     train, val = shard(), shard()
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
-    sampling_gen = torch.Generator().manual_seed(1)
     if not private:
-        return Party(model, train, val, n, sampling_gen)
-    return Party(model, train, val, n, sampling_gen, dp=DPParams.from_config(cfg.privacy, n),
-                 noise_generator=torch.Generator().manual_seed(2))
+        return Party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1))
+    # The private party draws from secret streams (keyed from the OS), exactly as a DP party of a run does.
+    dp = DPParams.from_config(cfg.privacy, n)
+    return Party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp)
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -131,6 +132,8 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
         })
         result["per_sample_method_w"] = "hooks" if hooks_supported(dp.model, w_named) else "vmap"
         result["per_sample_method_a"] = "hooks" if hooks_supported(dp.model, a_named) else "vmap"
+    if dp is not None:
+        jobs.update(_noise_jobs(dp.num_w + dp.num_a))
     wall: dict[str, list[float]] = {k: [] for k in jobs}
     cpu: dict[str, list[float]] = {k: [] for k in jobs}
     for i in range(repeats + 1):
@@ -155,8 +158,28 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
             "dp_step_ratio_cpu": dp_cpu / result["step_cpu_seconds"],
             "per_sample_seconds": med["ps_w"],
             "per_sample_a_seconds": med["ps_a"],
+            "noise_seconds": med["noise_keystream"],
+            "noise_seconds_torch_generator": med["noise_torch"],
+            "noise_source_ratio": med["noise_keystream"] / med["noise_torch"],
         })
     return result
+
+
+def _noise_jobs(size: int) -> dict[str, Callable[[], Any]]:
+    """The Gaussian noise of one private step (`size` = |W| + |A| coordinates), from the party's secret keystream
+    (what a release draws) and, for comparison only, from the seeded torch generator it replaced (32-bit seed
+    space; docs/privacy.md §2.1). Both go through the same float64 transform."""
+    import torch
+
+    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.privacy.mechanism import gaussian_noise, standard_normal_from_bits
+
+    stream, generator = Keystream.from_os(), torch.Generator().manual_seed(2)
+    return {
+        "noise_keystream": lambda: gaussian_noise(size, std=1.0, stream=stream),
+        "noise_torch": lambda: standard_normal_from_bits(
+            torch.randint(0, 2**53, (size,), generator=generator, dtype=torch.int64)).to(torch.float32),
+    }
 
 
 def make_augment_party(cfg: Config, private: bool):
@@ -167,6 +190,7 @@ def make_augment_party(cfg: Config, private: bool):
 
     from mpi_fnas.federation.augment.party import AugmentParty
     from mpi_fnas.federation.party import Shard
+    from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.privacy.budget import AugmentReleases
     from mpi_fnas.space import search_space
 
@@ -186,8 +210,8 @@ def make_augment_party(cfg: Config, private: bool):
         releases = AugmentReleases(noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
                                    expected_batch_size=float(n), sample_rate_train=one, sample_rate_val=one,
                                    steps=1, stop_reason="completed")
-    return AugmentParty(model, pool, cfg.augment, torch.Generator().manual_seed(1), releases=releases,
-                        noise_generator=torch.Generator().manual_seed(2) if private else None)
+    streams = PartyRandomness.create("secret" if private else "reproducible", seed=cfg.seed, rank=1, stage="augment")
+    return AugmentParty(model, pool, cfg.augment, streams, releases=releases)
 
 
 def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
@@ -351,6 +375,7 @@ REPORT_KEYS_FROM_STEP = (
     "dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_ratio",
     "dp_step_cpu_seconds", "dp_step_ratio_cpu", "per_sample_seconds", "per_sample_a_seconds",
     "per_sample_method_w", "per_sample_method_a",
+    "noise_seconds", "noise_seconds_torch_generator", "noise_source_ratio",
     "rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method",
     "augment_num_w", "augment_step_seconds", "augment_dp_step_seconds", "augment_dp_step_ratio",
 )

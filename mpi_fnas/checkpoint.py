@@ -27,10 +27,18 @@ def checkpoint_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CHECKPOINT_NAME
 
 
+#: Permissions of every file written here: private to the user. A party's state holds its stream keys, the
+#: server's its selection stream key; neither is for anyone else on the machine (docs/privacy.md §2.2).
+PRIVATE_FILE_MODE = 0o600
+
+
 def atomic_save(path: Path, state: dict[str, Any]) -> Path:
-    """Write ``state`` (tensors and plain containers) to ``path`` atomically and durably."""
+    """Write ``state`` (tensors and plain containers) to ``path`` atomically and durably, readable by the user only
+    (mode 0600 whatever the umask; the file is never visible with wider permissions)."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+    os.fchmod(fd, PRIVATE_FILE_MODE)  # an existing temporary file keeps its mode through O_CREAT
+    with os.fdopen(fd, "wb") as f:
         torch.save({"format_version": FORMAT_VERSION, **state}, f)
         f.flush()
         os.fsync(f.fileno())

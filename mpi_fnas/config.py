@@ -39,6 +39,15 @@ MODES = ("vanilla", "fnas", "dpfnas")
 HELP = "help"
 
 
+#: Keys that once existed, with why they are gone: a config that sets one gets this one line, not "unknown key".
+#: Configs stored by earlier versions (in a log, a checkpoint, ``searched.pt``) are read with these keys dropped.
+REMOVED_KEYS = {
+    "privacy.secure_rng": "removed: every DP party now draws all its noise and coins from AES-256-CTR keyed with "
+                          "256 bits of OS entropy (docs/privacy.md §2.1), so there is nothing to switch on; "
+                          "delete the key",
+}
+
+
 def _key(default: Any, meaning: str) -> Any:
     """A schema field whose one-line ``meaning`` is shown by ``--help`` and in configs/default.yaml."""
     return field(default=default, metadata={HELP: meaning})
@@ -160,11 +169,9 @@ class PrivacyConfig:
         None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
     max_epsilon: float | None = _key(
         None, "if set: stop (status finished) before a step would take any party past this ε")
-    secure_rng: bool = _key(
-        False, "draw every noise sample and sampling coin straight from the OS CSPRNG (os.urandom)")
     reproducible_noise: bool = _key(
-        False, "tests/debugging only: noise and sampling seeded from (seed, rank); VOIDS ε (the noise is "
-        "predictable)")
+        False, "tests/debugging only: noise and sampling keyed from (seed, rank) instead of 256 bits of OS "
+        "entropy; VOIDS ε (the noise is predictable)")
 
 
 @dataclass
@@ -272,7 +279,7 @@ class Config:
         "clipped and noised releases, Algorithm 1)")
     seed: int = _key(
         0, "seed of the initial supernet, the train/validation split, the partition and the synthetic images "
-        "(the parties' sampling and noise: see privacy.secure_rng and privacy.reproducible_noise)")
+        "(never the parties' sampling and noise under DP: see privacy.reproducible_noise)")
     data: DataConfig = field(default_factory=DataConfig)
     space: SpaceConfig = field(default_factory=SpaceConfig)
     search: SearchConfig = field(default_factory=SearchConfig)
@@ -437,6 +444,8 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     for key in data:
         if key not in fields:
             where = f"{prefix}.{key}" if prefix else str(key)
+            if where in REMOVED_KEYS:
+                raise ConfigError(f"{where}: {REMOVED_KEYS[where]}")
             choices = ", ".join(fields)
             raise ConfigError(f"{where}: unknown key (valid keys here: {choices})")
     kwargs = {}
@@ -493,9 +502,6 @@ def validate(cfg: Config) -> Config:
                 f"space.norm: {cfg.space.norm} mixes examples within a batch, which voids per-example clipping "
                 "under DP (mode: dpfnas); use space.norm: groupnorm"
             )
-        if cfg.privacy.reproducible_noise and cfg.privacy.secure_rng:
-            raise ConfigError("privacy.reproducible_noise: cannot be combined with privacy.secure_rng (one asks for "
-                              "seeded, predictable noise, the other for OS entropy); set one of them")
         if cfg.search.order != "first_order":
             raise ConfigError(
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
@@ -663,8 +669,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     return config_from_text(text, overrides, where=where)
 
 
-def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = (), *, where: str = "") -> Config:
-    """Like :func:`load_config` for YAML text (e.g. the resolved config stored in a checkpoint or a log)."""
+def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = (), *, where: str = "",
+                     stored: bool = False) -> Config:
+    """Like :func:`load_config` for YAML text. With `stored` the text is a resolved config this program wrote
+    earlier (in a log, a checkpoint, ``searched.pt``), possibly by an older version: its REMOVED_KEYS are dropped."""
     tree: dict[str, Any] = {}
     if text is not None:
         try:
@@ -678,10 +686,23 @@ def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = 
         if not isinstance(loaded, dict):
             raise ConfigError(f"--config: {where or 'text'} must contain a mapping at the top level")
         tree = loaded
+    if stored:
+        _drop_removed(tree)
     for item in overrides:
         key, value = parse_override(item)
         _apply_override(tree, key, value)
     return validate(_build(Config, tree, ""))
+
+
+def _drop_removed(tree: dict[str, Any]) -> None:
+    """Remove every REMOVED_KEYS entry from a config tree, in place."""
+    for dotted in REMOVED_KEYS:
+        *sections, leaf = dotted.split(".")
+        node: Any = tree
+        for section in sections:
+            node = node.get(section) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
 
 
 def check_world(cfg: Config, world_size: int) -> int:

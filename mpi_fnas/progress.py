@@ -2,8 +2,9 @@
 
 It shows only what is known. Under DP the parties release no loss or accuracy (those row values are NaN) and the
 per-step timing columns are NaN too (per-step timings would reveal the realised batch size), so a line there reads
-``step/total, epoch, ε so far, last test accuracy, s/step, ETA`` with the timing taken from this object's own wall
-clock rather than from the row.
+``step/total, epoch, ε so far, last test accuracy, s/step, ETA``, and the console obeys the log's rule: its timing
+comes from whole epochs only (see :class:`Progress`, ``private``). A Slurm ``.out`` file keeps every line, and two
+lines with a cumulative s/step taken at arbitrary steps would give the duration of the steps between them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class Progress:
     Before a second call there is no such measurement: the row's ``step_seconds`` is used if finite, else
     neither is shown.
 
+    With ``private`` (a DP run) the clock is read only at epoch ends, the calls whose row carries a finite
+    ``test_acc`` (rank 0 evaluates at every epoch end and only there): s/step is the wall time between the first
+    and the latest epoch end seen, over the steps between them, so it is shown from the second epoch end on and
+    changes only at epoch ends. No line then holds a duration finer than whole epochs (docs/privacy.md §2.3).
+
     Args:
         mode: "on" (a live bar), "off", or "auto" (a live bar only when `stream` is a terminal; otherwise one
             line per 10 % so batch logs stay short).
@@ -48,11 +54,14 @@ class Progress:
         width: characters of the bar.
         clock: seconds, monotonic (tests pass a fake one).
         label: the stage shown before the bar ("search", "augment"; "" shows none).
+        private: timing from whole epochs only (a DP run).
     """
 
     def __init__(self, mode: str = "auto", stream: TextIO | None = None, width: int = 24,
-                 clock: Callable[[], float] = time.perf_counter, label: str = "") -> None:
+                 clock: Callable[[], float] = time.perf_counter, label: str = "", private: bool = False) -> None:
         self.label = label
+        self.private = private
+        self._epoch_ends: list[tuple[float, int]] = []  # private: (clock, step) at the epoch ends seen
         self.stream = stream or sys.stderr
         self.live = mode == "on" or (mode == "auto" and self.stream.isatty())
         self.enabled = mode != "off"
@@ -78,10 +87,15 @@ class Progress:
 
     def _line(self, step: int, total: int, row: Mapping[str, float]) -> str:
         """The text for this call (updates the clock and the remembered test accuracy)."""
-        now = self.clock()
-        if self._first is None:
-            self._first = (now, step)
         test_acc = _finite(row, "test_acc")
+        if self.private:
+            now = math.nan  # never read between epoch ends
+            if test_acc is not None:
+                self._epoch_ends.append((self.clock(), step))
+        else:
+            now = self.clock()
+            if self._first is None:
+                self._first = (now, step)
         if test_acc is not None:
             self._test_acc = test_acc
 
@@ -106,6 +120,11 @@ class Progress:
         return " ".join(parts)
 
     def _seconds_per_step(self, now: float, step: int, row: Mapping[str, float]) -> float | None:
+        if self.private:
+            if len(self._epoch_ends) < 2:
+                return None
+            (first_time, first_step), (last_time, last_step) = self._epoch_ends[0], self._epoch_ends[-1]
+            return (last_time - first_time) / (last_step - first_step)
         assert self._first is not None
         first_time, first_step = self._first
         if step > first_step:

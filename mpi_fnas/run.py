@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.augment and (args.resume or args.out):
             raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
         text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args))
-        state["cfg"], state["run_dir"], state["stage"] = config_from_text(text), Path(path), stage
+        state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
         return cli.EXIT_OK
 
@@ -126,7 +126,8 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
     outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,
-                      progress=lambda name: Progress(cfg.runtime.progress, label=name) if channel.is_server else None,
+                      progress=lambda name: Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")
+                      if channel.is_server else None,
                       stop_requested=stop)
     if not channel.is_server:
         return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
@@ -187,7 +188,7 @@ def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, s
         return cfg.to_yaml(), str(path), _first_stage(cfg)
     augmenting = state is not None and state.get("stage") == "augment"
     saved = config_from_text(state["config"] if state is not None and (augmenting or searched is None)
-                             else searched["config"])
+                             else searched["config"], stored=True)
     if cfg is not None and (args.config or args.overrides) and not cfg.same_search(saved):
         raise ConfigError(f"--resume: the given config differs from the one {path} was started with "
                           "(only runtime.* and checkpoint.* may change)")
@@ -236,10 +237,10 @@ def _decide_augment(cfg: Config | None, args: argparse.Namespace) -> tuple[str, 
     if args.config:
         raise ConfigError("--augment uses the run's own config; change the augmentation with --set augment.KEY=VALUE")
     try:
-        saved = config_from_text(searched["config"], args.overrides, where="--augment")
+        saved = config_from_text(searched["config"], args.overrides, where="--augment", stored=True)
     except ConfigError as exc:
         raise ConfigError(str(exc)) from None
-    original = config_from_text(searched["config"]).to_dict()
+    original = config_from_text(searched["config"], stored=True).to_dict()
     changed = saved.to_dict()
     for key in ("augment", "runtime", "checkpoint"):
         original.pop(key)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from mpi_fnas.privacy import PrivacyLedger, audit_mechanism, clipped_sum, per_sample_gradients
 from mpi_fnas.privacy.audit import canary_loss, clopper_pearson_upper, epsilon_from_rates
+from mpi_fnas.privacy.mechanism import gaussian_noise
 
 CLIP, SIGMA, STEPS, TRIALS, DELTA = 0.1, 3.0, 2, 2000, 1e-5
 EXPECTED_BATCH = 4.0  # the audit's default dataset with the canary: 3 ordinary examples + 1
@@ -32,17 +32,17 @@ def audit(release_fn=None):
     )
 
 
-def release_without_clipping(model, params, inputs, targets, generator):
+def release_without_clipping(model, params, inputs, targets, noise_stream):
     """Broken on purpose: the per-example gradients are summed unclipped."""
     grads = per_sample_gradients(model, params, inputs, targets, canary_loss)
-    noise = torch.randn(grads.shape[1], generator=generator) * SIGMA * CLIP
+    noise = gaussian_noise(grads.shape[1], std=SIGMA * CLIP, stream=noise_stream)
     return (grads.sum(dim=0) + noise) / EXPECTED_BATCH
 
 
-def release_with_noise_of_wrong_bound(model, params, inputs, targets, generator):
+def release_with_noise_of_wrong_bound(model, params, inputs, targets, noise_stream):
     """Broken on purpose: clipped to R but the noise is scaled to R / 10 (e.g. R^G = 0.01 used for R^H = 0.1)."""
     grads = per_sample_gradients(model, params, inputs, targets, canary_loss)
-    noise = torch.randn(grads.shape[1], generator=generator) * SIGMA * (CLIP / 10)
+    noise = gaussian_noise(grads.shape[1], std=SIGMA * CLIP / 10, stream=noise_stream)
     return (clipped_sum(grads, CLIP) + noise) / EXPECTED_BATCH
 
 

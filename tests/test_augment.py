@@ -186,11 +186,12 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
     assert failed.returncode == 1, failed.stderr[-3000:]
     dead = read_run(run / "search.h5")
     assert dead["augment"]["status"] == "failed"
-    # The failed log holds the ε of the 5 augment steps rank 0 completed and charged (rows are per epoch: the
-    # last one comes from the failure path), each party's own composition of both stages.
-    assert dead["augment"]["privacy"]["steps"][-1] == 5, dead["augment"]["privacy"]["steps"]
+    # The failed log holds the ε of the 5 augment steps rank 0 completed and of step 6, in flight when party 2
+    # failed (party 1 may have sent it): rows are per epoch, the last one comes from the failure path. Each is the
+    # party's own composition of both stages, and covers every release any party sent.
+    assert dead["augment"]["privacy"]["steps"][-1] == 6, dead["augment"]["privacy"]["steps"]
     for k in range(dead["parties"]):
-        assert dead["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(independent_epsilon(dead, k, 5), rel=1e-6)
+        assert dead["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(independent_epsilon(dead, k, 6), rel=1e-6)
     assert load_checkpoint(run)["stage"] == "augment" and load_checkpoint(run)["step"] == 4
     sent = [PartyStore(party_dir(run, rank), stage="augment").sent_steps for rank in (1, 2)]
     assert sent[1] == 5 and sent[0] in (5, 6), sent

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = str(Path(sys.executable).parent / "mpirun")
 RANKS = 3
 BIG = 1 << 20  # bytes: far above MPICH's eager limit, so a send cannot complete before its receive is posted
-KINDS = ("barrier", "gather_objects", "reduce_sum", "bcast", "scatter_objects", "bcast_object")
+KINDS = ("barrier", "gather_objects", "reduce_sum", "gather", "bcast", "scatter_objects", "bcast_object")
 NOTICE = "party failed (generic notice)"
 
 
@@ -86,6 +86,9 @@ def _exchange(channel, kind: str) -> str:
         return "ok" if (got is None) != server else "wrong"
     if kind == "reduce_sum":
         channel.reduce_sum(big, np.zeros_like(big) if server else None)
+        return "ok"
+    if kind == "gather":  # a selection's exchange (docs/secprobe.md)
+        channel.gather(big, np.zeros((channel.size - 1, big.size), dtype=np.float32) if server else None)
         return "ok"
     if kind == "bcast":
         buf = big if server else np.zeros_like(big)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from mpi_fnas.data.augmentation import augment_images
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.privacy.validators import check_model_for_dp
 from mpi_fnas.space import (
@@ -236,11 +237,11 @@ def test_construction_is_deterministic_and_validated() -> None:
 def _drop_net(p: float = 0.5, seed: int = 0) -> AugmentNetwork:
     net = small_net().train()
     net.drop_path_prob = p
-    net.generator = torch.Generator().manual_seed(seed)
+    net.mask_stream = Keystream.from_labels("test", seed)
     return net
 
 
-def test_drop_path_masks_are_per_example_and_from_the_generator_only() -> None:
+def test_drop_path_masks_are_per_example_and_from_the_stream_only() -> None:
     net = _drop_net()
     x = torch.randn(1, 3, 8, 8).expand(16, 3, 8, 8).contiguous()  # 16 copies of one image
     state = torch.random.get_rng_state()
@@ -248,34 +249,34 @@ def test_drop_path_masks_are_per_example_and_from_the_generator_only() -> None:
     assert torch.equal(torch.random.get_rng_state(), state)  # the global RNG was not consumed
     # identical inputs, different per-example masks -> different outputs within the batch
     assert len({tuple(row.tolist()) for row in logits}) > 1
-    # the same generator seed reproduces the outputs exactly, another seed does not
-    net.generator = torch.Generator().manual_seed(0)
+    # the same stream key reproduces the outputs exactly, another key does not
+    net.mask_stream = Keystream.from_labels("test", 0)
     again, aux_again = net(x)
     assert torch.equal(again, logits) and torch.equal(aux_again, aux)
-    net.generator = torch.Generator().manual_seed(1)
+    net.mask_stream = Keystream.from_labels("test", 1)
     assert not torch.equal(net(x)[0], logits)
 
 
 def test_drop_path_mask_distribution() -> None:
-    gen = torch.Generator().manual_seed(0)
-    mask = derived.drop_path_mask(20000, 0.3, gen, device=torch.device("cpu"), dtype=torch.float32)
+    mask = derived.drop_path_mask(20000, 0.3, Keystream.from_labels("test", 0), device=torch.device("cpu"),
+                                  dtype=torch.float32)
     assert mask.shape == (20000, 1, 1, 1)
     values = mask.unique().tolist()
     assert len(values) == 2 and values[0] == 0.0 and values[1] == pytest.approx(1 / 0.7)
     assert abs((mask == 0).float().mean().item() - 0.3) < 0.02  # Bernoulli(1 - p) keeps, ~6 sigma margin
     x = torch.randn(4, 3, 5, 5)
     assert derived.drop_path(x, 0.0, None) is x
-    with pytest.raises(ValueError, match="Generator"):
+    with pytest.raises(ValueError, match="Keystream"):
         derived.drop_path(x, 0.2, None)
 
 
 def test_no_drop_path_in_eval_mode_and_identity_is_never_dropped() -> None:
     net = _drop_net(p=0.5)
     x = torch.randn(4, 3, 8, 8)
-    gen_state = net.generator.get_state()
+    position = net.mask_stream.position
     reference = _drop_net(p=0.0).eval()(x)
     assert torch.equal(net.eval()(x), reference)
-    assert torch.equal(net.generator.get_state(), gen_state)  # eval draws nothing
+    assert net.mask_stream.position == position  # eval draws nothing
     net.train()
     net.drop_path_prob = 0.0
     assert torch.equal(net(x)[0], reference)  # (no norm uses batch statistics: train == eval without drop-path)
@@ -296,12 +297,12 @@ def test_no_drop_path_in_eval_mode_and_identity_is_never_dropped() -> None:
     assert calls == [4] * (3 * normal_cells + 4 * reduce_cells)
 
 
-def test_drop_path_requires_a_generator_and_a_valid_probability() -> None:
+def test_drop_path_requires_a_stream_and_a_valid_probability() -> None:
     net = small_net().train()
     net.drop_path_prob = 0.2
-    with pytest.raises(ValueError, match="needs `generator`"):
+    with pytest.raises(ValueError, match="needs `mask_stream`"):
         net(torch.randn(2, 3, 8, 8))
-    net.eval()(torch.randn(2, 3, 8, 8))  # eval: no masks, no generator needed
+    net.eval()(torch.randn(2, 3, 8, 8))  # eval: no masks, no stream needed
     net.drop_path_prob = 1.0
     with pytest.raises(ValueError, match=r"drop_path_prob must be in \[0, 1\)"):
         net(torch.randn(2, 3, 8, 8))
@@ -336,7 +337,7 @@ def test_hooks_per_example_grads_with_drop_path_match_each_example_alone_with_it
     torch.manual_seed(1)
     net = small_net(layers=3).double().train()
     net.drop_path_prob = 0.5
-    net.generator = torch.Generator().manual_seed(5)
+    net.mask_stream = Keystream.from_labels("test", 5)
     batch = 6
     x, y = torch.randn(batch, 3, 8, 8, dtype=torch.float64), torch.randint(0, 5, (batch,))
     recorded: list[torch.Tensor] = []
@@ -396,32 +397,32 @@ def test_darts_v2_round_trips_and_has_four_nodes() -> None:
 # ---------------------------------------------------------------------------------------------- augmentation
 
 
-def _gen(seed: int = 0) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
+def _gen(seed: int = 0) -> Keystream:
+    return Keystream.from_labels("test", seed)
 
 
 def test_augment_images_shapes_input_unchanged_and_determinism() -> None:
     x = torch.randn(32, 3, 12, 10)
     before = x.clone()
     options = {"cutout": 4, "crop_padding": 2, "flip": True}
-    out = augment_images(x, generator=_gen(3), **options)
+    out = augment_images(x, stream=_gen(3), **options)
     assert out.shape == x.shape and out.dtype == x.dtype
     assert torch.equal(x, before)
-    assert torch.equal(augment_images(x, generator=_gen(3), **options), out)
-    assert not torch.equal(augment_images(x, generator=_gen(4), **options), out)
-    assert augment_images(x, generator=_gen(0)) is x  # every option off: a no-op
-    assert augment_images(x, generator=_gen(0), cutout=0, crop_padding=0, flip=False) is x
+    assert torch.equal(augment_images(x, stream=_gen(3), **options), out)
+    assert not torch.equal(augment_images(x, stream=_gen(4), **options), out)
+    assert augment_images(x, stream=_gen(0)) is x  # every option off: a no-op
+    assert augment_images(x, stream=_gen(0), cutout=0, crop_padding=0, flip=False) is x
     with pytest.raises(ValueError, match="non-negative int"):
-        augment_images(x, generator=_gen(), cutout=-1)
+        augment_images(x, stream=_gen(), cutout=-1)
     with pytest.raises(ValueError, match=r"\(N, C, H, W\)"):
-        augment_images(x[0], generator=_gen(), flip=True)
-    assert augment_images(x[:0], generator=_gen(), **options).shape == (0, 3, 12, 10)
+        augment_images(x[0], stream=_gen(), flip=True)
+    assert augment_images(x[:0], stream=_gen(), **options).shape == (0, 3, 12, 10)
 
 
 def test_crop_is_a_per_example_shift_of_the_zero_padded_image() -> None:
     pad = 3
     x = torch.rand(64, 2, 9, 7) + 1.0  # strictly positive, so padding zeros are recognisable
-    out = augment_images(x, generator=_gen(1), crop_padding=pad)
+    out = augment_images(x, stream=_gen(1), crop_padding=pad)
     padded = nn.functional.pad(x, (pad, pad, pad, pad))
     offsets = []
     for i in range(64):
@@ -437,7 +438,7 @@ def test_crop_is_a_per_example_shift_of_the_zero_padded_image() -> None:
 
 def test_flip_mirrors_about_half_of_the_examples() -> None:
     x = torch.randn(200, 3, 5, 6)
-    out = augment_images(x, generator=_gen(2), flip=True)
+    out = augment_images(x, stream=_gen(2), flip=True)
     flipped = torch.tensor([torch.equal(o, xi.flip(-1)) for o, xi in zip(out, x, strict=True)])
     kept = torch.tensor([torch.equal(o, xi) for o, xi in zip(out, x, strict=True)])
     assert bool((flipped ^ kept).all())
@@ -447,7 +448,7 @@ def test_flip_mirrors_about_half_of_the_examples() -> None:
 def test_crop_and_flip_compose_to_a_mirrored_crop() -> None:
     x = torch.rand(64, 1, 6, 6) + 1.0
     pad = 2
-    out = augment_images(x, generator=_gen(7), crop_padding=pad, flip=True)
+    out = augment_images(x, stream=_gen(7), crop_padding=pad, flip=True)
     padded = nn.functional.pad(x, (pad, pad, pad, pad))
     for i in range(64):
         crops = [padded[i, :, dy : dy + 6, dx : dx + 6] for dy in range(5) for dx in range(5)]
@@ -458,7 +459,7 @@ def test_crop_and_flip_compose_to_a_mirrored_crop() -> None:
 def test_cutout_is_a_clipped_square_per_example(size: int) -> None:
     height, width = 24, 20
     x = torch.rand(128, 3, height, width) + 1.0
-    out = augment_images(x, generator=_gen(5), cutout=size)
+    out = augment_images(x, stream=_gen(5), cutout=size)
     zero = out == 0
     assert torch.equal(zero.all(dim=1), zero.any(dim=1))  # every channel zeroed together
     assert torch.equal(out[~zero], x[~zero])  # everything else untouched

@@ -381,6 +381,7 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     from mpi_fnas.federation.augment.party import AugmentParty
     from mpi_fnas.federation.flat import STATS
     from mpi_fnas.federation.party import Party, Shard
+    from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.federation.server import Server
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.budget import AugmentReleases
@@ -393,8 +394,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     gen = torch.Generator().manual_seed(0)
     shard = lambda: Shard(torch.randn(8, 3, 8, 8, generator=gen), torch.randint(0, 10, (8,), generator=gen))  # noqa: E731
     dp = DPParams(1.0, 1.0, 1.0, 0.1, expected_batch_size=4.0) if private else None
-    party = Party(make(), shard(), shard(), 4, torch.Generator().manual_seed(1), dp=dp,
-                  noise_generator=torch.Generator().manual_seed(2) if private else None)
+    source = "secret" if private else "reproducible"
+    party = Party(make(), shard(), shard(), 4, PartyRandomness.create(source, seed=0, rank=1), dp=dp)
     server = Server(make(), cfg.search, parties=1)
     assert party.num_a == 150 and server.a.numel() == 150
     g = party.w_release()
@@ -423,7 +424,7 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     trained = space.build_augment_network(MIXED, cfg, seed=0, in_channels=3, num_classes=10)
     releases = AugmentReleases(noise_multiplier=1.0, clip=1.0, expected_batch_size=4.0, sample_rate_train=[0.5],
                                sample_rate_val=[0.5], steps=1) if private else None
-    augment = AugmentParty(trained, shard(), cfg.augment, torch.Generator().manual_seed(3), releases=releases,
-                           noise_generator=torch.Generator().manual_seed(4) if private else None)
+    augment = AugmentParty(trained, shard(), cfg.augment,
+                           PartyRandomness.create(source, seed=0, rank=1, stage="augment"), releases=releases)
     out = augment.release(drop_path_prob=0.0)
     assert out.shape == (trained.num_params() + STATS,) and np.isfinite(out).all()

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 from mpi_fnas.config import SearchConfig
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.party import BatchStream, Party, Shard
+from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.server import Server, w_learning_rate
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.space import SearchNetwork
 
 
@@ -57,7 +59,8 @@ def tiny_party(seed: int = 0, n: int = 6, smooth: bool = False) -> Party:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2 * n, *shape, generator=g)
     y = torch.randint(0, 3, (2 * n,), generator=g)
-    return Party(model, Shard(x[:n], y[:n]), Shard(x[n:], y[n:]), batch_size=10**6, generator=g)
+    return Party(model, Shard(x[:n], y[:n]), Shard(x[n:], y[n:]), batch_size=10**6,
+                 randomness=PartyRandomness.create("reproducible", seed=seed, rank=1))
 
 
 def grad_a(party: Party, w: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -135,15 +138,15 @@ def test_release_layout_and_stats():
 
 
 def test_batch_stream_visits_every_example_once_per_pass():
-    stream = BatchStream(10, 3, torch.Generator().manual_seed(1))
+    stream = BatchStream(10, 3, Keystream.from_labels("test", 1))
     seen = torch.cat([stream.next() for _ in range(3)])  # 9 of 10, no repeats within a pass
     assert len(set(seen.tolist())) == 9
     nxt = stream.next()  # fewer than 3 unseen left → reshuffle
     assert nxt.numel() == 3
-    full = BatchStream(4, 100, torch.Generator().manual_seed(1))
+    full = BatchStream(4, 100, Keystream.from_labels("test", 1))
     assert sorted(full.next().tolist()) == [0, 1, 2, 3]
     with pytest.raises(ValueError):
-        BatchStream(0, 3, torch.Generator())
+        BatchStream(0, 3, Keystream.from_labels("test", 1))
 
 
 def test_cosine_schedule_endpoints_and_server_uses_it():
@@ -188,8 +191,8 @@ def test_a_dp_party_refuses_every_unnoised_path_whatever_its_config():
 
     plain = tiny_party()
     dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=2.0)
-    party = Party(plain.model, plain.train, plain.val, batch_size=2, generator=torch.Generator().manual_seed(0),
-                  dp=dp, noise_generator=torch.Generator().manual_seed(1))
+    party = Party(plain.model, plain.train, plain.val, batch_size=2,
+                  randomness=PartyRandomness.create("secret", seed=0, rank=1), dp=dp)
     party.w_release()
     party.load_w(flatten(party.w_params))
     for unnoised in (party.val_gradients, party.evaluate_val,

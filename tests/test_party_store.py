@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 import torch
 
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.randomness import PartyRandomness, reproducible_seed
+from mpi_fnas.federation.randomness import PartyRandomness
 
 
 def test_journal_counts_every_send_durably_across_attempts(tmp_path):
@@ -42,16 +45,41 @@ def test_error_details_stay_in_the_party_directory(tmp_path):
 
 
 def test_secret_randomness_is_not_derived_from_the_config():
-    a = PartyRandomness.create("secret", seed=0, rank=1, device=torch.device("cpu"))
-    b = PartyRandomness.create("secret", seed=0, rank=1, device=torch.device("cpu"))
-    public = torch.Generator().manual_seed(reproducible_seed(0, 1, "batches"))
-    draws = [torch.rand(8, generator=g) for g in (a.sampling, b.sampling, public)]
+    a = PartyRandomness.create("secret", seed=0, rank=1)
+    b = PartyRandomness.create("secret", seed=0, rank=1)
+    public = PartyRandomness.create("reproducible", seed=0, rank=1)
+    draws = [r.sampling.words(8) for r in (a, b, public)]
     assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
-    assert not torch.equal(torch.rand(8, generator=a.noise), torch.rand(8, generator=b.noise))
+    assert not torch.equal(a.noise.words(8), b.noise.words(8))
+    assert a.sampling.secret and a.noise.secret and not public.noise.secret
 
 
 def test_reproducible_randomness_follows_the_config():
-    a = PartyRandomness.create("reproducible", seed=4, rank=2, device=torch.device("cpu"))
-    b = PartyRandomness.create("reproducible", seed=4, rank=2, device=torch.device("cpu"))
-    assert torch.equal(torch.rand(8, generator=a.noise), torch.rand(8, generator=b.noise))
-    assert PartyRandomness.create("os", seed=4, rank=2, device=torch.device("cpu")).noise is None
+    a = PartyRandomness.create("reproducible", seed=4, rank=2)
+    b = PartyRandomness.create("reproducible", seed=4, rank=2)
+    assert torch.equal(a.noise.words(8), b.noise.words(8))
+    streams = [PartyRandomness.create("reproducible", seed=seed, rank=rank, stage=stage)
+               for seed, rank, stage in ((4, 2, "search"), (5, 2, "search"), (4, 3, "search"), (4, 2, "augment"))]
+    words = {tuple(s.sampling.words(4).tolist()) for s in streams} | {tuple(s.noise.words(4).tolist()) for s in streams}
+    assert len(words) == 8  # every seed, rank, stage and purpose its own stream
+    with pytest.raises(ValueError, match="unknown randomness source 'os'"):
+        PartyRandomness.create("os", seed=4, rank=2)
+
+
+def test_a_party_directory_and_its_files_are_private_to_the_user(tmp_path):
+    """0700 and 0600 whatever the umask: the state files hold the party's stream keys (docs/privacy.md §2.2)."""
+    old_umask = os.umask(0o022)
+    try:
+        (tmp_path / "parties" / "rank2").mkdir(parents=True, mode=0o755)  # left by an earlier, looser version
+        store = PartyStore(party_dir(tmp_path, 2))
+        store.record_send()
+        store.save_party(5, "secret", {"noise": PartyRandomness.create("secret", seed=0, rank=2).noise.state_dict()})
+        store.write_error("details")
+        store.close()
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(store.directory.stat().st_mode) == 0o700
+    files = sorted(p.name for p in store.directory.iterdir())
+    assert files == ["error.log", "sent_steps", "state-5.pt"]
+    for name in files:
+        assert stat.S_IMODE((store.directory / name).stat().st_mode) == 0o600, name

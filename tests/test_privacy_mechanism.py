@@ -24,7 +24,8 @@ from mpi_fnas.privacy import (
     poisson_sample,
     privatize_per_sample_gradients,
 )
-from mpi_fnas.privacy.mechanism import standard_normal_from_bits, uniform_bits
+from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.mechanism import standard_normal_from_bits
 from mpi_fnas.privacy.per_sample import hooks_supported
 from mpi_fnas.space import SearchNetwork
 
@@ -95,7 +96,7 @@ def image_batch(batch: int, size: int, classes: int, seed: int = 1) -> tuple[tor
 
 def test_poisson_sample_is_independent_inclusion_with_rate_q():
     n, q = 20000, 0.05
-    gen = torch.Generator().manual_seed(3)
+    gen = Keystream.from_labels("test", 3)
     counts = torch.zeros(n)
     sizes = []
     for _ in range(20):
@@ -115,7 +116,7 @@ def test_poisson_sample_is_independent_inclusion_with_rate_q():
 
 
 def test_poisson_sample_edge_rates_and_empty_batches():
-    gen = torch.Generator().manual_seed(0)
+    gen = Keystream.from_labels("test", 0)
     assert poisson_sample(100, 0.0, gen).numel() == 0
     assert torch.equal(poisson_sample(100, 1.0, gen), torch.arange(100))
     assert poisson_sample(0, 0.5, gen).numel() == 0
@@ -125,10 +126,10 @@ def test_poisson_sample_edge_rates_and_empty_batches():
         poisson_sample(10, 1.5, gen)
 
 
-def coin_thresholds(num_examples: int, state: torch.Tensor) -> np.ndarray:
+def coin_thresholds(num_examples: int, state: dict) -> np.ndarray:
     """``(num_examples, 2)``: for each example, adjacent float64 ``lo < hi`` with the example out at q = lo, in at hi.
 
-    Example i is in ``poisson_sample(N, q, g)`` iff its coin is below q, so bisection on q, with the generator
+    Example i is in ``poisson_sample(N, q, s)`` iff its coin is below q, so bisection on q, with the stream
     restored to ``state`` before every call, brackets each coin as tightly as float64 q allows, without looking
     inside the sampler.
     """
@@ -136,9 +137,9 @@ def coin_thresholds(num_examples: int, state: torch.Tensor) -> np.ndarray:
     for i in range(num_examples):
         lo, hi = 0.0, 1.0  # i not picked at q = lo (coins are >= 0), picked at q = hi (coins are < 1)
         while lo < (middle := (lo + hi) / 2) < hi:
-            generator = torch.Generator()
-            generator.set_state(state)
-            if i in set(poisson_sample(num_examples, middle, generator).tolist()):
+            stream = Keystream.from_labels("unused")
+            stream.load_state_dict(state)
+            if i in set(poisson_sample(num_examples, middle, stream).tolist()):
                 hi = middle
             else:
                 lo = middle
@@ -154,7 +155,7 @@ def test_poisson_coins_are_resolved_far_below_float32():
     them). A float64 coin's bracket (two adjacent doubles) holds a multiple of 2^-30 with probability ~2^-22.
     """
     num_examples = 64
-    state = torch.Generator().manual_seed(11).get_state()
+    state = Keystream.from_labels("test", 11).state_dict()
     brackets = coin_thresholds(num_examples, state)
     assert np.all(brackets[:, 1] - brackets[:, 0] <= 2.0**-53)
     on_grid = np.floor(brackets[:, 1] * 2.0**30) >= brackets[:, 0] * 2.0**30  # a multiple of 2^-30 in [lo, hi]
@@ -294,7 +295,6 @@ def test_release_noise_has_configured_std_and_zero_mean():
     params = dict(model.named_weights())
     inputs, targets = image_batch(10, 16, 10)
     clip, sigma, expected_batch = 0.01, 1.3, 64.0
-    gen = torch.Generator().manual_seed(123)
     release = party_release(
         model,
         params,
@@ -303,7 +303,7 @@ def test_release_noise_has_configured_std_and_zero_mean():
         clip_bound=clip,
         noise_multiplier=sigma,
         expected_batch_size=expected_batch,
-        generator=gen,
+        noise_stream=Keystream.from_os(),
     )
     signal = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip) / expected_batch
     assert release.shape == signal.shape and release.shape[0] > 50_000
@@ -324,9 +324,9 @@ def test_release_divides_by_expected_not_realised_batch_size():
         clip_bound=clip,
         noise_multiplier=sigma,
         expected_batch_size=expected_batch,
-        generator=torch.Generator().manual_seed(9),
+        noise_stream=Keystream.from_labels("test", 9),
     )
-    noise = gaussian_noise(release.numel(), std=sigma * clip, generator=torch.Generator().manual_seed(9))
+    noise = gaussian_noise(release.numel(), std=sigma * clip, stream=Keystream.from_labels("test", 9))
     total = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip)
     assert torch.allclose(release * expected_batch - noise, total, atol=1e-6)
     # The realised size would give a visibly different vector (5 != 64): this check has teeth.
@@ -345,16 +345,16 @@ def test_empty_batch_release_is_pure_noise_over_expected_batch():
         clip_bound=clip,
         noise_multiplier=sigma,
         expected_batch_size=expected_batch,
-        generator=torch.Generator().manual_seed(4),
+        noise_stream=Keystream.from_labels("test", 4),
     )
-    noise = gaussian_noise(release.numel(), std=sigma * clip, generator=torch.Generator().manual_seed(4))
+    noise = gaussian_noise(release.numel(), std=sigma * clip, stream=Keystream.from_labels("test", 4))
     assert torch.equal(release, noise / expected_batch)
     assert_iid_normal(release, sigma * clip / expected_batch)
 
 
-def test_secure_rng_noise_is_normal_and_not_reproducible():
-    a = gaussian_noise(200_000, std=0.3, generator=None, secure_rng=True)
-    b = gaussian_noise(200_000, std=0.3, generator=None, secure_rng=True)
+def test_secret_noise_is_normal_and_not_reproducible():
+    a = gaussian_noise(200_000, std=0.3, stream=Keystream.from_os())
+    b = gaussian_noise(200_000, std=0.3, stream=Keystream.from_os())
     assert not torch.equal(a, b)
     assert_iid_normal(a, 0.3)
 
@@ -367,9 +367,10 @@ def test_secure_rng_noise_is_normal_and_not_reproducible():
 #
 # 1. the transform's tail is counted EXACTLY over all 2^53 inputs (bisection: |z| is monotone in the input),
 #    deterministic and with no sampling error, at 5.8 to 8 sigma;
-# 2. gaussian_noise is that transform of the generator's 53-bit integers, bit for bit (the old torch.randn path
+# 2. gaussian_noise is that transform of the stream's 53-bit integers, bit for bit (the old torch.randn path
 #    fails here), times std, cast last;
-# 3. those integers are uniform on all 53 bits (per-bit frequencies, byte patterns), on both randomness paths;
+# 3. those integers are uniform on all 53 bits (per-bit frequencies, byte patterns), from a secret stream and a
+#    public one;
 # 4. a moderate brute-force check of the whole path at 4 and 4.5 sigma (8e6 draws).
 # 1-3 make the rate beyond 5.8 sigma the Gaussian one up to 2^-52 absolute; 4 checks the assembly end to end.
 
@@ -415,23 +416,25 @@ def test_noise_transform_is_monotone_symmetric_and_bounded():
     assert float(extremes[2:].abs().max()) < 1e-15  # the cells next to the median
 
 
-def test_gaussian_noise_is_the_transform_of_the_generators_53_bit_integers():
-    """Step 2: the release noise is the exact transform of ``torch.randint(0, 2^53)`` on the generator, scaled."""
+def test_gaussian_noise_is_the_transform_of_the_streams_53_bit_integers():
+    """Step 2: the release noise is the exact transform of the stream's 53-bit integers (``Keystream.bits``),
+    scaled: the top 53 bits of each 64-bit little-endian word of the AES-CTR stream."""
     size, std = 10_000, 0.7
-    bits = torch.randint(0, 2**53, (size,), generator=torch.Generator().manual_seed(5), dtype=torch.int64)
+    words = np.frombuffer(Keystream.from_labels("test", 5).random_bytes(8 * size), dtype="<u8")
+    bits = torch.from_numpy((words >> np.uint64(11)).astype(np.int64))
     expected = standard_normal_from_bits(bits) * std
-    noise64 = gaussian_noise(size, std=std, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    noise64 = gaussian_noise(size, std=std, stream=Keystream.from_labels("test", 5), dtype=torch.float64)
     assert torch.equal(noise64, expected)
-    noise32 = gaussian_noise(size, std=std, generator=torch.Generator().manual_seed(5))
+    noise32 = gaussian_noise(size, std=std, stream=Keystream.from_labels("test", 5))
     assert noise32.dtype == torch.float32 and torch.equal(noise32, expected.float())  # cast after scaling
-    assert torch.equal(uniform_bits(size, generator=torch.Generator().manual_seed(5)), bits)
+    assert torch.equal(Keystream.from_labels("test", 5).bits(size), bits)
 
 
-@pytest.mark.parametrize("secure_rng", [False, True])
-def test_uniform_bits_are_53_fair_independent_bits(secure_rng):
+@pytest.mark.parametrize("secret", [False, True])
+def test_uniform_bits_are_53_fair_independent_bits(secret):
     """Step 3: every one of the 53 bits is fair, and byte patterns at the top, middle and bottom are uniform."""
     n = 400_000
-    bits = uniform_bits(n, generator=torch.Generator().manual_seed(2), secure_rng=secure_rng)
+    bits = (Keystream.from_os() if secret else Keystream.from_labels("test", 2)).bits(n)
     assert bits.shape == (n,) and bits.dtype == torch.int64
     assert int(bits.min()) >= 0 and int(bits.max()) < 2**53
     ones = torch.stack([torch.bitwise_and(torch.bitwise_right_shift(bits, i), 1).sum() for i in range(53)])
@@ -442,14 +445,14 @@ def test_uniform_bits_are_53_fair_independent_bits(secure_rng):
         assert stats.chisquare(cells.numpy()).pvalue > ALPHA / 3, f"byte at bit {shift} not uniform"
 
 
-@pytest.mark.parametrize("secure_rng", [False, True])
-def test_noise_tail_frequencies_at_4_and_4_5_sigma(secure_rng):
+@pytest.mark.parametrize("secret", [False, True])
+def test_noise_tail_frequencies_at_4_and_4_5_sigma(secret):
     """Step 4: 8e6 draws of the whole path; counts beyond 4 and 4.5 std (~506 and ~54) in Binomial intervals."""
     std, chunk, chunks = 2.0, 2_000_000, 4
-    generator = torch.Generator().manual_seed(8)
+    stream = Keystream.from_os() if secret else Keystream.from_labels("test", 8)
     beyond = {4.0: 0, 4.5: 0}
     for _ in range(chunks):
-        z = gaussian_noise(chunk, std=std, generator=generator, secure_rng=secure_rng, dtype=torch.float64).abs()
+        z = gaussian_noise(chunk, std=std, stream=stream, dtype=torch.float64).abs()
         for t in beyond:
             beyond[t] += int((z > t * std).sum())
     for t, count in beyond.items():
@@ -460,14 +463,10 @@ def test_noise_tail_frequencies_at_4_and_4_5_sigma(secure_rng):
 def test_release_argument_checks():
     grads = torch.ones(2, 3)
     ok = {"clip_bound": 1.0, "noise_multiplier": 1.0, "expected_batch_size": 2.0}
-    gen = torch.Generator()
+    stream = Keystream.from_os()
     for key, bad in [("clip_bound", 0.0), ("noise_multiplier", 0.0), ("expected_batch_size", -1.0)]:
         with pytest.raises(ValueError, match=key):
-            privatize_per_sample_gradients(grads, **{**ok, key: bad}, generator=gen)
-    with pytest.raises(ValueError, match="Generator is required"):
-        privatize_per_sample_gradients(grads, **ok, generator=None)
-    with pytest.raises(ValueError, match="noise generator is on"):
-        gaussian_noise(3, std=1.0, generator=gen, device="meta")
+            privatize_per_sample_gradients(grads, **{**ok, key: bad}, noise_stream=stream)
 
 
 def test_release_refuses_batchnorm_model():
@@ -482,7 +481,7 @@ def test_release_refuses_batchnorm_model():
             clip_bound=0.01,
             noise_multiplier=1.0,
             expected_batch_size=4.0,
-            generator=torch.Generator(),
+            noise_stream=Keystream.from_os(),
         )
 
 

@@ -123,3 +123,34 @@ def test_log_file_mode_writes_about_one_line_per_tenth_and_off_writes_nothing() 
     off(5, 10, dp_row(5, 0, 0.1))
     off(10, 10, dp_row(10, 0, 0.2))
     assert silent.getvalue() == ""
+
+
+def _private_lines(step_durations: list[float], steps_per_epoch: int, log_every: int = 1) -> list[str]:
+    """The frames a private (DP) progress prints when step i takes ``step_durations[i - 1]`` seconds; rank 0
+    evaluates (and the row carries test_acc) at every epoch end."""
+    clock, out = FakeClock(), io.StringIO()
+    progress = Progress("on", stream=out, width=8, clock=clock, private=True)
+    total = len(step_durations)
+    for step, seconds in enumerate(step_durations, start=1):
+        clock.now += seconds
+        epoch_end = step % steps_per_epoch == 0
+        if step % log_every == 0 or epoch_end:
+            progress(step, total, dp_row(step, (step - 1) // steps_per_epoch, 0.1 * step,
+                                         test_acc=0.5 if epoch_end else None))
+    return [frame.rstrip() for frame in out.getvalue().split("\r")[1:]]
+
+
+def test_private_progress_shows_nothing_finer_than_whole_epochs() -> None:
+    """Issue 23, item 2: a step's duration tracks its realised Poisson batch, and a Slurm .out file keeps every
+    line. Two runs whose steps take different times, but whose epochs take the same, must print the same lines."""
+    uneven = [0.1, 3.0, 0.2, 2.7, 5.0, 0.5, 0.4, 0.1, 1.0, 1.0, 1.0, 3.0]  # epochs of 4 steps: 6, 6 and 6 s
+    even = [1.5] * 12
+    assert _private_lines(uneven, 4) == _private_lines(even, 4)
+    lines = _private_lines(uneven, 4)
+    # No rate before two epoch ends; from then on the rate of whole epochs: 6 s per 4 steps.
+    assert not any("s/step" in line for line in lines[:7])
+    assert lines[7] == "[#####...] 8/12 ep 2 test_acc 0.500 ε 0.8 1.50s/step eta 0:00:06"
+    assert all("1.50s/step" in line for line in lines[7:])
+    # A slower last epoch shows at its end, and only there: (6 s + 12 s) / 8 steps since the first epoch end.
+    slower = _private_lines([1.5] * 8 + [0.5, 0.5, 0.5, 10.5], 4)
+    assert slower[-2] == lines[-2] and slower[-1].endswith("2.25s/step eta 0:00:00")

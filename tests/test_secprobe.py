@@ -33,9 +33,10 @@ from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.flat import STATS, assign
 from mpi_fnas.federation.participate import own_shard
 from mpi_fnas.federation.plan import SetupError, open_split, plan_assignments
-from mpi_fnas.federation.selection import Selector, server_generator
+from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server
 from mpi_fnas.privacy.exponential import exponential_mechanism_select, selection_epsilon
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.space import build_supernet
 
 TINY = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
@@ -61,7 +62,7 @@ def test_sampler_frequencies_match_the_exact_without_replacement_distribution() 
     scores = np.array([0.10, 0.30, 0.35, 0.60, 0.62])
     k, epsilon, sensitivity, draws = 2, 3.0, 0.25, 20_000
     exact = exact_sequence_probabilities(scores, k, epsilon, sensitivity)
-    rng = np.random.default_rng(7)
+    rng = Keystream.from_labels("test", 7)
     counts = dict.fromkeys(exact, 0)
     for _ in range(draws):
         counts[tuple(int(i) for i in exponential_mechanism_select(scores, k, epsilon, sensitivity, rng))] += 1
@@ -213,7 +214,7 @@ def test_gather_path_with_all_selected_is_the_reduce_path_bit_for_bit() -> None:
         w_parts, a_parts = _releases(reduced, parties)
         server_iteration(reduced, ScriptedChannel(w_parts, a_parts), ServerBuffers(reduced.w.numel(),
                                                                                    reduced.a.numel()), False)
-        selector = Selector(_fed(), parties, server_generator(0))
+        selector = Selector(_fed(), parties, Keystream.from_labels("test", 0))
         out = server_iteration_selecting(gathered, ScriptedChannel(w_parts, a_parts),
                                          GatherBuffers(parties, gathered.w.numel(), gathered.a.numel()), selector,
                                          None, None)
@@ -225,7 +226,7 @@ def test_only_the_selected_releases_update_w_and_a() -> None:
     parties, select = 4, 2
     selecting, reference = _server(select), _server(select)
     w_parts, a_parts = _releases(selecting, parties)
-    selector = Selector(_fed("random", select), parties, server_generator(5))
+    selector = Selector(_fed("random", select), parties, Keystream.from_labels("test", 5))
     out = server_iteration_selecting(selecting, ScriptedChannel(w_parts, a_parts),
                                      GatherBuffers(parties, selecting.w.numel(), selecting.a.numel()), selector,
                                      None, None)
@@ -249,7 +250,7 @@ def test_secprobe_scores_are_each_release_probed_on_the_aux_set() -> None:
     expected = [server.probe_accuracy(w[:-STATS], x_aux, y_aux) for w in w_parts]
     assert torch.equal(server.w.data, before)  # probing leaves W alone
     assert expected[1] != expected[0] or expected[1] != expected[2]  # the scores tell the releases apart
-    selector = Selector(cfg.federation, parties, server_generator(0))
+    selector = Selector(cfg.federation, parties, Keystream.from_labels("test", 0))
     out = server_iteration_selecting(server, ScriptedChannel(w_parts, a_parts),
                                      GatherBuffers(parties, server.w.numel(), server.a.numel()), selector, x_aux, y_aux)
     np.testing.assert_array_equal(out.score, expected)
@@ -280,7 +281,7 @@ def test_probe_accuracy_is_that_of_w_minus_xi_g_with_the_current_a() -> None:
 def test_the_score_is_the_mean_over_the_window() -> None:
     fed = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=1",
                                  "federation.aux_size=10", "federation.score_window=2"]).federation
-    selector = Selector(fed, 3, server_generator(0))
+    selector = Selector(fed, 3, Keystream.from_labels("test", 0))
     _, first = selector.choose(lambda: np.array([0.1, 0.2, 0.3]))
     _, second = selector.choose(lambda: np.array([0.3, 0.2, 0.1]))
     _, third = selector.choose(lambda: np.array([0.5, 0.5, 0.5]))
@@ -293,13 +294,13 @@ def test_selection_state_survives_a_checkpoint_exactly(tmp_path: Path) -> None:
     fed = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=2",
                                  "federation.aux_size=10", "federation.score_window=3"]).federation
     scores = np.random.default_rng(0).uniform(0, 1, (12, 5))
-    straight = Selector(fed, 5, server_generator(123))
+    straight = Selector(fed, 5, Keystream.from_labels("test", 123))
     expected = [straight.choose(lambda s=s: s) for s in scores]
-    first = Selector(fed, 5, server_generator(123))
+    first = Selector(fed, 5, Keystream.from_labels("test", 123))
     for s in scores[:5]:
         first.choose(lambda s=s: s)
     atomic_save(tmp_path / "checkpoint.pt", {"selection": first.state_dict()})
-    resumed = Selector(fed, 5, server_generator(999))  # a fresh secret seed: the checkpoint's state must win
+    resumed = Selector(fed, 5, Keystream.from_labels("test", 999))  # a fresh stream: the checkpoint's state wins
     resumed.load_state_dict(load_checkpoint(tmp_path)["selection"])
     for (chosen, score), s in zip(expected[5:], scores[5:], strict=True):
         got_chosen, got_score = resumed.choose(lambda s=s: s)

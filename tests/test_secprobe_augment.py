@@ -33,7 +33,9 @@ from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.participate import own_shard
 from mpi_fnas.federation.party import Shard
 from mpi_fnas.federation.plan import open_split, plan_assignments
-from mpi_fnas.federation.selection import Selector, server_generator
+from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.federation.selection import Selector
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.report.figures import selection_rate
 from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema, read_run
 from mpi_fnas.space import DARTS_V2, search_space
@@ -88,7 +90,8 @@ def _parties(cfg) -> tuple[list[AugmentParty], np.ndarray, object]:
     for rank, got in enumerate(plan.assignments, start=1):
         x, y = own_pool(cfg, data, got, rank)
         model = space.build_augment_network(genotype, cfg, seed=cfg.seed, in_channels=3, num_classes=10)
-        parties.append(AugmentParty(model, Shard(x, y), cfg.augment, torch.Generator().manual_seed(rank)))
+        parties.append(AugmentParty(model, Shard(x, y), cfg.augment,
+                                    PartyRandomness.create("reproducible", seed=0, rank=rank, stage="augment")))
     return parties, np.array([a.unreliable for a in search]), genotype
 
 
@@ -148,7 +151,7 @@ def test_augment_gather_with_all_selected_is_the_reduce_update_bit_for_bit() -> 
     genotype = parse_genotype(cfg.augment.genotype, "g", cfg.space.kind)
     reduced, gathered = _server(cfg, genotype, PARTIES, 3), _server(cfg, genotype, PARTIES, 3)
     releases = _releases(reduced, 3)
-    selector = Selector(cfg.federation, PARTIES, server_generator(0))  # selection all
+    selector = Selector(cfg.federation, PARTIES, Keystream.from_labels("test", 0))  # selection all
     for step in range(1, 4):  # three steps: the momentum buffer matters too
         stats = server_augment_iteration(reduced, ScriptedChannel(releases[step - 1:step]),
                                          AugmentBuffers(reduced.w.numel()), step, 0)
@@ -169,7 +172,7 @@ def test_augment_steps_on_the_mean_of_the_chosen_releases_only() -> None:
     releases = _releases(selecting, 1)
     out = server_augment_iteration_selecting(selecting, ScriptedChannel(releases),
                                              AugmentGatherBuffers(PARTIES, selecting.w.numel()),
-                                             Selector(fed, PARTIES, server_generator(5)), None, None, 1, 0)
+                                             Selector(fed, PARTIES, Keystream.from_labels("test", 5)), None, None, 1, 0)
     assert out.chosen.sum() == 2 and np.isnan(out.score).all()
     server_augment_iteration(reference, ScriptedChannel([releases[0][out.chosen]]),
                              AugmentBuffers(reference.w.numel()), 1, 0)
@@ -210,7 +213,7 @@ def test_secprobe_at_a_high_epsilon_selects_pure_noise_parties_less_often_in_the
     assert unreliable.sum() == 1
     noisy = unreliable.nonzero()[0][0]
     assert len(torch.unique(parties[noisy].pool.x.flatten(1), dim=0)) == len(parties[noisy].pool)  # no shape left
-    selector = Selector(fed, PARTIES, server_generator(0), unreliable)
+    selector = Selector(fed, PARTIES, Keystream.from_labels("test", 0), unreliable)
     server = _server(cfg, genotype, selector.select, steps)
     channel = PartiesChannel(parties)
     channel.bcast(np.append(server.w_buffer, 0))
@@ -236,10 +239,10 @@ def test_selection_epsilon_composes_the_draws_of_both_stages() -> None:
                        f"federation.selection_epsilon={epsilon}", mode="dpfnas").federation
 
     scores = np.random.default_rng(0).uniform(0, 1, (300, PARTIES))
-    search = Selector(fed(), PARTIES, server_generator(1))
+    search = Selector(fed(), PARTIES, Keystream.from_labels("test", 1))
     for s in scores[:120]:
         search.choose(lambda s=s: s)
-    augment = Selector(fed(), PARTIES, server_generator(2))
+    augment = Selector(fed(), PARTIES, Keystream.from_labels("test", 2))
     augment.continue_after(search.summary())
     for s in scores[120:]:
         augment.choose(lambda s=s: s)
@@ -249,11 +252,11 @@ def test_selection_epsilon_composes_the_draws_of_both_stages() -> None:
     expected = min(300 * 0.3, rho + 2 * math.sqrt(rho * math.log(1 / delta)))
     assert augment.epsilon_spent() == pytest.approx(expected, rel=1e-12)
     assert augment.epsilon_spent() > search.epsilon_spent() > 0
-    fresh = Selector(fed(), PARTIES, server_generator(2))
+    fresh = Selector(fed(), PARTIES, Keystream.from_labels("test", 2))
     fresh.continue_after(None)  # no search (augment.genotype): the augmentation's draws alone
     assert fresh.draws == 0
     with pytest.raises(ValueError, match="must draw at the same"):
-        Selector(fed(epsilon=1.0), PARTIES, server_generator(3)).continue_after(search.summary())
+        Selector(fed(epsilon=1.0), PARTIES, Keystream.from_labels("test", 3)).continue_after(search.summary())
 
 
 # -- the log and the report ------------------------------------------------------------------------------------------

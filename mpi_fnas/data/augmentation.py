@@ -1,8 +1,9 @@
 """Batched training-time augmentation of the DARTS evaluation protocol: random crop, horizontal flip, cutout.
 
 Applied to a whole ``(N, C, H, W)`` batch at once with one gather and one ``where``, each example with its own
-random offsets, flip and cutout square, all drawn from an explicit ``torch.Generator`` (a party's randomness has
-one seeded source; the global RNG is never touched). Order as in DARTS: crop, then flip, then cutout.
+random offsets, flip and cutout square, all drawn from an explicit :class:`~mpi_fnas.privacy.keystream.Keystream`
+(the party's secret sampling stream: under DP these draws must be as unpredictable as its Poisson coins; the
+global RNG is never touched). Order as in DARTS: crop, then flip, then cutout.
 
 Differences from DARTS' per-image torchvision pipeline, on purpose:
 
@@ -15,14 +16,19 @@ Differences from DARTS' per-image torchvision pipeline, on purpose:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:  # the type only: data never imports the privacy package
+    from mpi_fnas.privacy.keystream import Keystream
 
 
 def augment_images(
     x: torch.Tensor,
     *,
-    generator: torch.Generator,
+    stream: Keystream,
     cutout: int = 0,
     crop_padding: int = 0,
     flip: bool = False,
@@ -37,7 +43,7 @@ def augment_images(
     * ``cutout`` > 0: set a ``cutout x cutout`` square centred at a uniform random pixel, clipped at the
       borders, to 0 in every channel.
 
-    Random numbers are drawn from ``generator`` (on its device; results are moved to ``x``'s) only for the
+    Random numbers are drawn from ``stream`` (on the CPU; results are moved to ``x``'s device) only for the
     enabled options, in the order crop offsets, flips, cutout centres. With every option off, ``x`` itself is
     returned.
     """
@@ -49,14 +55,12 @@ def augment_images(
     if crop_padding == 0 and not flip and cutout == 0:
         return x
     batch, _, height, width = x.shape
-    draw = {"generator": generator, "device": generator.device}
-
     out = x
     if crop_padding > 0 or flip:
-        out = _crop_and_flip(x, crop_padding, flip, draw)
+        out = _crop_and_flip(x, crop_padding, flip, stream)
     if cutout > 0:
-        centre_y = torch.randint(0, height, (batch,), **draw).to(x.device)
-        centre_x = torch.randint(0, width, (batch,), **draw).to(x.device)
+        centre_y = stream.integers(height, batch).to(x.device)
+        centre_x = stream.integers(width, batch).to(x.device)
         inside_y = _window(centre_y - cutout // 2, cutout, height)  # (N, H)
         inside_x = _window(centre_x - cutout // 2, cutout, width)  # (N, W)
         square = (inside_y[:, :, None] & inside_x[:, None, :])[:, None]  # (N, 1, H, W)
@@ -64,12 +68,12 @@ def augment_images(
     return out
 
 
-def _crop_and_flip(x: torch.Tensor, padding: int, flip: bool, draw: dict) -> torch.Tensor:
+def _crop_and_flip(x: torch.Tensor, padding: int, flip: bool, stream: Keystream) -> torch.Tensor:
     """One gather from the padded batch: source pixel of output (h, w) is (dy + h, dx + w), or (dy + h,
     dx + W - 1 - w) for a flipped example (crop first, then mirror the crop)."""
     batch, channels, height, width = x.shape
     if padding > 0:
-        offsets = torch.randint(0, 2 * padding + 1, (batch, 2), **draw).to(x.device)
+        offsets = stream.integers(2 * padding + 1, (batch, 2)).to(x.device)
         padded = F.pad(x, (padding, padding, padding, padding))
     else:
         offsets = torch.zeros(batch, 2, dtype=torch.long, device=x.device)
@@ -77,7 +81,7 @@ def _crop_and_flip(x: torch.Tensor, padding: int, flip: bool, draw: dict) -> tor
     rows = offsets[:, :1] + torch.arange(height, device=x.device)  # (N, H)
     cols = torch.arange(width, device=x.device).expand(batch, width)  # (N, W)
     if flip:
-        mirrored = torch.randint(0, 2, (batch, 1), **draw).to(x.device).bool()
+        mirrored = stream.integers(2, (batch, 1)).to(x.device).bool()
         cols = torch.where(mirrored, width - 1 - cols, cols)
     cols = offsets[:, 1:] + cols
     padded_height, padded_width = padded.shape[2:]

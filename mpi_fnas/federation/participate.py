@@ -7,7 +7,7 @@ What a party hands to MPI, and nothing else (tests/mpi/test_release_spy.py check
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
 
-Its generator states never leave it: they are saved in its own directory
+Its stream keys and positions never leave it: they are saved in its own directory
 (:class:`~mpi_fnas.federation.party_store.PartyStore`), restored by the party itself on a resume.
 """
 
@@ -71,13 +71,13 @@ def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, 
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
                                                         num_classes=data.num_classes)
     source = _randomness_source(got)
-    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device)
+    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank)
     party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),
-                  cfg.search.batch_size, rng.sampling, dp=got.dp, noise_generator=rng.noise)
+                  cfg.search.batch_size, rng, dp=got.dp)
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
-        # Its own generator states: the resumed run continues its streams.
+        # Its own stream keys and positions: the resumed run continues its streams.
         party.load_state_dict(store.load_party(got.checkpoint_step, source))
     return party
 

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
-from mpi_fnas.federation.randomness import os_seed
+from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp, party_release, poisson_sample
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.space import SearchNetwork
 from mpi_fnas.space.dpnas import DpnasSearchNetwork
 
@@ -45,19 +46,19 @@ class BatchStream:
     A batch size at least the shard size gives the whole shard every time (full-batch gradients).
     """
 
-    def __init__(self, size: int, batch_size: int, generator: torch.Generator) -> None:
+    def __init__(self, size: int, batch_size: int, stream: Keystream) -> None:
         if size < 1:
             raise ValueError("a party shard must hold at least one example")
         self.size = size
         self.batch_size = min(batch_size, size)
-        self.generator = generator
+        self.stream = stream
         self._order = torch.empty(0, dtype=torch.long)
         self._pos = 0
 
     def next(self) -> torch.Tensor:
         """Indices (batch_size,) int64 into the shard."""
         if self._pos + self.batch_size > self._order.numel():
-            self._order = torch.randperm(self.size, generator=self.generator)
+            self._order = self.stream.permutation(self.size)
             self._pos = 0
         idx = self._order[self._pos : self._pos + self.batch_size]
         self._pos += self.batch_size
@@ -78,14 +79,14 @@ class Party:
         model: the supernet; its W and A are overwritten by the server's broadcasts.
         train, val: the party's shards (already on the model's device).
         batch_size: examples per step.
-        generator: CPU torch.Generator for batch order / Poisson sampling (seeded per party by the caller).
+        randomness: the party's streams of this stage: ``sampling`` for batch order and Poisson coins, ``noise``
+            for the Gaussian noise (DP only). Secret under DP (:mod:`mpi_fnas.federation.randomness`).
         dp: DP-FNAS settings; None for FNAS (exact mean gradients).
-        noise_generator: torch.Generator on the model's device for the Gaussian noise (DP only).
     """
 
     def __init__(
         self, model: SearchNetwork | DpnasSearchNetwork, train: Shard, val: Shard, batch_size: int,
-        generator: torch.Generator, dp: DPParams | None = None, noise_generator: torch.Generator | None = None,
+        randomness: PartyRandomness, dp: DPParams | None = None,
     ) -> None:
         self.model = model
         self.w_params = list(model.weights())
@@ -94,19 +95,19 @@ class Party:
         self.num_a = numel(self.a_params)
         self.train = train
         self.val = val
-        self.generator = generator
-        self.train_stream = BatchStream(len(train), batch_size, generator)
-        self.val_stream = BatchStream(len(val), batch_size, generator)
+        self.randomness = randomness
+        self.train_stream = BatchStream(len(train), batch_size, randomness.sampling)
+        self.val_stream = BatchStream(len(val), batch_size, randomness.sampling)
         self.dp = dp
-        self.noise_generator = noise_generator
         if dp is not None:
             check_model_for_dp(model)
             for name, shard in (("train", train), ("validation", val)):
                 if dp.expected_batch_size > len(shard):
                     raise ValueError(f"search.batch_size {dp.expected_batch_size:g} exceeds this party's {name} shard "
                                      f"({len(shard)} examples): the Poisson rate B/N would exceed 1")
-            if noise_generator is None and not dp.secure_rng:
-                raise ValueError("DP releases need a noise generator (or secure_rng)")
+            if dp.randomness != randomness.source:
+                raise PrivacyError(f"the DP plan asks for {dp.randomness} randomness, the party was given "
+                                   f"{randomness.source} streams")
         self._named_w = self._named(self.w_params)
         self._named_a = self._named(self.a_params)
         self._train_batch: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -118,18 +119,18 @@ class Party:
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything that makes this party's future releases what they will be, besides W and A."""
+        """Everything that makes this party's future releases what they will be, besides W and A. It holds the
+        party's stream keys: it goes to the party's own state file, never to MPI."""
         return {
-            "generator": self.generator.get_state(),
-            "noise_generator": self.noise_generator.get_state() if self.noise_generator is not None else None,
+            "sampling": self.randomness.sampling.state_dict(),
+            "noise": self.randomness.noise.state_dict(),
             "train_stream": self.train_stream.state_dict(),
             "val_stream": self.val_stream.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
-        if self.noise_generator is not None and state["noise_generator"] is not None:
-            self.noise_generator.set_state(state["noise_generator"])
+        self.randomness.sampling.load_state_dict(state["sampling"])
+        self.randomness.noise.load_state_dict(state["noise"])
         self.train_stream.load_state_dict(state["train_stream"])
         self.val_stream.load_state_dict(state["val_stream"])
 
@@ -236,15 +237,13 @@ class Party:
         realised batch size and compute time would be unaccounted releases).
         """
         assert self.dp is not None
-        if self.dp.secure_rng:  # fresh OS entropy for every batch's coins: nothing to predict, nothing to save
-            self.generator.manual_seed(os_seed())
-        idx = poisson_sample(len(shard), self.dp.expected_batch_size / len(shard), self.generator)
+        idx = poisson_sample(len(shard), self.dp.expected_batch_size / len(shard), self.randomness.sampling)
         idx = idx.to(shard.y.device)
         self.model.train()
         release = party_release(
             self.model, params, shard.x[idx], shard.y[idx],
             clip_bound=clip, noise_multiplier=noise, expected_batch_size=self.dp.expected_batch_size,
-            generator=self.noise_generator, secure_rng=self.dp.secure_rng,
+            noise_stream=self.randomness.noise,
         )
         out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0

@@ -1,10 +1,12 @@
-"""A party's own disk: its generator states, its count of sent releases, and its error details.
+"""A party's own disk: its stream states, its count of sent releases, and its error details.
 
 In the simulation every party's directory is ``RUN_DIR/parties/rank<k>/``; in a real deployment it is the party's
-own disk. Nothing in it is ever sent to the server: the server's checkpoint holds only what the server owns.
+own disk. Nothing in it is ever sent to the server: the server's checkpoint holds only what the server owns. The
+directory is 0700 and every file in it 0600 (whatever the umask): its state files hold the party's stream keys.
 
-* ``state-<step>.pt``: the party's generator states and batch-stream positions at a checkpoint step (written
-  before the server writes its own checkpoint of that step, so every server checkpoint has its party states).
+* ``state-<step>.pt``: the party's stream keys and positions and its batch-stream positions at a checkpoint step
+  (written before the server writes its own checkpoint of that step, so every server checkpoint has its party
+  states).
 * ``sent_steps``: how many iterations' releases this party has ever handed to MPI, across every attempt of the
   run. It is written (and fsynced) *before* each send, so a crash can only over-count. On a resume the server
   charges each party ``sent_steps − charged_steps`` extra releases: the releases of steps that ran after the last
@@ -22,8 +24,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-from mpi_fnas.checkpoint import atomic_load, atomic_save
+from mpi_fnas.checkpoint import PRIVATE_FILE_MODE, atomic_load, atomic_save
 from mpi_fnas.federation.plan import SetupError
+
+PRIVATE_DIR_MODE = 0o700
 
 
 def party_dir(run_dir: Path, rank: int) -> Path:
@@ -36,7 +40,8 @@ class PartyStore:
 
     def __init__(self, directory: Path, stage: str = "search") -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        os.chmod(self.directory, PRIVATE_DIR_MODE)  # also when it existed, and whatever the umask
         prefix = "" if stage == "search" else f"{stage}-"
         self._state_name = f"{prefix}state-{{step}}.pt"
         self._state_pattern = re.compile(rf"^{re.escape(prefix)}state-(\d+)\.pt$")
@@ -53,7 +58,8 @@ class PartyStore:
     def record_send(self) -> None:
         """Count one more iteration's releases, durably, before they are sent."""
         if self._fd is None:
-            self._fd = os.open(self._journal, os.O_RDWR | os.O_CREAT, 0o600)
+            self._fd = os.open(self._journal, os.O_RDWR | os.O_CREAT, PRIVATE_FILE_MODE)
+            os.fchmod(self._fd, PRIVATE_FILE_MODE)
         self._sent += 1
         os.pwrite(self._fd, f"{self._sent:020d}\n".encode(), 0)
         os.fsync(self._fd)
@@ -65,7 +71,7 @@ class PartyStore:
             return 0
         return int(text) if text else 0
 
-    # -- generator states ----------------------------------------------------------------------------------------
+    # -- stream states -------------------------------------------------------------------------------------------
     def save_state(self, step: int, state: dict[str, Any]) -> None:
         """Keep the party's state of checkpoint `step`; drop older ones except the previous checkpoint's.
 
@@ -104,7 +110,9 @@ class PartyStore:
     def write_error(self, text: str) -> Path:
         """Append the details of a failure to the party's own ``error.log``; return its path."""
         path = self.directory / "error.log"
-        with open(path, "a") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, PRIVATE_FILE_MODE)
+        os.fchmod(fd, PRIVATE_FILE_MODE)
+        with os.fdopen(fd, "a") as f:
             f.write(text if text.endswith("\n") else text + "\n")
         return path
 

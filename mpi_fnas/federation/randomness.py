@@ -1,62 +1,58 @@
-"""Where a party's batch sampling and noise come from, and who could predict them.
+"""Where a party's batches, coins, augmentations and noise come from, and who could predict them.
 
 Under DP the noise hides a party's clipped gradient sum only from someone who cannot predict it, and the Poisson
-subsampling amplifies privacy only for someone who does not know which examples were drawn. So a DP party's
-randomness must be unpredictable to everyone but that party (docs/privacy.md, "Randomness"):
+subsampling amplifies privacy only for someone who does not know which examples were drawn. So every random
+number a DP party draws comes from a :class:`~mpi_fnas.privacy.keystream.Keystream` (AES-256-CTR) keyed on the
+party itself (docs/privacy.md §2.1):
 
-* ``secret`` (default under dpfnas): the party seeds its own generators from the OS CSPRNG when the run starts.
-  The seed and the generator states never leave the party: they live in its own directory, for resuming.
-* ``os`` (``privacy.secure_rng``): every noise draw comes straight from ``os.urandom``, and the party re-seeds its
-  sampling generator from ``os.urandom`` before every Poisson batch: nothing to save, nothing to predict.
-* ``reproducible`` (``privacy.reproducible_noise``, and every non-DP run): seeds derived from (seed, rank). Anyone
-  holding the config regenerates the noise, so under DP the run's ε is void; for tests and debugging only.
+* ``secret`` (always under dpfnas): each stream's key is 256 bits of ``os.urandom``, drawn by the party when its
+  stage starts. The keys and positions never leave the party: they live in its memory and, for resuming, in its
+  own state file (0600).
+* ``reproducible`` (``privacy.reproducible_noise``, and every non-DP run): the keys are SHA-256 of (seed, rank,
+  stage, purpose). Anyone holding the config rebuilds the streams, so under DP the run's ε is void; for tests
+  and debugging only. The draws go through the same code as the secret ones.
+
+Each stage (``search``, ``augment``) has two streams of its own: ``sampling`` (batch order, Poisson coins, and
+in the augmentation every example's crop, flip, cutout and drop-path masks) and ``noise`` (the Gaussian noise).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
-import numpy as np
-import torch
-
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.params import Randomness
 
-
-def os_seed() -> int:
-    """63 bits from the operating system's CSPRNG."""
-    return int.from_bytes(os.urandom(8), "little") >> 1
+PURPOSES = ("sampling", "noise")
 
 
-def reproducible_seed(seed: int, rank: int, purpose: str, stage: str = "search") -> int:
-    """Independent, reproducible seeds per (run seed, rank, purpose, stage): public, hence predictable."""
-    stream = {"batches": 0, "noise": 1}[purpose] + {"search": 0, "augment": 2}[stage]
-    return int(np.random.SeedSequence([seed, rank, stream]).generate_state(1, dtype=np.uint64)[0] >> 1)
+def party_stream(source: Randomness, *, seed: int, rank: int, stage: str, purpose: str) -> Keystream:
+    """One stream of party `rank`: secret (keyed from the OS) or reproducible (keyed from public labels)."""
+    if purpose not in PURPOSES:
+        raise ValueError(f"unknown stream purpose {purpose!r}; expected one of {PURPOSES}")
+    if source == "reproducible":
+        return Keystream.from_labels("party", seed, rank, stage, purpose)
+    if source == "secret":
+        return Keystream.from_os()
+    raise ValueError(f"unknown randomness source {source!r}")
 
 
 @dataclass
 class PartyRandomness:
-    """A party's generators: ``sampling`` (CPU: batch order, Poisson coins) and ``noise`` (on the model's device,
-    None when the noise comes from ``os.urandom``)."""
+    """A party's two streams of one stage: ``sampling`` and ``noise`` (see the module doc)."""
 
     source: Randomness
-    sampling: torch.Generator
-    noise: torch.Generator | None
+    sampling: Keystream
+    noise: Keystream
 
     @classmethod
-    def create(cls, source: Randomness, *, seed: int, rank: int, device: torch.device,
-               stage: str = "search") -> PartyRandomness:
-        """The generators of one stage (``search`` or ``augment``): each stage has streams of its own."""
-        if source == "reproducible":
-            sampling_seed = reproducible_seed(seed, rank, "batches", stage)
-            noise_seed = reproducible_seed(seed, rank, "noise", stage)
-        else:
-            sampling_seed, noise_seed = os_seed(), os_seed()
-        sampling = torch.Generator().manual_seed(sampling_seed)
-        noise = None if source == "os" else torch.Generator(device=device).manual_seed(noise_seed)
-        return cls(source, sampling, noise)
+    def create(cls, source: Randomness, *, seed: int, rank: int, stage: str = "search") -> PartyRandomness:
+        """The streams of one stage (``search`` or ``augment``): each stage has streams of its own."""
+        return cls(source, *(party_stream(source, seed=seed, rank=rank, stage=stage, purpose=purpose)
+                             for purpose in PURPOSES))
 
-    @property
-    def secure_rng(self) -> bool:
-        """True when the noise is drawn from ``os.urandom`` (the release's ``secure_rng`` flag)."""
-        return self.source == "os"
+
+def server_stream(reproducible: bool, *, seed: int, stage: str) -> Keystream:
+    """Rank 0's own stream of secret draws in `stage` (SecProbe's selection): keyed from the OS, or under
+    ``privacy.reproducible_noise`` from (seed, stage) (the run's ε is void anyway, and so is the selection's)."""
+    return Keystream.from_labels("server", seed, stage, "selection") if reproducible else Keystream.from_os()

@@ -1,15 +1,15 @@
-"""Whose releases update W and A each step (``federation.selection``): all, random K′, SecProbe's K′, or the
-oracle's (the parties simulated as reliable, a baseline that knows them).
+"""Whose releases update W and A each step (``federation.selection``): all, random K′, SecProbe's K′, or the oracle's
+(the parties simulated as reliable, a baseline that knows them).
 
 No MPI here (the exchange is :mod:`mpi_fnas.federation.algorithm`'s). Under ``secprobe`` the server scores every
 party's W release on its own auxiliary set (:meth:`Server.probe_accuracy`), averages each party's last
 ``score_window`` scores, and draws K′ parties with the exponential mechanism
 (:func:`mpi_fnas.privacy.exponential.exponential_mechanism_select`, Δu = 1/n_aux). The draw uses the server's own
-secret generator, seeded from the OS CSPRNG: the mechanism hides the aux set from the parties only if they cannot
-predict its coins (docs/privacy.md, "What SecProbe claims and what we guarantee"). Its state, and the score window,
-are rank 0's and are checkpointed with the rest of its state. The augmentation selects with a Selector of its own
-(a fresh window, its own generator) that continues the search's draw count (:meth:`Selector.continue_after`), so
-the selection's ε composes over both stages.
+secret :class:`~mpi_fnas.privacy.keystream.Keystream`, keyed with 256 bits from the OS: the mechanism hides the
+aux set from the parties only if they cannot predict its coins (docs/privacy.md, "What SecProbe claims and what we
+guarantee"). Its state, and the score window, are rank 0's and are checkpointed with the rest of its state. The
+augmentation selects with a Selector of its own (a fresh window, its own stream) that continues the search's draw
+count (:meth:`Selector.continue_after`), so the selection's ε composes over both stages.
 """
 
 from __future__ import annotations
@@ -19,26 +19,21 @@ from collections.abc import Callable
 import numpy as np
 
 from mpi_fnas.config import Config, FederationConfig
-from mpi_fnas.federation.randomness import os_seed, reproducible_seed
+from mpi_fnas.federation.randomness import server_stream
 from mpi_fnas.privacy.exponential import (
     exponential_mechanism_select,
     selection_delta,
     selection_epsilon,
     uniform_select,
 )
+from mpi_fnas.privacy.keystream import Keystream
 
 
-def server_generator(secret_seed: int) -> np.random.Generator:
-    """The server's generator of the draws (PCG64), from a seed only rank 0 knows."""
-    return np.random.default_rng(secret_seed)
-
-
-def selection_seed(cfg: Config, stage: str) -> int:
-    """The seed of the server's draws in `stage` ("search" or "augment"): secret (OS CSPRNG), except with
-    ``privacy.reproducible_noise`` (tests and debugging: the run's ε is void anyway, and so is the selection's)."""
-    if cfg.privacy.reproducible_noise:
-        return reproducible_seed(cfg.seed, 0, "batches", stage=stage)
-    return os_seed()
+def selection_stream(cfg: Config, stage: str) -> Keystream:
+    """The stream of the server's draws in `stage` ("search" or "augment"): secret (keyed from the OS), except
+    with ``privacy.reproducible_noise`` (tests and debugging: the run's ε is void anyway, and so is the
+    selection's)."""
+    return server_stream(cfg.privacy.reproducible_noise, seed=cfg.seed, stage=stage)
 
 
 class Selector:
@@ -48,11 +43,11 @@ class Selector:
         fed: the federation settings (``selection``, ``select`` = K′, ``selection_epsilon``, ``score_window``,
             ``aux_size``).
         parties: K.
-        rng: the server's secret generator (:func:`server_generator`).
+        rng: the server's secret stream (:func:`selection_stream`).
         unreliable: (K,) bool, the parties simulated as unreliable (public; the oracle chooses the others).
     """
 
-    def __init__(self, fed: FederationConfig, parties: int, rng: np.random.Generator,
+    def __init__(self, fed: FederationConfig, parties: int, rng: Keystream,
                  unreliable: np.ndarray | None = None) -> None:
         self.mode = fed.selection
         self.parties = parties
@@ -117,7 +112,7 @@ class Selector:
 
     def state_dict(self) -> dict:
         return {"window": self.window.tolist(), "scored": self.scored, "draws": self.draws,
-                "rng": self.rng.bit_generator.state}
+                "rng": self.rng.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         window = np.asarray(state["window"], dtype=np.float64)
@@ -125,4 +120,4 @@ class Selector:
             raise ValueError(f"selection state: score window {window.shape}, expected {self.window.shape}")
         self.window = window
         self.scored, self.draws = int(state["scored"]), int(state["draws"])
-        self.rng.bit_generator.state = state["rng"]
+        self.rng.load_state_dict(state["rng"])

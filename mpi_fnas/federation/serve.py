@@ -36,9 +36,17 @@ from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
-from mpi_fnas.federation.selection import Selector, selection_seed, server_generator
+from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
-from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
+from mpi_fnas.federation.stage import (
+    CONTINUE,
+    STOP,
+    StepControl,
+    attempt_cost,
+    charge_in_flight,
+    in_flight_after,
+    settle_privacy,
+)
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
@@ -99,7 +107,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
     loop: _ServerLoop | None = None
     try:
-        selector = Selector(cfg.federation, channel.parties, server_generator(selection_seed(cfg, "search")),
+        selector = Selector(cfg.federation, channel.parties, selection_stream(cfg, "search"),
                             plan.unreliable)
         supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                                                num_classes=test.num_classes)
@@ -121,7 +129,9 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     except BaseException as exc:
         if ledger is not None:
             recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
-            settle_privacy(ledger, recorded, None if log is None else lambda row: log.append_privacy(
+            # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
+            last = charge_in_flight(ledger.record_step, recorded, loop.in_flight_step if loop is not None else None)
+            settle_privacy(ledger, last, None if log is None else lambda row: log.append_privacy(
                 row.step, row.charged_steps, row.epsilon, row.mu_gdp))
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -144,7 +154,8 @@ def selection_schema(cfg: Config, plan: RunPlan) -> SelectionSchema | None:
     fed = cfg.federation
     if fed.selection == "all":
         return None
-    selector = Selector(fed, len(plan.assignments), server_generator(0), plan.unreliable)  # its constants only
+    # Its constants only: the stream is never drawn from.
+    selector = Selector(fed, len(plan.assignments), selection_stream(cfg, "search"), plan.unreliable)
     return SelectionSchema(selection=fed.selection, select=selector.select, epsilon_per_step=fed.selection_epsilon,
                            score_window=fed.score_window, aux_size=fed.aux_size, sensitivity=selector.sensitivity,
                            delta=selector.delta)
@@ -189,6 +200,7 @@ class _ServerLoop:
         self.acc = _Accumulator()
         self.epsilon_so_far = math.nan
         self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
+        self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
@@ -208,6 +220,7 @@ class _ServerLoop:
         test_stats = np.full(3, np.nan)
         stop_reason, interrupted, step = plan.stop_reason, False, first - 1
         self.recorded_step = step
+        self.in_flight_step = first if first <= plan.steps else None  # the parties start once W and A are broadcast
         for step in range(first, plan.steps + 1):
             epoch = (step - 1) // plan.steps_per_epoch
             if (step - 1) % plan.steps_per_epoch == 0:
@@ -222,6 +235,7 @@ class _ServerLoop:
             if self.ledger is not None:
                 self.ledger.record_step()
             self.recorded_step = step
+            self.in_flight_step = in_flight_after(step, plan.steps, control)
             self.acc.add(stats, time.perf_counter() - t0, channel.comm_seconds - c0)
             epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
             if epoch_end:

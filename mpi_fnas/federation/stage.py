@@ -2,7 +2,8 @@
 
 * the control word rank 0 appends to the last broadcast of a step (continue, checkpoint, or stop);
 * the cost of an attempt (the log adds the attempts of a requeued run up);
-* on a failure, the last ε rows of what the privacy ledgers charged (:func:`settle_privacy`);
+* on a failure, the charge of the step in flight (:func:`charge_in_flight`) and the last ε rows of what the
+  privacy ledgers charged (:func:`settle_privacy`);
 * the test hooks that stop a run, fail a party or slow it down at a given step (environment variables, off by
   default): ``MPI_FNAS_STOP_AFTER=STEP`` acts as if SIGUSR1 arrived during that step, ``MPI_FNAS_INJECT_FAULT=
   RANK:STEP`` makes that party raise, ``MPI_FNAS_INJECT_SLEEP=RANK:STEP:SECONDS`` makes it sleep. A STEP written
@@ -55,6 +56,27 @@ def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]
     """This attempt's cost. Core-hours count one core a rank."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
             "cpu_core_hours": wall_seconds * ranks / 3600.0}
+
+
+def in_flight_after(step: int, steps: int, control: int) -> int | None:
+    """The iteration the parties start once rank 0's last broadcast of `step` (carrying `control`) reaches them:
+    step + 1, or None after the last step or a STOP (they send nothing more)."""
+    return step + 1 if step < steps and control != STOP else None
+
+
+def charge_in_flight(record_step: Callable[[], None], recorded: int, in_flight: int | None) -> int:
+    """A failing stage: charge the iteration in flight, whose releases some parties may already have handed to MPI.
+
+    A party journals and sends its step's releases as soon as it holds the previous broadcast; when another party
+    (or rank 0) fails, the survivors' releases of that step may be on the wire before rank 0 notices. Their ε
+    must be reported even if the run is never resumed (a resume charges them anyway, from the parties' journals).
+    `record_step` charges one iteration of every party; `recorded` is the last iteration the ledger had recorded,
+    `in_flight` the one the parties were in (None: none). Returns the last iteration now charged.
+    """
+    if in_flight is None or in_flight <= recorded:
+        return recorded
+    record_step()
+    return in_flight
 
 
 def settle_privacy(ledger: FederationLedger, step: int, write: Callable[[EpsilonRow], None] | None) -> None:

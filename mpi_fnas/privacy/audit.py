@@ -32,10 +32,11 @@ import torch
 from scipy import stats
 from torch import nn
 
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release
 
-#: ``release_fn(model, params, inputs, targets, generator) -> (P,)`` — the mechanism under audit.
-ReleaseFn = Callable[[nn.Module, Mapping[str, torch.Tensor], torch.Tensor, torch.Tensor, torch.Generator], torch.Tensor]
+#: ``release_fn(model, params, inputs, targets, noise_stream) -> (P,)`` — the mechanism under audit.
+ReleaseFn = Callable[[nn.Module, Mapping[str, torch.Tensor], torch.Tensor, torch.Tensor, Keystream], torch.Tensor]
 
 
 class CanaryModel(nn.Module):
@@ -98,7 +99,7 @@ def audit_mechanism(
         canary_scale: canary gradient norm in units of R (> 1 so that clipping matters).
         num_other: ordinary examples in D, with gradients of norm R / 2 on coordinate 1.
         dim: parameter dimension of the canary model (>= 2).
-        seed: seeds the noise generator (one stream for the whole audit).
+        seed: keys the noise stream (one public stream for the whole audit: the auditor's own, reproducible).
     """
     if trials < 4:
         raise ValueError("need at least 4 trials per hypothesis")
@@ -118,7 +119,7 @@ def audit_mechanism(
     canary = torch.zeros(1, dim)
     canary[0, 0] = canary_scale * clip_bound
     datasets = {False: others, True: torch.cat([others, canary])}
-    generator = torch.Generator().manual_seed(seed)
+    noise_stream = Keystream.from_labels("audit", seed)
 
     scores = {present: np.empty(trials) for present in (False, True)}
     for trial in range(trials):
@@ -127,7 +128,7 @@ def audit_mechanism(
             targets = torch.zeros(inputs.shape[0])
             total = 0.0
             for _ in range(steps):
-                total += float(release_fn(model, params, inputs, targets, generator)[0])
+                total += float(release_fn(model, params, inputs, targets, noise_stream)[0])
             scores[present][trial] = total
 
     half = trials // 2
@@ -174,7 +175,7 @@ def _real_release(
     params: Mapping[str, torch.Tensor],
     inputs: torch.Tensor,
     targets: torch.Tensor,
-    generator: torch.Generator,
+    noise_stream: Keystream,
     *,
     clip_bound: float,
     noise_multiplier: float,
@@ -188,7 +189,7 @@ def _real_release(
         clip_bound=clip_bound,
         noise_multiplier=noise_multiplier,
         expected_batch_size=expected_batch_size,
-        generator=generator,
+        noise_stream=noise_stream,
         loss_fn=canary_loss,
     )
 

@@ -1,8 +1,8 @@
 """The exponential mechanism that picks whom the server trusts (SecProbe, Zhao et al.), and its privacy cost.
 
-No MPI, no torch: numpy only. The server scores each of the K parties with u_k ∈ [0, 1] (its accuracy on the
-server's auxiliary set) and draws K′ of them *without replacement* by "peeling": K′ successive exponential
-mechanisms, each over the parties not yet drawn, with
+No MPI: numpy, and the server's :class:`~mpi_fnas.privacy.keystream.Keystream` for the coins. The server scores
+each of the K parties with u_k ∈ [0, 1] (its accuracy on the server's auxiliary set) and draws K′ of them
+*without replacement* by "peeling": K′ successive exponential mechanisms, each over the parties not yet drawn, with
 
     Pr[k] ∝ exp(ε′ · u_k / (2 Δu)),   ε′ = ε / K′,
 
@@ -28,9 +28,11 @@ import math
 
 import numpy as np
 
+from mpi_fnas.privacy.keystream import Keystream
+
 
 def exponential_mechanism_select(scores: np.ndarray, k: int, epsilon: float, sensitivity: float,
-                                 rng: np.random.Generator) -> np.ndarray:
+                                 rng: Keystream) -> np.ndarray:
     """Draw `k` distinct indices of `scores` with the exponential mechanism, peeled (see the module doc).
 
     Args:
@@ -38,7 +40,7 @@ def exponential_mechanism_select(scores: np.ndarray, k: int, epsilon: float, sen
         k: K′, how many to draw (1 ≤ k ≤ K).
         epsilon: ε of the whole draw (each of the k peels uses ε/k).
         sensitivity: Δu, the most any u_k can change between neighbouring aux sets (> 0).
-        rng: the server's own secret generator (its draws must be unpredictable to the parties).
+        rng: the server's own secret stream (its draws must be unpredictable to the parties).
     Returns:
         (k,) int64 indices in draw order.
     """
@@ -56,16 +58,16 @@ def exponential_mechanism_select(scores: np.ndarray, k: int, epsilon: float, sen
         candidates = np.flatnonzero(remaining)
         weights = np.exp(logits[candidates] - logits[candidates].max())  # shift: no overflow, same distribution
         cumulative = np.cumsum(weights)
-        at = np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")  # inverse CDF
+        at = np.searchsorted(cumulative, float(rng.uniform(1)[0]) * cumulative[-1], side="right")  # inverse CDF
         pick = candidates[min(int(at), candidates.size - 1)]
         chosen[draw] = pick
         remaining[pick] = False
     return chosen
 
 
-def uniform_select(parties: int, k: int, rng: np.random.Generator) -> np.ndarray:
+def uniform_select(parties: int, k: int, rng: Keystream) -> np.ndarray:
     """The ``random`` baseline: `k` of `parties` indices uniformly without replacement, (k,) int64."""
-    return np.sort(rng.choice(parties, size=k, replace=False)).astype(np.int64)
+    return np.sort(rng.permutation(parties)[:k].numpy()).astype(np.int64)
 
 
 def selection_epsilon(steps: int, epsilon: float, select: int, delta: float) -> float:

@@ -18,18 +18,15 @@ Nothing in this module talks to MPI: the caller sends the returned vector.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
 from mpi_fnas.privacy.clipping import clipped_sum
+from mpi_fnas.privacy.keystream import UNIFORM_BITS, Keystream
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.validators import check_model_for_dp
-
-#: Random bits per noise draw (the float64 mantissa): see :func:`standard_normal_from_bits`.
-UNIFORM_BITS = 53
 
 
 def party_release(
@@ -41,8 +38,7 @@ def party_release(
     clip_bound: float,
     noise_multiplier: float,
     expected_batch_size: float,
-    generator: torch.Generator | None,
-    secure_rng: bool = False,
+    noise_stream: Keystream,
     loss_fn: LossFn = per_example_cross_entropy,
     method: Method = "auto",
     max_chunk: int | None = None,
@@ -58,9 +54,8 @@ def party_release(
         clip_bound: R > 0, the per-example L2 bound (the sensitivity of the sum).
         noise_multiplier: sigma > 0; the noise std per coordinate is ``sigma * R`` before the division by B.
         expected_batch_size: B = q * N > 0, public; never pass the realised ``b``.
-        generator: torch.Generator on the params' device that draws the noise. Reproducible, NOT
-            cryptographic: see docs/privacy.md for the threat model. Ignored (may be None) with ``secure_rng``.
-        secure_rng: draw the noise from the operating system's CSPRNG (``os.urandom``) instead.
+        noise_stream: the party's noise :class:`~mpi_fnas.privacy.keystream.Keystream` (secret: keyed from the OS;
+            see docs/privacy.md §2.1).
         loss_fn: per-example loss ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
         method, max_chunk: how per-example gradients are computed (see ``per_sample_gradients``).
 
@@ -74,8 +69,7 @@ def party_release(
         clip_bound=clip_bound,
         noise_multiplier=noise_multiplier,
         expected_batch_size=expected_batch_size,
-        generator=generator,
-        secure_rng=secure_rng,
+        noise_stream=noise_stream,
     )
 
 
@@ -85,8 +79,7 @@ def privatize_per_sample_gradients(
     clip_bound: float,
     noise_multiplier: float,
     expected_batch_size: float,
-    generator: torch.Generator | None,
-    secure_rng: bool = False,
+    noise_stream: Keystream,
 ) -> torch.Tensor:
     """The Gaussian mechanism on already computed per-example gradients: clip, sum, add noise, divide by B.
 
@@ -96,7 +89,7 @@ def privatize_per_sample_gradients(
 
     Args:
         per_sample_grads: ``(b, P)``, row i depending on example i only.
-        clip_bound, noise_multiplier, expected_batch_size, generator, secure_rng: as in :func:`party_release`.
+        clip_bound, noise_multiplier, expected_batch_size, noise_stream: as in :func:`party_release`.
 
     Returns:
         ``(P,)`` = ``(sum_i clip(g_i, R) + N(0, (sigma R)^2 I)) / B``.
@@ -106,8 +99,7 @@ def privatize_per_sample_gradients(
     noise = gaussian_noise(
         total.shape[0],
         std=noise_multiplier * clip_bound,
-        generator=generator,
-        secure_rng=secure_rng,
+        stream=noise_stream,
         device=total.device,
         dtype=total.dtype,
     )
@@ -118,46 +110,17 @@ def gaussian_noise(
     size: int,
     *,
     std: float,
-    generator: torch.Generator | None,
-    secure_rng: bool = False,
+    stream: Keystream,
     device: torch.device | str | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """``(size,)`` i.i.d. N(0, std^2) on ``device``, cast to ``dtype`` only after the scaling by ``std``.
 
-    The draws are :func:`standard_normal_from_bits` of :func:`uniform_bits`: exact in float64 far into the tail,
-    on CPU and CUDA alike. With ``secure_rng=False`` the bits come from ``generator`` (which must live on
-    ``device``): reproducible from its seed, hence predictable to anyone who knows the seed. With
-    ``secure_rng=True`` they come from ``os.urandom`` and ``generator`` is not used.
+    The draws are :func:`standard_normal_from_bits` of ``stream.bits(size)`` (53 uniform bits each, drawn on the
+    CPU and moved to ``device``): exact in float64 far into the tail, and the same numbers on CPU and CUDA.
     """
     device = torch.device(device) if device is not None else torch.device("cpu")
-    bits = uniform_bits(size, generator=generator, secure_rng=secure_rng, device=device)
-    return (standard_normal_from_bits(bits) * std).to(dtype)
-
-
-def uniform_bits(
-    size: int, *, generator: torch.Generator | None, secure_rng: bool = False, device: torch.device | str = "cpu"
-) -> torch.Tensor:
-    """``(size,)`` int64 on ``device``, i.i.d. uniform on ``[0, 2^53)``: the randomness of :func:`gaussian_noise`.
-
-    From ``generator`` (``torch.randint`` on the generator's device; above 2^32 it draws 64-bit words, of which
-    2^53 divides the range, so every value is equally likely) or, with ``secure_rng``, from ``os.urandom``.
-    """
-    device = torch.device(device)
-    if secure_rng:
-        if size == 0:  # frombuffer refuses an empty buffer
-            return torch.zeros(0, dtype=torch.int64, device=device)
-        words = torch.frombuffer(bytearray(os.urandom(8 * size)), dtype=torch.int64)
-        # The top 53 bits of each word: the arithmetic shift smears the sign bit, the mask removes it.
-        return (torch.bitwise_right_shift(words, 64 - UNIFORM_BITS) & (2**UNIFORM_BITS - 1)).to(device)
-    if generator is None:
-        raise ValueError("a torch.Generator is required for the noise unless secure_rng=True")
-    if generator.device.type != device.type:
-        raise ValueError(
-            f"the noise generator is on {generator.device} but the gradients are on {device}; "
-            "create the generator on the parameters' device"
-        )
-    return torch.randint(0, 2**UNIFORM_BITS, (size,), generator=generator, device=device, dtype=torch.int64)
+    return (standard_normal_from_bits(stream.bits(size).to(device)) * std).to(dtype)
 
 
 def standard_normal_from_bits(bits: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Randomness = Literal["secret", "os", "reproducible"]
+Randomness = Literal["secret", "reproducible"]
 
 
 @dataclass(frozen=True)
@@ -23,8 +23,7 @@ class DPParams:
     expected_batch_size: B; the Poisson rate of a shard of N examples is q = B / N, and every release is ÷ B.
     delta: the configured δ per party, or None for the default (see ``mpi_fnas.privacy.budget``).
     target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
-    secure_rng: every noise draw and coin flip straight from the OS CSPRNG.
-    reproducible_noise: seed the party's randomness from (seed, rank): for tests only, it voids the guarantee.
+    reproducible_noise: key the party's randomness from (seed, rank): for tests only, it voids the guarantee.
     """
 
     noise_multiplier_w: float
@@ -35,7 +34,6 @@ class DPParams:
     delta: float | None = None
     target_epsilon: float | None = None
     max_epsilon: float | None = None
-    secure_rng: bool = False
     reproducible_noise: bool = False
 
     @classmethod
@@ -46,16 +44,15 @@ class DPParams:
 
     @property
     def randomness(self) -> Randomness:
-        """Where the party's noise and Poisson coins come from (see docs/privacy.md, "Randomness")."""
-        if self.reproducible_noise:
-            return "reproducible"
-        return "os" if self.secure_rng else "secret"
+        """Where the party's noise and Poisson coins come from (docs/privacy.md §2.1): ``secret`` (a keystream keyed
+        from the OS, the default) or ``reproducible`` (keyed from the public config)."""
+        return "reproducible" if self.reproducible_noise else "secret"
 
     @property
     def guarantee(self) -> str:
         """``"holds"``, or one line saying why the accounted ε does not hold (the log's ``privacy_guarantee``)."""
         if self.reproducible_noise:
-            return ("void: privacy.reproducible_noise seeds every party's noise and sampling from the public config, "
+            return ("void: privacy.reproducible_noise keys every party's noise and sampling from the public config, "
                     "so anyone holding the config can subtract the noise")
         return "holds"
 

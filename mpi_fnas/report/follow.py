@@ -241,7 +241,7 @@ def _planned_search_steps(log: dict[str, Any], config: dict[str, Any]) -> int | 
     run earlier."""
     if log["privacy"] is not None:
         try:
-            cfg = config_from_text(log["config"])
+            cfg = config_from_text(log["config"], stored=True)
         except ConfigError:
             return None
         rates = np.broadcast_to(np.asarray(log["privacy"]["sample_rate_train"], dtype=float), (log["parties"],))

@@ -7,11 +7,16 @@ no trailing norm (DARTS' evaluation cells: nothing competes with an architecture
 
 Drop-path (DARTS' regulariser for evaluation training) zeroes whole op outputs, here independently *per
 example*: under DP-SGD every example's gradient must depend on that example alone, and a mask shared by the
-batch would couple them. The masks come from an explicit ``torch.Generator`` held by the network, never from
-the global RNG, so a party's randomness has a single, seeded source.
+batch would couple them. The masks come from a :class:`~mpi_fnas.privacy.keystream.Keystream` held by the
+network (the party's secret sampling stream), never from the global RNG: under DP they must be as unpredictable as
+the Poisson coins (docs/privacy.md §2.1). They are drawn once per batched forward, one per example, so the
+per-example gradients must come from that forward (the ``hooks`` method), not from ``vmap``'s one forward per
+example.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +25,9 @@ from torch import nn
 from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype
 from mpi_fnas.space.ops import PRIMITIVES, make_norm, make_op
 from mpi_fnas.space.scaffold import cell_inputs, check_sizes, reduction_layers, stem
+
+if TYPE_CHECKING:  # the type only: the network never imports the privacy package
+    from mpi_fnas.privacy.keystream import Keystream
 
 __all__ = [
     "AugmentNetwork",
@@ -37,32 +45,32 @@ AUX_POOLED_SIZE = 2  # the head's 2x2 conv consumes a 2x2 map
 
 
 def drop_path_mask(
-    batch: int, drop_prob: float, generator: torch.Generator, *, device: torch.device, dtype: torch.dtype
+    batch: int, drop_prob: float, stream: Keystream, *, device: torch.device, dtype: torch.dtype
 ) -> torch.Tensor:
     """Per-example drop-path scale ``m_i / (1 - p)``, ``m_i ~ Bernoulli(1 - p)``: ``(batch, 1, 1, 1)``.
 
-    Drawn on ``generator``'s device from ``generator`` alone, then moved to ``device`` / ``dtype``.
+    Drawn from ``stream`` alone (float64 uniforms on the CPU), then moved to ``device`` / ``dtype``.
     """
     keep = 1.0 - drop_prob
-    uniform = torch.rand((batch, 1, 1, 1), generator=generator, device=generator.device)
+    uniform = stream.uniform((batch, 1, 1, 1))
     # Dividing by keep makes the expected output equal the undropped one, so eval needs no rescaling.
     return ((uniform < keep).to(dtype) / keep).to(device)
 
 
-def drop_path(x: torch.Tensor, drop_prob: float, generator: torch.Generator | None) -> torch.Tensor:
+def drop_path(x: torch.Tensor, drop_prob: float, stream: Keystream | None) -> torch.Tensor:
     """``x`` (N, C, H, W) with each example's map independently zeroed with probability ``drop_prob`` and the
     kept ones scaled by ``1 / (1 - drop_prob)``; out of place. ``drop_prob == 0`` returns ``x`` itself."""
     if drop_prob == 0.0:
         return x
-    if generator is None:
-        raise ValueError("drop_path: drop_prob > 0 needs a torch.Generator for the masks (got None)")
-    return x * drop_path_mask(x.shape[0], drop_prob, generator, device=x.device, dtype=x.dtype)
+    if stream is None:
+        raise ValueError("drop_path: drop_prob > 0 needs a Keystream for the masks (got None)")
+    return x * drop_path_mask(x.shape[0], drop_prob, stream, device=x.device, dtype=x.dtype)
 
 
 class DerivedCell(nn.Module):
     """One discrete cell of ``genotype`` (its reduce cell when ``reduction``, else its normal cell).
 
-    ``forward(s0, s1, drop_prob=0.0, generator=None)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1,
+    ``forward(s0, s1, drop_prob=0.0, stream=None)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1,
     W1) -> (N, len(concat) * channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
     ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``reduction_prev``).
     Drop-path applies in training mode only, to every op output except an identity.
@@ -113,7 +121,7 @@ class DerivedCell(nn.Module):
         s0: torch.Tensor,
         s1: torch.Tensor,
         drop_prob: float = 0.0,
-        generator: torch.Generator | None = None,
+        stream: Keystream | None = None,
     ) -> torch.Tensor:
         states = [self.preprocess0(s0), self.preprocess1(s1)]
         use_drop_path = self.training and drop_prob > 0.0
@@ -125,7 +133,7 @@ class DerivedCell(nn.Module):
                 # An identity carries the input unchanged (DARTS never drops it): dropping it would only add noise
                 # to the path that keeps deep cells trainable.
                 if use_drop_path and not isinstance(op, nn.Identity):
-                    out = drop_path(out, drop_prob, generator)
+                    out = drop_path(out, drop_prob, stream)
                 # Out of place: the per-example-gradient hooks refuse in-place updates of layer outputs.
                 node_sum = out if node_sum is None else node_sum + out
             states.append(node_sum)
@@ -167,8 +175,8 @@ class AugmentNetwork(nn.Module):
     ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes); in training mode with
     ``auxiliary``, ``(logits, aux_logits)``, both (N, num_classes) (``augment_loss`` takes either form).
 
-    Drop-path: ``drop_path_prob`` (set by the caller, e.g. each epoch; 0 by default) and ``generator`` (the
-    masks' only source; required when ``drop_path_prob > 0`` in training mode).
+    Drop-path: ``drop_path_prob`` (set by the caller, e.g. each epoch; 0 by default) and ``mask_stream`` (a
+    Keystream, the masks' only source; required when ``drop_path_prob > 0`` in training mode).
     """
 
     def __init__(
@@ -197,7 +205,7 @@ class AugmentNetwork(nn.Module):
         self.reduction_layers = reduction_layers(layers)
         self.aux_layer = 2 * layers // 3 if auxiliary else None
         self.drop_path_prob: float = 0.0
-        self.generator: torch.Generator | None = None
+        self.mask_stream: Keystream | None = None
 
         stem_channels = stem_multiplier * channels
         self.stem = stem(in_channels, stem_channels, norm)
@@ -227,15 +235,15 @@ class AugmentNetwork(nn.Module):
         if not 0.0 <= self.drop_path_prob < 1.0:
             raise ValueError(f"AugmentNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")
         drop_prob = float(self.drop_path_prob) if self.training else 0.0
-        if drop_prob > 0.0 and self.generator is None:
+        if drop_prob > 0.0 and self.mask_stream is None:
             raise ValueError(
-                "AugmentNetwork: drop_path_prob > 0 in training mode needs `generator` (a torch.Generator the "
+                "AugmentNetwork: drop_path_prob > 0 in training mode needs `mask_stream` (the Keystream the "
                 "drop-path masks are drawn from); the global RNG is never used"
             )
         aux_logits = None
         s0 = s1 = self.stem(x)
         for layer, cell in enumerate(self.cells):
-            s0, s1 = s1, cell(s0, s1, drop_prob, self.generator)
+            s0, s1 = s1, cell(s0, s1, drop_prob, self.mask_stream)
             if layer == self.aux_layer and self.training:
                 assert self.auxiliary_head is not None
                 aux_logits = self.auxiliary_head(s1)

@@ -99,7 +99,7 @@ def log_releases(log: dict[str, Any], name: str) -> LogReleases:
     if privacy is None:
         raise ValueError(f"{name}: not a DP-FNAS log (no /privacy group)")
     parties = int(log["parties"])
-    cfg = config_from_text(log["config"])
+    cfg = config_from_text(log["config"], stored=True)
 
     def per_party(value: Any) -> tuple[float, ...]:
         return tuple(float(v) for v in np.broadcast_to(np.asarray(value, dtype=float), (parties,)))
@@ -182,7 +182,7 @@ def read_point(run_dir: str | Path) -> PointResult:
     rows = len(privacy["steps"])
     if rows == 0 and log["status"] == "finished":
         raise ValueError(f"{run_dir}: a finished log without a privacy row (not a DP-FNAS run of this tool)")
-    cfg = config_from_text(log["config"])
+    cfg = config_from_text(log["config"], stored=True)
     sigma = float(np.max(privacy["noise_multiplier_w"]))
     if cfg.seed != seed or not math.isclose(sigma, noise_multiplier(variance), rel_tol=1e-9):
         raise ValueError(f"{run_dir}: the log's seed {cfg.seed} / σ {sigma:.6g} do not match the directory name")

@@ -1,4 +1,4 @@
-"""Everything a DP party hands to MPI is a noised release or data-independent; no generator state ever leaves it,
+"""Everything a DP party hands to MPI is a noised release or data-independent; no stream key ever leaves it,
 in either search space (``space.kind`` darts and dpnas), and under SecProbe's selection, where the releases go by
 Gather instead of Reduce and one party holds noise examples.
 
@@ -10,7 +10,7 @@ steps, so the checkpoint path is spied too. Then, on every party:
   * each buffer's gradient part is bit-for-bit the output of a ``party_release`` call, with a zero tail;
   * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
   * every object it sent is made of short strings, ints and None (its device, its sent-steps count, checkpoint
-    acknowledgements): no tensor, no bytes, no generator state;
+    acknowledgements): no tensor, no bytes, no stream state;
 and on the server: its checkpoint holds no party state, while each party's own directory does.
 """
 
@@ -91,7 +91,7 @@ class RecordingChannel(Channel):
 
 
 def plain_data(obj: object) -> bool:
-    """Only None, bools, ints, short strings, and dicts/lists of them: nothing that could hold a generator state."""
+    """Only None, bools, ints, short strings, and dicts/lists of them: nothing that could hold a stream key."""
     if obj is None or isinstance(obj, (bool, int)):
         return True
     if isinstance(obj, str):
@@ -111,15 +111,12 @@ SPACES = {
 }
 #: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10.
 ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10}
-#: The cases: each space, and DARTS under SecProbe (docs/secprobe.md), where the server Gathers every release to
-#: score it and an unreliable party holds noise examples: a party must hand the Gather exactly what it would Reduce.
-CASES = {
-    "darts": SPACES["darts"],
-    "dpnas": SPACES["dpnas"],
-    "darts-secprobe": [*SPACES["darts"], "federation.selection=secprobe", "federation.select=1",
-                       "federation.selection_epsilon=1.0", "federation.aux_size=16",
-                       "federation.unreliable_parties=1", "federation.corruption=0.5"],
-}
+#: SecProbe (docs/secprobe.md): the server Gathers every release to score it on its aux set, and an unreliable party
+#: holds noise examples. A party must hand the Gather exactly what it would Reduce (also used by the augment spy).
+SELECTING = ["federation.selection=secprobe", "federation.select=1", "federation.selection_epsilon=1.0",
+             "federation.aux_size=16", "federation.unreliable_parties=1", "federation.corruption=0.5"]
+#: The cases: each space, and DARTS under SecProbe.
+CASES = {"darts": SPACES["darts"], "dpnas": SPACES["dpnas"], "darts-secprobe": [*SPACES["darts"], *SELECTING]}
 
 
 @pytest.mark.mpi(min_size=3)
@@ -159,13 +156,18 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
 
 def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
     """Rank 0's checkpoint holds exactly `keys` and no party state; each party's own `party_state` file, in its
-    own directory, holds its secret generator states. Returns the server's checkpoint."""
+    own directory, holds its secret stream keys, and none of those keys appears anywhere in the server's file.
+    Returns the server's checkpoint."""
     state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    assert "parties" not in state and not any("generator" in key for key in state)
+    assert "parties" not in state and not any("generator" in key or "stream" in key for key in state)
     assert sorted(state) == sorted(keys)
+    server_bytes = (run_dir / "checkpoint.pt").read_bytes()
     for rank in range(1, MPI.COMM_WORLD.Get_size()):  # each party keeps its own state, on its own disk
         own = torch.load(run_dir / "parties" / f"rank{rank}" / party_state, weights_only=True)
-        assert own["randomness"] == "secret" and "generator" in own["party"]
+        assert own["randomness"] == "secret"
+        for purpose in ("sampling", "noise"):
+            stream = own["party"][purpose]
+            assert stream["secret"] and len(stream["key"]) == 32 and stream["key"] not in server_bytes
     return state
 
 

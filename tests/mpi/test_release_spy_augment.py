@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 from test_release_spy import (
+    SELECTING,
     RecordingChannel,
     check_checkpoint_holds_no_party_state,
     check_noised_releases,
@@ -34,11 +35,6 @@ CLIP = 0.1
 STEPS = 3
 GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
             "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
-
-
-#: SecProbe in the augmentation (docs/secprobe.md): the server Gathers every release to score it on its aux set.
-SELECTING = ["federation.selection=secprobe", "federation.select=1", "federation.selection_epsilon=1.0",
-             "federation.aux_size=16", "federation.unreliable_parties=1", "federation.corruption=0.5"]
 
 
 @pytest.mark.mpi(min_size=3)

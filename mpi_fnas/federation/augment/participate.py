@@ -63,9 +63,9 @@ def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.d
     model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,
                                         in_channels=data.in_channels, num_classes=data.num_classes)
     source = _randomness_source(got)
-    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, device=device, stage=STAGE)
-    party = AugmentParty(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment, rng.sampling,
-                         releases=got.releases, noise_generator=rng.noise, secure_rng=rng.secure_rng)
+    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=STAGE)
+    party = AugmentParty(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment, rng,
+                         releases=got.releases)
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")

@@ -2,9 +2,11 @@
 
 Per iteration the party draws a batch of its own pool (under DP a Poisson batch, B expected), augments every
 example independently (crop, flip, cutout) and runs the network with per-example drop-path masks, all from its
-own sampling generator, so nothing couples two examples of a batch and the per-example clipping bounds each
-example's influence. It returns the float32 vector Algorithm 1 sends: the gradient followed by ``STATS`` numbers
-(loss sum, correct predictions, examples, compute seconds; all zero under DP, where they would be unaccounted).
+own secret sampling stream (:mod:`mpi_fnas.federation.randomness`), so nothing couples two examples of a batch and
+the per-example clipping bounds each example's influence. The drop-path masks are drawn in the one batched forward
+of the ``hooks`` per-example method, which the private release therefore insists on. It returns the float32
+vector Algorithm 1 sends: the gradient followed by ``STATS`` numbers (loss sum, correct predictions, examples,
+compute seconds; all zero under DP, where they would be unaccounted).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from mpi_fnas.config import AugmentConfig
 from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.federation.flat import STATS, assign, numel
 from mpi_fnas.federation.party import BatchStream, Shard
-from mpi_fnas.federation.randomness import os_seed
+from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import check_model_for_dp, party_release, poisson_sample
 from mpi_fnas.privacy.budget import AugmentReleases
 from mpi_fnas.space import AugmentNetwork, augment_loss
@@ -33,33 +35,27 @@ class AugmentParty:
         model: the augmented network; its weights are overwritten by the server's broadcasts.
         pool: the party's examples for the augmentation (on the model's device).
         cfg: the ``augment`` section (batch size, augmentation, auxiliary weight).
-        generator: CPU torch.Generator for batches, Poisson coins, augmentation and drop-path masks.
+        randomness: the party's streams of this stage: ``sampling`` for batches, Poisson coins, augmentation and
+            drop-path masks; ``noise`` for the Gaussian noise (DP). Secret under DP.
         releases: the DP releases' constants; None for exact gradients.
-        noise_generator: torch.Generator on the model's device for the Gaussian noise (DP, unless `secure_rng`).
-        secure_rng: every noise draw and every batch's coins from ``os.urandom``.
     """
 
     def __init__(self, model: AugmentNetwork | DpnasNetwork, pool: Shard, cfg: AugmentConfig,
-                 generator: torch.Generator, releases: AugmentReleases | None = None,
-                 noise_generator: torch.Generator | None = None, secure_rng: bool = False) -> None:
+                 randomness: PartyRandomness, releases: AugmentReleases | None = None) -> None:
         self.model = model
         self.w_params = list(model.weights())
         self.num_w = numel(self.w_params)
         self.pool = pool
         self.cfg = cfg
-        self.generator = generator
+        self.randomness = randomness
         self.releases = releases
-        self.noise_generator = noise_generator
-        self.secure_rng = secure_rng
-        self.stream = BatchStream(len(pool), cfg.batch_size, generator)
-        model.generator = generator  # drop-path masks come from the party's own generator
+        self.stream = BatchStream(len(pool), cfg.batch_size, randomness.sampling)
+        model.mask_stream = randomness.sampling  # drop-path masks come from the party's own stream
         if releases is not None:
             check_model_for_dp(model)
             if releases.expected_batch_size > len(pool):
                 raise ValueError(f"augment.batch_size {releases.expected_batch_size:g} exceeds this party's pool "
                                  f"({len(pool)} examples): the Poisson rate B/N would exceed 1")
-            if noise_generator is None and not secure_rng:
-                raise ValueError("DP releases need a noise generator (or secure_rng)")
         names = {id(p): name for name, p in model.named_parameters()}
         self._named_w = {names[id(p)]: p for p in self.w_params}
         self.out = np.zeros(self.num_w + STATS, dtype=np.float32)
@@ -76,15 +72,14 @@ class AugmentParty:
         self.model.train()
         loss_fn = self._loss_fn()
         if self.releases is not None:
-            if self.secure_rng:  # fresh OS entropy for every batch's coins and masks
-                self.generator.manual_seed(os_seed())
-            idx = poisson_sample(len(self.pool), self.releases.expected_batch_size / len(self.pool), self.generator)
+            idx = poisson_sample(len(self.pool), self.releases.expected_batch_size / len(self.pool),
+                                 self.randomness.sampling)
             x, y = self._augmented(idx.to(self.pool.y.device))
             release = party_release(
                 self.model, self._named_w, x, y, clip_bound=self.releases.clip,
                 noise_multiplier=self.releases.noise_multiplier,
-                expected_batch_size=self.releases.expected_batch_size, generator=self.noise_generator,
-                secure_rng=self.secure_rng, loss_fn=loss_fn,
+                expected_batch_size=self.releases.expected_batch_size, noise_stream=self.randomness.noise,
+                loss_fn=loss_fn, method="hooks",  # one batched forward: one drop-path mask per example
             )
             self.out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
             self.out[-STATS:] = 0.0
@@ -104,21 +99,21 @@ class AugmentParty:
         return self.out
 
     def state_dict(self) -> dict:
-        """Everything that makes this party's future releases what they will be, besides the weights."""
+        """Everything that makes this party's future releases what they will be, besides the weights. It holds the
+        party's stream keys: it goes to the party's own state file, never to MPI."""
         return {
-            "generator": self.generator.get_state(),
-            "noise_generator": self.noise_generator.get_state() if self.noise_generator is not None else None,
+            "sampling": self.randomness.sampling.state_dict(),
+            "noise": self.randomness.noise.state_dict(),
             "stream": self.stream.state_dict(),
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.generator.set_state(state["generator"])
-        if self.noise_generator is not None and state["noise_generator"] is not None:
-            self.noise_generator.set_state(state["noise_generator"])
+        self.randomness.sampling.load_state_dict(state["sampling"])
+        self.randomness.noise.load_state_dict(state["noise"])
         self.stream.load_state_dict(state["stream"])
 
     def _augmented(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = augment_images(self.pool.x[idx], generator=self.generator, cutout=self.cfg.cutout,
+        x = augment_images(self.pool.x[idx], stream=self.randomness.sampling, cutout=self.cfg.cutout,
                            crop_padding=self.cfg.crop_padding, flip=self.cfg.flip)
         return x, self.pool.y[idx]
 

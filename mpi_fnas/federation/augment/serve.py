@@ -36,9 +36,17 @@ from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
-from mpi_fnas.federation.selection import Selector, selection_seed, server_generator
+from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.serve import open_search_log, selection_schema
-from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, attempt_cost, settle_privacy
+from mpi_fnas.federation.stage import (
+    CONTINUE,
+    STOP,
+    StepControl,
+    attempt_cost,
+    charge_in_flight,
+    in_flight_after,
+    settle_privacy,
+)
 from mpi_fnas.privacy.budget import FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
 from mpi_fnas.space import search_space
@@ -134,7 +142,10 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     except BaseException as exc:
         if ledger is not None and private:
             recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
-            settle_privacy(ledger, recorded, lambda row: log.append_augment_privacy(row.step, row.epsilon))
+            # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
+            last = charge_in_flight(ledger.record_augment_step, recorded,
+                                    loop.in_flight_step if loop is not None else None)
+            settle_privacy(ledger, last, lambda row: log.append_augment_privacy(row.step, row.epsilon))
         elif ledger is not None:
             ledger.close()
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -159,7 +170,7 @@ def _selection(cfg: Config, search_plan: RunPlan,
     search drew at another ε_EM or K′."""
     if cfg.federation.selection == "all":
         return None, (None, None)
-    selector = Selector(cfg.federation, len(search_plan.assignments), server_generator(selection_seed(cfg, STAGE)),
+    selector = Selector(cfg.federation, len(search_plan.assignments), selection_stream(cfg, STAGE),
                         search_plan.unreliable)
     try:
         selector.continue_after(searched)
@@ -223,6 +234,7 @@ class _AugmentLoop:
         self.stats = np.zeros(4)
         self.epsilon_so_far = math.nan
         self.recorded_step = 0  # the last augment iteration the ledger has recorded (labels a failure's ε row)
+        self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
@@ -250,12 +262,14 @@ class _AugmentLoop:
             self.recorded_step = first - 1
             self.stats = np.asarray(resume["stats"], dtype=np.float64)
             outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
+        self.in_flight_step = first if first <= plan.steps else None  # the parties start once W is broadcast
         for step in range(first, plan.steps + 1):
             control, signal_name = self.control.at(step)
             self.stats += self._iteration(step, control, buffers, gathered)
             if self.charging is not None:
                 self.charging.record_augment_step()
             self.recorded_step = step
+            self.in_flight_step = in_flight_after(step, plan.steps, control)
             epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
             test = None
             if epoch_end:

@@ -5,6 +5,8 @@ nodes of :mod:`mpi_fnas.space.dpnas.genotype`, concatenated. A cell keeps the re
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -19,6 +21,9 @@ from mpi_fnas.space.dpnas.genotype import (
 )
 from mpi_fnas.space.dpnas.ops import PRIMITIVES, make_dpnas_op
 from mpi_fnas.space.ops import make_norm
+
+if TYPE_CHECKING:  # the type only: the network never imports the privacy package
+    from mpi_fnas.privacy.keystream import Keystream
 
 
 def cell_input(c_in: int, channels: int) -> nn.Sequential:
@@ -58,7 +63,7 @@ class DpnasSearchCell(nn.Module):
 
 
 class DerivedDpnasCell(nn.Module):
-    """The discrete cell of ``genotype``: ``forward(x, drop_prob=0.0, generator=None)``, ``x`` (N, c_in, H, W) ->
+    """The discrete cell of ``genotype``: ``forward(x, drop_prob=0.0, stream=None)``, ``x`` (N, c_in, H, W) ->
     (N, nodes · channels, H, W).
 
     ``none`` edges are left out; a node without kept edges is a zero map. Drop-path (training mode only) zeroes
@@ -80,7 +85,7 @@ class DerivedDpnasCell(nn.Module):
                                  for op, _ in genotype.node_edges(node))
 
     def forward(self, x: torch.Tensor, drop_prob: float = 0.0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
+                stream: Keystream | None = None) -> torch.Tensor:
         states = [self.preprocess(x)]
         sums: list[torch.Tensor | None] = [None] * self.nodes
         use_drop_path = self.training and drop_prob > 0.0
@@ -90,7 +95,7 @@ class DerivedDpnasCell(nn.Module):
                 op = self.ops[k]
                 out = op(states[self.endpoints[k][1]])
                 if use_drop_path and not isinstance(op, nn.Identity):
-                    out = drop_path(out, drop_prob, generator)
+                    out = drop_path(out, drop_prob, stream)
                 sums[node] = out if sums[node] is None else sums[node] + out
                 k += 1
             states.append(sums[node] if sums[node] is not None else torch.zeros_like(states[0]))

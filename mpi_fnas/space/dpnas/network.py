@@ -11,6 +11,7 @@ so a network's state is exactly its parameters.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,9 @@ from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasSearchCell
 from mpi_fnas.space.dpnas.genotype import DpnasGenotype, derive_dpnas_genotype, num_edges
 from mpi_fnas.space.dpnas.ops import PRIMITIVES
 from mpi_fnas.space.ops import make_norm
+
+if TYPE_CHECKING:  # the type only: the network never imports the privacy package
+    from mpi_fnas.privacy.keystream import Keystream
 
 ALPHA_INIT_SCALE = 1e-3  # near-uniform op weights at the start of the search (as DARTS)
 
@@ -110,7 +114,8 @@ class DpnasNetwork(nn.Module):
     """A derived DPNAS cell stacked like the supernet, trained from scratch.
 
     ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes). Drop-path: ``drop_path_prob`` (set by
-    the caller, 0 by default) and ``generator`` (the masks' only source, required when it is > 0 in training).
+    the caller, 0 by default) and ``mask_stream`` (a Keystream, the masks' only source, required when it is > 0 in
+    training).
     """
 
     def __init__(self, genotype: DpnasGenotype, stage_channels: Sequence[int], num_classes: int,
@@ -124,7 +129,7 @@ class DpnasNetwork(nn.Module):
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.drop_path_prob: float = 0.0
-        self.generator: torch.Generator | None = None
+        self.mask_stream: Keystream | None = None
         self.stem = stem(in_channels, self.stage_channels[0])
         c_prev = self.stage_channels[0]
         self.cells = nn.ModuleList()
@@ -140,12 +145,12 @@ class DpnasNetwork(nn.Module):
         if not 0.0 <= self.drop_path_prob < 1.0:
             raise ValueError(f"DpnasNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")
         drop_prob = float(self.drop_path_prob) if self.training else 0.0
-        if drop_prob > 0.0 and self.generator is None:
-            raise ValueError("DpnasNetwork: drop_path_prob > 0 in training mode needs `generator` (a torch.Generator "
+        if drop_prob > 0.0 and self.mask_stream is None:
+            raise ValueError("DpnasNetwork: drop_path_prob > 0 in training mode needs `mask_stream` (the Keystream "
                              "the drop-path masks are drawn from); the global RNG is never used")
         x = self.stem(x)
         for cell in self.cells:
-            x = self.pool(cell(x, drop_prob, self.generator))
+            x = self.pool(cell(x, drop_prob, self.mask_stream))
         return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
 
     def weights(self) -> list[nn.Parameter]:

@@ -1,0 +1,169 @@
+"""Where every secret random number of a party comes from: AES-256 in counter mode, keyed with 256 OS bits.
+
+A party's noise hides its clipped gradient sum only from someone who cannot predict the noise, and Poisson
+subsampling amplifies privacy only for someone who cannot predict the coins. A seeded simulation generator is
+not enough: torch's CPU generator keeps 32 bits of its seed, so a server holding one release and the public
+supernet can try every seed, find the one whose noise leaves a plausible clipped sum, and strip the noise from
+every later release of the run (docs/privacy.md §2.1). Searching a 256-bit key is not possible.
+
+:class:`Keystream` is the one source of a party's randomness: the Gaussian noise (through
+:func:`mpi_fnas.privacy.mechanism.gaussian_noise`), the Poisson coins, and the per-example crops, flips, cutouts
+and drop-path masks of the augmentation. Its bytes are the AES-256-CTR encryption of zeros, i.e. AES applied to
+the successive 128-bit counter values 0, 1, 2, … under the key: a pseudo-random function of the counter, so the
+stream is indistinguishable from uniform bytes without the key (with ≤ 2^40 blocks drawn, the PRP/PRF switching
+term is ≤ 2^-48). The state is the key and the number of blocks drawn: seeking is exact, so a resumed party
+continues its streams from its own state file, bit for bit.
+
+Two ways to key one:
+
+* :meth:`Keystream.from_os`: 32 bytes of ``os.urandom``. The key never leaves the party: it lives in the
+  party's memory and in its own state file (mode 0600) for resuming.
+* :meth:`Keystream.from_labels`: a public key, SHA-256 of public labels (the run's seed, a rank, a purpose).
+  Anyone with the config can rebuild it: for runs that make no privacy claim and for
+  ``privacy.reproducible_noise`` (which voids ε). The same code path draws from it, so a reproducible run
+  exercises exactly what a private one runs.
+
+Every draw is made on the CPU (the caller moves the result to its device): the bytes are the randomness, and
+they are identical on every machine. No MPI, no autograd here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
+
+#: Bytes of a key (AES-256).
+KEY_BYTES = 32
+#: Bytes of one AES block: the unit of the stream's position.
+BLOCK_BYTES = 16
+#: Random bits per uniform (the float64 mantissa); a uniform is ``k · 2^-53`` for a uniform integer k < 2^53.
+UNIFORM_BITS = 53
+_COUNTER_SPACE = 1 << 128
+
+
+class Keystream:
+    """A seekable stream of uniform random bytes: AES-256-CTR of zeros under ``key``, from block ``position``.
+
+    Args:
+        key: 32 bytes.
+        secret: True when the key came from the OS (:meth:`from_os`); False for a public key (:meth:`from_labels`).
+        position: blocks already drawn (a resumed stream continues there).
+
+    Every method consumes whole blocks: a draw of n bytes advances ``position`` by ⌈n / 16⌉, so the position
+    after any sequence of draws depends only on their sizes. ``repr`` never shows the key.
+    """
+
+    def __init__(self, key: bytes, *, secret: bool, position: int = 0) -> None:
+        if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+            raise ValueError(f"a Keystream key is {KEY_BYTES} bytes")
+        if not 0 <= position < _COUNTER_SPACE:
+            raise ValueError(f"position must be in [0, 2^128), got {position}")
+        self._key = bytes(key)
+        self._cipher = algorithms.AES(self._key)
+        self.secret = bool(secret)
+        self.position = int(position)
+
+    @classmethod
+    def from_os(cls) -> Keystream:
+        """A secret stream: the key is 256 bits of the operating system's CSPRNG."""
+        return cls(os.urandom(KEY_BYTES), secret=True)
+
+    @classmethod
+    def from_labels(cls, *labels: str | int) -> Keystream:
+        """A public, reproducible stream keyed by SHA-256 of `labels` (e.g. ``("party", seed, rank, "noise")``).
+
+        Distinct label tuples give independent-looking streams; anyone who knows the labels has the stream.
+        """
+        text = json.dumps(["mpi_fnas/keystream/v1", *labels], separators=(",", ":"))
+        return cls(hashlib.sha256(text.encode()).digest(), secret=False)
+
+    def __repr__(self) -> str:
+        return f"Keystream(secret={self.secret}, position={self.position})"
+
+    # -- raw bytes -------------------------------------------------------------------------------------------------
+    def random_bytes(self, nbytes: int) -> bytes:
+        """The next `nbytes` bytes of the stream (the rest of the last block is skipped)."""
+        if nbytes < 0:
+            raise ValueError(f"nbytes must be >= 0, got {nbytes}")
+        if nbytes == 0:
+            return b""
+        blocks = -(-nbytes // BLOCK_BYTES)
+        # The initial counter block is the position, big-endian; AES-CTR increments all 128 bits.
+        counter = self.position.to_bytes(BLOCK_BYTES, "big")
+        encryptor = Cipher(self._cipher, modes.CTR(counter)).encryptor()
+        out = encryptor.update(bytes(blocks * BLOCK_BYTES))
+        self.position = (self.position + blocks) % _COUNTER_SPACE
+        return out[:nbytes]
+
+    def words(self, n: int) -> torch.Tensor:
+        """``(n,)`` int64: n uniform 64-bit words (two's complement, so half are negative)."""
+        if n == 0:
+            return torch.zeros(0, dtype=torch.int64)
+        return torch.frombuffer(bytearray(self.random_bytes(8 * n)), dtype=torch.int64)
+
+    # -- numbers ---------------------------------------------------------------------------------------------------
+    def bits(self, n: int) -> torch.Tensor:
+        """``(n,)`` int64, i.i.d. uniform on ``[0, 2^53)``: the top 53 bits of each word."""
+        # The arithmetic shift smears the sign bit; the mask removes it.
+        return torch.bitwise_right_shift(self.words(n), 64 - UNIFORM_BITS) & (2**UNIFORM_BITS - 1)
+
+    def uniform(self, shape: int | tuple[int, ...]) -> torch.Tensor:
+        """float64 of `shape`, i.i.d. uniform on the grid ``{k · 2^-53 : 0 ≤ k < 2^53}`` ⊂ [0, 1).
+
+        ``u < q`` then holds with probability exactly q for any q on that grid (every float64 in [2^-53, 1] is),
+        which is what the Poisson coins need.
+        """
+        size = (shape,) if isinstance(shape, int) else tuple(shape)
+        return self.bits(math.prod(size)).to(torch.float64).mul_(2.0**-UNIFORM_BITS).reshape(size)
+
+    def integers(self, high: int | torch.Tensor, shape: int | tuple[int, ...] | None = None) -> torch.Tensor:
+        """int64, i.i.d. uniform on ``0 .. high - 1``, exactly (1 ≤ high ≤ 2^53).
+
+        `high` is an int (then `shape` gives the shape) or an int64 tensor of bounds, one per value drawn (then the
+        result has its shape). A 53-bit draw k is kept only below the largest multiple of its bound (rejection,
+        redrawn until none is left; probability < high / 2^53 per value), then ``k % high``.
+        """
+        if isinstance(high, torch.Tensor):
+            highs = high.to(torch.int64).reshape(-1)
+            size = tuple(high.shape)
+        else:
+            size = (shape,) if isinstance(shape, int) else tuple(shape or ())
+            highs = torch.full((math.prod(size),), int(high), dtype=torch.int64)
+        if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
+            raise ValueError("integers: every bound must be in [1, 2^53]")
+        limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
+        draw = self.bits(highs.numel())
+        rejected = torch.nonzero(draw >= limits).reshape(-1)
+        while rejected.numel():
+            draw[rejected] = self.bits(rejected.numel())
+            rejected = rejected[draw[rejected] >= limits[rejected]]
+        return (draw % highs).reshape(size)
+
+    def permutation(self, n: int) -> torch.Tensor:
+        """``(n,)`` int64: a uniform random permutation of ``0 .. n - 1`` (Fisher–Yates with :meth:`integers`)."""
+        if n < 2:
+            return torch.arange(n, dtype=torch.int64)
+        # Swap partner j_i uniform on 0..i for i = n-1 .. 1: every partner in one draw, then the swaps in order.
+        partners = self.integers(torch.arange(n, 1, -1, dtype=torch.int64)).tolist()
+        values = list(range(n))
+        for i, j in zip(range(n - 1, 0, -1), partners, strict=True):
+            values[i], values[j] = values[j], values[i]
+        return torch.tensor(values, dtype=torch.int64)
+
+    # -- state -----------------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """``{"key", "secret", "position"}``: everything that determines the rest of the stream. Under
+        :meth:`from_os` the key is the party's secret: this state belongs in the party's own 0600 file only."""
+        return {"key": self._key, "secret": self.secret, "position": self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue the stream saved by :meth:`state_dict`."""
+        restored = Keystream(state["key"], secret=state["secret"], position=int(state["position"]))
+        self._key, self._cipher = restored._key, restored._cipher
+        self.secret, self.position = restored.secret, restored.position
