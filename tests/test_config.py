@@ -12,6 +12,7 @@ from mpi_fnas.config import (
     Config,
     ConfigError,
     check_world,
+    config_from_text,
     describe_keys,
     documented_defaults_yaml,
     key_docs,
@@ -118,12 +119,26 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("noequals", r"expected dotted\.key=value"),
         ("data.download=yes please", r"^data\.download: expected true or false"),
         ("name=a/b", r"^name: 'a/b' must be a non-empty name without path separators$"),
+        ("privacy.secure_rng=true", r"^privacy\.secure_rng: removed: every DP party now draws all its noise .* "
+                                    r"delete the key$"),
+        ("privacy.secure_rng=false", r"^privacy\.secure_rng: removed"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message) as info:
         load_config(None, [override])
     assert "\n" not in str(info.value)
+
+
+def test_a_stored_config_of_an_older_version_is_read_without_its_removed_keys():
+    """Logs, checkpoints and searched.pt written before privacy.secure_rng was removed still read (report, sweep,
+    --resume, --augment); a config the user gives does not."""
+    old = Config().to_dict()
+    old["privacy"]["secure_rng"] = False
+    text = yaml.safe_dump(old, sort_keys=False)
+    assert config_from_text(text, stored=True) == Config()
+    with pytest.raises(ConfigError, match=r"^privacy\.secure_rng: removed"):
+        config_from_text(text)
 
 
 def test_bad_files(tmp_path):
