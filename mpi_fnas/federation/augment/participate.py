@@ -22,6 +22,7 @@ from mpi_fnas.federation.augment.plan import AugmentAssignment
 from mpi_fnas.federation.augment.server import drop_path_probability
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
+from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.participate import own_examples
 from mpi_fnas.federation.party import Shard
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -34,6 +35,7 @@ STAGE = "augment"
 
 def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     """Run party `channel.rank`'s side of the whole augmentation; True when it stopped as interrupted."""
+    report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, AugmentAssignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank), stage=STAGE) if run_dir is not None else None
     party = _build_party(cfg, got, channel.rank, device, store)
@@ -57,7 +59,7 @@ def participate_augment(cfg: Config, channel: Channel, run_dir: Path | None) -> 
 
 def _build_party(cfg: Config, got: AugmentAssignment, rank: int, device: torch.device,
                  store: PartyStore | None) -> AugmentParty:
-    data = open_split(cfg, "train")
+    data = open_split(cfg, "train", party=rank)
     x, y = own_pool(cfg, data, got, rank)
     space = search_space(cfg.space.kind)
     model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,

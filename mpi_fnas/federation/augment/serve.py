@@ -35,6 +35,7 @@ from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
+from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.serve import open_search_log, selection_schema
@@ -85,7 +86,8 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     """
     start = time.perf_counter()
     try:
-        search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None)
+        search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None,
+                               local_sizes=gather_inventory(cfg, channel))
         where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
         genotype = parse_genotype(cfg.augment.genotype or searched["genotype"], where, cfg.space.kind)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
