@@ -471,7 +471,7 @@ def test_download_through_the_real_torchvision_downloader(
 
 
 def test_open_dataset_synthetic_and_errors() -> None:
-    assert DATASETS == ("synthetic-shapes", "cifar10")
+    assert DATASETS == ("synthetic-shapes", "cifar10", "mnist", "imagefolder")
     data = open_dataset("synthetic-shapes", "test", root="unused", image_size=32, size=40, seed=5)
     assert isinstance(data, Dataset)
     assert len(data) == 40 and (data.num_classes, data.in_channels, data.image_size) == (10, 3, 32)
@@ -481,7 +481,7 @@ def test_open_dataset_synthetic_and_errors() -> None:
         len(open_dataset("synthetic-shapes", "train", root=".", image_size=16, size=None, seed=0)) == 50_000
     )
     with pytest.raises(ValueError, match="unknown dataset"):
-        open_dataset("mnist", "train", root=".", image_size=16, size=None, seed=0)
+        open_dataset("svhn", "train", root=".", image_size=16, size=None, seed=0)
 
 
 # ----------------------------------------------------------------------------------------------------
