@@ -17,7 +17,8 @@ DEFAULT_OUT = "report"
 _EPILOG = """\
 output (DIR, default ./report; an earlier report there is replaced, any other non-empty directory refused):
   report.md, report.html (one self-contained page, figures inline), table1.csv (one row per mode and K),
-  table2.csv (only with a noise study: one K at several noise variances σ_W² or σ_aug²), figures/*.png.
+  table2.csv (only with a noise study: one K at several noise variances σ_W² or σ_aug²), baseline_table.csv
+  (only with a random baseline from python -m mpi_fnas.baseline: one row per arm), figures/*.png.
   Runs that are running, failed or interrupted are listed with their status and left out of the means.
 follow: --follow RUN_DIR reads the run's log every --interval seconds while it is written and shows
   step/epoch, s/step, ETA, ε per party (worst, best), the genotype and the last test accuracy.
@@ -80,6 +81,8 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
     except ConfigError as exc:
         return cli.report_bad_input(0, exc, debug)
 
+    from mpi_fnas.baseline.results import compare, format_comparison
+    from mpi_fnas.report.baseline import baseline_rows, find_baselines, under
     from mpi_fnas.report.document import build_report  # matplotlib, torch (genotypes): only for a real report
     from mpi_fnas.report.tables import augment_noise_label, group_runs, noise_label, table1_groups, table2_groups
 
@@ -97,7 +100,8 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
     for r in runs:
         if not r.final:
             print(f"  left out  {r.label}: {r.status} ({r.reason or 'no reason recorded'})")
-    groups = group_runs(runs)
+    baselines = find_baselines(paths)
+    groups = group_runs([r for r in runs if not under(r.path, baselines)])
     table2 = table2_groups(groups)
     for g, study in [*((g, False) for g in table1_groups(groups)), *((g, True) for g in table2)]:
         std = f" ± {100 * g.test_error_std:.2f}" if math.isfinite(g.test_error_std) else ""
@@ -105,6 +109,9 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
         noise = f"  σ_W² {noise_label(g.noise_variance)}  σ_aug² {augment_noise_label(g)}" if study else ""
         print(f"  {g.mode:<8} K={g.parties:<3}{noise}  runs {len(g.runs)}  test error "
               f"{100 * g.test_error_mean:.2f}{std} % ({g.stage})  search {g.search_wall_hours:.3g} h{eps}")
+    for directory in baselines:
+        print(f"  random baseline {directory}:\n" + "\n".join(
+            f"    {line}" for line in format_comparison(compare(baseline_rows(directory))).splitlines()))
     figures = sum(name.startswith("figures/") for name in files)
     print(f"wrote {out / 'report.html'}, {out / 'report.md'}, the tables and {figures} figures in {out / 'figures'}",
           flush=True)

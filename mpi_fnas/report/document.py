@@ -4,10 +4,12 @@ of the report directory (in memory; mpi_fnas.report.output writes them)."""
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 
 from mpi_fnas import __version__
-from mpi_fnas.report.collect import RunRecord
+from mpi_fnas.report.baseline import BASELINE_COLUMNS, BASELINE_CSV, baseline_section, find_baselines, under
+from mpi_fnas.report.collect import RunRecord, slugify
 from mpi_fnas.report.figures import (
     COST_FIGURE,
     FIGURE_PIXELS,
@@ -53,8 +55,11 @@ TITLE = "mpi_fnas report"
 
 def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, bytes]:
     """Every file of the report directory, by relative path: report.md, report.html, table1.csv, table2.csv (when
-    Table 2 exists) and figures/<name>.png. `inputs`: the paths given, named in the report's first line."""
-    groups = group_runs(runs)
+    Table 2 exists), baseline_table.csv (when a random baseline is among the inputs) and figures/<name>.png.
+    `inputs`: the paths given, named in the report's first line. Runs of a random baseline are left out of Tables 1
+    and 2 (a random cell is not a searched one) and compared in the baseline's own section."""
+    baselines = find_baselines(inputs)
+    groups = group_runs([run for run in runs if not under(run.path, baselines)])
     table1, table2 = table1_groups(groups), table2_groups(groups)
     across: dict[str, bytes] = {}
     if table1:
@@ -71,6 +76,13 @@ def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, 
     blocks: list[Block] = [Heading(TITLE, 1), Paragraph(_summary(runs, inputs))]
     blocks += _table1_blocks(table1, groups)
     blocks += _table2_blocks(table2)
+    baseline_rows: list[dict[str, object]] = []
+    for directory in baselines:
+        label = os.path.relpath(directory)
+        section, figures, rows = baseline_section(directory, label, slugify(label))
+        blocks += section
+        images.update(figures)
+        baseline_rows += rows
     blocks += _runs_blocks(runs, groups)
     for run in runs:
         blocks += _run_blocks(run, per_run[run.slug])
@@ -82,6 +94,8 @@ def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, 
     }
     if table2:
         files[TABLE2_CSV] = csv_text(TABLE2_COLUMNS, table2_rows(table2)).encode("utf-8")
+    if baselines:
+        files[BASELINE_CSV] = csv_text(BASELINE_COLUMNS, baseline_rows).encode("utf-8")
     files.update({f"{FIGURES_DIR}/{name}": png for name, png in images.items()})
     return files
 

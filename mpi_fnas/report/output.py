@@ -17,12 +17,13 @@ from pathlib import Path
 
 from mpi_fnas import cli
 from mpi_fnas.config import ConfigError
+from mpi_fnas.report.baseline import BASELINE_CSV
 from mpi_fnas.report.document import REPORT_HTML, REPORT_MD, TITLE
 from mpi_fnas.report.page import FIGURES_DIR
 from mpi_fnas.report.tables import TABLE1_CSV, TABLE2_CSV
 
 #: Everything the report owns in DIR: replaced by a new report (a file the new one lacks is removed).
-OWNED = (REPORT_MD, REPORT_HTML, TABLE1_CSV, TABLE2_CSV, FIGURES_DIR)
+OWNED = (REPORT_MD, REPORT_HTML, TABLE1_CSV, TABLE2_CSV, BASELINE_CSV, FIGURES_DIR)
 
 
 STAGING_PREFIX = ".report-"

@@ -10,12 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from mpi_fnas.space import dpnas
 from mpi_fnas.space.derived import build_augment_network
-from mpi_fnas.space.genotype import Genotype, max_genotype_length, num_edges
+from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype, max_genotype_length, num_edges
 from mpi_fnas.space.network import build_supernet
 from mpi_fnas.space.ops import PRIMITIVES
 
@@ -51,6 +52,21 @@ class DartsSpace:
 
     def check_trainable(self, genotype: Genotype) -> None:
         """Every parsed DARTS genotype can be built (``from_string`` refuses ``none``): nothing to check."""
+
+    def random_genotype(self, space: SpaceConfig, rng: np.random.Generator) -> Genotype:
+        """A genotype drawn uniformly from those the search can derive (Li & Talwalkar's random baseline): for every
+        node of each cell, independently, 2 distinct inputs uniformly among its ``i + 2`` states and for each a
+        non-``none`` op uniformly; concat = every intermediate node, as ``derive_genotype`` does."""
+        ops = [p for p in self.primitives if p != "none"]
+        cells = []
+        for _ in ("normal", "reduce"):
+            edges: list[tuple[str, int]] = []
+            for node in range(space.nodes):
+                inputs = sorted(int(j) for j in rng.choice(node + NUM_CELL_INPUTS, EDGES_PER_NODE, replace=False))
+                edges += [(ops[int(rng.integers(len(ops)))], j) for j in inputs]
+            cells.append(tuple(edges))
+        concat = tuple(range(NUM_CELL_INPUTS, NUM_CELL_INPUTS + space.nodes))
+        return Genotype(normal=cells[0], normal_concat=concat, reduce=cells[1], reduce_concat=concat)
 
     def build_augment_network(self, genotype: Any, cfg: Config, *, seed: int, in_channels: int,
                               num_classes: int) -> nn.Module:
@@ -89,6 +105,16 @@ class DpnasSpace:
         """ValueError for a cell whose output does not depend on its input (the all-``none`` cell is one): no
         network is built from it (``DerivedDpnasCell`` refuses it with the same message)."""
         dpnas.check_connected(genotype)
+
+    def random_genotype(self, space: SpaceConfig, rng: np.random.Generator) -> dpnas.DpnasGenotype:
+        """A cell drawn uniformly from the trainable ones: every edge's op uniformly among the 10 primitives
+        (``none`` = no edge, as the argmax derivation allows), redrawn until the cell is connected."""
+        while True:
+            ops = tuple(self.primitives[int(k)] for k in rng.integers(len(self.primitives),
+                                                                        size=dpnas.num_edges(space.nodes)))
+            genotype = dpnas.DpnasGenotype(ops)
+            if genotype.connected:
+                return genotype
 
     def build_augment_network(self, genotype: Any, cfg: Config, *, seed: int, in_channels: int,
                               num_classes: int) -> nn.Module:

@@ -1,0 +1,176 @@
+"""The command line: ``mpirun -n K+1 python -m mpi_fnas.baseline`` runs every arm of a baseline in one MPI job
+(see the package docstring)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from mpi_fnas import __version__, cli
+from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base
+from mpi_fnas.baseline.results import (
+    CSV_NAME,
+    LOG_NAME,
+    ArmResult,
+    compare,
+    finished,
+    format_comparison,
+    read_arm,
+    write_csv,
+)
+from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
+
+_EPILOG = """\
+for every seed: the searched arm (the config's search, then the augmentation of the cell it found) and --random R
+  cells drawn uniformly from the same space (public draw from the seed, logged), each trained by the same
+  augmentation; under dpfnas a random arm spent nothing on a search, so its augmentation is calibrated to the
+  searched arm's whole ε (privacy.target_epsilon), and both ε are reported (they agree within 1 %).
+output: DIR/seed<S>/searched/search.h5, DIR/seed<S>/random-<i>/search.h5, DIR/baseline.csv (one row per arm and
+  seed, rewritten after every arm), DIR/baseline.yaml (the base config). An arm that already finished in DIR is
+  read back, not rerun; an unfinished one is refused (resume it with mpi_fnas.run --resume, or remove it).
+report: python -m mpi_fnas.report DIR adds the baseline table, RI and the searched cell's rank among the random ones.
+exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (the current arm checkpointed).
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mpi_fnas.baseline",
+        description="Does the search beat random? The searched cell against R random cells of the same space, "
+        "trained by the same augmentation at the same total ε, over several seeds, in one MPI job.",
+        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cli.add_config_arguments(parser)
+    parser.add_argument("--random", type=int, required=True, metavar="R",
+                        help="random cells per seed (NAS practice: at least 8)")
+    parser.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="seeds (at least 3 to "
+                        "judge a difference against its standard error)")
+    parser.add_argument("--out", metavar="DIR", help="baseline directory (default runs/<name>-baseline-<timestamp>)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    base, config_error = cli.load_config_args(args)
+    if config_error is None:
+        try:
+            _check_arguments(base, args)
+        except ConfigError as exc:
+            config_error = exc
+
+    from mpi_fnas.federation.comm import Channel
+
+    channel = Channel(cli.start_mpi(base))
+    stop = cli.StopRequest.install()
+    state: dict = {}
+
+    def setup() -> int:
+        if config_error is not None:
+            raise config_error
+        if channel.size < 2:
+            raise ConfigError("mpi_fnas.baseline needs at least 2 MPI ranks (1 server + K parties); launch it as: "
+                              "mpirun -n 9 python -m mpi_fnas.baseline --random 8 --seeds 0 1 2")
+        text, path = cli.decide_on_root(channel, lambda: (base.to_yaml(), str(_decide_dir(base, args))))
+        state["base"], state["out"] = config_from_text(text, stored=True), Path(path)
+        check_world(state["base"], channel.size)
+        return cli.EXIT_OK
+
+    code = cli.run_guarded(channel, setup, debug=args.debug)
+    if code != cli.EXIT_OK:
+        return code
+    channel.timeout = state["base"].runtime.comm_timeout
+    code = _run_baseline(state["base"], channel, state["out"], args, stop)
+    stop.disarm()
+    return code
+
+
+def _check_arguments(base: Config, args: argparse.Namespace) -> None:
+    check_base(base)
+    if args.random < 1:
+        raise ConfigError(f"--random: expected at least 1 random cell per seed, got {args.random}")
+    if any(seed < 0 for seed in args.seeds) or len(set(args.seeds)) != len(args.seeds):
+        raise ConfigError(f"--seeds: expected distinct seeds >= 0, got {' '.join(map(str, args.seeds))}")
+
+
+def _decide_dir(base: Config, args: argparse.Namespace) -> Path:
+    """Rank 0: the baseline directory; refuses (one line) an arm left unfinished there, before anything runs."""
+    path = Path(args.out) if args.out else Path("runs") / f"{base.name}-baseline-{time.strftime('%Y%m%d-%H%M%S')}"
+    for arm in arms(args.seeds, args.random):
+        run_dir = arm.run_dir(path)
+        if (run_dir / LOG_NAME).exists() and not finished(run_dir):
+            raise ConfigError(f"--out: {run_dir} holds an unfinished run; resume it with mpi_fnas.run --resume "
+                              f"{run_dir}, or remove it (nothing was overwritten)")
+    cli.make_dir(path)
+    (path / "baseline.yaml").write_text(base.to_yaml())
+    return path
+
+
+def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
+    from mpi_fnas.federation.job import run_job
+    from mpi_fnas.federation.party_store import party_dir
+    from mpi_fnas.progress import Progress
+
+    threads = cli.limit_torch_threads(base)
+    todo = arms(args.seeds, args.random)
+    if channel.is_server:
+        print(f"mpi_fnas {__version__}: random baseline: {len(args.seeds)} seed(s) x (searched + {args.random} "
+              f"random cells) = {len(todo)} arms, mode={base.mode} space={base.space.kind} "
+              f"parties={channel.parties} threads/rank={threads} out={out}", flush=True)
+    results: list[ArmResult] = []
+    searched_epsilon: dict[int, float] = {}
+    for number, arm in enumerate(todo, start=1):
+        run_dir, tag = arm.run_dir(out), f"[{number}/{len(todo)}] seed {arm.seed} {arm.name}"
+
+        def decide(arm: Arm = arm, run_dir: Path = run_dir) -> tuple[str, bool]:
+            """Rank 0: the arm's config (as YAML, so every rank runs the same) and whether it already finished."""
+            cfg = arm_config(base, arm, searched_epsilon.get(arm.seed))
+            done = finished(run_dir)
+            if not done:
+                cli.make_dir(run_dir)
+            return cfg.to_yaml(), done
+
+        def one_arm(arm: Arm = arm, run_dir: Path = run_dir, tag: str = tag) -> int:
+            text, done = cli.decide_on_root(channel, decide)
+            cfg = config_from_text(text, stored=True)
+            if not done:
+                stage = "search" if arm.searched else "augment"
+                if channel.is_server:
+                    print(f"{tag} → {run_dir / LOG_NAME}", flush=True)
+                outcome = run_job(cfg, channel, run_dir, stage=stage, stop_requested=stop, progress=lambda name: (
+                    Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")
+                    if channel.is_server else None))
+                if not channel.is_server:
+                    return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
+                if outcome.interrupted:
+                    write_csv(out, results)
+                    print(f"\nmpi_fnas: {tag} interrupted and checkpointed; resume it with mpi_fnas.run --resume "
+                          f"{run_dir}, then run this command again with the same --out", file=sys.stderr, flush=True)
+                    return cli.EXIT_INTERRUPTED
+            if channel.is_server:
+                result = read_arm(run_dir, arm, searched_epsilon.get(arm.seed, float("nan")))
+                if arm.searched:
+                    searched_epsilon[arm.seed] = result.epsilon_worst
+                results.append(result)
+                write_csv(out, results)
+                _print_arm(tag, result, reused=done)
+            return cli.EXIT_OK
+
+        code = cli.run_guarded(channel, one_arm, debug=args.debug,
+                               private=base.mode == "dpfnas" and not channel.is_server,
+                               party_dir=party_dir(run_dir, channel.rank))
+        if code != cli.EXIT_OK:
+            return code
+    if channel.is_server:
+        print("\n" + format_comparison(compare(results)), flush=True)
+        print(f"results         {out / CSV_NAME} (report: python -m mpi_fnas.report {out})", flush=True)
+    return cli.EXIT_OK
+
+
+def _print_arm(tag: str, result: ArmResult, *, reused: bool) -> None:
+    eps = "" if result.epsilon_worst != result.epsilon_worst else (
+        f"  ε {result.epsilon_worst:.4g} (searched {result.epsilon_searched:.4g})")
+    again = "  (finished earlier: read back)" if reused else ""
+    print(f"{tag}: test acc {result.test_acc:.4f}  params {result.params}{eps}  {result.wall_seconds:.1f} s{again}",
+          flush=True)

@@ -1,0 +1,214 @@
+"""A baseline's results, read back from its arms' logs: ``baseline.csv`` and the comparison NAS researchers make.
+
+No MPI, no torch. Every number comes from an arm's ``search.h5`` (:func:`mpi_fnas.runlog.read_run`):
+
+* ``test_acc``: ``/augment`` ``test_acc`` (the cell trained from scratch, on the server's test split);
+* ``params``: ``/augment`` ``params``;
+* ``epsilon_worst``: the worst party's ε of the last ``/augment/privacy/epsilon`` row (search + augmentation
+  composed; NaN without DP).
+
+The comparison (Yang et al., ICLR 2020, "NAS evaluation is frustratingly hard"), per seed s with the searched cell's
+accuracy a_s and the random cells' mean m_s:
+
+* RI_s = 100 · (a_s − m_s) / m_s, the relative improvement; reported as mean ± sample std over seeds;
+* the searched cell's rank among the random cells of its seed (1 = better than every one);
+* d_s = a_s − m_s; the search "beats random" when mean(d) exceeds its standard error std(d)/√S (S ≥ 2 seeds).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+
+from mpi_fnas.baseline.arms import RANDOM_PREFIX, SEARCHED, Arm
+
+CSV_NAME = "baseline.csv"
+LOG_NAME = "search.h5"
+#: Relative agreement required between a random arm's ε and its searched arm's (issue 24: within 1 %).
+EPSILON_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One row of ``baseline.csv`` (the first six columns are the issue's; the rest say how it was made)."""
+
+    arm: str
+    seed: int
+    genotype: str
+    params: int
+    test_acc: float
+    epsilon_worst: float
+    epsilon_searched: float  # the searched arm's ε of the same seed (what a random arm was calibrated to)
+    augment_noise_multiplier: float  # σ_aug the augmentation ran with (NaN without DP)
+    status: str
+    wall_seconds: float  # search + augmentation
+
+
+def read_arm(run_dir: Path, arm: Arm, epsilon_searched: float) -> ArmResult:
+    """The result of `arm` from ``run_dir/search.h5``."""
+    from mpi_fnas.runlog import read_run
+
+    log = read_run(Path(run_dir) / LOG_NAME)
+    augment = log["augment"] or {}
+    privacy = augment.get("privacy") or {}
+    epsilon = np.asarray(privacy.get("epsilon", []), dtype=np.float64)
+    epsilon_worst = float(epsilon[-1].max()) if epsilon.size else math.nan
+    sigma = privacy.get("noise_multiplier", math.nan)
+    status = log["status"] if log["status"] != "finished" else augment.get("status", "augment pending")
+    # An augment-only arm has no search cost (NaN): count what ran.
+    wall = float(np.nansum([log["cost"]["wall_seconds"], (augment.get("cost") or {}).get("wall_seconds", 0.0)]))
+    return ArmResult(
+        arm=arm.name, seed=arm.seed, genotype=str(augment.get("genotype") or ""), params=int(augment.get("params", 0)),
+        test_acc=float(augment.get("test_acc", math.nan)), epsilon_worst=epsilon_worst,
+        epsilon_searched=epsilon_worst if arm.searched else float(epsilon_searched),
+        augment_noise_multiplier=float(np.max(sigma)) if np.size(sigma) else math.nan, status=str(status),
+        wall_seconds=wall,
+    )
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the arm in `run_dir` finished both its stages (its log says so)."""
+    from mpi_fnas.runlog import read_run
+
+    path = Path(run_dir) / LOG_NAME
+    if not path.exists():
+        return False
+    log = read_run(path)
+    return log["status"] == "finished" and log["augment"] is not None and log["augment"]["status"] == "finished"
+
+
+def write_csv(out: Path, rows: list[ArmResult]) -> Path:
+    """Write ``OUT/baseline.csv`` (rewritten after every arm, so a crash keeps the finished ones)."""
+    path = Path(out) / CSV_NAME
+    names = [f.name for f in fields(ArmResult)]
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=names, lineterminator="\n")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _cell(v) for k, v in asdict(row).items()})
+    tmp.replace(path)
+    return path
+
+
+def read_csv(path: Path) -> list[ArmResult]:
+    """The rows of a ``baseline.csv``."""
+    types = {f.name: f.type for f in fields(ArmResult)}
+    rows = []
+    with open(path, newline="") as f:
+        for record in csv.DictReader(f):
+            rows.append(ArmResult(**{k: _parse(v, types[k]) for k, v in record.items()}))
+    return rows
+
+
+@dataclass(frozen=True)
+class SeedComparison:
+    """One seed: the searched cell against that seed's random cells."""
+
+    seed: int
+    searched_acc: float
+    random_mean: float
+    random_accs: tuple[float, ...]
+    relative_improvement: float  # RI_s, %
+    rank: int  # 1 + the random cells strictly better than the searched one
+    epsilon_searched: float
+    epsilon_random_max_deviation: float  # max over the random arms of |ε_random / ε_searched − 1|
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The baseline over every seed that has a finished searched arm and at least one finished random arm."""
+
+    seeds: tuple[SeedComparison, ...]
+
+    @property
+    def relative_improvement(self) -> tuple[float, float]:
+        """RI: mean and sample std over seeds (std NaN with one seed), %."""
+        return _mean_std([s.relative_improvement for s in self.seeds])
+
+    @property
+    def difference(self) -> tuple[float, float]:
+        """mean over seeds of d_s = a_s − m_s, and its standard error std(d)/√S (NaN with one seed)."""
+        d = [s.searched_acc - s.random_mean for s in self.seeds]
+        mean, std = _mean_std(d)
+        return mean, std / math.sqrt(len(d)) if len(d) > 1 else math.nan
+
+    @property
+    def beats_random(self) -> bool | None:
+        """mean(d) > SE(d); None with fewer than 2 seeds."""
+        mean, se = self.difference
+        return None if not math.isfinite(se) else bool(mean > se)
+
+    @property
+    def epsilon_agrees(self) -> bool:
+        """Every random arm's ε is within EPSILON_TOLERANCE of its searched arm's (vacuously true without DP)."""
+        return all(not s.epsilon_random_max_deviation > EPSILON_TOLERANCE for s in self.seeds)
+
+
+def compare(rows: list[ArmResult]) -> Comparison:
+    """The comparison of the finished arms of `rows` (see the module doc)."""
+    by_seed: dict[int, list[ArmResult]] = {}
+    for row in rows:
+        if row.status == "finished" and math.isfinite(row.test_acc):
+            by_seed.setdefault(row.seed, []).append(row)
+    seeds = []
+    for seed in sorted(by_seed):
+        searched = [r for r in by_seed[seed] if r.arm == SEARCHED]
+        randoms = [r for r in by_seed[seed] if r.arm.startswith(RANDOM_PREFIX)]
+        if not searched or not randoms:
+            continue
+        a = searched[0].test_acc
+        accs = tuple(r.test_acc for r in randoms)
+        mean = float(np.mean(accs))
+        eps = searched[0].epsilon_worst
+        deviations = [abs(r.epsilon_worst / eps - 1.0) for r in randoms if math.isfinite(eps) and eps > 0]
+        seeds.append(SeedComparison(
+            seed=seed, searched_acc=a, random_mean=mean, random_accs=accs,
+            relative_improvement=100.0 * (a - mean) / mean if mean > 0 else math.nan,
+            rank=1 + sum(acc > a for acc in accs), epsilon_searched=eps,
+            epsilon_random_max_deviation=max(deviations) if deviations else math.nan,
+        ))
+    return Comparison(tuple(seeds))
+
+
+def format_comparison(comparison: Comparison) -> str:
+    """The lines printed at the end of a baseline (and in the report's text)."""
+    lines = ["seed  searched acc  random acc (mean ± std, n)   rank   RI %     ε searched  max |Δε|"]
+    for s in comparison.seeds:
+        mean, std = _mean_std(list(s.random_accs))
+        lines.append(f"{s.seed:<5} {s.searched_acc:<13.4f} {mean:.4f} ± {_fmt(std, '.4f')} ({len(s.random_accs)})"
+                     f"{'':<8}{s.rank:<6} {s.relative_improvement:<+8.2f} {_fmt(s.epsilon_searched, '.4g'):<11} "
+                     f"{_fmt(100 * s.epsilon_random_max_deviation, '.2f')} %")
+    ri, ri_std = comparison.relative_improvement
+    d, se = comparison.difference
+    verdict = {None: "one seed: no standard error", True: "searched beats random by more than one standard error",
+               False: "searched does NOT beat random by more than one standard error"}[comparison.beats_random]
+    lines.append(f"RI = {ri:+.2f} ± {_fmt(ri_std, '.2f')} % over {len(comparison.seeds)} seed(s); "
+                 f"searched − random = {d:+.4f} (SE {_fmt(se, '.4f')}): {verdict}")
+    return "\n".join(lines)
+
+
+def _mean_std(values: list[float]) -> tuple[float, float]:
+    if not values:
+        return math.nan, math.nan
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+def _fmt(value: float, spec: str) -> str:
+    return format(value, spec) if math.isfinite(value) else "—"
+
+
+def _cell(value: object) -> object:
+    return repr(value) if isinstance(value, float) else value
+
+
+def _parse(text: str, kind: object) -> object:
+    if kind in (int, "int"):
+        return int(text)
+    if kind in (float, "float"):
+        return float(text)
+    return text

@@ -1,0 +1,168 @@
+"""The report's random-baseline section: for each baseline directory given (one holding ``baseline.csv``, written
+by ``python -m mpi_fnas.baseline``), a table per arm, the per-seed comparison (rank, RI), the verdict and a figure.
+
+The numbers are read again from the arms' logs (:func:`mpi_fnas.baseline.results.read_arm`), not from the CSV, so
+the report and the tool cannot disagree; the CSV only names the arms. Runs under a baseline directory are left out
+of Tables 1 and 2 (a random cell is not a searched one) and listed under Runs like any other.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mpi_fnas.baseline.arms import RANDOM_PREFIX, SEARCHED, Arm
+from mpi_fnas.baseline.results import CSV_NAME, LOG_NAME, ArmResult, Comparison, compare, read_arm, read_csv
+from mpi_fnas.report.figures import new_figure, png_bytes
+from mpi_fnas.report.page import Block, Heading, Image, Paragraph, Table
+
+#: The report's per-arm table of every baseline, as CSV (one row per baseline directory and arm).
+BASELINE_CSV = "baseline_table.csv"
+BASELINE_COLUMNS = ("baseline", "arm", "seeds", "test_acc_mean", "test_acc_std", "params_mean", "epsilon_worst_mean")
+
+
+def find_baselines(paths: Sequence[str | Path]) -> list[Path]:
+    """Every directory at or under `paths` that holds a ``baseline.csv``, sorted, each once."""
+    found = set()
+    for given in paths:
+        path = Path(given)
+        if path.is_file():
+            path = path.parent
+        if not path.is_dir():
+            continue
+        found.update(p.parent.resolve() for p in path.rglob(CSV_NAME) if p.is_file())
+        if (path / CSV_NAME).is_file():
+            found.add(path.resolve())
+    return sorted(found)
+
+
+def under(path: Path, baselines: Sequence[Path]) -> bool:
+    """Whether the log `path` belongs to one of `baselines`."""
+    resolved = Path(path).resolve()
+    return any(base in resolved.parents for base in baselines)
+
+
+def baseline_rows(directory: Path) -> list[ArmResult]:
+    """The arms named in ``directory/baseline.csv``, read from their logs (the searched arm of each seed first)."""
+    named = read_csv(directory / CSV_NAME)
+    arms = sorted({(r.seed, r.arm) for r in named}, key=lambda sa: (sa[0], sa[1] != SEARCHED, _arm_order(sa[1])))
+    rows: list[ArmResult] = []
+    searched: dict[int, float] = {}
+    for seed, name in arms:
+        arm = Arm(name, seed)
+        if not (arm.run_dir(directory) / LOG_NAME).is_file():
+            continue
+        row = read_arm(arm.run_dir(directory), arm, searched.get(seed, math.nan))
+        if arm.searched:
+            searched[seed] = row.epsilon_worst
+        rows.append(row)
+    return rows
+
+
+def baseline_section(directory: Path, label: str, slug: str
+                     ) -> tuple[list[Block], dict[str, bytes], list[dict[str, object]]]:
+    """(the page blocks, {figure name: png}, the CSV rows (BASELINE_COLUMNS)) of one baseline."""
+    rows = baseline_rows(directory)
+    comparison = compare(rows)
+    figure = f"baseline-{slug}.png"
+    blocks: list[Block] = [
+        Heading(f"Random-architecture baseline: `{label}`"),
+        Paragraph("Does the search beat random? The searched cell against random cells of the same space, drawn "
+                  "uniformly from a public seed and trained by the same augmentation at the same total ε (under DP "
+                  "each random arm's augmentation is calibrated to its seed's searched arm's ε: the two ε columns "
+                  "below). RI = 100·(acc_searched − mean acc_random) / mean acc_random per seed (Yang et al., ICLR "
+                  "2020); rank 1 = the searched cell beats every random cell of its seed."),
+    ]
+    per_arm = _per_arm(rows)
+    blocks.append(Table(("arm", "seeds", "test acc (mean ± std)", "params (mean)", "ε worst (mean)"),
+                        tuple((f"`{arm}`", str(n), f"{_f(m, '.4f')} ± {_f(s, '.4f')}", _f(p, '.0f'), _f(e, '.4g'))
+                              for arm, n, m, s, p, e in per_arm)))
+    if comparison.seeds:
+        blocks.append(Table(
+            ("seed", "searched acc", "random acc (mean ± std)", "rank", "RI (%)", "ε searched", "max |ε random − ε "
+             "searched| (%)"),
+            tuple((str(s.seed), _f(s.searched_acc, ".4f"),
+                   f"{_f(np.mean(s.random_accs), '.4f')} ± {_f(_std(s.random_accs), '.4f')} ({len(s.random_accs)})",
+                   f"{s.rank} of {len(s.random_accs) + 1}", _f(s.relative_improvement, "+.2f"),
+                   _f(s.epsilon_searched, ".4g"), _f(100 * s.epsilon_random_max_deviation, ".2f"))
+                  for s in comparison.seeds)))
+        blocks.append(Paragraph(_verdict(comparison)))
+        blocks.append(Image(figure, f"{label}: test accuracy of the searched cell (star) and the random cells (dots), "
+                                    "per seed"))
+        figures = {figure: _figure(comparison, label)}
+    else:
+        blocks.append(Paragraph("No seed has both a finished searched arm and a finished random arm yet."))
+        figures = {}
+    csv_rows = [dict(zip(BASELINE_COLUMNS, (label, arm, n, m, s, p, e), strict=True)) for arm, n, m, s, p, e in per_arm]
+    return blocks, figures, csv_rows
+
+
+def _per_arm(rows: list[ArmResult]) -> list[tuple]:
+    """(arm, seeds, acc mean, acc std, params mean, ε mean): ``searched``, then the random arms pooled (as
+    ``random``), then each random arm."""
+    done = [r for r in rows if r.status == "finished"]
+    groups: dict[str, list[ArmResult]] = {SEARCHED: [r for r in done if r.arm == SEARCHED],
+                                          "random (all cells)": [r for r in done if r.arm.startswith(RANDOM_PREFIX)]}
+    for name in sorted({r.arm for r in done if r.arm.startswith(RANDOM_PREFIX)}, key=_arm_order):
+        groups[name] = [r for r in done if r.arm == name]
+    table = []
+    for name, members in groups.items():
+        if not members:
+            continue
+        accs = [r.test_acc for r in members]
+        table.append((name, len({r.seed for r in members}), float(np.mean(accs)), _std(accs),
+                      float(np.mean([r.params for r in members])), float(np.mean([r.epsilon_worst for r in members]))))
+    return table
+
+
+def _verdict(comparison: Comparison) -> str:
+    ri, ri_std = comparison.relative_improvement
+    d, se = comparison.difference
+    seeds = len(comparison.seeds)
+    ranks = ", ".join(str(s.rank) for s in comparison.seeds)
+    text = (f"Over {seeds} seed(s): RI = {_f(ri, '+.2f')} ± {_f(ri_std, '.2f')} %; searched − random mean = "
+            f"{_f(d, '+.4f')} (standard error {_f(se, '.4f')}); the searched cell's rank per seed: {ranks}. ")
+    if comparison.beats_random is None:
+        text += "One seed: no standard error, no verdict."
+    elif comparison.beats_random:
+        text += "The searched cell beats the random cells' mean by more than one standard error."
+    else:
+        text += "The searched cell does NOT beat the random cells' mean by more than one standard error."
+    if not comparison.epsilon_agrees:
+        text += " WARNING: a random arm's ε differs from its searched arm's by more than 1 %."
+    return text
+
+
+def _figure(comparison: Comparison, label: str) -> bytes:
+    figure = new_figure()
+    ax = figure.subplots()
+    for i, s in enumerate(comparison.seeds):
+        jitter = np.linspace(-0.15, 0.15, len(s.random_accs)) if len(s.random_accs) > 1 else np.zeros(1)
+        ax.scatter(i + jitter, s.random_accs, color="#7f7f7f", s=25, label="random cells" if i == 0 else None)
+        ax.plot([i - 0.25, i + 0.25], [s.random_mean] * 2, color="#7f7f7f", linewidth=1.5,
+                label="random mean" if i == 0 else None)
+        ax.scatter([i], [s.searched_acc], marker="*", s=220, color="#d62728", edgecolor="black", zorder=3,
+                   label="searched cell" if i == 0 else None)
+    ax.set_xticks(range(len(comparison.seeds)), [f"seed {s.seed}" for s in comparison.seeds])
+    ax.set_ylabel("test accuracy (augmented)")
+    ri, ri_std = comparison.relative_improvement
+    ax.set_title(f"{label}: RI {_f(ri, '+.1f')} ± {_f(ri_std, '.1f')} %", fontsize=11)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    figure.tight_layout()
+    return png_bytes(figure)
+
+
+def _arm_order(name: str) -> tuple[int, str]:
+    return (int(name[len(RANDOM_PREFIX):]), name) if name.startswith(RANDOM_PREFIX) else (-1, name)
+
+
+def _std(values: Sequence[float]) -> float:
+    return float(np.std(values, ddof=1)) if len(values) > 1 else math.nan
+
+
+def _f(value: float, spec: str) -> str:
+    return format(value, spec) if value is not None and math.isfinite(value) else "–"
