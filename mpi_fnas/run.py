@@ -298,6 +298,8 @@ def _search_lines(outcome) -> list[str]:
             f"                (paper's Theorem 3.1 μ-GDP, a CLT approximation: μ = {mu.max():.4g}; not the guarantee)",
         ]
     lines += [
+        f"alphas          moved from uniform: entropy {outcome.alpha_entropy:.4f} of uniform's, top-op margin "
+        f"{outcome.alpha_margin:.4f} (means over edges; uniform: 1 and 0)",
         f"genotype        {outcome.genotype}",
         f"wall time       {int(mins)}m{secs:04.1f}s",
         f"log             {outcome.log_path}",

@@ -200,3 +200,19 @@ def test_a_dp_party_refuses_every_unnoised_path_whatever_its_config():
         with pytest.raises(PrivacyError, match="DP party does not release"):
             unnoised()
     assert np.all(party.a_release()[-STATS:] == 0)  # the noised path still works, with a zero tail
+
+
+def test_alpha_movement_is_one_and_zero_at_uniform_and_moves_with_a():
+    """The summary's measure of a search that moved A: entropy (÷ log ops) and top-op margin, means over edges."""
+    torch.manual_seed(0)
+    server = Server(SearchNetwork(channels=4, num_classes=3, layers=1, nodes=2, norm="groupnorm"), SearchConfig(),
+                    parties=1)
+    server.a.data.zero_()
+    entropy, margin = server.alpha_movement()
+    assert math.isclose(entropy, 1.0, abs_tol=1e-9) and math.isclose(margin, 0.0, abs_tol=1e-9)
+    edges = server.a.numel() // 8  # 8 ops per edge, normal and reduce cells
+    server.a.data.view(edges, 8)[0, 3] = math.log(7 * 3)  # edge 0: p = 3/4 on op 3, 1/28 on each other op
+    entropy, margin = server.alpha_movement()
+    p = np.array([0.75] + [0.25 / 7] * 7)
+    assert math.isclose(entropy, (edges - 1 + float(-(p * np.log(p)).sum() / np.log(8))) / edges, rel_tol=1e-6)
+    assert math.isclose(margin, (0.75 - 0.25 / 7) / edges, rel_tol=1e-6)

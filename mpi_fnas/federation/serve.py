@@ -80,6 +80,8 @@ class SearchOutcome:
     privacy_guarantee: str = "holds"
     ledger_state: dict | None = None  # the privacy ledgers at the end (DP only): the augmentation continues them
     selection_state: dict | None = None  # the selection's draws (Selector.summary): the augmentation continues them
+    alpha_entropy: float = float("nan")  # mean softmax entropy of A's edges / log(ops): 1 = uniform, not moved
+    alpha_margin: float = float("nan")  # mean p_top − p_second over A's edges: 0 = uniform
 
 
 def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
@@ -266,6 +268,7 @@ class _ServerLoop:
             wall_seconds=time.perf_counter() - start, log_path=self.log.path if self.log is not None else None,
             stop_reason=stop_reason, w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=interrupted,
         )
+        outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
         if self.ledger is not None:
             outcome.epsilon, outcome.mu_gdp = self.ledger.epsilons(), self.ledger.mu_gdp()
             outcome.delta = plan.privacy.delta

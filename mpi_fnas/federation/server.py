@@ -159,6 +159,14 @@ class Server:
     def genotype(self) -> Genotype | DpnasGenotype:
         return self.sync_model().genotype()
 
+    def alpha_movement(self) -> tuple[float, float]:
+        """How far the search has moved A from uniform: (the edges' mean softmax entropy over log(ops), 1.0 for
+        uniform weights; the edges' mean margin p_top − p_second, 0.0 for uniform ones)."""
+        rows = np.concatenate([w for w in self.alpha_softmax().values() if w.size], axis=0).astype(np.float64)
+        entropy = -(rows * np.log(np.clip(rows, 1e-300, None))).sum(axis=1) / np.log(rows.shape[1])
+        top = np.sort(rows, axis=1)
+        return float(entropy.mean()), float((top[:, -1] - top[:, -2]).mean())
+
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """[loss_sum, correct, count] of the global model on (x, y)."""
         return evaluate(self.sync_model(), x, y)
