@@ -118,6 +118,9 @@ class SearchConfig:
         "mean", "how the server combines the K party gradients: mean, or sum (the paper's Eq. 3-4)")
     steps_per_epoch: int | None = _key(
         5, "iterations per epoch; null: ceil(mean party train-shard size / batch_size)")
+    warmup_epochs: int = _key(
+        0, "first epochs that train W only (no H release, A fixed; DARTS-style warm-up against an early collapse "
+        "onto parameter-free ops); still charged as full iterations under DP (an upper bound)")
     w_lr: float = _key(0.1, "initial learning rate ξ of the weights W (cosine-annealed per epoch to w_lr_min)")
     w_lr_min: float = _key(0.001, "final learning rate of the cosine schedule of W")
     w_momentum: float = _key(0.9, "SGD momentum of the W update")
@@ -331,6 +334,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("space.stage_channels", lambda v: len(v) >= 1 and all(c >= 1 for c in v),
      "must be a non-empty list of integers >= 1 (one per stage)"),
     ("search.epochs", lambda v: v >= 1, "must be >= 1"),
+    ("search.warmup_epochs", lambda v: v >= 0, "must be >= 0"),
     ("search.batch_size", lambda v: v >= 1, "must be >= 1"),
     ("search.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("search.w_lr", lambda v: v > 0, "must be > 0"),
@@ -480,6 +484,9 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} {requirement}")
+    if cfg.search.warmup_epochs >= cfg.search.epochs:
+        raise ConfigError(f"search.warmup_epochs: {cfg.search.warmup_epochs} leaves no epoch in which A is trained "
+                          f"(search.epochs is {cfg.search.epochs}); make it smaller")
     if cfg.search.w_lr_min > cfg.search.w_lr and cfg.search.w_optimizer == "sgd":  # ADADP has no schedule
         raise ConfigError(f"search.w_lr_min: {cfg.search.w_lr_min} must not exceed search.w_lr ({cfg.search.w_lr})")
     if cfg.augment.lr_min > cfg.augment.lr and cfg.augment.optimizer == "sgd":  # ADADP has no schedule

@@ -26,6 +26,9 @@ buffer either way; it is told which at setup (``Assignment.gathered``).
 The final broadcast carries one extra number after A, the server's *control* word for the step boundary
 (CONTINUE, CHECKPOINT, or STOP = checkpoint and end as interrupted), so every rank agrees where to stop
 without another collective.
+
+During the warm-up (``search.warmup_epochs``; ``train_a`` false, a public function of the step) only the W half
+runs: no party computes or sends H_k and A stays; the final broadcast still carries A and the control word.
 """
 
 from __future__ import annotations
@@ -94,7 +97,7 @@ def sum_rows(parts: np.ndarray, chosen: np.ndarray, out: np.ndarray) -> None:
 
 
 def server_iteration_selecting(server: Server, channel: Channel, buf: GatherBuffers, selector: Selector,
-                               x_aux, y_aux, control: int = CONTINUE) -> SelectedStepStats:
+                               x_aux, y_aux, control: int = CONTINUE, train_a: bool = True) -> SelectedStepStats:
     """Rank 0's half of one first-order iteration with a selection: only the chosen parties update W and A.
 
     `x_aux`, `y_aux`: the server's aux set (used only when ``selector.scores_needed``). `server.parties` must be
@@ -106,9 +109,11 @@ def server_iteration_selecting(server: Server, channel: Channel, buf: GatherBuff
     sum_rows(buf.w_parts, chosen, buf.w_sum)
     server.step_w(buf.w_sum[:-STATS])
     channel.bcast(server.w_buffer)  # W'
-    channel.gather(buf.a_zero, buf.a_parts)  # every H_k
-    sum_rows(buf.a_parts, chosen, buf.a_sum)
-    server.step_a(buf.a_sum[:-STATS])
+    buf.a_parts[:] = 0
+    if train_a:
+        channel.gather(buf.a_zero, buf.a_parts)  # every H_k
+        sum_rows(buf.a_parts, chosen, buf.a_sum)
+        server.step_a(buf.a_sum[:-STATS])
     buf.a_send[:-1] = server.a_buffer
     buf.a_send[-1] = control
     channel.bcast(buf.a_send)  # A and the control word
@@ -117,19 +122,22 @@ def server_iteration_selecting(server: Server, channel: Channel, buf: GatherBuff
 
 
 def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, second_order: bool,
-                     control: int = CONTINUE) -> StepStats:
-    """Rank 0's half of one iteration; `control` tells the parties what happens after it."""
+                     control: int = CONTINUE, train_a: bool = True) -> StepStats:
+    """Rank 0's half of one iteration; `control` tells the parties what happens after it; without `train_a` (the
+    warm-up) only the W half."""
     if server.adadp is None:
         train = _w_round(server.step_w, channel, buf, server)  # Σ_k G_k → W'
     else:
         train = _w_round(server.adadp_half_step, channel, buf, server)  # Σ_k G1_k → W_half
         train += _w_round(server.adadp_full_step, channel, buf, server)  # Σ_k G2_k → W'
-    if second_order:
-        channel.reduce_sum(buf.v_zero, buf.v_sum)  # Σ_k v_k
-        v = np.ascontiguousarray(server.aggregate(buf.v_sum), dtype=np.float32)
-        channel.bcast(v)
-    channel.reduce_sum(buf.a_zero, buf.a_sum)  # Σ_k H_k
-    server.step_a(buf.a_sum[:-STATS])
+    buf.a_sum[:] = 0
+    if train_a:
+        if second_order:
+            channel.reduce_sum(buf.v_zero, buf.v_sum)  # Σ_k v_k
+            v = np.ascontiguousarray(server.aggregate(buf.v_sum), dtype=np.float32)
+            channel.bcast(v)
+        channel.reduce_sum(buf.a_zero, buf.a_sum)  # Σ_k H_k
+        server.step_a(buf.a_sum[:-STATS])
     buf.a_send[:-1] = server.a_buffer
     buf.a_send[-1] = control
     channel.bcast(buf.a_send)  # A and the control word
@@ -145,26 +153,29 @@ def _w_round(step: Callable[[np.ndarray], None], channel: Channel, buf: ServerBu
 
 
 def party_iteration(party: Party, channel: Channel, w_in: np.ndarray, a_in: np.ndarray, v_in: np.ndarray,
-                    second_order: bool, xi: float, w_rounds: int = 1, gathered: bool = False) -> int:
+                    second_order: bool, xi: float, w_rounds: int = 1, gathered: bool = False,
+                    train_a: bool = True) -> int:
     """Party k's half of one iteration; returns the server's control word.
 
     `w_in`, `a_in` (A + control word), `v_in` are preallocated receive buffers. `xi` is the server's W learning
     rate of this step (the parties follow the same public schedule). `w_rounds`: 2 under ADADP (G1 at W, then
     G2 at the broadcast W_half on a fresh batch), else 1. `gathered`: the server gathers the releases (a
     selection; never with ADADP) instead of reducing them; the party sends the same buffers either way.
+    `train_a`: false during the warm-up, where the party computes and sends no H_k.
     """
     send = channel.gather if gathered else channel.reduce_sum
     for _ in range(w_rounds):
         send(party.w_release())  # G_k (ADADP: G1_k, then G2_k)
         channel.bcast(w_in)
         party.load_w(w_in)  # W'_k ← W (ADADP: W_half first)
-    if second_order:
-        channel.reduce_sum(party.val_gradients())  # v_k
-        channel.bcast(v_in)
-        h = party.a_release_second_order(v_in, xi)
-    else:
-        h = party.a_release()
-    send(h)  # H_k
+    if train_a:
+        if second_order:
+            channel.reduce_sum(party.val_gradients())  # v_k
+            channel.bcast(v_in)
+            h = party.a_release_second_order(v_in, xi)
+        else:
+            h = party.a_release()
+        send(h)  # H_k
     channel.bcast(a_in)
     party.load_a(a_in[:-1])  # A_k ← A
     return int(a_in[-1])

@@ -55,8 +55,10 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
     rounds = w_rounds(cfg.search.w_optimizer)
 
     def iterate(step: int) -> int:
-        xi = w_learning_rate(cfg.search, (step - 1) // got.steps_per_epoch)
-        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, rounds, gathered=got.gathered)
+        epoch = (step - 1) // got.steps_per_epoch
+        xi = w_learning_rate(cfg.search, epoch)
+        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, rounds, gathered=got.gathered,
+                               train_a=epoch >= cfg.search.warmup_epochs)
 
     stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
                           journal=got.dp is not None, party=party, randomness=_randomness_source(got),

@@ -230,11 +230,13 @@ class _ServerLoop:
                 server.start_epoch(epoch)
             control, signal_name = self.control.at(step)
             t0, c0 = time.perf_counter(), channel.comm_seconds
+            train_a = epoch >= cfg.search.warmup_epochs  # the warm-up trains W only
             if self.selector is not None:
-                stats = server_iteration_selecting(server, channel, gathered, self.selector, *self.aux, control)
+                stats = server_iteration_selecting(server, channel, gathered, self.selector, *self.aux, control,
+                                                   train_a)
                 self._log_selection(step, stats)
             else:
-                stats = server_iteration(server, channel, buffers, second_order, control)
+                stats = server_iteration(server, channel, buffers, second_order, control, train_a)
             if self.ledger is not None:
                 self.ledger.record_step()
             self.recorded_step = step
