@@ -178,6 +178,9 @@ class PrivacyConfig:
         None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
     max_epsilon: float | None = _key(
         None, "if set: stop (status finished) before a step would take any party past this ε")
+    search_share: float | None = _key(
+        None, "with target_epsilon and an augmentation: the share of the target the search alone may spend (its "
+        "σ_W = σ_A calibrated to share·target, σ_aug to the whole target after it); null: one σ for every stage")
     reproducible_noise: bool = _key(
         False, "tests/debugging only: noise and sampling keyed from (seed, rank) instead of 256 bits of OS "
         "entropy; VOIDS ε (the noise is predictable)")
@@ -484,6 +487,13 @@ def validate(cfg: Config) -> Config:
         value = _get(cfg, key)
         if not ok(value):
             raise ConfigError(f"{key}: {value!r} {requirement}")
+    share = cfg.privacy.search_share
+    if share is not None:
+        if not 0.0 < share < 1.0:
+            raise ConfigError(f"privacy.search_share: {share} must be in (0, 1)")
+        if cfg.privacy.target_epsilon is None:
+            raise ConfigError("privacy.search_share divides privacy.target_epsilon between the stages; set "
+                              "privacy.target_epsilon too, or drop the share")
     if cfg.search.warmup_epochs >= cfg.search.epochs:
         raise ConfigError(f"search.warmup_epochs: {cfg.search.warmup_epochs} leaves no epoch in which A is trained "
                           f"(search.epochs is {cfg.search.epochs}); make it smaller")

@@ -197,6 +197,24 @@ def test_joint_target_calibrates_one_sigma_so_the_worst_party_ends_at_the_target
     assert alone.params.noise_multiplier_w < sigma  # the augment's releases cost noise
 
 
+def test_a_search_share_gives_the_search_its_part_and_the_augmentation_the_rest():
+    """privacy.search_share: σ_W = σ_A so the search alone ends at share·target, σ_aug so both end at the target."""
+    target, search_steps, augment_steps = 0.8, 30, 40
+    sigmas = {}
+    for share in (0.2, 0.6):
+        plan = plan_privacy(TRAIN, VAL, dp_params(target_epsilon=target, search_share=share), search_steps,
+                            augment=releases("all", augment_steps))
+        sigma, sigma_aug = plan.params.noise_multiplier_w, plan.augment.noise_multiplier
+        assert plan.params.noise_multiplier_a == sigma
+        search_alone = max(direct_party_epsilons("all", [search_steps] * 2, [0, 0], sigma, sigma, sigma_aug))
+        assert share * target - 0.01 <= search_alone <= share * target
+        total = max(direct_party_epsilons("all", [search_steps] * 2, [augment_steps] * 2, sigma, sigma, sigma_aug))
+        assert target - 0.01 <= total <= target
+        sigmas[share] = (sigma, sigma_aug)
+    # A smaller share buys the search less ε (more noise) and leaves the augmentation more (less noise).
+    assert sigmas[0.2][0] > sigmas[0.6][0] and sigmas[0.2][1] < sigmas[0.6][1]
+
+
 def test_joint_max_epsilon_shortens_both_stages_to_the_same_fraction():
     budget, search_planned, augment_planned = 0.8, 60, 90
     plan = plan_privacy(TRAIN, VAL, dp_params(max_epsilon=budget), search_planned,

@@ -122,6 +122,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
         ("privacy.secure_rng=true", r"^privacy\.secure_rng: removed: every DP party now draws all its noise .* "
                                     r"delete the key$"),
         ("privacy.secure_rng=false", r"^privacy\.secure_rng: removed"),
+        ("privacy.search_share=0.5", r"^privacy\.search_share divides privacy\.target_epsilon between the stages"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_key(override, message):

@@ -213,7 +213,15 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
     target_epsilon, max_epsilon = params.target_epsilon, params.max_epsilon
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     sigma_aug, augment_steps = float(augment.noise_multiplier), augment.steps
-    if target_epsilon is not None:
+    if target_epsilon is not None and params.search_share is not None and search_steps > 0:
+        # The search alone to its share of the target (σ_W = σ_A), then σ_aug to the whole target after it.
+        shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
+        sigma_w = sigma_a = _calibrate(shards, search_steps, 0, params.search_share * target_epsilon, start=1.0,
+                                       interval=DEFAULT_VALUE_DISCRETIZATION)
+        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), None, augment, w_releases_per_step)
+        sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon, start=1.0,
+                               interval=DEFAULT_VALUE_DISCRETIZATION)
+    elif target_epsilon is not None:
         # One σ for the three releases, the variable of every shard (None), solved on the exact composition.
         shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
         sigma_w = sigma_a = sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon,

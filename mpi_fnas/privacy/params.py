@@ -23,6 +23,7 @@ class DPParams:
     expected_batch_size: B; the Poisson rate of a shard of N examples is q = B / N, and every release is ÷ B.
     delta: the configured δ per party, or None for the default (see ``mpi_fnas.privacy.budget``).
     target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
+    search_share: with target_epsilon, the share of it the search alone may spend (None: one σ for every stage).
     reproducible_noise: key the party's randomness from (seed, rank): for tests only, it voids the guarantee.
     """
 
@@ -34,6 +35,7 @@ class DPParams:
     delta: float | None = None
     target_epsilon: float | None = None
     max_epsilon: float | None = None
+    search_share: float | None = None
     reproducible_noise: bool = False
 
     @classmethod
