@@ -35,6 +35,9 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_REPO_FILES = {
     "cifar-10-batches-py/": "the extracted CIFAR-10 archive under data.root, downloaded by the user",
     "../slurm/x.sh": "docs/hpc.md's example of a relative script path given to sbatch",
+    "train/": "an imagefolder tree's train folder under data.root, brought by the user",
+    "test/": "an imagefolder tree's test folder under data.root, brought by the user",
+    "data.root/test/": "the same, named with its config key",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")
 PLACEHOLDER = re.compile(r"[<>$…]|RUN_DIR|TABLE1_ROOT|RUN_ROOT")
