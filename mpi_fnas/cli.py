@@ -137,6 +137,12 @@ def decide_on_root(channel: Channel, decide: Callable[[], T]) -> T:
     return value
 
 
+def require_parties(channel: Channel, tool: str, launch: str) -> None:
+    """ConfigError unless the world has a server and at least one party; `launch` shows how to start `tool`."""
+    if channel.size < 2:
+        raise ConfigError(f"{tool} needs at least 2 MPI ranks (1 server + K parties); launch it as: {launch}")
+
+
 def report_bad_input(rank: int, exc: BaseException, debug: bool) -> int:
     """Rank 0 prints the one line; every rank returns exit code 2."""
     if rank == 0:

@@ -69,9 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     def setup() -> int:
         if config_error is not None:
             raise config_error
-        if channel.size < 2:
-            raise ConfigError("mpi_fnas.baseline needs at least 2 MPI ranks (1 server + K parties); launch it as: "
-                              "mpirun -n 9 python -m mpi_fnas.baseline --random 8 --seeds 0 1 2")
+        cli.require_parties(channel, "mpi_fnas.baseline", "mpirun -n 9 python -m mpi_fnas.baseline --random 8 "
+                            "--seeds 0 1 2")
         text, path = cli.decide_on_root(channel, lambda: (base.to_yaml(), str(_decide_dir(base, args))))
         state["base"], state["out"] = config_from_text(text, stored=True), Path(path)
         check_world(state["base"], channel.size)

@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from mpi_fnas.data.labelled import LabelledSplit, checked_indices
+
 FOLDER = "cifar-10-batches-py"
 TRAIN_FILES: tuple[str, ...] = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_FILES: tuple[str, ...] = ("test_batch",)
@@ -77,7 +79,7 @@ def read_label_names(root: str | Path) -> list[str]:
     return [n.decode("utf-8") if isinstance(n, bytes) else str(n) for n in _load_pickle(path)["label_names"]]
 
 
-class Cifar10Folder:
+class Cifar10Folder(LabelledSplit):
     """One CIFAR-10 split from ``<root>/cifar-10-batches-py/``, optionally cut to its first ``limit`` images.
 
     Only the labels are kept in memory; ``render`` re-reads the batch files that hold the requested examples.
@@ -118,22 +120,9 @@ class Cifar10Folder:
         # offsets[i] = global index of the first example of file i.
         self._offsets = np.cumsum([0] + [a.size for a in per_file])
 
-    def __len__(self) -> int:
-        return int(self._labels.size)
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Class of every example, int64 (N,)."""
-        return self._labels
-
     def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Images of ``indices`` as x float32 (N, 3, 32, 32) normalised per channel, y int64 (N,), on CPU."""
-        idx = np.asarray(indices)
-        if idx.ndim != 1 or (idx.size and not np.issubdtype(idx.dtype, np.integer)):
-            raise ValueError("indices must be a 1-D integer array")
-        idx = idx.astype(np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"indices out of range [0, {len(self)})")
+        idx = checked_indices(indices, len(self))
         images = np.empty((idx.size, 3, IMAGE_SIZE, IMAGE_SIZE), dtype=np.uint8)
         file_of = np.searchsorted(self._offsets, idx, side="right") - 1
         for f in np.unique(file_of):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.data.cifar10 import DatasetNotFoundError
+from mpi_fnas.data.labelled import LabelledSplit, checked_indices
 
 EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 PIXEL_MEAN = 0.5
@@ -55,7 +56,7 @@ def class_names(folder: Path) -> tuple[str, ...]:
     return names
 
 
-class ImageFolderSplit:
+class ImageFolderSplit(LabelledSplit):
     """The images of one folder: labels from the class sub-folders (``classes``, sorted), pixels on request.
 
     Args:
@@ -112,21 +113,11 @@ class ImageFolderSplit:
         self._files = files
         self._labels = np.asarray(labels, dtype=np.int64)
 
-    def __len__(self) -> int:
-        return int(self._labels.size)
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Class of every example, int64 (N,)."""
-        return self._labels
-
     def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """x float32 (N, in_channels, image_size, image_size) normalised, y int64 (N,), on CPU."""
         from PIL import Image
 
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"indices out of range [0, {len(self)})")
+        idx = checked_indices(indices, len(self))
         side = self.image_size
         pixels = np.empty((idx.size, side, side, self.in_channels), dtype=np.uint8)
         for row, i in enumerate(idx):

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.data.cifar10 import DatasetNotFoundError
+from mpi_fnas.data.labelled import LabelledSplit, checked_indices
 
 FILE = Path("data") / "data" / "mnist_5k.csv.gz"
 NATIVE_SIZE = 28
@@ -78,7 +79,7 @@ def split_rows(split: str) -> np.ndarray:
     return np.stack(parts, axis=1).reshape(-1)  # row i of every class, then row i + 1 of every class, ...
 
 
-class Mnist5k:
+class Mnist5k(LabelledSplit):
     """One split of the 5,000-digit MNIST subset: 1×``image_size``×``image_size`` grey images, 10 classes."""
 
     name = "mnist"
@@ -97,19 +98,9 @@ class Mnist5k:
         self.image_size = image_size
         self._labels = _digits()[1][self._rows]
 
-    def __len__(self) -> int:
-        return int(self._rows.size)
-
-    @property
-    def labels(self) -> np.ndarray:
-        """Class of every example, int64 (N,)."""
-        return self._labels
-
     def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """x float32 (N, 1, image_size, image_size) normalised, y int64 (N,), on CPU."""
-        idx = np.asarray(indices, dtype=np.int64)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            raise IndexError(f"indices out of range [0, {len(self)})")
+        idx = checked_indices(indices, len(self))
         pixels, _ = _digits()
         x = torch.from_numpy(pixels[self._rows[idx]]).float().div_(255.0).unsqueeze(1)  # (N, 1, 28, 28)
         factor = NATIVE_SIZE // self.image_size

@@ -82,9 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     def setup() -> int:
         if config_error is not None:
             raise config_error
-        if channel.size < 2:
-            raise ConfigError("mpi_fnas.sweep needs at least 2 MPI ranks (1 server + K parties); launch it as: "
-                              "mpirun -n 5 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml")
+        cli.require_parties(channel, "mpi_fnas.sweep",
+                            "mpirun -n 5 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml")
         text, path = cli.decide_on_root(channel, lambda: (sweep_yaml(base, spec), str(_decide_dir(base, spec,
                                                                                                    args.out))))
         tree = yaml.safe_load(text)
