@@ -416,8 +416,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
                         metric_names=SEARCH_METRICS, alpha_shape=normal, reduce_alpha_shape=reduce, space=space.kind,
                         genotype_length=space.max_genotype_length(cfg.space), privacy_guarantee="holds",
                         privacy=privacy)
-    log.append_epoch(soft["normal"], soft["reduce"], genotype.to_string())
-    log.finish("finished", reason="completed", final_genotype=genotype.to_string())
+    log.search.append_epoch(soft["normal"], soft["reduce"], genotype.to_string())
+    log.search.finish("finished", reason="completed", final_genotype=genotype.to_string())
     run = read_run(tmp_path / "search.h5")
     assert run["space"] == "dpnas" and DpnasGenotype.from_string(run["genotypes"][0]) == genotype
 

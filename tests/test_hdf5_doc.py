@@ -89,13 +89,13 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
         unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,
         selection=schema if selection else None,
     )  # fmt: skip
-    runlog.append_metrics({"step": 1})
+    runlog.search.append_metrics({"step": 1})
     if selection:
-        runlog.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 1.0)
-    runlog.append_epoch(np.full(normal, 1 / normal[1]), np.full(reduce, 1 / reduce[1]), "g")
+        runlog.search.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 1.0)
+    runlog.search.append_epoch(np.full(normal, 1 / normal[1]), np.full(reduce, 1 / reduce[1]), "g")
     if privacy is not None:
-        runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
-    runlog.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
+        runlog.search.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
+    runlog.search.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": PARTIES + 1})
     if augment:
         augment_privacy = None
         if privacy is not None:
@@ -107,12 +107,12 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
             privacy_guarantee="holds" if privacy is not None else "none: no privacy claim",
             selection=schema if selection else None,
         )
-        runlog.append_augment_metrics({"step": 1, "epoch": 0})
+        runlog.augment.append_metrics({"step": 1, "epoch": 0})
         if augment_privacy is not None:
-            runlog.append_augment_privacy(1, np.zeros(PARTIES))
+            runlog.augment.append_privacy(1, np.zeros(PARTIES, np.int64), np.zeros(PARTIES), np.zeros(PARTIES))
         if selection:
-            runlog.append_augment_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 2.0)
-        runlog.finish_augment("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0})
+            runlog.augment.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 2.0)
+        runlog.augment.finish("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0})
     return path
 
 

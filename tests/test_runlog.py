@@ -76,10 +76,10 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cuda:0", "cuda:1", "cuda:0"]})
     for step in range(3):
-        runlog.append_metrics(_metric_row(step))
-    runlog.append_epoch(_softmax_rows(0), _softmax_rows(1), "normal=[sep_conv_3x3]")
-    runlog.append_privacy(3, np.array([3, 4, 3]), np.array([0.5, 0.6, 0.7]), np.array([0.05, 0.06, 0.07]))
-    runlog.finish(
+        runlog.search.append_metrics(_metric_row(step))
+    runlog.search.append_epoch(_softmax_rows(0), _softmax_rows(1), "normal=[sep_conv_3x3]")
+    runlog.search.append_privacy(3, np.array([3, 4, 3]), np.array([0.5, 0.6, 0.7]), np.array([0.05, 0.06, 0.07]))
+    runlog.search.finish(
         "finished",
         reason="completed",
         final_genotype="normal=[sep_conv_3x3]",
@@ -161,9 +161,9 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
 
 def test_privacy_group_only_when_requested(tmp_path: Path) -> None:
     runlog = _create(tmp_path / "fnas.h5", mode="fnas")
-    with pytest.raises(RuntimeError, match="without a privacy schema"):
-        runlog.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
-    runlog.finish("finished", reason="completed")
+    with pytest.raises(RuntimeError, match="has no privacy ledger"):
+        runlog.search.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
+    runlog.search.finish("finished", reason="completed")
     fnas = read_run(tmp_path / "fnas.h5")
     assert fnas["privacy"] is None and fnas["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
     with h5py.File(tmp_path / "fnas.h5", "r") as f:
@@ -179,11 +179,11 @@ def test_privacy_group_only_when_requested(tmp_path: Path) -> None:
 
     dp = _create(tmp_path / "dp.h5", mode="dpfnas")
     with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
-        dp.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES + 1), np.zeros(PARTIES))
+        dp.search.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES + 1), np.zeros(PARTIES))
     with pytest.raises(ValueError, match=r"charged_steps must have shape \(3,\)"):
-        dp.append_privacy(1, 1, np.zeros(PARTIES), np.zeros(PARTIES))  # a scalar would be broadcast silently
-    dp.append_privacy(1, np.ones(PARTIES), np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is legitimate
-    dp.finish("finished", reason="completed")
+        dp.search.append_privacy(1, 1, np.zeros(PARTIES), np.zeros(PARTIES))  # a scalar would be broadcast silently
+    dp.search.append_privacy(1, np.ones(PARTIES), np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is legitimate
+    dp.search.finish("finished", reason="completed")
     dp_privacy = read_run(tmp_path / "dp.h5")["privacy"]
     assert dp_privacy["epsilon"].shape == (1, PARTIES) and dp_privacy["charged_steps"].tolist() == [[1, 1, 1]]
 
@@ -195,22 +195,22 @@ def test_status_and_mode_are_validated(tmp_path: Path) -> None:
 
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics(_metric_row(0))
+    runlog.search.append_metrics(_metric_row(0))
     for status in ("done", "running", "Finished"):
         with pytest.raises(ValueError, match="final status must be one of"):
-            runlog.finish(status, reason="x")
+            runlog.search.finish(status, reason="x")
     # A rejected finish leaves the log open and running.
-    runlog.append_metrics(_metric_row(1))
+    runlog.search.append_metrics(_metric_row(1))
     assert read_run(path)["status"] == "running"
-    runlog.finish("interrupted", reason="SIGUSR1")
+    runlog.search.finish("interrupted", reason="SIGUSR1")
     assert read_run(path)["status"] == "interrupted"
 
 
 def test_create_never_overwrites_an_existing_log(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     first = _create(path)
-    first.append_metrics(_metric_row(0))
-    first.finish("finished", reason="completed")
+    first.search.append_metrics(_metric_row(0))
+    first.search.finish("finished", reason="completed")
     with pytest.raises(FileExistsError):
         _create(path)
     assert read_run(path)["metrics"]["step"].tolist() == [0.0]
@@ -222,11 +222,11 @@ def test_create_never_overwrites_an_existing_log(tmp_path: Path) -> None:
 def test_missing_metrics_are_nan_and_unknown_names_write_nothing(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics({"step": 0, "train_loss": 1.5})
+    runlog.search.append_metrics({"step": 0, "train_loss": 1.5})
     with pytest.raises(KeyError, match="train_los"):
-        runlog.append_metrics({"step": 1, "train_los": 1.0})
-    assert runlog.row_counts().metric_rows == 1
-    runlog.finish("finished", reason="completed")
+        runlog.search.append_metrics({"step": 1, "train_los": 1.0})
+    assert runlog.search.row_counts()[0] == 1  # metrics
+    runlog.search.finish("finished", reason="completed")
     run = read_run(path)
     assert {name: values.shape for name, values in run["metrics"].items()} == {name: (1,) for name in METRICS}
     assert run["metrics"]["train_loss"][0] == 1.5
@@ -237,13 +237,13 @@ def test_genotype_too_long_raises_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path, genotype_length=8)
     alphas = _softmax_rows(0)
-    runlog.append_epoch(alphas, alphas, "a" * 8)  # exactly the limit fits
+    runlog.search.append_epoch(alphas, alphas, "a" * 8)  # exactly the limit fits
     with pytest.raises(ValueError, match="9 bytes"):
-        runlog.append_epoch(alphas, alphas, "a" * 9)
+        runlog.search.append_epoch(alphas, alphas, "a" * 9)
     with pytest.raises(ValueError, match="10 bytes"):
-        runlog.append_epoch(alphas, alphas, "é" * 5)  # 5 characters, 10 bytes in UTF-8
-    runlog.append_epoch(alphas, alphas, "é" * 4)
-    runlog.finish("finished", reason="completed")
+        runlog.search.append_epoch(alphas, alphas, "é" * 5)  # 5 characters, 10 bytes in UTF-8
+    runlog.search.append_epoch(alphas, alphas, "é" * 4)
+    runlog.search.finish("finished", reason="completed")
     run = read_run(path)
     assert run["genotypes"] == ["a" * 8, "é" * 4]
     assert run["alphas"]["normal"].shape == (2, EDGES, OPS)
@@ -253,11 +253,11 @@ def test_alphas_must_be_softmax_weights_of_the_declared_shape(tmp_path: Path) ->
     runlog = _create(tmp_path / "search.h5")
     raw_alphas = 1e-3 * np.random.default_rng(0).random(size=(EDGES, OPS))  # DARTS init scale, not softmax
     with pytest.raises(ValueError, match="sum to 1"):
-        runlog.append_epoch(raw_alphas, _softmax_rows(1), "g")
+        runlog.search.append_epoch(raw_alphas, _softmax_rows(1), "g")
     with pytest.raises(ValueError, match="shape"):
-        runlog.append_epoch(_softmax_rows(0)[:, :7], _softmax_rows(1), "g")
-    assert runlog.row_counts().epoch_rows == 0
-    runlog.finish("failed", reason="test")
+        runlog.search.append_epoch(_softmax_rows(0)[:, :7], _softmax_rows(1), "g")
+    assert runlog.search.row_counts()[1] == 0  # epochs
+    runlog.search.finish("failed", reason="test")
 
 
 # ---------------------------------------------------------------------- live reading (SWMR)
@@ -335,15 +335,15 @@ def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path)
         reports_before_finish = []
         total_rows = 6
         for step in range(total_rows):
-            runlog.append_metrics(_metric_row(step))
+            runlog.search.append_metrics(_metric_row(step))
             if step % 2 == 1:
-                runlog.append_epoch(_softmax_rows(step), _softmax_rows(step + 1), f"genotype-{step}")
+                runlog.search.append_epoch(_softmax_rows(step), _softmax_rows(step + 1), f"genotype-{step}")
             epochs = (step + 1) // 2
             reader.stdin.write(f"expect {step + 1} {epochs}\n")
             reader.stdin.flush()
             reports_before_finish.append(lines.json())
 
-        runlog.finish("finished", reason="completed", final_genotype="genotype-5")
+        runlog.search.finish("finished", reason="completed", final_genotype="genotype-5")
         reader.stdin.write("finished\n")
         reader.stdin.flush()
         after = lines.json()
@@ -372,9 +372,9 @@ def test_failure_keeps_rows_and_sets_status(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
     for step in range(4):
-        runlog.append_metrics(_metric_row(step))
-    runlog.append_epoch(_softmax_rows(0), _softmax_rows(1), "partial")
-    runlog.finish("failed", reason="RuntimeError: party 3 diverged")
+        runlog.search.append_metrics(_metric_row(step))
+    runlog.search.append_epoch(_softmax_rows(0), _softmax_rows(1), "partial")
+    runlog.search.finish("failed", reason="RuntimeError: party 3 diverged")
     run = read_run(path)
     assert (run["status"], run["stale"]) == ("failed", False)  # a recorded failure, not a dead writer
     assert run["reason"] == "RuntimeError: party 3 diverged"
@@ -382,7 +382,7 @@ def test_failure_keeps_rows_and_sets_status(tmp_path: Path) -> None:
     assert run["genotypes"] == ["partial"]
 
     # finish is idempotent: the first outcome wins, a later call changes nothing.
-    runlog.finish("finished", reason="completed")
+    runlog.search.finish("finished", reason="completed")
     after_second_finish = read_run(path)
     assert after_second_finish["status"] == "failed"
     assert after_second_finish["reason"] == "RuntimeError: party 3 diverged"
@@ -392,23 +392,23 @@ def test_reopen_continues_rows_and_adds_up_cost(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cpu", "cpu", "cpu"]})
     for step in range(3):
-        runlog.append_metrics(_metric_row(step))
-    runlog.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
-    runlog.finish(
+        runlog.search.append_metrics(_metric_row(step))
+    runlog.search.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
+    runlog.search.finish(
         "interrupted",
         reason="SIGUSR1",
         cost={"wall_seconds": 10.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.5},
     )
 
     resumed = RunLog.reopen(path, rank_attrs={"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
-    assert resumed.row_counts() == (3, 0, 1, 0)
+    assert resumed.search.row_counts() == (3, 0, 1, 0)
     live = read_run(path)
     assert (live["status"], live["reason"], live["attempts"]) == ("running", "", 2)
     assert live["ranks"] == {"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]}
     for step in range(3, 5):
-        resumed.append_metrics(_metric_row(step))
-    resumed.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
-    resumed.finish(
+        resumed.search.append_metrics(_metric_row(step))
+    resumed.search.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
+    resumed.search.finish(
         "finished",
         reason="completed",
         cost={"wall_seconds": 5.0, "ranks": 4, "gpus": 3, "gpu_hours": 0.004, "cpu_core_hours": 0.25},
@@ -430,8 +430,8 @@ def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path)
     path = tmp_path / "search.h5"
     runlog = _create(path)
     for step in range(2):
-        runlog.append_metrics(_metric_row(step))
-    runlog.finish("interrupted", reason="SIGUSR1")
+        runlog.search.append_metrics(_metric_row(step))
+    runlog.search.finish("interrupted", reason="SIGUSR1")
     # What a crash between two datasets of one append leaves behind: one column a row longer.
     with h5py.File(path, "r+", libver="latest") as f:
         f["metrics/step"].resize((3,))
@@ -439,12 +439,12 @@ def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path)
     assert read_run(path)["metrics"]["step"].tolist() == [0.0, 1.0]
 
     resumed = RunLog.reopen(path)
-    assert resumed.row_counts().metric_rows == 2
+    assert resumed.search.row_counts()[0] == 2  # metrics
     # The file itself is consistent again, also for plain h5py readers that do not use read_run.
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
         assert {f["metrics"][name].shape for name in METRICS} == {(2,)}
-    resumed.append_metrics(_metric_row(7))
-    resumed.finish("finished", reason="completed")
+    resumed.search.append_metrics(_metric_row(7))
+    resumed.search.finish("finished", reason="completed")
     with h5py.File(path, "r") as f:
         assert {f["metrics"][name].shape for name in METRICS} == {(3,)}
         assert f["metrics/step"][:].tolist() == [0.0, 1.0, 7.0]
@@ -454,27 +454,27 @@ def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path, mode="dpfnas")
     for step in range(5):
-        runlog.append_metrics(_metric_row(step))
+        runlog.search.append_metrics(_metric_row(step))
     for epoch in range(3):
-        runlog.append_epoch(_softmax_rows(epoch), _softmax_rows(epoch + 10), f"g{epoch}")
+        runlog.search.append_epoch(_softmax_rows(epoch), _softmax_rows(epoch + 10), f"g{epoch}")
     for row in range(4):
-        runlog.append_privacy(
+        runlog.search.append_privacy(
             row + 1, np.full(PARTIES, row + 1), np.full(PARTIES, 0.1 * row), np.full(PARTIES, 0.01 * row)
         )
     checkpoint = (3, 1, 2, 0)
 
-    with pytest.raises(ValueError, match="metric_rows=6"):
-        runlog.truncate(6, 1, 2)
-    with pytest.raises(ValueError, match="privacy_rows=-1"):
-        runlog.truncate(3, 1, -1)
-    assert runlog.row_counts() == (5, 3, 4, 0)  # a rejected truncate changes nothing
+    with pytest.raises(ValueError, match="metrics=6"):
+        runlog.search.truncate(6, 1, 2)
+    with pytest.raises(ValueError, match="privacy=-1"):
+        runlog.search.truncate(3, 1, -1)
+    assert runlog.search.row_counts() == (5, 3, 4, 0)  # a rejected truncate changes nothing
 
-    runlog.truncate(*checkpoint)
-    assert runlog.row_counts() == checkpoint
-    runlog.append_metrics(_metric_row(30))
-    runlog.append_epoch(_softmax_rows(7), _softmax_rows(8), "g-new")
-    runlog.append_privacy(9, np.full(PARTIES, 9), np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
-    runlog.finish("finished", reason="completed")
+    runlog.search.truncate(*checkpoint)
+    assert runlog.search.row_counts() == checkpoint
+    runlog.search.append_metrics(_metric_row(30))
+    runlog.search.append_epoch(_softmax_rows(7), _softmax_rows(8), "g-new")
+    runlog.search.append_privacy(9, np.full(PARTIES, 9), np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
+    runlog.search.finish("finished", reason="completed")
 
     run = read_run(path)
     assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 30.0]
@@ -503,11 +503,12 @@ _WRITER = textwrap.dedent(
                            metric_names=SEARCH_METRICS, alpha_shape=(2, 3), genotype_length=16,
                            privacy_guarantee="holds", privacy=privacy)
     for step in range(5):
-        runlog.append_metrics({"step": step, "train_loss": 1.0 / (step + 1)})
+        runlog.search.append_metrics({"step": step, "train_loss": 1.0 / (step + 1)})
         runlog.heartbeat()
         if step % 2 == 1:
-            runlog.append_epoch(np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), f"g{step}")
-            runlog.append_privacy(step + 1, np.array([step + 1, step + 2]), np.full(2, 0.1 * step), np.full(2, 0.01))
+            runlog.search.append_epoch(np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), f"g{step}")
+            runlog.search.append_privacy(step + 1, np.array([step + 1, step + 2]), np.full(2, 0.1 * step),
+                                         np.full(2, 0.01))
     print(json.dumps({"pid": os.getpid()}), flush=True)
     sys.stdin.readline()  # alive until killed (or told to go)
     """
@@ -574,8 +575,8 @@ def test_a_cut_log_is_refused_quickly_not_retried_for_minutes(tmp_path: Path) ->
     finished = tmp_path / "finished.h5"
     runlog = _create(finished)
     for step in range(4):
-        runlog.append_metrics(_metric_row(step))
-    runlog.finish("finished", reason="completed")
+        runlog.search.append_metrics(_metric_row(step))
+    runlog.search.finish("finished", reason="completed")
     killed = tmp_path / "killed.h5"
     process, pid = _start_writer(killed)
     _sigkill(process, pid, reap=True)
@@ -595,20 +596,21 @@ def test_a_read_that_fails_half_way_is_retried_within_the_wait(tmp_path: Path, m
     "address of object past end of allocation"): read_run reads again, and raises only once its wait is over."""
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics(_metric_row(0))
-    runlog.finish("finished", reason="completed")
-    real, failures = reader_module.growing_families, []
+    runlog.search.append_metrics(_metric_row(0))
+    runlog.search.finish("finished", reason="completed")
+    real, failures = reader_module.stage_families, []
 
-    def flaky(handle):
+    def flaky(handle, layout):
         if len(failures) < 2:
             failures.append(1)
             raise OSError("Can't synchronously read data (address of object past end of allocation)")
-        return real(handle)
+        return real(handle, layout)
 
-    monkeypatch.setattr(reader_module, "growing_families", flaky)
+    monkeypatch.setattr(reader_module, "stage_families", flaky)
     assert read_run(path)["metrics"]["step"].tolist() == [0.0] and len(failures) == 2
     failures.clear()
-    monkeypatch.setattr(reader_module, "growing_families", lambda handle: (_ for _ in ()).throw(OSError("broken")))
+    monkeypatch.setattr(reader_module, "stage_families",
+                        lambda handle, layout: (_ for _ in ()).throw(OSError("broken")))
     start = time.monotonic()
     with pytest.raises(OSError, match="broken"):
         read_run(path, wait_seconds=0.3)
@@ -658,15 +660,15 @@ def test_reopen_refuses_a_live_writer_and_salvages_a_killed_one(tmp_path: Path) 
     killed_writer = read_run(path)["writer"]
 
     resumed = RunLog.reopen(path)
-    assert resumed.row_counts() == (5, 2, 2, 0)
+    assert resumed.search.row_counts() == (5, 2, 2, 0)
     live = read_run(path)
     assert (live["status"], live["stale"], live["attempts"]) == ("running", False, 2)
     assert live["writer"]["pid"] == os.getpid() != killed_writer["pid"]  # owner reset
     assert live["writer"]["started"] >= killed_writer["started"]
     assert live["writer"]["heartbeat"] >= killed_writer["heartbeat"]
-    resumed.append_metrics({"step": 5, "train_loss": 0.1})
-    resumed.append_privacy(6, np.array([6, 7]), np.full(2, 0.6), np.full(2, 0.01))
-    resumed.finish("finished", reason="completed")
+    resumed.search.append_metrics({"step": 5, "train_loss": 0.1})
+    resumed.search.append_privacy(6, np.array([6, 7]), np.full(2, 0.6), np.full(2, 0.01))
+    resumed.search.finish("finished", reason="completed")
     run = read_run(path)
     assert (run["status"], run["stale"], run["last_step"]) == ("finished", False, 5)
     assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -701,9 +703,9 @@ def test_heartbeat_is_throttled_and_appends_count(tmp_path: Path, monkeypatch: p
     runlog.heartbeat()
     assert read_run(path)["writer"]["heartbeat"] == clock.now
     clock.now += HEARTBEAT_SECONDS
-    runlog.append_metrics(_metric_row(0))
+    runlog.search.append_metrics(_metric_row(0))
     assert read_run(path)["writer"]["heartbeat"] == clock.now
-    runlog.finish("finished", reason="completed")
+    runlog.search.finish("finished", reason="completed")
 
 
 def test_the_dead_writer_rule() -> None:

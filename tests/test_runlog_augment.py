@@ -56,10 +56,10 @@ def _searched(path: Path, *, mode: str = "fnas") -> RunLog:
     """A log whose search logged 3 rows and finished (the writer stays usable for the augment stage)."""
     runlog = _create(path, mode=mode)
     for step in range(3):
-        runlog.append_metrics({"step": step, "epoch": 0})
+        runlog.search.append_metrics({"step": step, "epoch": 0})
     if mode == "dpfnas":
-        runlog.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
-    runlog.finish("finished", reason="completed", final_genotype=GENOTYPE, cost=SEARCH_COST)
+        runlog.search.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
+    runlog.search.finish("finished", reason="completed", final_genotype=GENOTYPE, cost=SEARCH_COST)
     return runlog
 
 
@@ -106,7 +106,7 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
     path = tmp_path / "search.h5"
     runlog = _searched(path)
     searched = read_run(path)
-    assert searched["augment"] is None and runlog.augment_row_counts() == (0, 0, 0)
+    assert searched["augment"] is None and runlog.augment is None
     with pytest.raises(RuntimeError, match="closed"):
         runlog.heartbeat()  # finish closed the file; begin_augment reopens it
 
@@ -123,17 +123,17 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
     assert math.isnan(augment["test_acc"]) and math.isnan(augment["test_error"]) and augment["privacy"] is None
 
     for step in range(4):
-        runlog.append_augment_metrics(_augment_row(step))
+        runlog.augment.append_metrics(_augment_row(step))
     runlog.heartbeat()
-    assert runlog.augment_row_counts() == (4, 0, 0)
-    runlog.finish("failed", reason="late search failure")  # the search's outcome was recorded: no effect
-    runlog.finish_augment(
+    assert runlog.augment.row_counts() == (4, 0, 0)
+    runlog.search.finish("failed", reason="late search failure")  # the search's outcome was recorded: no effect
+    runlog.augment.finish(
         "finished", reason="completed", test_acc=0.9725,
         cost={"wall_seconds": 50.0, "ranks": 4, "gpus": 3, "gpu_hours": 0.04, "cpu_core_hours": 0.1},
     )  # fmt: skip
-    runlog.finish_augment("failed", reason="ignored", cost={})  # idempotent: the first outcome wins
+    runlog.augment.finish("failed", reason="ignored", cost={})  # idempotent: the first outcome wins
     with pytest.raises(RuntimeError, match="closed"):
-        runlog.append_augment_metrics(_augment_row(4))
+        runlog.augment.append_metrics(_augment_row(4))
     runlog.close()
     runlog.close()
 
@@ -183,15 +183,15 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
 def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics({"step": 0})
+    runlog.search.append_metrics({"step": 0})
     with pytest.raises(RuntimeError, match="finish\\(\\) it before begin_augment"):
         _begin(runlog)
-    runlog.append_metrics({"step": 1})  # a refused begin leaves the search running and writable
-    with pytest.raises(RuntimeError, match="begin_augment\\(\\) first"):
-        runlog.append_augment_metrics({"step": 0, "epoch": 0})
-    with pytest.raises(RuntimeError, match="begin_augment\\(\\) first"):
-        runlog.finish_augment("failed", reason="x", cost={})
-    runlog.finish("finished", reason="completed")
+    runlog.search.append_metrics({"step": 1})  # a refused begin leaves the search running and writable
+    with pytest.raises(KeyError, match="begin_augment\\(\\) first"):
+        runlog.stage("augment").append_metrics({"step": 0, "epoch": 0})
+    with pytest.raises(KeyError, match="begin_augment\\(\\) first"):
+        runlog.stage("augment").finish("failed", reason="x", cost={})
+    runlog.search.finish("finished", reason="completed")
 
     with pytest.raises(ValueError, match="privacy schema is required when private=True"):
         _begin(runlog, private=True, privacy=None)
@@ -210,25 +210,25 @@ def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) ->
     _begin(runlog)
     with pytest.raises(RuntimeError, match="already running"):
         _begin(runlog)
-    with pytest.raises(KeyError, match=r"unknown augment metric name\(s\) \['val_acc'\]"):
-        runlog.append_augment_metrics({"step": 0, "epoch": 0, "val_acc": 0.5})
+    with pytest.raises(KeyError, match=r"unknown metric name\(s\) \['val_acc'\]"):
+        runlog.augment.append_metrics({"step": 0, "epoch": 0, "val_acc": 0.5})
     with pytest.raises(KeyError, match=r"missing required \['epoch'\]"):
-        runlog.append_augment_metrics({"step": 0, "lr": 0.1})  # int64 columns have no NaN
+        runlog.augment.append_metrics({"step": 0, "lr": 0.1})  # int64 columns have no NaN
     with pytest.raises(ValueError, match="step must be an integer"):
-        runlog.append_augment_metrics({"step": 0.5, "epoch": 0})
-    with pytest.raises(RuntimeError, match="without a privacy schema"):
-        runlog.append_augment_privacy(1, np.zeros(PARTIES))
-    assert runlog.augment_row_counts() == (0, 0, 0)
-    runlog.append_augment_metrics({"step": np.int64(7), "epoch": 0.0})
+        runlog.augment.append_metrics({"step": 0.5, "epoch": 0})
+    with pytest.raises(RuntimeError, match="has no privacy ledger"):
+        runlog.augment.append_privacy(1, np.zeros(PARTIES, np.int64), np.zeros(PARTIES), np.zeros(PARTIES))
+    assert runlog.augment.row_counts() == (0, 0, 0)
+    runlog.augment.append_metrics({"step": np.int64(7), "epoch": 0.0})
 
     with pytest.raises(ValueError, match="final status must be one of"):
-        runlog.finish_augment("done", reason="x", cost={})
+        runlog.augment.finish("done", reason="x", cost={})
     with pytest.raises(ValueError, match="test_acc is a fraction"):
-        runlog.finish_augment("finished", reason="x", test_acc=97.25, cost={})
+        runlog.augment.finish("finished", reason="x", test_acc=97.25, cost={})
     with pytest.raises(KeyError, match="unknown cost field"):
-        runlog.finish_augment("finished", reason="x", cost={"seconds": 1.0})
-    runlog.append_augment_metrics({"step": 8, "epoch": 0})  # still running and writable
-    runlog.finish_augment("failed", reason="RuntimeError: diverged", cost={})
+        runlog.augment.finish("finished", reason="x", cost={"seconds": 1.0})
+    runlog.augment.append_metrics({"step": 8, "epoch": 0})  # still running and writable
+    runlog.augment.finish("failed", reason="RuntimeError: diverged", cost={})
     augment = read_run(path)["augment"]
     assert (augment["status"], augment["reason"]) == ("failed", "RuntimeError: diverged")
     assert augment["metrics"]["step"].tolist() == [7, 8] and math.isnan(augment["test_error"])
@@ -243,30 +243,31 @@ def test_reopen_for_augment_counts_attempts_and_truncates(tmp_path: Path) -> Non
     searched = read_run(path)
     _begin(runlog, private=True)
     for step in range(5):
-        runlog.append_augment_metrics(_augment_row(step, private=True))
+        runlog.augment.append_metrics(_augment_row(step, private=True))
         if step % 2 == 0:
-            runlog.append_augment_privacy(step + 1, np.full(PARTIES, 0.6 + 0.01 * step))
+            runlog.augment.append_privacy(step + 1, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.6 + 0.01 * step),
+                                          np.zeros(PARTIES))
     checkpoint = (3, 2)  # what an augment checkpoint taken after step 2 recorded
     runlog.close()  # the job ends without an outcome (like a crash, with the file closed properly)
 
     with pytest.raises(ValueError, match="keeps the search's /ranks"):
         RunLog.reopen(path, augment=True, rank_attrs={"devices": ["cpu"]})
     resumed = RunLog.reopen(path, augment=True)
-    assert resumed.augment_row_counts() == (5, 3, 0)
+    assert resumed.augment.row_counts() == (5, 3, 0)
     with pytest.raises(ValueError, match="a resumed augment must train the same network"):
         _begin(resumed, private=True, genotype="another genotype")
     assert read_run(path)["augment"]["attempts"] == 1  # the refused resume changed nothing
     _begin(resumed, private=True)
-    with pytest.raises(ValueError, match="metric_rows=6"):
-        resumed.truncate_augment(6, 2)
-    resumed.truncate_augment(*checkpoint)
-    assert resumed.augment_row_counts() == (*checkpoint, 0)  # no selection rows
-    resumed.append_augment_metrics(_augment_row(3, private=True))
-    resumed.append_augment_privacy(4, np.full(PARTIES, 0.7))
+    with pytest.raises(ValueError, match="metrics=6"):
+        resumed.augment.truncate(6, 2)
+    resumed.augment.truncate(*checkpoint)
+    assert resumed.augment.row_counts() == (*checkpoint, 0)  # no selection rows
+    resumed.augment.append_metrics(_augment_row(3, private=True))
+    resumed.augment.append_privacy(4, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.7), np.zeros(PARTIES))
     live = read_run(path)
     assert (live["augment"]["status"], live["augment"]["attempts"]) == ("running", 2)
     assert _search_part(live) == _search_part(searched)  # reopen(augment=True) leaves the search's record
-    resumed.finish_augment("finished", reason="completed", test_acc=0.5, cost={})
+    resumed.augment.finish("finished", reason="completed", test_acc=0.5, cost={})
 
     run = read_run(path)
     assert _search_part(run) == _search_part(searched) and run["status"] == "finished"
@@ -282,12 +283,12 @@ def test_reopen_for_augment_counts_attempts_and_truncates(tmp_path: Path) -> Non
 def test_reopen_for_augment_refuses_a_search_still_marked_running(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics({"step": 0})
+    runlog.search.append_metrics({"step": 0})
     runlog.close()  # no finish: the search never recorded an outcome
     with pytest.raises(RuntimeError, match="has not ended \\(status 'running'\\); resume it"):
         RunLog.reopen(path, augment=True)
     resumed = RunLog.reopen(path)  # the search itself can still be resumed
-    resumed.finish("finished", reason="completed")
+    resumed.search.finish("finished", reason="completed")
     assert read_run(path)["status"] == "finished"
 
 
@@ -295,17 +296,17 @@ def test_augment_cost_adds_up_over_attempts_and_the_search_cost_stays(tmp_path: 
     path = tmp_path / "search.h5"
     runlog = _searched(path)
     _begin(runlog)
-    runlog.append_augment_metrics(_augment_row(0))
+    runlog.augment.append_metrics(_augment_row(0))
     first = {"wall_seconds": 10.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.25}
-    runlog.finish_augment("interrupted", reason="SIGUSR1", cost=first)
+    runlog.augment.finish("interrupted", reason="SIGUSR1", cost=first)
     _begin(runlog)  # the same writer may begin again: a second attempt
     second = {"wall_seconds": 20.0, "ranks": 4, "gpus": 3, "gpu_hours": 0.5, "cpu_core_hours": 0.5}
-    runlog.finish_augment("interrupted", reason="SIGUSR1", cost=second)
+    runlog.augment.finish("interrupted", reason="SIGUSR1", cost=second)
 
     resumed = RunLog.reopen(path, augment=True)
     _begin(resumed)
     third = {"wall_seconds": 30.0, "ranks": 2, "gpus": 1, "gpu_hours": 1.0, "cpu_core_hours": 0.75}
-    resumed.finish_augment("finished", reason="completed", test_acc=0.8, cost=third)
+    resumed.augment.finish("finished", reason="completed", test_acc=0.8, cost=third)
 
     run = read_run(path)
     assert run["cost"] == SEARCH_COST and (run["status"], run["attempts"]) == ("finished", 1)
@@ -325,18 +326,19 @@ def test_private_augment_ledger_names_shapes_and_dtypes(tmp_path: Path) -> None:
     runlog = _searched(path, mode="dpfnas")
     _begin(runlog, private=True, privacy=_augment_privacy(noise_multiplier=np.linspace(1.0, 1.2, PARTIES)))
     with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
-        runlog.append_augment_privacy(1, np.zeros(PARTIES + 1))
+        runlog.augment.append_privacy(1, np.zeros(PARTIES, np.int64), np.zeros(PARTIES + 1), np.zeros(PARTIES))
     with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
-        runlog.append_augment_privacy(1, 0.5)  # a scalar would be broadcast into every party
-    runlog.append_augment_privacy(10, np.array([0.8, 0.9, np.inf]))
-    runlog.append_augment_privacy(20, np.array([1.0, 1.1, np.inf]))
-    runlog.finish_augment("finished", reason="completed", test_acc=0.6, cost={})
+        runlog.augment.append_privacy(1, np.zeros(PARTIES, np.int64), 0.5, np.zeros(PARTIES))  # a scalar: broadcast
+    runlog.augment.append_privacy(10, np.zeros(PARTIES, np.int64), np.array([0.8, 0.9, np.inf]), np.zeros(PARTIES))
+    runlog.augment.append_privacy(20, np.zeros(PARTIES, np.int64), np.array([1.0, 1.1, np.inf]), np.zeros(PARTIES))
+    runlog.augment.finish("finished", reason="completed", test_acc=0.6, cost={})
 
     with h5py.File(path, "r") as f:
         group = f["augment"]
         assert group.attrs["private"] and set(group) == {"metrics", "cost", "privacy"}
         ledger = group["privacy"]
-        assert set(ledger) == {"sample_rate", "noise_multiplier", "clip", "delta", "steps", "epsilon"}
+        assert set(ledger) == {"sample_rate", "noise_multiplier", "clip", "delta", "steps", "charged_steps",
+                               "epsilon", "mu_gdp"}
         assert not ledger.attrs.keys()
         for name, shape in (("sample_rate", (PARTIES,)), ("noise_multiplier", (PARTIES,)), ("clip", ()),
                             ("delta", (PARTIES,))):  # fmt: skip
@@ -355,7 +357,7 @@ def test_private_augment_ledger_names_shapes_and_dtypes(tmp_path: Path) -> None:
     scalar = tmp_path / "scalar.h5"
     scalar_log = _searched(scalar, mode="dpfnas")
     _begin(scalar_log, private=True)  # noise_multiplier given once for every party
-    scalar_log.finish_augment("finished", reason="completed", cost={})
+    scalar_log.augment.finish("finished", reason="completed", cost={})
     assert read_run(scalar)["augment"]["privacy"]["noise_multiplier"] == 1.1
     with h5py.File(scalar, "r") as f:
         assert f["augment/privacy/noise_multiplier"].shape == ()
@@ -369,8 +371,8 @@ def test_a_ragged_augment_row_is_hidden_and_trimmed_on_reopen(tmp_path: Path) ->
     runlog = _searched(path, mode="dpfnas")
     _begin(runlog, private=True)
     for step in range(2):
-        runlog.append_augment_metrics(_augment_row(step, private=True))
-    runlog.append_augment_privacy(2, np.full(PARTIES, 0.7))
+        runlog.augment.append_metrics(_augment_row(step, private=True))
+    runlog.augment.append_privacy(2, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.7), np.zeros(PARTIES))
     runlog.close()
     # What a crash between two datasets of one append leaves behind: one column of each family a row longer.
     with h5py.File(path, "r+", libver="latest") as f:
@@ -383,14 +385,14 @@ def test_a_ragged_augment_row_is_hidden_and_trimmed_on_reopen(tmp_path: Path) ->
     assert augment["privacy"]["steps"].tolist() == [2]
 
     resumed = RunLog.reopen(path, augment=True)
-    assert resumed.augment_row_counts() == (2, 1, 0)
+    assert resumed.augment.row_counts() == (2, 1, 0)
     with h5py.File(path, "r", libver="latest", swmr=True) as f:  # the file itself is consistent again
         assert {f["augment/metrics"][name].shape for name in AUGMENT_METRICS} == {(2,)}
         assert f["augment/privacy/steps"].shape == (1,)
     _begin(resumed, private=True)
-    resumed.append_augment_metrics(_augment_row(9, private=True))
-    resumed.append_augment_privacy(9, np.full(PARTIES, 0.9))
-    resumed.finish_augment("finished", reason="completed", cost={})
+    resumed.augment.append_metrics(_augment_row(9, private=True))
+    resumed.augment.append_privacy(9, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.9), np.zeros(PARTIES))
+    resumed.augment.finish("finished", reason="completed", cost={})
     augment = read_run(path)["augment"]
     assert augment["metrics"]["step"].tolist() == [0, 1, 9] and augment["privacy"]["steps"].tolist() == [2, 9]
 
@@ -404,12 +406,12 @@ _WRITER = textwrap.dedent(
 
     runlog = RunLog.create(sys.argv[1], mode="fnas", parties=2, config_text="x: 1", metric_names=SEARCH_METRICS,
                            alpha_shape=(2, 3), genotype_length=16, privacy_guarantee="none: not DP")
-    runlog.append_metrics({"step": 0})
-    runlog.finish("finished", reason="completed", final_genotype="g")
+    runlog.search.append_metrics({"step": 0})
+    runlog.search.finish("finished", reason="completed", final_genotype="g")
     runlog.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2,
                            privacy_guarantee="none: not private")
     for step in range(5):
-        runlog.append_augment_metrics({"step": step, "epoch": 0, "train_loss": 1.0 / (step + 1)})
+        runlog.augment.append_metrics({"step": step, "epoch": 0, "train_loss": 1.0 / (step + 1)})
         runlog.heartbeat()
     print(json.dumps({"pid": os.getpid()}), flush=True)
     sys.stdin.readline()  # alive until killed
@@ -475,11 +477,11 @@ def test_a_writer_killed_mid_augment_fails_the_augment_not_the_search(
     assert stale["augment"]["reason"].endswith("(stale after 0 s); last logged augment step 4")
 
     resumed = RunLog.reopen(path, augment=True)  # salvages the file the killed writer left open
-    assert resumed.augment_row_counts() == (5, 0, 0)
+    assert resumed.augment.row_counts() == (5, 0, 0)
     resumed.begin_augment(genotype="g", params=100, private=False, privacy=None, parties=2,
                            privacy_guarantee="none: not private")
-    resumed.append_augment_metrics({"step": 5, "epoch": 1})
-    resumed.finish_augment("finished", reason="completed", test_acc=0.75, cost={"wall_seconds": 1.0})
+    resumed.augment.append_metrics({"step": 5, "epoch": 1})
+    resumed.augment.finish("finished", reason="completed", test_acc=0.75, cost={"wall_seconds": 1.0})
     run = read_run(path)
     assert (run["status"], run["attempts"]) == ("finished", 1)
     assert (run["augment"]["status"], run["augment"]["stale"], run["augment"]["attempts"]) == ("finished", False, 2)
@@ -534,7 +536,7 @@ _READER = textwrap.dedent(
 def test_a_concurrent_swmr_reader_keeps_reading_through_begin_augment(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = _create(path)
-    runlog.append_metrics({"step": 0})
+    runlog.search.append_metrics({"step": 0})
     reader = _python_child(_READER, path)
     try:
         lines = _LineReader(reader)
@@ -545,10 +547,10 @@ def test_a_concurrent_swmr_reader_keeps_reading_through_begin_augment(tmp_path: 
             reader.stdin.flush()
             return lines.json()
 
-        runlog.append_metrics({"step": 1})
+        runlog.search.append_metrics({"step": 1})
         assert ask("look") == {"search_steps": [0.0, 1.0]}
         # finish and begin_augment reopen the file outside SWMR mode while the reader holds it (and its lock).
-        runlog.finish("finished", reason="completed", final_genotype=GENOTYPE)
+        runlog.search.finish("finished", reason="completed", final_genotype=GENOTYPE)
         _begin(runlog)
         during = read_run(path)  # in the writer's own process, which now bypasses file locking
         assert (during["status"], during["augment"]["status"]) == ("finished", "running")
@@ -556,10 +558,10 @@ def test_a_concurrent_swmr_reader_keeps_reading_through_begin_augment(tmp_path: 
 
         reports = [ask("reopen")]  # a handle opened after begin_augment sees /augment
         for step in range(3):
-            runlog.append_augment_metrics(_augment_row(step))
+            runlog.augment.append_metrics(_augment_row(step))
             reports.append(ask(f"look {step + 1}"))
         assert read_run(path)["augment"]["metrics"]["step"].tolist() == [0, 1, 2]
-        runlog.finish_augment("finished", reason="completed", test_acc=0.9, cost={})
+        runlog.augment.finish("finished", reason="completed", test_acc=0.9, cost={})
         after = read_run(path)
         final = ask("quit")
         reader.wait(timeout=30)

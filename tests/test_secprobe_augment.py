@@ -272,18 +272,18 @@ def test_augment_selection_rows_are_logged_truncated_and_drawn(tmp_path: Path) -
                               clip_w=1.0, clip_a=1.0),
         unreliable=[True, False, False, False], corruption=1.0, selection=schema,
     )  # fmt: skip
-    log.append_selection(1, [False, True, True, False], np.full(PARTIES, 0.2), 0.5)
-    log.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": 5})
+    log.search.append_selection(1, [False, True, True, False], np.full(PARTIES, 0.2), 0.5)
+    log.search.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": 5})
     log.begin_augment(genotype="g", params=10, private=True, parties=PARTIES, privacy_guarantee="holds",
                       privacy=AugmentPrivacySchema(sample_rate=[0.1] * PARTIES, noise_multiplier=1.0, clip=1.0,
                                                    delta=[1e-5] * PARTIES), selection=schema)
     for step in (1, 2, 3):
-        log.append_augment_selection(step, [False, True, step == 3, step != 3], np.full(PARTIES, 0.1 * step),
+        log.augment.append_selection(step, [False, True, step == 3, step != 3], np.full(PARTIES, 0.1 * step),
                                      0.5 + step)
-    counts = log.augment_row_counts()
-    assert counts.selection_rows == 3
-    log.truncate_augment(counts.metric_rows, counts.privacy_rows, 2)
-    log.finish_augment("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": 5})
+    metric_rows, privacy_rows, selection_rows = log.augment.row_counts()
+    assert selection_rows == 3
+    log.augment.truncate(metric_rows, privacy_rows, 2)
+    log.augment.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": 5})
     log.close()
     run = read_run(path)
     selection = run["augment"]["selection"]

@@ -134,17 +134,17 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
             recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
             # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
             last = charge_in_flight(ledger.record_step, recorded, loop.in_flight_step if loop is not None else None)
-            settle_privacy(ledger, last, None if log is None else lambda row: log.append_privacy(
+            settle_privacy(ledger, last, None if log is None else lambda row: log.search.append_privacy(
                 row.step, row.charged_steps, row.epsilon, row.mu_gdp))
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             cost = attempt_cost(time.perf_counter() - start, channel.size, gpus)
-            log.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=cost)
+            log.search.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=cost)
         raise
     # One clock reading serves both the printed summary and the log's /cost, so the two agree exactly.
     outcome.wall_seconds = time.perf_counter() - start
     if log is not None:
-        log.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
+        log.search.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
                    final_genotype=None if outcome.interrupted else outcome.genotype,
                    cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
     if outcome.interrupted:
@@ -169,7 +169,7 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
     """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
     if resume is not None:
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
-        log.truncate(*resume["log_rows"])
+        log.search.truncate(*resume["log_rows"])
         return log
     space = search_space(cfg.space.kind)
     normal_shape, reduce_shape = space.alpha_shapes(cfg.space)
@@ -247,7 +247,7 @@ class _ServerLoop:
                 test_stats = server.evaluate(x_test, y_test)
                 if self.log is not None:
                     soft = server.alpha_softmax()
-                    self.log.append_epoch(soft["normal"], soft["reduce"], server.genotype().to_string())
+                    self.log.search.append_epoch(soft["normal"], soft["reduce"], server.genotype().to_string())
             if step % cfg.runtime.log_every == 0 or epoch_end or control != CONTINUE:
                 self._log_row(step, epoch, test_stats if epoch_end else None)
             elif self.log is not None:
@@ -290,7 +290,7 @@ class _ServerLoop:
             row["test_loss"] = _ratio(test_stats[0], test_stats[2])
             row["test_acc"] = _ratio(test_stats[1], test_stats[2])
         if self.log is not None:
-            self.log.append_metrics(row)
+            self.log.search.append_metrics(row)
         if self.progress is not None:
             self._write_privacy_rows(wait=step == self.plan.steps)  # the last line shows the final ε
             shown = dict(row)
@@ -300,7 +300,7 @@ class _ServerLoop:
 
     def _log_selection(self, step: int, stats: SelectedStepStats) -> None:
         if self.log is not None:
-            self.log.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+            self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
 
     def _write_privacy_rows(self, wait: bool) -> None:
         """Log the ε rows the ledger's worker has finished (all of them with `wait`)."""
@@ -309,7 +309,7 @@ class _ServerLoop:
         for row in self.ledger.drain() if wait else self.ledger.ready():
             self.epsilon_so_far = float(np.max(row.epsilon))
             if self.log is not None:
-                self.log.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
+                self.log.search.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
 
     def _checkpoint(self, step: int) -> None:
         """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
@@ -323,7 +323,7 @@ class _ServerLoop:
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
             "accumulator": self.acc.state_dict(),
             "selection": self.selector.state_dict() if self.selector is not None else None,
-            "log_rows": list(self.log.row_counts()) if self.log is not None else [0, 0, 0, 0],
+            "log_rows": list(self.log.search.row_counts()) if self.log is not None else [0, 0, 0, 0],
         })
 
 

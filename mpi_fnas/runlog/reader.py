@@ -14,18 +14,16 @@ import numpy as np
 from mpi_fnas.runlog.liveness import WriterRecord, read_writer_record, writer_gone_reason
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
-    AUGMENT_METRICS,
+    AUGMENT_LAYOUT,
     AUGMENT_PRIVACY_FIXED,
-    AUGMENT_PRIVACY_GROWING,
     COST_FIELDS,
     PRIVACY_FIXED,
-    PRIVACY_GROWING,
+    SEARCH_LAYOUT,
     SELECTION_EPSILON,
     SELECTION_GROUP,
     SELECTION_GROWING,
-    augment_families,
     common_length,
-    growing_families,
+    stage_families,
 )
 
 # A writer silent for this long counts as dead when this machine cannot check its PID (another node). Must
@@ -79,7 +77,8 @@ def read_run(
 def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
     """The log's contents as read_run returns them (statuses as stored), and its writer record."""
     root = handle.attrs
-    metric_sets, epoch_sets, privacy_sets, selection_sets = growing_families(handle)
+    families = stage_families(handle, SEARCH_LAYOUT)
+    metric_sets, epoch_sets, privacy_sets, selection_sets = (families[name] for name in SEARCH_LAYOUT.families)
     metric_rows = common_length(metric_sets)
     epoch_rows = common_length(epoch_sets)
     metrics = {dataset.name.rsplit("/", 1)[1]: dataset[:metric_rows] for dataset in metric_sets}
@@ -118,8 +117,7 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
             "delta": np.asarray(group.attrs["delta"]),
             "accountant": str(group.attrs["accountant"]),
         }
-        for name, dataset in zip(PRIVACY_GROWING, privacy_sets, strict=True):
-            privacy[name] = dataset[:privacy_rows]
+        privacy.update(_rows(privacy_sets, privacy_rows))
         for name in PRIVACY_FIXED:
             privacy[name] = _plain(group[name][()])
         result["privacy"] = privacy
@@ -148,9 +146,10 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
     """``/augment`` as stored (status not yet judged against the writer), with ``last_step`` for the reason."""
     group = handle[AUGMENT_GROUP]
     attrs = group.attrs
-    metric_sets, privacy_sets, selection_sets = augment_families(handle)
+    families = stage_families(handle, AUGMENT_LAYOUT)
+    metric_sets, privacy_sets, selection_sets = (families[name] for name in AUGMENT_LAYOUT.families)
+    metrics = _rows(metric_sets, common_length(metric_sets))
     rows = common_length(metric_sets)
-    metrics = {name: dataset[:rows] for name, dataset in zip(AUGMENT_METRICS, metric_sets, strict=True)}
     augment: dict[str, Any] = {
         "status": str(attrs["status"]),
         "reason": str(attrs["reason"]),
@@ -173,12 +172,17 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         ledger = group["privacy"]
         privacy_rows = common_length(privacy_sets)
         privacy: dict[str, Any] = {name: _plain(ledger[name][()]) for name in AUGMENT_PRIVACY_FIXED}
-        for name, dataset in zip(AUGMENT_PRIVACY_GROWING, privacy_sets, strict=True):
-            privacy[name] = dataset[:privacy_rows]
+        # charged_steps and mu_gdp: absent from logs written before the stages shared one writer
+        privacy.update(_rows(privacy_sets, privacy_rows))
         augment["privacy"] = privacy
     if SELECTION_GROUP in group:
         augment["selection"] = _read_selection(group[SELECTION_GROUP], selection_sets)
     return augment
+
+
+def _rows(datasets: list[h5py.Dataset], rows: int) -> dict[str, np.ndarray]:
+    """{name: the first `rows` rows} of a family's datasets."""
+    return {dataset.name.rsplit("/", 1)[1]: dataset[:rows] for dataset in datasets}
 
 
 def _read_selection(group: h5py.Group, datasets: list[h5py.Dataset]) -> dict[str, Any]:
@@ -203,8 +207,8 @@ def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:
             if "file locking flag values don't match" in str(exc) and locking is None:
                 locking = False
                 continue
-            # The writer holds the file outside SWMR mode for milliseconds in finish/reopen/truncate and their
-            # augment counterparts (begin_augment, finish_augment, truncate_augment).
+            # The writer holds the file outside SWMR mode for milliseconds in a stage's finish and truncate, in
+            # reopen and in begin_augment.
             locked = exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES) or "unable to lock" in str(exc)
             if not (locked or "not already open for SWMR" in str(exc)) or time.monotonic() >= deadline:
                 raise

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any
 
 import h5py
 import numpy as np
@@ -45,8 +45,10 @@ COST_LAYOUT = ("ranks", "gpus")
 COST_FIELDS = COST_ADDITIVE + COST_LAYOUT
 
 EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
-# /privacy datasets that grow by one row per append_privacy, and those written once at creation.
+# The ledger rows of every stage (/privacy, /augment/privacy), one row per StageLog.append_privacy. /augment/privacy
+# of logs written before the stages shared one writer holds only steps and epsilon.
 PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
+# The search's /privacy datasets written once at creation.
 PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a")
 
 # The server's selection (federation.selection random, secprobe or oracle): /selection, one row per step, and the ε
@@ -69,8 +71,7 @@ AUGMENT_GROUP = "augment"
 # counter, unlike /metrics/step), the rest float64.
 AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "adadp_err")
 AUGMENT_INT_METRICS = ("step", "epoch")
-# /augment/privacy datasets that grow by one row per append_augment_privacy, and those written at creation.
-AUGMENT_PRIVACY_GROWING = ("steps", "epsilon")
+# /augment/privacy datasets written at creation (its growing ones are PRIVACY_GROWING).
 AUGMENT_PRIVACY_FIXED = ("sample_rate", "noise_multiplier", "clip", "delta")
 
 
@@ -126,56 +127,46 @@ class AugmentPrivacySchema:
     delta: Sequence[float] | np.ndarray
 
 
-class RowCounts(NamedTuple):
-    """Rows written per growing family; what a checkpoint records and ``RunLog.truncate`` restores."""
+@dataclass(frozen=True)
+class StageLayout:
+    """Where one stage's rows live in the file: its group (``""`` is the root) and its growing families, in the
+    order a checkpoint records their row counts: ``metrics``, ``epochs`` (the search's alphas and genotype per
+    epoch end), ``privacy`` (``PRIVACY_GROWING``) and ``selection`` (``SELECTION_GROWING``, then
+    ``privacy/selection_epsilon``)."""
 
-    metric_rows: int
-    epoch_rows: int
-    privacy_rows: int
-    selection_rows: int = 0  # 0 without /selection (and in checkpoints older than it)
+    name: str  # "search" or "augment"
+    group: str
+    metrics: tuple[str, ...]
+    int_metrics: tuple[str, ...] = ()  # exact counters stored as int64, required in every row
+    epochs: bool = False
+
+    @property
+    def families(self) -> tuple[str, ...]:
+        return ("metrics", "epochs", "privacy", "selection") if self.epochs else ("metrics", "privacy", "selection")
 
 
-class AugmentRowCounts(NamedTuple):
-    """Rows written per growing family of ``/augment``; what an augment checkpoint records and
-    ``RunLog.truncate_augment`` restores."""
-
-    metric_rows: int
-    privacy_rows: int
-    selection_rows: int = 0  # 0 without /augment/selection (and in checkpoints older than it)
+SEARCH_LAYOUT = StageLayout("search", "", SEARCH_METRICS, epochs=True)
+AUGMENT_LAYOUT = StageLayout("augment", AUGMENT_GROUP, AUGMENT_METRICS, AUGMENT_INT_METRICS)
+STAGE_LAYOUTS = {layout.name: layout for layout in (SEARCH_LAYOUT, AUGMENT_LAYOUT)}
 
 
-def growing_families(handle: h5py.File) -> tuple[list[h5py.Dataset], ...]:
-    """The datasets of each growing family (metrics, epoch ends, privacy ledger, selection), in ``RowCounts`` order.
+def stage_families(handle: h5py.File, layout: StageLayout) -> dict[str, list[h5py.Dataset]]:
+    """The datasets of `layout`'s growing families, by family name in ``layout.families`` order.
 
-    The datasets of one family always gain a row together; the privacy family is empty without ``/privacy``, the
-    selection family (``SELECTION_GROWING``, then ``/privacy/selection_epsilon``) without ``/selection``.
+    The datasets of one family always gain a row together. Every family is empty while the stage's group does not
+    exist; the privacy family without ``privacy/``, the selection family without ``selection/``.
     """
-    metrics = handle["metrics"]
-    privacy = handle.get("privacy")
-    selection = handle.get(SELECTION_GROUP)
-    return (
-        [metrics[name] for name in metrics],
-        [handle[name] for name in EPOCH_DATASETS],
-        [] if privacy is None else [privacy[name] for name in PRIVACY_GROWING],
-        [] if selection is None else [*(selection[name] for name in SELECTION_GROWING), privacy[SELECTION_EPSILON]],
-    )
-
-
-def augment_families(handle: h5py.File) -> tuple[list[h5py.Dataset], list[h5py.Dataset], list[h5py.Dataset]]:
-    """The datasets of ``/augment``'s growing families (metrics in ``AUGMENT_METRICS`` order, privacy ledger in
-    ``AUGMENT_PRIVACY_GROWING`` order, selection: ``SELECTION_GROWING`` then ``/augment/privacy/selection_epsilon``),
-    in ``AugmentRowCounts`` order; all empty without ``/augment``, the ledger empty without ``/augment/privacy``,
-    the selection empty without ``/augment/selection``."""
-    group = handle.get(AUGMENT_GROUP)
-    if group is None:
-        return [], [], []
-    privacy = group.get("privacy")
-    selection = group.get(SELECTION_GROUP)
-    return (
-        [group["metrics"][name] for name in AUGMENT_METRICS],
-        [] if privacy is None else [privacy[name] for name in AUGMENT_PRIVACY_GROWING],
-        [] if selection is None else [*(selection[name] for name in SELECTION_GROWING), privacy[SELECTION_EPSILON]],
-    )
+    if layout.group and layout.group not in handle:
+        return {name: [] for name in layout.families}
+    group = handle[layout.group] if layout.group else handle
+    metrics, privacy, selection = group["metrics"], group.get("privacy"), group.get(SELECTION_GROUP)
+    families = {"metrics": [metrics[name] for name in (layout.metrics if layout.group else metrics)]}
+    if layout.epochs:
+        families["epochs"] = [handle[name] for name in EPOCH_DATASETS]
+    families["privacy"] = [] if privacy is None else [privacy[name] for name in PRIVACY_GROWING if name in privacy]
+    families["selection"] = [] if selection is None else [
+        *(selection[name] for name in SELECTION_GROWING), privacy[SELECTION_EPSILON]]
+    return families
 
 
 def common_length(datasets: Sequence[h5py.Dataset]) -> int:
@@ -243,10 +234,7 @@ def build_skeleton(
         group = handle.create_group("privacy")
         group.attrs["delta"] = privacy["delta"]
         group.attrs["accountant"] = privacy["accountant"]
-        _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
-        _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
-        for name in ("epsilon", "mu_gdp"):
-            _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+        _ledger_rows(group, parties)
         for name in PRIVACY_FIXED:
             group.create_dataset(name, data=privacy[name])
 
@@ -308,13 +296,20 @@ def build_augment(
         ledger = group.create_group("privacy", track_order=True)
         for name in AUGMENT_PRIVACY_FIXED:
             ledger.create_dataset(name, data=privacy[name])
-        _growing(ledger, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
-        _growing(ledger, "epsilon", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
+        _ledger_rows(ledger, parties)
 
     if selection is not None:
         if privacy is None:
             raise ValueError("an augment selection needs a privacy ledger (/augment/privacy/selection_epsilon)")
         _selection_group(group, selection, parties)
+
+
+def _ledger_rows(group: h5py.Group, parties: int) -> None:
+    """A stage's growing ledger datasets (``PRIVACY_GROWING``) in `group`, with 0 rows."""
+    _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+    _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
+    for name in ("epsilon", "mu_gdp"):
+        _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 
 def _empty_cost(group: h5py.Group) -> None:

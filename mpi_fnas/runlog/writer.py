@@ -1,31 +1,32 @@
-"""``RunLog``: rank 0's writer of the HDF5 run log (the only writer; layout in ``schema``, docs/hdf5.md).
+"""``RunLog``: rank 0's writer of the HDF5 run log (the only writer; layout in ``schema``, docs/hdf5.md), and
+``StageLog``, one writer for each stage's group: ``log.search`` (the root) and ``log.augment`` (``/augment``).
 
 Lifecycle of the file:
 
-1. ``RunLog.create`` builds every group, dataset and attribute that will ever exist (HDF5's SWMR mode
-   forbids creating objects or attributes later), records the writer (``/writer``), then switches the handle
+1. ``RunLog.create`` builds every group, dataset and attribute of the search that will ever exist (HDF5's SWMR
+   mode forbids creating objects or attributes later), records the writer (``/writer``), then switches the handle
    to SWMR-write mode.
-2. ``append_metrics`` / ``append_epoch`` / ``append_privacy`` grow datasets along axis 0 and flush each
-   dataset right away, so a SWMR reader sees every appended row after ``Dataset.refresh()`` and a crash never
-   loses a row that was appended. ``heartbeat`` (and every append) overwrites ``/writer/heartbeat`` in place,
-   at most once every ``HEARTBEAT_SECONDS``.
-3. ``finish`` closes the SWMR handle (all rows are already on disk), reopens the file in ordinary "r+"
-   mode for a few milliseconds and writes the final root and ``/cost`` attributes there. SWMR readers hold
-   a shared file lock for as long as they keep the file open (HDF5 2.0), which would make that "r+" open
-   fail while a monitor is attached; in that case (and only then) the file is reopened with
-   ``locking=False``. This is safe for the file because rank 0 is the only writer; an attached reader
-   keeps its cached (old) attributes and must reopen the file to see the final status.
+2. A stage's ``append_metrics`` / ``append_privacy`` / ``append_selection`` (and the search's ``append_epoch``)
+   grow its datasets along axis 0 and flush each dataset right away, so a SWMR reader sees every appended row
+   after ``Dataset.refresh()`` and a crash never loses a row that was appended. ``heartbeat`` (and every append)
+   overwrites ``/writer/heartbeat`` in place, at most once every ``HEARTBEAT_SECONDS``.
+3. A stage's ``finish`` closes the SWMR handle (all rows are already on disk), reopens the file in ordinary "r+"
+   mode for a few milliseconds and writes the stage's final attributes and its ``cost`` group there. SWMR readers
+   hold a shared file lock for as long as they keep the file open (HDF5 2.0), which would make that "r+" open
+   fail while a monitor is attached; in that case (and only then) the file is reopened with ``locking=False``.
+   This is safe for the file because rank 0 is the only writer; an attached reader keeps its cached (old)
+   attributes and must reopen the file to see the final status.
 4. ``RunLog.reopen`` continues a log after a requeue and takes over ``/writer``. If the previous writer died
    without closing (SIGKILL, node loss), HDF5 leaves the superblock marked "open for SWMR write" and refuses
    every write open; the log is then salvaged through a SWMR read open into a fresh file that replaces it
    (all flushed rows survive) -- unless the liveness record shows the previous writer is still alive.
 5. The augment stage (training the derived genotype from scratch) appends to the same file once the search has
-   ended: ``begin_augment`` (after ``finish`` in the same job, or after ``reopen(path, augment=True)`` in a later
-   one) reopens the file outside SWMR mode, creates ``/augment`` -- or, on a resume, counts another attempt --
-   and returns to SWMR mode; ``append_augment_*`` grow ``/augment``'s datasets like the search's, and
-   ``finish_augment`` records the stage's outcome the way ``finish`` records the search's, leaving the search's
-   root attributes and ``/cost`` alone. The heartbeat keeps ``/writer`` fresh meanwhile, so a dead writer turns
-   a ``running`` augment into ``failed`` for readers exactly as it does the search.
+   ended: ``begin_augment`` (after the search's ``finish`` in the same job, or after ``reopen(path,
+   augment=True)`` in a later one) reopens the file outside SWMR mode, creates ``/augment`` -- or, on a resume,
+   counts another attempt -- and returns to SWMR mode with ``log.augment``, which writes exactly as the search's
+   stage does, into ``/augment``; its ``finish`` leaves the search's root attributes and ``/cost`` alone. The
+   heartbeat keeps ``/writer`` fresh meanwhile, so a dead writer turns a ``running`` augment into ``failed`` for
+   readers exactly as it does the search.
 """
 
 from __future__ import annotations
@@ -52,21 +53,20 @@ from mpi_fnas.runlog.liveness import (
 )
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
-    AUGMENT_INT_METRICS,
-    AUGMENT_METRICS,
+    AUGMENT_LAYOUT,
     COST_ADDITIVE,
     COST_FIELDS,
     FINAL_STATUSES,
+    SEARCH_LAYOUT,
+    STAGE_LAYOUTS,
     AugmentPrivacySchema,
-    AugmentRowCounts,
     PrivacySchema,
-    RowCounts,
     SelectionSchema,
-    augment_families,
+    StageLayout,
     build_augment,
     build_skeleton,
     common_length,
-    growing_families,
+    stage_families,
 )
 
 _logger = logging.getLogger(__name__)
@@ -78,38 +78,207 @@ HEARTBEAT_SECONDS = 5.0
 _SOFTMAX_SUM_ATOL = 1e-3
 
 
+class StageLog:
+    """The rows and the outcome of one stage (``search``: the root group; ``augment``: ``/augment``), written the
+    same way for both: ``append_metrics``, ``append_privacy``, ``append_selection`` (and the search's
+    ``append_epoch``) grow the stage's families, flushing every row; ``row_counts`` / ``truncate`` restore a
+    checkpoint's rows; ``finish`` records the outcome. Obtain it from :class:`RunLog` (``log.search``,
+    ``log.augment``, ``log.stage(name)``); it writes through the log's one handle.
+    """
+
+    def __init__(self, log: RunLog, layout: StageLayout) -> None:
+        self._log = log
+        self.layout = layout
+        self._state = "running"  # "running": rows may be appended; "ended": finish() ran (or the stage had ended)
+        self._families: dict[str, list[h5py.Dataset]] = {}
+        self._rows: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.layout.name
+
+    def _attach(self, handle: h5py.File) -> None:
+        self._families = stage_families(handle, self.layout)
+        self._rows = tuple(common_length(self._families[name]) for name in self.layout.families)
+
+    # ------------------------------------------------------------------ appending
+
+    def append_metrics(self, row: Mapping[str, float]) -> None:
+        """Append one row to every metric dataset. ``layout.int_metrics`` (the augmentation's ``step`` and
+        ``epoch``) are required integers (KeyError if missing, ValueError if not integral); other missing names
+        are stored as NaN. Unknown names raise KeyError before anything is written."""
+        self._require_running()
+        names = [dataset.name.rsplit("/", 1)[1] for dataset in self._families["metrics"]]
+        unknown = sorted(set(row) - set(names))
+        missing = [name for name in self.layout.int_metrics if name not in row]
+        if unknown or missing:
+            raise KeyError(f"unknown metric name(s) {unknown}, missing required {missing}; the {self.name} log has "
+                           f"{names}")
+        values = [np.int64(_integral(name, row[name])) if name in self.layout.int_metrics
+                  else float(row.get(name, math.nan)) for name in names]
+        self._append("metrics", values)
+
+    def append_epoch(self, alphas_normal: np.ndarray, alphas_reduce: np.ndarray, genotype: str) -> None:
+        """The search's epoch-end row: softmax weights (edges, ops) of the normal and reduction cell (CPU arrays)
+        and the derived genotype string.
+
+        Raises ValueError for a wrong shape, weights that are not per-edge softmax distributions, or a genotype
+        longer than the log's genotype length in UTF-8 (h5py would silently truncate it); RuntimeError for a stage
+        without epoch rows.
+        """
+        self._require_running()
+        if not self.layout.epochs:
+            raise RuntimeError(f"the {self.name} stage has no epoch-end rows")
+        normal_set, reduce_set, genotypes = self._families["epochs"]
+        normal = _softmax_weights("alphas_normal", alphas_normal, normal_set.shape[1:])
+        reduce = _softmax_weights("alphas_reduce", alphas_reduce, reduce_set.shape[1:])
+        encoded = genotype.encode("utf-8")
+        if len(encoded) > genotypes.dtype.itemsize:
+            raise ValueError(
+                f"genotype is {len(encoded)} bytes in UTF-8 but the log stores at most {genotypes.dtype.itemsize}; "
+                "create the log with a larger genotype_length"
+            )
+        self._append("epochs", [normal, reduce, encoded])
+
+    def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
+        """Append one ledger row (``PRIVACY_GROWING``). steps: the stage's iterations so far. charged_steps (K,): the
+        stage's iterations each party's ledgers have charged (its own plus those replayed after a crash; under
+        ADADP each pays two weight releases). epsilon (K,): tight ε per party after everything the job released so
+        far (may be inf). mu_gdp (K,): μ of μ-GDP per party (an approximation, not the guarantee)."""
+        self._require_running()
+        if not self._families["privacy"]:
+            raise RuntimeError(f"the {self.name} stage of this run log has no privacy ledger")
+        parties = self._log.parties
+        values = {"steps": np.int64(_integral("steps", steps)),
+                  "charged_steps": _per_party("charged_steps", charged_steps, parties, np.int64),
+                  "epsilon": _per_party("epsilon", epsilon, parties, np.float64),
+                  "mu_gdp": _per_party("mu_gdp", mu_gdp, parties, np.float64)}
+        self._append("privacy", [values[d.name.rsplit("/", 1)[1]] for d in self._families["privacy"]])
+
+    def append_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
+        """Append one selection row: steps (the stage's iterations so far), chosen (K,) bool (whose releases were
+        averaged), score (K,) the windowed aux-set scores the draw used (NaN unless secprobe), and epsilon, the
+        selection's ε on the aux set after this step over every stage's draws (``privacy/selection_epsilon``)."""
+        self._require_running()
+        if not self._families["selection"]:
+            raise RuntimeError(f"the {self.name} stage of this run log has no selection")
+        parties = self._log.parties
+        self._append("selection", [np.int64(_integral("steps", steps)), _per_party("chosen", chosen, parties, bool),
+                                   _per_party("score", score, parties, np.float64), np.float64(epsilon)])
+
+    def _append(self, family: str, values: Sequence[Any]) -> None:
+        index = self.layout.families.index(family)
+        _append_row(self._families[family], self._rows[index], values)
+        self._rows = (*self._rows[:index], self._rows[index] + 1, *self._rows[index + 1:])
+        self._log.heartbeat()
+
+    # ------------------------------------------------------------------ counts and resume
+
+    def row_counts(self) -> tuple[int, ...]:
+        """Rows of each family, in ``layout.families`` order; store it in a checkpoint."""
+        return self._rows
+
+    def truncate(self, *counts: int) -> None:
+        """Drop rows written after a checkpoint (a crash between checkpoint and log): shrink each family to the
+        given count (``layout.families`` order; a missing trailing count is 0, as in checkpoints older than the
+        family). Counts above what exists raise ValueError (growing would invent fill-value rows). The shrink
+        happens outside SWMR mode (HDF5 only guarantees SWMR readers growing datasets), then the handle returns to
+        SWMR mode."""
+        self._log._require_open()
+        families = self.layout.families
+        if len(counts) > len(families):
+            raise ValueError(f"truncate takes at most {len(families)} counts ({', '.join(families)})")
+        wanted = tuple(int(c) for c in counts) + (0,) * (len(families) - len(counts))
+        for name, want, have in zip(families, wanted, self._rows, strict=True):
+            if not 0 <= want <= have:
+                raise ValueError(f"truncate {name}={want}: must be between 0 and the {have} rows written")
+
+        def shrink(handle: h5py.File) -> None:
+            for name, rows in zip(families, wanted, strict=True):
+                for dataset in stage_families(handle, self.layout)[name]:
+                    dataset.resize(rows, axis=0)
+
+        self._log._reattach(shrink)
+
+    # ------------------------------------------------------------------ ending
+
+    def finish(self, status: str, *, reason: str, cost: Mapping[str, float] | None = None,
+               final_genotype: str | None = None, test_acc: float | None = None) -> None:
+        """Close the log with this stage's final ``status`` (finished, failed or interrupted) and ``reason``.
+
+        cost: this attempt's ``COST_FIELDS`` for the stage's ``cost`` group (``wall_seconds``, ``gpu_hours``,
+        ``cpu_core_hours`` added to earlier attempts'; ``ranks``, ``gpus`` replaced). final_genotype (search): the
+        root attr (None keeps it). test_acc (augment): the final test accuracy, a fraction in [0, 1] or NaN;
+        ``test_error`` = 1 − test_acc. Idempotent: once the stage has ended further calls do nothing, so the
+        first status wins. Rows are never at risk: they were flushed when appended. The other stage is untouched.
+        """
+        if self._state == "ended":
+            return
+        if status not in FINAL_STATUSES:
+            raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
+        _check_cost(cost or {})
+        accuracy = None if test_acc is None else float(test_acc)
+        if accuracy is not None and not (math.isnan(accuracy) or 0.0 <= accuracy <= 1.0):
+            raise ValueError(f"test_acc is a fraction in [0, 1] (or NaN), got {test_acc}")
+        self._log._release_handle()
+        handle = _open_read_write(self._log.path)
+        try:
+            group = handle[self.layout.group] if self.layout.group else handle
+            group.attrs["status"] = status
+            group.attrs["reason"] = reason
+            if final_genotype is not None:
+                group.attrs["final_genotype"] = final_genotype
+            if accuracy is not None:
+                group.attrs["test_acc"] = np.float64(accuracy)
+                group.attrs["test_error"] = np.float64(1.0 - accuracy)  # NaN stays NaN
+            _add_cost(group["cost"], cost or {})
+        finally:
+            handle.close()
+        self._state = "ended"
+
+    def _require_running(self) -> None:
+        self._log._require_open()
+        if self._state != "running":
+            raise RuntimeError(f"the {self.name} stage of this run log has ended; rows can no longer be appended")
+
+
 class RunLog:
-    """Rank 0's writer of the HDF5 run log. Not thread-safe; one instance per file."""
+    """Rank 0's writer of the HDF5 run log: the file, its SWMR handle and its liveness record, and one
+    :class:`StageLog` per stage (``search``, and ``augment`` once ``begin_augment`` has run). Not thread-safe; one
+    instance per file."""
 
     def __init__(self, path: Path, handle: h5py.File) -> None:
         """Internal: use ``create`` or ``reopen``. ``handle`` is an open SWMR-write handle of ``path``."""
         self._path = path
-        self._finished = False  # the search's outcome is recorded (finish, or reopen(augment=True))
-        self._augment: str | None = None  # this writer's augment stage: None, "running" or "ended"
+        self._file: h5py.File | None = None
+        self.search = StageLog(self, SEARCH_LAYOUT)
+        self.augment: StageLog | None = None  # /augment's, once it exists (writable after begin_augment)
         self._attach(handle)
 
     def _attach(self, handle: h5py.File) -> None:
         """Take the open SWMR-write ``handle`` and read the layout and row counts back from the file."""
-        self._file: h5py.File | None = handle
-        self._metrics, epoch_sets, self._privacy_sets, self._selection_sets = growing_families(handle)
-        self._metric_names = tuple(dataset.name.rsplit("/", 1)[1] for dataset in self._metrics)
-        self._alphas_normal, self._alphas_reduce, self._genotypes = epoch_sets
-        self._alpha_shapes = {"alphas_normal": tuple(int(n) for n in self._alphas_normal.shape[1:]),
-                              "alphas_reduce": tuple(int(n) for n in self._alphas_reduce.shape[1:])}
-        self._genotype_length = int(self._genotypes.dtype.itemsize)
-        self._parties = int(handle.attrs["parties"])
+        self._file = handle
+        self.parties = int(handle.attrs["parties"])
         self._heartbeat = handle[WRITER_GROUP]["heartbeat"]
         self._last_beat = time.monotonic()  # create/reopen has just written the heartbeat
-        self._rows = RowCounts(
-            common_length(self._metrics), common_length(epoch_sets), common_length(self._privacy_sets),
-            common_length(self._selection_sets),
-        )
-        # Empty families (0 rows) until /augment exists; in AUGMENT_METRICS / AUGMENT_PRIVACY_GROWING order.
-        self._augment_metrics, self._augment_privacy_sets, self._augment_selection_sets = augment_families(handle)
-        self._augment_rows = AugmentRowCounts(
-            common_length(self._augment_metrics), common_length(self._augment_privacy_sets),
-            common_length(self._augment_selection_sets),
-        )
+        if self.augment is None and AUGMENT_GROUP in handle:  # an earlier attempt's: its rows, until begin_augment
+            self.augment = StageLog(self, AUGMENT_LAYOUT)
+            self.augment._state = "ended"
+        for stage in (self.search, self.augment):
+            if stage is not None:
+                stage._attach(handle)
+
+    def _reattach(self, edit: Callable[[h5py.File], None]) -> None:
+        """Apply ``edit`` to the file outside SWMR mode, then continue in SWMR-write mode."""
+        self._release_handle()
+        self._attach(_open_swmr_writer(self._path, edit))
+
+    def stage(self, name: str) -> StageLog:
+        """The stage named ``name`` (``search`` or ``augment``); KeyError when this writer has not begun it."""
+        stage = {"search": self.search, "augment": self.augment}.get(name)
+        if stage is None:
+            raise KeyError(f"this run log has no {name!r} stage open (begin_augment() first)")
+        return stage
 
     # ------------------------------------------------------------------ opening
 
@@ -133,7 +302,7 @@ class RunLog:
         space: str = "darts",
         reduce_alpha_shape: tuple[int, int] | None = None,
     ) -> RunLog:
-        """Create a new log at ``path`` (must not exist) and enter SWMR-write mode.
+        """Create a new log at ``path`` (must not exist) and enter SWMR-write mode; its search stage is running.
 
         metric_names: names of the ``/metrics`` datasets (normally ``SEARCH_METRICS``), in column order.
         alpha_shape: (edges, ops) of one cell's softmax weights; reduce_alpha_shape: the reduction cell's when it
@@ -180,7 +349,8 @@ class RunLog:
 
     @classmethod
     def reopen(cls, path: str | Path, *, rank_attrs: Mapping[str, Any] | None = None, augment: bool = False) -> RunLog:
-        """Continue an existing log (resume after a requeue): rows are kept, status goes back to ``running``.
+        """Continue an existing log (resume after a requeue): rows are kept, the search's status goes back to
+        ``running``.
 
         ``attempts`` is incremented, ``reason`` cleared and ``/writer`` taken over by this process. Rows of a
         family left ragged by a crash mid-append are trimmed to the shortest dataset. rank_attrs, when given,
@@ -189,8 +359,9 @@ class RunLog:
 
         augment=True opens the log of an ended search for its augment stage (``--augment RUN_DIR``, or resuming
         a crashed augment): only ``/writer`` is taken over and ragged rows trimmed; the search's root attrs and
-        ``/ranks`` stay as they are, so rank_attrs is refused (ValueError). Call ``begin_augment`` next. A log
-        whose search is still marked ``running`` raises RuntimeError (resume the search instead).
+        ``/ranks`` stay as they are, so rank_attrs is refused (ValueError), and the search stage is ended. Call
+        ``begin_augment`` next. A log whose search is still marked ``running`` raises RuntimeError (resume the
+        search instead).
         """
         path = Path(path)
         if not path.exists():
@@ -236,7 +407,8 @@ class RunLog:
             _salvage(path)
             handle = _open_swmr_writer(path, restart)
         runlog = cls(path, handle)
-        runlog._finished = augment  # the search's outcome is already in the file; finish() must not touch it
+        if augment:  # the search's outcome is already in the file; its finish() must not touch it
+            runlog.search._state = "ended"
         return runlog
 
     @property
@@ -244,13 +416,12 @@ class RunLog:
         """Path of the HDF5 file."""
         return self._path
 
-    # ------------------------------------------------------------------ appending
+    # ------------------------------------------------------------------ liveness
 
     def heartbeat(self) -> None:
         """Record that the writer is alive (``/writer/heartbeat`` = now, Unix seconds). Cheap enough to call
-        every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too. Like them, raises
-        RuntimeError while the log is closed (after ``finish`` until ``begin_augment``, after
-        ``finish_augment`` or ``close``)."""
+        every step: writes at most once every ``HEARTBEAT_SECONDS``. Appends heartbeat too. Raises RuntimeError
+        while the log is closed (after a stage's ``finish`` until ``begin_augment``, or after ``close``)."""
         self._require_open()
         now = time.monotonic()
         if now - self._last_beat < HEARTBEAT_SECONDS:
@@ -258,94 +429,6 @@ class RunLog:
         self._heartbeat[()] = time.time()
         self._heartbeat.flush()
         self._last_beat = now
-
-    def append_metrics(self, row: Mapping[str, float]) -> None:
-        """Append one row to every ``/metrics`` dataset. Missing names are stored as NaN; unknown names raise
-        KeyError before anything is written."""
-        self._require_open()
-        unknown = sorted(set(row) - set(self._metric_names))
-        if unknown:
-            raise KeyError(f"unknown metric name(s) {unknown}; the log has {list(self._metric_names)}")
-        values = [float(row.get(name, math.nan)) for name in self._metric_names]
-        _append_row(self._metrics, self._rows.metric_rows, values)
-        self._rows = self._rows._replace(metric_rows=self._rows.metric_rows + 1)
-        self.heartbeat()
-
-    def append_epoch(self, alphas_normal: np.ndarray, alphas_reduce: np.ndarray, genotype: str) -> None:
-        """Append one epoch-end row: softmax weights (edges, ops) of the normal and reduction cell (CPU
-        arrays, e.g. ``tensor.detach().cpu().numpy()``) and the derived genotype string.
-
-        Raises ValueError for a wrong shape, weights that are not per-edge softmax distributions, or a
-        genotype longer than ``genotype_length`` bytes in UTF-8 (h5py would silently truncate it).
-        """
-        self._require_open()
-        normal = self._softmax_weights("alphas_normal", alphas_normal)
-        reduce = self._softmax_weights("alphas_reduce", alphas_reduce)
-        encoded = genotype.encode("utf-8")
-        if len(encoded) > self._genotype_length:
-            raise ValueError(
-                f"genotype is {len(encoded)} bytes in UTF-8 but the log stores at most {self._genotype_length}; "
-                "create the log with a larger genotype_length"
-            )
-        datasets = [self._alphas_normal, self._alphas_reduce, self._genotypes]
-        _append_row(datasets, self._rows.epoch_rows, [normal, reduce, encoded])
-        self._rows = self._rows._replace(epoch_rows=self._rows.epoch_rows + 1)
-        self.heartbeat()
-
-    def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
-        """Append one ledger row. steps: iterations so far. charged_steps (K,): iterations each party's
-        ledgers have charged (steps plus steps replayed after a crash; under ADADP each is two train releases).
-        epsilon (K,): tight ε per party (may be inf). mu_gdp (K,): μ of μ-GDP per party."""
-        self._require_open()
-        if not self._privacy_sets:
-            raise RuntimeError("this run log was created without a privacy schema")
-        charged = _per_party("charged_steps", charged_steps, self._parties, np.int64)
-        eps = _per_party("epsilon", epsilon, self._parties, np.float64)
-        mu = _per_party("mu_gdp", mu_gdp, self._parties, np.float64)
-        # Same order as schema.PRIVACY_GROWING: steps, charged_steps, epsilon, mu_gdp.
-        _append_row(self._privacy_sets, self._rows.privacy_rows, [np.int64(steps), charged, eps, mu])
-        self._rows = self._rows._replace(privacy_rows=self._rows.privacy_rows + 1)
-        self.heartbeat()
-
-    def append_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
-        """Append one selection row: steps (iterations so far), chosen (K,) bool (whose releases updated W and
-        A), score (K,) the windowed aux-set scores the draw used (NaN under ``random``), and epsilon, the
-        selection's ε on the aux set after this step (``/privacy/selection_epsilon``)."""
-        self._require_open()
-        if not self._selection_sets:
-            raise RuntimeError("this run log was created without a selection schema")
-        row = [np.int64(steps), _per_party("chosen", chosen, self._parties, bool),
-               _per_party("score", score, self._parties, np.float64), np.float64(epsilon)]
-        # Same order as schema.growing_families: SELECTION_GROWING, then /privacy/selection_epsilon.
-        _append_row(self._selection_sets, self._rows.selection_rows, row)
-        self._rows = self._rows._replace(selection_rows=self._rows.selection_rows + 1)
-        self.heartbeat()
-
-    # ------------------------------------------------------------------ counts and resume
-
-    def row_counts(self) -> RowCounts:
-        """Rows of the metric, epoch (alphas + genotype), privacy and selection families; store it in a
-        checkpoint."""
-        return self._rows
-
-    def truncate(self, metric_rows: int, epoch_rows: int, privacy_rows: int, selection_rows: int = 0) -> None:
-        """Drop rows written after a checkpoint (crash between checkpoint and log): shrink each family to the
-        given count. Counts above what exists raise ValueError (growing would invent fill-value rows). The
-        shrink happens outside SWMR mode (HDF5 only guarantees SWMR readers growing datasets), then the
-        handle returns to SWMR mode."""
-        self._require_open()
-        wanted = RowCounts(int(metric_rows), int(epoch_rows), int(privacy_rows), int(selection_rows))
-        for name, want, have in zip(RowCounts._fields, wanted, self._rows, strict=True):
-            if not 0 <= want <= have:
-                raise ValueError(f"truncate {name}={want}: must be between 0 and the {have} rows written")
-
-        def shrink(handle: h5py.File) -> None:
-            for datasets, rows in zip(growing_families(handle), wanted, strict=True):
-                for dataset in datasets:
-                    dataset.resize(rows, axis=0)
-
-        self._release_handle()
-        self._attach(_open_swmr_writer(self._path, shrink))
 
     # ------------------------------------------------------------------ augment stage
 
@@ -359,13 +442,14 @@ class RunLog:
         parties: int,
         privacy_guarantee: str,
         selection: SelectionSchema | None = None,
-    ) -> None:
-        """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties.
+    ) -> StageLog:
+        """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties;
+        returns its :class:`StageLog` (also ``self.augment``).
 
         Creates ``/augment`` (and ``/augment/privacy`` when privacy is given) with status ``running`` and
         attempts 1; if it exists already (resume after a crash or requeue), increments its ``attempts``, sets
-        status ``running``, clears ``reason`` and keeps every row (``truncate_augment`` drops rows written after
-        the checkpoint). Refreshes ``/writer/heartbeat``. The file is reopened outside SWMR mode for this and
+        status ``running``, clears ``reason`` and keeps every row (``truncate`` drops rows written after the
+        checkpoint). Refreshes ``/writer/heartbeat``. The file is reopened outside SWMR mode for this and
         returns to SWMR-write mode; a SWMR reader attached before keeps reading the search's datasets but must
         reopen the file to see ``/augment`` (docs/hdf5.md).
 
@@ -374,28 +458,27 @@ class RunLog:
         the search's (the stage runs across the same parties). privacy_guarantee: what the final weights may
         claim, ``"holds"`` or one line saying why not (e.g. exact gradients under dpfnas: ε covers the search only);
         rewritten on resume. selection: the server's selection in this stage (``/augment/selection``; needs
-        privacy), or None. The search must have ended first (``finish``,
-        or ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and
-        private (ValueError otherwise).
+        privacy), or None. The search must have ended first (its ``finish``, or ``reopen(augment=True)``), else
+        RuntimeError. A resume must repeat the stored genotype, params and private (ValueError otherwise).
         """
-        if not self._finished:
+        if self.search._state != "ended":
             raise RuntimeError("the search is still running: finish() it before begin_augment")
-        if self._augment == "running":
-            raise RuntimeError("the augment stage is already running; finish_augment() it first")
+        if self.augment is not None and self.augment._state == "running":
+            raise RuntimeError("the augment stage is already running; finish() it first")
         if bool(private) != (privacy is not None):
             raise ValueError("an augment privacy schema is required when private=True and only then")
-        if int(parties) != self._parties:
-            raise ValueError(f"the augment runs across the search's {self._parties} parties, got parties={parties}")
+        if int(parties) != self.parties:
+            raise ValueError(f"the augment runs across the search's {self.parties} parties, got parties={parties}")
         count = _integral("params", params)
         if count < 0:
             raise ValueError(f"params must be a parameter count >= 0, got {params}")
-        arrays = None if privacy is None else _augment_privacy_arrays(privacy, self._parties)
+        arrays = None if privacy is None else _augment_privacy_arrays(privacy, self.parties)
 
         def start(handle: h5py.File) -> None:
             group = handle.get(AUGMENT_GROUP)
             if group is None:
                 build_augment(
-                    handle, genotype=genotype, params=count, private=bool(private), parties=self._parties,
+                    handle, genotype=genotype, params=count, private=bool(private), parties=self.parties,
                     privacy=arrays, privacy_guarantee=privacy_guarantee, selection=selection,
                 )  # fmt: skip
             else:
@@ -420,153 +503,15 @@ class RunLog:
             if was_open:  # a refused begin leaves the log as it was: open, in SWMR mode
                 self._attach(_open_swmr_writer(self._path, lambda handle: None))
             raise
+        self.augment = StageLog(self, AUGMENT_LAYOUT)
         self._attach(handle)
-        self._augment = "running"
-
-    def append_augment_metrics(self, row: Mapping[str, float]) -> None:
-        """Append one row to every ``/augment/metrics`` dataset (names: ``AUGMENT_METRICS``). ``step`` and
-        ``epoch`` are required integers (int64 columns: KeyError if missing, ValueError if not integral); other
-        missing names are stored as NaN (train_* under DP, test_* on rows without an evaluation). Unknown
-        names raise KeyError before anything is written."""
-        self._require_augmenting()
-        unknown = sorted(set(row) - set(AUGMENT_METRICS))
-        missing = [name for name in AUGMENT_INT_METRICS if name not in row]
-        if unknown or missing:
-            raise KeyError(
-                f"unknown augment metric name(s) {unknown}, missing required {missing}; "
-                f"the log has {list(AUGMENT_METRICS)}"
-            )
-        values = [
-            np.int64(_integral(name, row[name])) if name in AUGMENT_INT_METRICS else float(row.get(name, math.nan))
-            for name in AUGMENT_METRICS
-        ]
-        _append_row(self._augment_metrics, self._augment_rows.metric_rows, values)
-        self._augment_rows = self._augment_rows._replace(metric_rows=self._augment_rows.metric_rows + 1)
-        self.heartbeat()
-
-    def append_augment_privacy(self, steps: int, epsilon: np.ndarray) -> None:
-        """Append one augment ledger row. steps: augment iterations so far. epsilon (K,): per party, the ε of
-        search and augment composed (may be inf), computed by the caller."""
-        self._require_augmenting()
-        if not self._augment_privacy_sets:
-            raise RuntimeError("this augment stage was begun without a privacy schema (private=False)")
-        eps = _per_party("epsilon", epsilon, self._parties, np.float64)
-        # Same order as schema.AUGMENT_PRIVACY_GROWING: steps, epsilon.
-        row = [np.int64(_integral("steps", steps)), eps]
-        _append_row(self._augment_privacy_sets, self._augment_rows.privacy_rows, row)
-        self._augment_rows = self._augment_rows._replace(privacy_rows=self._augment_rows.privacy_rows + 1)
-        self.heartbeat()
-
-    def append_augment_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
-        """Append one ``/augment/selection`` row, like ``append_selection``: steps (augment iterations so far),
-        chosen (K,) bool, score (K,) (NaN unless secprobe), and epsilon, the selection's ε on the aux set after
-        this iteration over the draws of both stages (``/augment/privacy/selection_epsilon``)."""
-        self._require_augmenting()
-        if not self._augment_selection_sets:
-            raise RuntimeError("this augment stage was begun without a selection schema")
-        row = [np.int64(_integral("steps", steps)), _per_party("chosen", chosen, self._parties, bool),
-               _per_party("score", score, self._parties, np.float64), np.float64(epsilon)]
-        # Same order as schema.augment_families: SELECTION_GROWING, then /augment/privacy/selection_epsilon.
-        _append_row(self._augment_selection_sets, self._augment_rows.selection_rows, row)
-        self._augment_rows = self._augment_rows._replace(selection_rows=self._augment_rows.selection_rows + 1)
-        self.heartbeat()
-
-    def augment_row_counts(self) -> AugmentRowCounts:
-        """Rows of ``/augment``'s metric, privacy and selection families ((0, 0, 0) without ``/augment``); store
-        it in the augment checkpoint."""
-        return self._augment_rows
-
-    def truncate_augment(self, metric_rows: int, privacy_rows: int, selection_rows: int = 0) -> None:
-        """Drop ``/augment`` rows written after an augment checkpoint, like ``truncate`` does for the search:
-        counts above what exists raise ValueError; the shrink happens outside SWMR mode. Needs ``/augment``
-        (``begin_augment`` first)."""
-        self._require_open()
-        if not self._augment_metrics:
-            raise RuntimeError(f"{self._path} has no augment stage to truncate; begin_augment() first")
-        wanted = AugmentRowCounts(int(metric_rows), int(privacy_rows), int(selection_rows))
-        for name, want, have in zip(AugmentRowCounts._fields, wanted, self._augment_rows, strict=True):
-            if not 0 <= want <= have:
-                raise ValueError(f"truncate_augment {name}={want}: must be between 0 and the {have} rows written")
-
-        def shrink(handle: h5py.File) -> None:
-            for datasets, rows in zip(augment_families(handle), wanted, strict=True):
-                for dataset in datasets:
-                    dataset.resize(rows, axis=0)
-
-        self._release_handle()
-        self._attach(_open_swmr_writer(self._path, shrink))
-
-    def finish_augment(
-        self, status: str, *, reason: str, test_acc: float = math.nan, cost: Mapping[str, float]
-    ) -> None:
-        """Close the log with the augment stage's final ``status`` (finished, failed or interrupted).
-
-        reason: why it ended. test_acc: final test accuracy (fraction in [0, 1], or NaN when there is none);
-        ``test_error`` = 1 - test_acc. cost: this attempt's ``COST_FIELDS`` for ``/augment/cost``, added to
-        earlier attempts' exactly like ``finish`` does for ``/cost``. The search's root attrs and ``/cost`` are
-        not touched. Idempotent like ``finish``: once the stage has ended, further calls do nothing. RuntimeError
-        if this writer has not begun an augment stage.
-        """
-        if self._augment == "ended":
-            return
-        if self._augment is None:
-            raise RuntimeError("no augment stage was begun by this writer; begin_augment() first")
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
-        _check_cost(cost)
-        accuracy = float(test_acc)
-        if not (math.isnan(accuracy) or 0.0 <= accuracy <= 1.0):
-            raise ValueError(f"test_acc is a fraction in [0, 1] (or NaN), got {test_acc}")
-        self._release_handle()
-        handle = _open_read_write(self._path)
-        try:
-            group = handle[AUGMENT_GROUP]
-            group.attrs["status"] = status
-            group.attrs["reason"] = reason
-            group.attrs["test_acc"] = np.float64(accuracy)
-            group.attrs["test_error"] = np.float64(1.0 - accuracy)  # NaN stays NaN
-            _add_cost(group["cost"], cost)
-        finally:
-            handle.close()
-        self._augment = "ended"
+        return self.augment
 
     # ------------------------------------------------------------------ ending
 
-    def finish(
-        self,
-        status: str,
-        *,
-        reason: str,
-        final_genotype: str | None = None,
-        cost: Mapping[str, float] | None = None,
-    ) -> None:
-        """Close the log with a final ``status`` (finished, failed or interrupted) and ``reason``.
-
-        final_genotype: stored in the root attr (None keeps the current value). cost: this attempt's
-        ``wall_seconds``, ``gpu_hours``, ``cpu_core_hours`` (added to earlier attempts') and ``ranks``,
-        ``gpus`` (replace). Idempotent: after a successful finish further calls do nothing, so the first
-        status wins. Rows are never at risk: they were flushed when appended.
-        """
-        if self._finished:
-            return
-        if status not in FINAL_STATUSES:
-            raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
-        _check_cost(cost or {})
-        self._release_handle()
-        handle = _open_read_write(self._path)
-        try:
-            handle.attrs["status"] = status
-            handle.attrs["reason"] = reason
-            if final_genotype is not None:
-                handle.attrs["final_genotype"] = final_genotype
-            _add_cost(handle["cost"], cost or {})
-        finally:
-            handle.close()
-        self._finished = True
-
     def close(self) -> None:
-        """Close the file without recording any outcome (``finish`` and ``finish_augment`` already close it).
-        Idempotent. A stage still marked ``running`` reads as ``failed`` once this process has exited."""
+        """Close the file without recording any outcome (a stage's ``finish`` already closes it). Idempotent. A
+        stage still marked ``running`` reads as ``failed`` once this process has exited."""
         self._release_handle()
 
     # ------------------------------------------------------------------ internals
@@ -574,11 +519,6 @@ class RunLog:
     def _require_open(self) -> None:
         if self._file is None:
             raise RuntimeError(f"run log {self._path} is closed")
-
-    def _require_augmenting(self) -> None:
-        self._require_open()
-        if self._augment != "running":
-            raise RuntimeError("no augment stage is running in this writer; begin_augment() first")
 
     def _release_handle(self) -> None:
         handle, self._file = self._file, None
@@ -589,15 +529,15 @@ class RunLog:
         finally:
             handle.close()
 
-    def _softmax_weights(self, name: str, alphas: np.ndarray) -> np.ndarray:
-        """Refuse raw alphas: the file promises per-edge distributions (docs/hdf5.md)."""
-        array = np.asarray(alphas, dtype=np.float32)
-        shape = self._alpha_shapes[name]
-        if array.shape != shape:
-            raise ValueError(f"{name} must have shape {shape} (edges, ops), got {array.shape}")
-        if np.any(array < 0) or not np.allclose(array.sum(axis=1), 1.0, atol=_SOFTMAX_SUM_ATOL):
-            raise ValueError(f"{name} rows must be non-negative and sum to 1 (softmax over ops), not raw alphas")
-        return array
+
+def _softmax_weights(name: str, alphas: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """Refuse raw alphas: the file promises per-edge distributions (docs/hdf5.md)."""
+    array = np.asarray(alphas, dtype=np.float32)
+    if array.shape != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)} (edges, ops), got {array.shape}")
+    if np.any(array < 0) or not np.allclose(array.sum(axis=1), 1.0, atol=_SOFTMAX_SUM_ATOL):
+        raise ValueError(f"{name} rows must be non-negative and sum to 1 (softmax over ops), not raw alphas")
+    return array
 
 
 def _check_cost(cost: Mapping[str, float]) -> None:
@@ -675,7 +615,7 @@ def _salvage(path: Path) -> None:
 def _trim_ragged(handle: h5py.File) -> None:
     """Cut each growing family (the search's and ``/augment``'s) to its shortest dataset (a crash may interrupt
     an append between datasets)."""
-    for datasets in (*growing_families(handle), *augment_families(handle)):
+    for datasets in (d for layout in STAGE_LAYOUTS.values() for d in stage_families(handle, layout).values()):
         rows = common_length(datasets)
         for dataset in datasets:
             if dataset.shape[0] != rows:

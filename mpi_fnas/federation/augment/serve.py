@@ -147,18 +147,19 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
             # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
             last = charge_in_flight(ledger.record_augment_step, recorded,
                                     loop.in_flight_step if loop is not None else None)
-            settle_privacy(ledger, last, lambda row: log.append_augment_privacy(row.step, row.epsilon))
+            settle_privacy(ledger, last, lambda row: log.augment.append_privacy(row.step, row.augment_steps,
+                                                                               row.epsilon, row.mu_gdp))
         elif ledger is not None:
             ledger.close()
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-        log.finish_augment(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
-                           cost=attempt_cost(time.perf_counter() - start, channel.size, gpus))
+        log.augment.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
+                           cost=attempt_cost(time.perf_counter() - start, channel.size, gpus), test_acc=math.nan)
         raise
     if ledger is not None:
         outcome.epsilon, outcome.delta = ledger.epsilons(), search_plan.privacy.delta
         ledger.close()
     outcome.wall_seconds = time.perf_counter() - start  # one reading for the summary and /augment/cost
-    log.finish_augment("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
+    log.augment.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
                        test_acc=outcome.test_acc, cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
@@ -206,7 +207,8 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
     path = run_dir / "search.h5"
     if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
         log = open_search_log(cfg, run_dir, search_plan, None, devices, guarantee)
-        log.finish("finished", reason="no search: augment.genotype was given", final_genotype=plan.genotype.to_string())
+        log.search.finish("finished", reason="no search: augment.genotype was given",
+                          final_genotype=plan.genotype.to_string())
     log = RunLog.reopen(path, augment=True)
     privacy = None
     if ledger is not None and plan.releases is not None:
@@ -218,7 +220,7 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
                       privacy=privacy, parties=len(plan.assignments), privacy_guarantee=guarantee,
                       selection=selection_schema(cfg, search_plan) if selecting else None)
     if resume is not None:
-        log.truncate_augment(*resume["log_rows"])
+        log.augment.truncate(*resume["log_rows"])
     return log
 
 
@@ -252,7 +254,7 @@ class _AugmentLoop:
         assert gathered is not None
         out = server_augment_iteration_selecting(self.server, self.channel, gathered, self.selector, *self.aux, step,
                                                  control)
-        self.log.append_augment_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
+        self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
         return out.stats
 
     def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, outcome: AugmentOutcome) -> None:
@@ -306,7 +308,7 @@ class _AugmentLoop:
         self.stats[:] = 0
         if self.charging is not None and epsilon_row:
             self.charging.submit(step)
-        self.log.append_augment_metrics(row)
+        self.log.augment.append_metrics(row)
         if self.progress is not None:
             self._write_privacy_rows(wait=step == self.plan.steps)
             shown = dict(row)
@@ -319,7 +321,7 @@ class _AugmentLoop:
             return
         for row in self.charging.drain() if wait else self.charging.ready():
             self.epsilon_so_far = float(np.max(row.epsilon))
-            self.log.append_augment_privacy(row.step, row.epsilon)
+            self.log.augment.append_privacy(row.step, row.augment_steps, row.epsilon, row.mu_gdp)
 
     def _checkpoint(self, step: int, outcome: AugmentOutcome) -> None:
         """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
@@ -331,7 +333,7 @@ class _AugmentLoop:
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
             "stats": self.stats.tolist(), "test_acc": outcome.test_acc, "test_loss": outcome.test_loss,
             "selection": self.selector.state_dict() if self.selector is not None else None,
-            "log_rows": list(self.log.augment_row_counts()),
+            "log_rows": list(self.log.augment.row_counts()),
         })
 
 
