@@ -21,12 +21,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import (
     GatherBuffers,
-    SelectedStepStats,
     ServerBuffers,
     StepStats,
     server_iteration,
@@ -39,17 +37,10 @@ from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
-from mpi_fnas.federation.stage import (
-    CONTINUE,
-    STOP,
-    StepControl,
-    attempt_cost,
-    charge_in_flight,
-    in_flight_after,
-    settle_privacy,
-)
+from mpi_fnas.federation.server_loop import ServerLoop, ratio
+from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
-from mpi_fnas.privacy.budget import FederationLedger, PrivacyPlan
+from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger, PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
 from mpi_fnas.space import search_space
 
@@ -108,7 +99,7 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
     guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
         f"none: mode {cfg.mode} makes no privacy claim"
     log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
-    loop: _ServerLoop | None = None
+    loop: ServerLoop | None = None
     try:
         selector = Selector(cfg.federation, channel.parties, selection_stream(cfg, "search"),
                             plan.unreliable)
@@ -122,20 +113,23 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
                 selector.load_state_dict(resume["selection"])
         channel.bcast(server.w_buffer)
         channel.bcast(server.a_buffer)
-        x_test, y_test = test.render(np.arange(len(test.labels)))
-        loop = _ServerLoop(cfg, channel, server, plan, ledger, log, progress, run_dir, stop_requested)
+        stage = SearchStage(cfg, channel, server, plan, ledger, log, test.render(np.arange(len(test.labels))))
         if plan.assignments[0].gathered:
-            loop.selecting(selector, *(open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed
-                                       else (None, None)))
-        outcome = loop.run(x_test, y_test, resume, start)
+            stage.selecting(selector, *(open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed
+                                        else (None, None)))
+        first = 1
+        if resume is not None:
+            first = int(resume["step"]) + 1
+            stage.acc.load_state_dict(resume["accumulator"])
+        loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
+        step, stopped = loop.run(first)
+        outcome = _outcome(stage, loop.test, step, stopped, start)
         outcome.privacy_guarantee = guarantee
     except BaseException as exc:
-        if ledger is not None:
-            recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
-            # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
-            last = charge_in_flight(ledger.record_step, recorded, loop.in_flight_step if loop is not None else None)
-            settle_privacy(ledger, last, None if log is None else lambda row: log.search.append_privacy(
-                row.step, row.charged_steps, row.epsilon, row.mu_gdp))
+        if loop is not None:
+            loop.settle_failure()
+        elif ledger is not None:
+            settle_privacy(ledger, int(resume["step"]) if resume is not None else 0, None)
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             cost = attempt_cost(time.perf_counter() - start, channel.size, gpus)
@@ -149,6 +143,32 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
                    cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
+    return outcome
+
+
+def _outcome(stage: SearchStage, test: np.ndarray, step: int, stopped: str | None, start: float) -> SearchOutcome:
+    """The search's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
+    cfg, channel, server, plan, ledger = stage.cfg, stage.channel, stage.server, stage.plan, stage.charging
+    val = np.full(3, np.nan, dtype=np.float32)
+    if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
+        val[:] = 0
+        channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
+    outcome = SearchOutcome(
+        mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
+        steps=step, val_acc=ratio(val[1], val[2]), val_loss=ratio(val[0], val[2]),
+        test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(),
+        wall_seconds=time.perf_counter() - start, log_path=stage.log.path if stage.log is not None else None,
+        stop_reason=plan.stop_reason if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}",
+        w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
+    )
+    outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
+    if ledger is not None:
+        outcome.epsilon, outcome.mu_gdp = ledger.epsilons(), ledger.mu_gdp()
+        outcome.delta = plan.privacy.delta
+        outcome.ledger_state = ledger.state_dict()
+    if stage.selector is not None:
+        outcome.selection_state = stage.selector.summary()
+        ledger.close()
     return outcome
 
 
@@ -192,143 +212,78 @@ def _privacy_schema(plan: PrivacyPlan) -> PrivacySchema:
     )
 
 
-class _ServerLoop:
-    """The iterations on rank 0, with their logging and checkpoints."""
+class SearchStage:
+    """The search as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: Algorithm 1's iteration on
+    rank 0 (with or without the server's selection), the epoch rows (alphas, genotype), the metrics row (timings
+    NaN under DP: a step's duration tracks its realised Poisson batch size) and the checkpoint."""
+
+    name = "search"
+    epsilon_each_row = True
+    row_at_control = True
 
     def __init__(self, cfg: Config, channel: Channel, server: Server, plan: RunPlan, ledger: FederationLedger | None,
-                 log: RunLog | None, progress, run_dir: Path | None, stop_requested: Callable[[], str | None]) -> None:
-        self.cfg, self.channel, self.server, self.plan = cfg, channel, server, plan
-        self.ledger, self.log, self.progress, self.run_dir = ledger, log, progress, run_dir
-        self.control = StepControl("search", plan.steps, cfg.checkpoint.every_steps, stop_requested)
+                 log: RunLog | None, test: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.cfg, self.channel, self.server, self.plan, self.log, self.test = cfg, channel, server, plan, log, test
+        self.steps, self.steps_per_epoch = plan.steps, plan.steps_per_epoch
+        self.charging = ledger
         self.acc = _Accumulator()
-        self.epsilon_so_far = math.nan
-        self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
-        self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
+        self.buffers = ServerBuffers(server.w.numel(), server.a.numel())
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self.gathered: GatherBuffers | None = None
 
     def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
-        """Run the iterations with the server's selection (federation.selection random or secprobe)."""
+        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
         self.selector, self.aux = selector, (x_aux, y_aux)
+        self.gathered = GatherBuffers(self.channel.parties, self.server.w.numel(), self.server.a.numel())
 
-    def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, start: float) -> SearchOutcome:
-        cfg, channel, server, plan = self.cfg, self.channel, self.server, self.plan
-        buffers = ServerBuffers(server.w.numel(), server.a.numel())
-        gathered = GatherBuffers(channel.parties, server.w.numel(), server.a.numel()) if self.selector else None
-        second_order = cfg.search.order == "second_order"
-        first = 1
-        if resume is not None:
-            first = int(resume["step"]) + 1
-            self.acc.load_state_dict(resume["accumulator"])
-        test_stats = np.full(3, np.nan)
-        stop_reason, interrupted, step = plan.stop_reason, False, first - 1
-        self.recorded_step = step
-        self.in_flight_step = first if first <= plan.steps else None  # the parties start once W and A are broadcast
-        for step in range(first, plan.steps + 1):
-            epoch = (step - 1) // plan.steps_per_epoch
-            if (step - 1) % plan.steps_per_epoch == 0:
-                server.start_epoch(epoch)
-            control, signal_name = self.control.at(step)
-            t0, c0 = time.perf_counter(), channel.comm_seconds
-            train_a = epoch >= cfg.search.warmup_epochs  # the warm-up trains W only
-            if self.selector is not None:
-                stats = server_iteration_selecting(server, channel, gathered, self.selector, *self.aux, control,
-                                                   train_a)
-                self._log_selection(step, stats)
-            else:
-                stats = server_iteration(server, channel, buffers, second_order, control, train_a)
-            if self.ledger is not None:
-                self.ledger.record_step()
-            self.recorded_step = step
-            self.in_flight_step = in_flight_after(step, plan.steps, control)
-            self.acc.add(stats, time.perf_counter() - t0, channel.comm_seconds - c0)
-            epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
-            if epoch_end:
-                test_stats = server.evaluate(x_test, y_test)
-                if self.log is not None:
-                    soft = server.alpha_softmax()
-                    self.log.search.append_epoch(soft["normal"], soft["reduce"], server.genotype().to_string())
-            if step % cfg.runtime.log_every == 0 or epoch_end or control != CONTINUE:
-                self._log_row(step, epoch, test_stats if epoch_end else None)
-            elif self.log is not None:
-                self.log.heartbeat()
-            self._write_privacy_rows(wait=False)
-            if control != CONTINUE:
-                self._checkpoint(step)
-                if control == STOP:
-                    stop_reason, interrupted = f"interrupted by {signal_name}: checkpointed at step {step}", True
-                    break
-        self._write_privacy_rows(wait=True)
-        val = np.full(3, np.nan, dtype=np.float32)
-        if self.ledger is None and not interrupted:  # under DP the parties' validation accuracy is not released
-            val[:] = 0
-            channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
-        outcome = SearchOutcome(
-            mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
-            steps=step, val_acc=_ratio(val[1], val[2]), val_loss=_ratio(val[0], val[2]),
-            test_acc=_ratio(test_stats[1], test_stats[2]), genotype=server.genotype().to_string(),
-            wall_seconds=time.perf_counter() - start, log_path=self.log.path if self.log is not None else None,
-            stop_reason=stop_reason, w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=interrupted,
-        )
-        outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
-        if self.ledger is not None:
-            outcome.epsilon, outcome.mu_gdp = self.ledger.epsilons(), self.ledger.mu_gdp()
-            outcome.delta = plan.privacy.delta
-            outcome.ledger_state = self.ledger.state_dict()
+    def start_epoch(self, epoch: int) -> None:
+        self.server.start_epoch(epoch)
+
+    def iterate(self, step: int, epoch: int, control: int) -> None:
+        t0, c0 = time.perf_counter(), self.channel.comm_seconds
+        train_a = epoch >= self.cfg.search.warmup_epochs  # the warm-up trains W only
         if self.selector is not None:
-            outcome.selection_state = self.selector.summary()
-            self.ledger.close()
-        return outcome
+            stats = server_iteration_selecting(self.server, self.channel, self.gathered, self.selector, *self.aux,
+                                               control, train_a)
+            if self.log is not None:
+                self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+        else:
+            stats = server_iteration(self.server, self.channel, self.buffers, self.cfg.search.order == "second_order",
+                                     control, train_a)
+        self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
 
-    def _log_row(self, step: int, epoch: int, test_stats: np.ndarray | None) -> None:
+    def charge(self) -> None:
+        self.charging.record_step()
+
+    def evaluate(self) -> np.ndarray:
+        test = self.server.evaluate(*self.test)
+        if self.log is not None:
+            soft = self.server.alpha_softmax()
+            self.log.search.append_epoch(soft["normal"], soft["reduce"], self.server.genotype().to_string())
+        return test
+
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
         row = self.acc.row(step, epoch, self.channel.parties, *self.server.w_log_values())
-        if self.ledger is not None:  # a step's duration tracks its realised Poisson batch size: not released
+        if self.charging is not None:  # a step's duration tracks its realised Poisson batch size: not released
             for column in TIMING_COLUMNS:
                 row[column] = math.nan
-            self.ledger.submit(step)
-        if test_stats is not None:
-            row["test_loss"] = _ratio(test_stats[0], test_stats[2])
-            row["test_acc"] = _ratio(test_stats[1], test_stats[2])
-        if self.log is not None:
-            self.log.search.append_metrics(row)
-        if self.progress is not None:
-            self._write_privacy_rows(wait=step == self.plan.steps)  # the last line shows the final ε
-            shown = dict(row)
-            if self.ledger is not None:
-                shown["epsilon"] = self.epsilon_so_far
-            self.progress(step, self.plan.steps, shown)
+        if test is not None:
+            row["test_loss"], row["test_acc"] = ratio(test[0], test[2]), ratio(test[1], test[2])
+        return row
 
-    def _log_selection(self, step: int, stats: SelectedStepStats) -> None:
-        if self.log is not None:
-            self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+    def log_privacy(self, row: EpsilonRow) -> None:
+        self.log.search.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
 
-    def _write_privacy_rows(self, wait: bool) -> None:
-        """Log the ε rows the ledger's worker has finished (all of them with `wait`)."""
-        if self.ledger is None:
-            return
-        for row in self.ledger.drain() if wait else self.ledger.ready():
-            self.epsilon_so_far = float(np.max(row.epsilon))
-            if self.log is not None:
-                self.log.search.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
-
-    def _checkpoint(self, step: int) -> None:
-        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
-        self.channel.gather_objects(None)
-        self._write_privacy_rows(wait=True)
-        if self.run_dir is None:
-            return
-        save_checkpoint(self.run_dir, {
+    def checkpoint(self, step: int) -> dict:
+        return {
             "stage": "search", "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
             "server": self.server.state_dict(), "shard_sizes": self.plan.shard_sizes,
-            "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+            "ledger": self.charging.state_dict() if self.charging is not None else None,
             "accumulator": self.acc.state_dict(),
             "selection": self.selector.state_dict() if self.selector is not None else None,
             "log_rows": list(self.log.search.row_counts()) if self.log is not None else [0, 0, 0, 0],
-        })
-
-
-def _ratio(a: float, b: float) -> float:
-    return float(a / b) if b > 0 else float("nan")
+        }
 
 
 class _Accumulator:
@@ -355,8 +310,8 @@ class _Accumulator:
         # Under DP the parties send no statistics: counts are 0 and the loss/accuracy columns are NaN.
         row = {
             "step": step, "epoch": epoch,
-            "train_loss": _ratio(self.train[0], self.train[2]), "train_acc": _ratio(self.train[1], self.train[2]),
-            "val_loss": _ratio(self.val[0], self.val[2]), "val_acc": _ratio(self.val[1], self.val[2]),
+            "train_loss": ratio(self.train[0], self.train[2]), "train_acc": ratio(self.train[1], self.train[2]),
+            "val_loss": ratio(self.val[0], self.val[2]), "val_acc": ratio(self.val[1], self.val[2]),
             "step_seconds": self.wall / self.steps, "comm_seconds": self.comm / self.steps,
             "party_seconds": (self.train[3] + self.val[3]) / parties / self.steps if self.train[2] > 0
             else float("nan"),

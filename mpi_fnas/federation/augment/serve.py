@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.augment.algorithm import (
@@ -39,16 +38,9 @@ from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.serve import open_search_log, selection_schema
-from mpi_fnas.federation.stage import (
-    CONTINUE,
-    STOP,
-    StepControl,
-    attempt_cost,
-    charge_in_flight,
-    in_flight_after,
-    settle_privacy,
-)
-from mpi_fnas.privacy.budget import FederationLedger
+from mpi_fnas.federation.server_loop import ServerLoop, ratio
+from mpi_fnas.federation.stage import attempt_cost, settle_privacy
+from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
 from mpi_fnas.space import search_space
 
@@ -126,7 +118,7 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
         steps=plan.steps, test_acc=math.nan, test_loss=math.nan, wall_seconds=0.0, stop_reason=plan.stop_reason,
         private=private, mode=cfg.mode, privacy_guarantee=guarantee, log_path=log.path,
     )
-    loop: _AugmentLoop | None = None
+    loop: ServerLoop | None = None
     try:
         server = AugmentServer(model, cfg.augment, selector.select if selector is not None else channel.parties,
                                plan.steps,
@@ -136,19 +128,25 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
             if selector is not None and resume.get("selection") is not None:
                 selector.load_state_dict(resume["selection"])  # its window, draw count (both stages) and coins
         channel.bcast(server.w_buffer)
-        x_test, y_test = test.render(np.arange(len(test.labels)))
-        loop = _AugmentLoop(cfg, channel, server, plan, ledger, private, log, progress, run_dir, stop_requested)
+        stage = AugmentStage(cfg, channel, server, plan, ledger, private, log, outcome,
+                             test.render(np.arange(len(test.labels))))
         if selector is not None:
-            loop.selecting(selector, *aux)
-        loop.run(x_test, y_test, resume, outcome)
+            stage.selecting(selector, *aux)
+        first = 1
+        if resume is not None:
+            first = int(resume["step"]) + 1
+            stage.stats = np.asarray(resume["stats"], dtype=np.float64)
+            outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
+        loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
+        step, stopped = loop.run(first)
+        if stopped is not None:
+            outcome.stop_reason = f"interrupted by {stopped}: checkpointed at step {step}"
+            outcome.interrupted, outcome.steps = True, step
     except BaseException as exc:
-        if ledger is not None and private:
-            recorded = loop.recorded_step if loop is not None else int(resume["step"]) if resume is not None else 0
-            # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
-            last = charge_in_flight(ledger.record_augment_step, recorded,
-                                    loop.in_flight_step if loop is not None else None)
-            settle_privacy(ledger, last, lambda row: log.augment.append_privacy(row.step, row.augment_steps,
-                                                                               row.epsilon, row.mu_gdp))
+        if loop is not None and private:
+            loop.settle_failure()
+        elif ledger is not None and private:
+            settle_privacy(ledger, int(resume["step"]) if resume is not None else 0, None)
         elif ledger is not None:
             ledger.close()
         status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
@@ -224,118 +222,78 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
     return log
 
 
-class _AugmentLoop:
-    """The iterations on rank 0, with their logging and checkpoints."""
+class AugmentStage:
+    """The augmentation as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: one weight update per
+    iteration (with or without the server's selection), the test evaluation at epoch ends, its metrics row, ε rows
+    at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger, ~0.5 s of CPU on the
+    background thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
+
+    name = STAGE
+    epsilon_each_row = False
+    row_at_control = False
 
     def __init__(self, cfg: Config, channel: Channel, server: AugmentServer, plan: AugmentPlan,
-                 ledger: FederationLedger | None, private: bool, log: RunLog, progress, run_dir: Path,
-                 stop_requested: Callable[[], str | None]) -> None:
-        self.cfg, self.channel, self.server, self.plan = cfg, channel, server, plan
-        self.log, self.progress, self.run_dir = log, progress, run_dir
+                 ledger: FederationLedger | None, private: bool, log: RunLog, outcome: AugmentOutcome,
+                 test: tuple[torch.Tensor, torch.Tensor]) -> None:
+        self.cfg, self.channel, self.server, self.plan, self.log = cfg, channel, server, plan, log
+        self.outcome, self.test = outcome, test
+        self.steps, self.steps_per_epoch = plan.steps, plan.steps_per_epoch
         self.ledger = ledger  # checkpointed as it is (under dpfnas: the search's, continued)
         self.charging = ledger if private else None  # the ledger the augment releases are charged on
-        self.control = StepControl(STAGE, plan.steps, cfg.checkpoint.every_steps, stop_requested)
         self.stats = np.zeros(4)
-        self.epsilon_so_far = math.nan
-        self.recorded_step = 0  # the last augment iteration the ledger has recorded (labels a failure's ε row)
-        self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
+        self.buffers = AugmentBuffers(server.w.numel())
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self.gathered: AugmentGatherBuffers | None = None
 
     def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
         """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
         self.selector, self.aux = selector, (x_aux, y_aux)
+        self.gathered = AugmentGatherBuffers(self.channel.parties, self.server.w.numel())
 
-    def _iteration(self, step: int, control: int, buffers: AugmentBuffers,
-                   gathered: AugmentGatherBuffers | None) -> np.ndarray:
-        """One iteration on rank 0 (Reduce, or Gather and select); its STATS; logs the selection row."""
+    def start_epoch(self, epoch: int) -> None:
+        """Nothing to do: the learning rate follows its per-step schedule."""
+
+    def iterate(self, step: int, epoch: int, control: int) -> None:
         if self.selector is None:
-            return server_augment_iteration(self.server, self.channel, buffers, step, control)
-        assert gathered is not None
-        out = server_augment_iteration_selecting(self.server, self.channel, gathered, self.selector, *self.aux, step,
-                                                 control)
+            self.stats += server_augment_iteration(self.server, self.channel, self.buffers, step, control)
+            return
+        out = server_augment_iteration_selecting(self.server, self.channel, self.gathered, self.selector, *self.aux,
+                                                 step, control)
         self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
-        return out.stats
+        self.stats += out.stats
 
-    def run(self, x_test: torch.Tensor, y_test: torch.Tensor, resume: dict | None, outcome: AugmentOutcome) -> None:
-        plan, buffers = self.plan, AugmentBuffers(self.server.w.numel())
-        gathered = AugmentGatherBuffers(self.channel.parties, self.server.w.numel()) if self.selector else None
-        first = 1
-        if resume is not None:
-            first = int(resume["step"]) + 1
-            self.recorded_step = first - 1
-            self.stats = np.asarray(resume["stats"], dtype=np.float64)
-            outcome.test_acc, outcome.test_loss = resume["test_acc"], resume["test_loss"]
-        self.in_flight_step = first if first <= plan.steps else None  # the parties start once W is broadcast
-        for step in range(first, plan.steps + 1):
-            control, signal_name = self.control.at(step)
-            self.stats += self._iteration(step, control, buffers, gathered)
-            if self.charging is not None:
-                self.charging.record_augment_step()
-            self.recorded_step = step
-            self.in_flight_step = in_flight_after(step, plan.steps, control)
-            epoch_end = step % plan.steps_per_epoch == 0 or step == plan.steps
-            test = None
-            if epoch_end:
-                test = self.server.evaluate(x_test, y_test)
-                outcome.test_loss, outcome.test_acc = _ratio(test[0], test[2]), _ratio(test[1], test[2])
-            if epoch_end or step % self.cfg.runtime.log_every == 0:
-                self._log_row(step, test, epsilon_row=epoch_end)
-            self._write_privacy_rows(wait=False)
-            if control != CONTINUE:
-                self._checkpoint(step, outcome)
-                if control == STOP:
-                    outcome.stop_reason = f"interrupted by {signal_name}: checkpointed at step {step}"
-                    outcome.interrupted = True
-                    outcome.steps = step
-                    break
-        self._write_privacy_rows(wait=True)
+    def charge(self) -> None:
+        self.charging.record_augment_step()
 
-    def _log_row(self, step: int, test: np.ndarray | None, epsilon_row: bool) -> None:
-        """One /augment/metrics row; with `epsilon_row` (epoch ends) also an /augment/privacy row.
+    def evaluate(self) -> np.ndarray:
+        test = self.server.evaluate(*self.test)
+        self.outcome.test_loss, self.outcome.test_acc = ratio(test[0], test[2]), ratio(test[1], test[2])
+        return test
 
-        ε rows only at epoch ends: each costs rank 0 a PLD composition of both stages per distinct ledger (~0.5 s of
-        CPU on the background thread), CPU the parties need when ranks outnumber cores.
-        """
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
         # Under DP the parties send no statistics: counts stay 0 and the train columns are NaN.
         row = {
-            "step": step, "epoch": (step - 1) // self.plan.steps_per_epoch,
-            "train_loss": _ratio(self.stats[0], self.stats[2]), "train_acc": _ratio(self.stats[1], self.stats[2]),
-            "test_loss": _ratio(test[0], test[2]) if test is not None else math.nan,
-            "test_acc": _ratio(test[1], test[2]) if test is not None else math.nan,
+            "step": step, "epoch": epoch,
+            "train_loss": ratio(self.stats[0], self.stats[2]), "train_acc": ratio(self.stats[1], self.stats[2]),
+            "test_loss": ratio(test[0], test[2]) if test is not None else math.nan,
+            "test_acc": ratio(test[1], test[2]) if test is not None else math.nan,
             "lr": self.server.lr, "adadp_err": self.server.adadp_err,
         }
         self.stats[:] = 0
-        if self.charging is not None and epsilon_row:
-            self.charging.submit(step)
-        self.log.augment.append_metrics(row)
-        if self.progress is not None:
-            self._write_privacy_rows(wait=step == self.plan.steps)
-            shown = dict(row)
-            if self.charging is not None:
-                shown["epsilon"] = self.epsilon_so_far
-            self.progress(step, self.plan.steps, shown)
+        return row
 
-    def _write_privacy_rows(self, wait: bool) -> None:
-        if self.charging is None:
-            return
-        for row in self.charging.drain() if wait else self.charging.ready():
-            self.epsilon_so_far = float(np.max(row.epsilon))
-            self.log.augment.append_privacy(row.step, row.augment_steps, row.epsilon, row.mu_gdp)
+    def log_privacy(self, row: EpsilonRow) -> None:
+        self.log.augment.append_privacy(row.step, row.augment_steps, row.epsilon, row.mu_gdp)
 
-    def _checkpoint(self, step: int, outcome: AugmentOutcome) -> None:
-        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
-        self.channel.gather_objects(None)
-        self._write_privacy_rows(wait=True)
-        save_checkpoint(self.run_dir, {
+    def checkpoint(self, step: int) -> dict:
+        return {
             "stage": STAGE, "step": step, "plan_steps": self.plan.steps, "genotype": self.plan.genotype.to_string(),
             "config": self.cfg.to_yaml(), "server": self.server.state_dict(),
             "ledger": self.ledger.state_dict() if self.ledger is not None else None,
-            "stats": self.stats.tolist(), "test_acc": outcome.test_acc, "test_loss": outcome.test_loss,
+            "stats": self.stats.tolist(), "test_acc": self.outcome.test_acc, "test_loss": self.outcome.test_loss,
             "selection": self.selector.state_dict() if self.selector is not None else None,
             "log_rows": list(self.log.augment.row_counts()),
-        })
+        }
 
 
-def _ratio(a: float, b: float) -> float:
-    return float(a / b) if b > 0 else float("nan")

@@ -1,0 +1,151 @@
+"""Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage says what an iteration,
+an evaluation, a log row and a checkpoint are; the loop decides when each happens. No autograd here.
+
+Per step: the control word (continue, checkpoint, or stop on a signal), the stage's iteration, the charge of its
+releases on the privacy ledger, the step the parties may be in next (charged if the run fails:
+:func:`~mpi_fnas.federation.stage.charge_in_flight`), the evaluation at epoch ends, a log row every
+``runtime.log_every`` steps and at epoch ends, the ε rows the ledger's worker has finished, and the checkpoint
+(every party acknowledges its own saved state first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from mpi_fnas.checkpoint import save_checkpoint
+from mpi_fnas.config import Config
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, charge_in_flight, in_flight_after, settle_privacy
+from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger
+from mpi_fnas.runlog import RunLog, StageLog
+
+Progress = Callable[[int, int, dict[str, float]], None]
+
+
+class ServerStage(Protocol):
+    """What the loop asks of a stage on rank 0 (:class:`mpi_fnas.federation.serve.SearchStage`,
+    :class:`mpi_fnas.federation.augment.serve.AugmentStage`)."""
+
+    name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
+    steps: int
+    steps_per_epoch: int
+    charging: FederationLedger | None  # the ledger this stage's releases are charged on; None: not private
+    epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
+    row_at_control: bool  # a log row at checkpoint and stop steps as well
+
+    def start_epoch(self, epoch: int) -> None: ...
+
+    def iterate(self, step: int, epoch: int, control: int) -> None:
+        """One iteration on rank 0 (its collectives), ending with the broadcast that carries `control`."""
+
+    def charge(self) -> None:
+        """Charge one iteration's releases of every party on ``charging``."""
+
+    def evaluate(self) -> np.ndarray:
+        """At an epoch end: [loss_sum, correct, count] on the server's test split (and the stage's epoch rows)."""
+
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
+        """The metrics row of `step` (the stage's accumulators restart after it)."""
+
+    def log_privacy(self, row: EpsilonRow) -> None:
+        """Write one ε row of the ledger to the stage's log."""
+
+    def checkpoint(self, step: int) -> dict:
+        """Rank 0's whole state at `step`, as ``checkpoint.pt`` holds it."""
+
+
+class ServerLoop:
+    """The iterations of one stage on rank 0, with their logging, privacy rows and checkpoints."""
+
+    def __init__(self, stage: ServerStage, cfg: Config, channel: Channel, log: RunLog | None,
+                 progress: Progress | None, run_dir: Path | None, stop_requested: Callable[[], str | None]) -> None:
+        self.stage, self.cfg, self.channel, self.progress, self.run_dir = stage, cfg, channel, progress, run_dir
+        self.log: StageLog | None = log.stage(stage.name) if log is not None else None
+        self.heartbeat = log.heartbeat if log is not None else (lambda: None)
+        self.control = StepControl(stage.name, stage.steps, cfg.checkpoint.every_steps, stop_requested)
+        self.epsilon_so_far = math.nan
+        self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
+        self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
+        self.test = np.full(3, np.nan)  # the last epoch end's [loss_sum, correct, count]
+
+    def run(self, first: int) -> tuple[int, str | None]:
+        """Steps `first`.. of the stage: (the last step run, the signal that stopped it or None)."""
+        stage = self.stage
+        step, self.recorded_step = first - 1, first - 1
+        self.in_flight_step = first if first <= stage.steps else None  # the parties start once W is broadcast
+        stopped = None
+        for step in range(first, stage.steps + 1):
+            epoch = (step - 1) // stage.steps_per_epoch
+            if (step - 1) % stage.steps_per_epoch == 0:
+                stage.start_epoch(epoch)
+            control, signal_name = self.control.at(step)
+            stage.iterate(step, epoch, control)
+            if stage.charging is not None:
+                stage.charge()
+            self.recorded_step = step
+            self.in_flight_step = in_flight_after(step, stage.steps, control)
+            epoch_end = step % stage.steps_per_epoch == 0 or step == stage.steps
+            if epoch_end:
+                self.test = stage.evaluate()
+            if step % self.cfg.runtime.log_every == 0 or epoch_end or (stage.row_at_control and control != CONTINUE):
+                self._log_row(step, epoch, self.test if epoch_end else None,
+                              epsilon=stage.epsilon_each_row or epoch_end)
+            else:
+                self.heartbeat()
+            self._write_privacy_rows(wait=False)
+            if control != CONTINUE:
+                self._checkpoint(step)
+                if control == STOP:
+                    stopped = signal_name
+                    break
+        self._write_privacy_rows(wait=True)
+        return step, stopped
+
+    def settle_failure(self) -> None:
+        """A failing stage: charge the step in flight and log the last ε rows (bounded in time)."""
+        ledger = self.stage.charging
+        if ledger is None:
+            return
+        # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
+        last = charge_in_flight(self.stage.charge, self.recorded_step, self.in_flight_step)
+        settle_privacy(ledger, last, self.stage.log_privacy if self.log is not None else None)
+
+    def _log_row(self, step: int, epoch: int, test: np.ndarray | None, *, epsilon: bool) -> None:
+        row = self.stage.row(step, epoch, test)
+        if self.stage.charging is not None and epsilon:
+            self.stage.charging.submit(step)
+        if self.log is not None:
+            self.log.append_metrics(row)
+        if self.progress is not None:
+            self._write_privacy_rows(wait=step == self.stage.steps)  # the last line shows the final ε
+            shown = dict(row)
+            if self.stage.charging is not None:
+                shown["epsilon"] = self.epsilon_so_far
+            self.progress(step, self.stage.steps, shown)
+
+    def _write_privacy_rows(self, wait: bool) -> None:
+        """Log the ε rows the ledger's worker has finished (all of them with `wait`)."""
+        ledger = self.stage.charging
+        if ledger is None:
+            return
+        for row in ledger.drain() if wait else ledger.ready():
+            self.epsilon_so_far = float(np.max(row.epsilon))
+            if self.log is not None:
+                self.stage.log_privacy(row)
+
+    def _checkpoint(self, step: int) -> None:
+        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
+        self.channel.gather_objects(None)
+        self._write_privacy_rows(wait=True)
+        if self.run_dir is not None:
+            save_checkpoint(self.run_dir, self.stage.checkpoint(step))
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is not positive (no example, no accuracy)."""
+    return float(a / b) if b > 0 else float("nan")
