@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp, party_release, poisson_sample
+from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.release import Release
 from mpi_fnas.space import SearchNetwork
 from mpi_fnas.space.dpnas import DpnasSearchNetwork
 
@@ -38,6 +39,11 @@ class Shard:
 
     def __len__(self) -> int:
         return int(self.y.shape[0])
+
+    def examples(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y) at `indices` (CPU or device), on the shard's device."""
+        indices = indices.to(self.y.device)
+        return self.x[indices], self.y[indices]
 
 
 class BatchStream:
@@ -99,6 +105,8 @@ class Party:
         self.train_stream = BatchStream(len(train), batch_size, randomness.sampling)
         self.val_stream = BatchStream(len(val), batch_size, randomness.sampling)
         self.dp = dp
+        # The releases this party makes (σ, clip, B each): W's on the train shard, A's on the validation shard.
+        self.releases = dp.search_releases() if dp is not None else {}
         if dp is not None:
             check_model_for_dp(model)
             for name, shard in (("train", train), ("validation", val)):
@@ -150,8 +158,7 @@ class Party:
         Under DP: the clipped, noised release of W gradients on a Poisson batch of the train shard (STATS zero).
         """
         if self.dp is not None:
-            return self._private_release(self.train, self._named_w, self.dp.clip_w, self.dp.noise_multiplier_w,
-                                         self.w_out)
+            return self._private_release(self.releases["W"], self.train, self._named_w, self.w_out)
         start = time.perf_counter()
         idx = self.train_stream.next()
         x, y = self.train.x[idx], self.train.y[idx]
@@ -166,8 +173,7 @@ class Party:
         Under DP: the clipped, noised release of A gradients on a Poisson batch of the validation shard.
         """
         if self.dp is not None:
-            return self._private_release(self.val, self._named_a, self.dp.clip_a, self.dp.noise_multiplier_a,
-                                         self.a_out)
+            return self._private_release(self.releases["A"], self.val, self._named_a, self.a_out)
         start = time.perf_counter()
         idx = self.val_stream.next()
         (grad,), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx], [self.a_params])
@@ -229,23 +235,17 @@ class Party:
             raise PrivacyError(f"a DP party does not release {what}: it is neither clipped per example nor noised, "
                                "so the accountant would not cover it (docs/privacy.md)")
 
-    def _private_release(self, shard: Shard, params: dict[str, torch.Tensor], clip: float, noise: float,
+    def _private_release(self, release: Release, shard: Shard, params: dict[str, torch.Tensor],
                          out: np.ndarray) -> np.ndarray:
         """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
 
         Nothing data-dependent leaves besides the release: the STATS tail is zero (loss, accuracy, even the
         realised batch size and compute time would be unaccounted releases).
         """
-        assert self.dp is not None
-        idx = poisson_sample(len(shard), self.dp.expected_batch_size / len(shard), self.randomness.sampling)
-        idx = idx.to(shard.y.device)
         self.model.train()
-        release = party_release(
-            self.model, params, shard.x[idx], shard.y[idx],
-            clip_bound=clip, noise_multiplier=noise, expected_batch_size=self.dp.expected_batch_size,
-            noise_stream=self.randomness.noise,
-        )
-        out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
+        vector = release.make(self.model, params, len(shard), shard.examples, self.randomness.sampling,
+                              self.randomness.noise)
+        out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0
         return out
 

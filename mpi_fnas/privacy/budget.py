@@ -44,6 +44,7 @@ from mpi_fnas.privacy.accountant import (
     party_epsilon,
 )
 from mpi_fnas.privacy.params import DPParams
+from mpi_fnas.privacy.release import Release
 
 AugmentPool = Literal["all", "train"]
 
@@ -90,6 +91,11 @@ class AugmentReleases:
         object.__setattr__(self, "sample_rate_val", rate_val)
         object.__setattr__(self, "steps", int(self.steps))
         object.__setattr__(self, "releases_per_step", int(self.releases_per_step))
+
+    @property
+    def release(self) -> Release:
+        """The release a party makes each time (σ, clip, B, releases per iteration)."""
+        return Release(self.noise_multiplier, self.clip, self.expected_batch_size, self.releases_per_step)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (JSON/HDF5-attribute friendly); :meth:`from_state_dict` restores it."""

@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from mpi_fnas.privacy.release import Release
+
 Randomness = Literal["secret", "reproducible"]
 
 
@@ -57,6 +59,12 @@ class DPParams:
             return ("void: privacy.reproducible_noise keys every party's noise and sampling from the public config, "
                     "so anyone holding the config can subtract the noise")
         return "holds"
+
+    def search_releases(self, w_releases_per_step: int = 1) -> dict[str, Release]:
+        """The search's releases: ``W`` (G_k, on the train shard; 2 per iteration under ADADP) and ``A`` (H_k, on
+        the validation shard)."""
+        return {"W": Release(self.noise_multiplier_w, self.clip_w, self.expected_batch_size, w_releases_per_step),
+                "A": Release(self.noise_multiplier_a, self.clip_a, self.expected_batch_size)}
 
     def with_noise(self, noise_multiplier_w: float, noise_multiplier_a: float) -> DPParams:
         return dataclasses.replace(self, noise_multiplier_w=noise_multiplier_w, noise_multiplier_a=noise_multiplier_a)

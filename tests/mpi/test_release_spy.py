@@ -25,7 +25,7 @@ import torch
 from mpi4py import MPI
 from scipy import stats
 
-import mpi_fnas.federation.party as party_module
+import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
@@ -124,7 +124,7 @@ CASES = {"darts": SPACES["darts"], "dpnas": SPACES["dpnas"], "darts-secprobe": [
 def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
     space, selecting = case.split("-")[0], case.endswith("secprobe")
     releases: list[dict] = []
-    monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
+    monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         *CASES[case], f"search.batch_size={B}", "search.epochs=1",

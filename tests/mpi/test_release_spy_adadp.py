@@ -22,6 +22,7 @@ from test_release_spy import RecordingChannel, check_noised_releases, check_part
 
 import mpi_fnas.federation.augment.party as augment_party_module
 import mpi_fnas.federation.party as party_module
+import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
@@ -39,7 +40,7 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.mpi(min_size=3)
 def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
     releases: list[dict] = []
-    monkeypatch.setattr(party_module, "party_release", recording_release(party_module.party_release, releases))
+    monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
     for name in ("w_release", "a_release", "load_w", "load_a"):
         real = getattr(party_module.Party, name)
@@ -87,8 +88,7 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
     """A DP augmentation of a given genotype with ADADP: 2 iterations (augment.steps_per_epoch 4 releases), a
     checkpoint after iteration 1 carrying η; each party sent [G1, G2] per iteration, noised, nothing else."""
     releases: list[dict] = []
-    monkeypatch.setattr(augment_party_module, "party_release",
-                        recording_release(augment_party_module.party_release, releases))
+    monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
     for name in ("release", "load_w"):
         real = getattr(augment_party_module.AugmentParty, name)

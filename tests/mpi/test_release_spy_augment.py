@@ -25,7 +25,7 @@ from test_release_spy import (
     recording_release,
 )
 
-import mpi_fnas.federation.augment.party as augment_party_module
+import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
 
@@ -41,8 +41,7 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.parametrize("selecting", [False, True], ids=["reduce", "secprobe"])
 def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch, selecting):
     releases: list[dict] = []
-    monkeypatch.setattr(augment_party_module, "party_release",
-                        recording_release(augment_party_module.party_release, releases))
+    monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",

@@ -22,7 +22,7 @@ from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.federation.flat import STATS, assign, numel
 from mpi_fnas.federation.party import BatchStream, Shard
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.privacy import check_model_for_dp, party_release, poisson_sample
+from mpi_fnas.privacy import check_model_for_dp
 from mpi_fnas.privacy.budget import AugmentReleases
 from mpi_fnas.space import AugmentNetwork, augment_loss
 from mpi_fnas.space.dpnas import DpnasNetwork
@@ -72,20 +72,15 @@ class AugmentParty:
         self.model.train()
         loss_fn = self._loss_fn()
         if self.releases is not None:
-            idx = poisson_sample(len(self.pool), self.releases.expected_batch_size / len(self.pool),
-                                 self.randomness.sampling)
-            x, y = self._augmented(idx.to(self.pool.y.device))
-            release = party_release(
-                self.model, self._named_w, x, y, clip_bound=self.releases.clip,
-                noise_multiplier=self.releases.noise_multiplier,
-                expected_batch_size=self.releases.expected_batch_size, noise_stream=self.randomness.noise,
-                loss_fn=loss_fn, method="hooks",  # one batched forward: one drop-path mask per example
+            vector = self.releases.release.make(
+                self.model, self._named_w, len(self.pool), self._augmented, self.randomness.sampling,
+                self.randomness.noise, loss_fn=loss_fn, method="hooks",  # one batched forward: one mask per example
             )
-            self.out[:-STATS] = release.detach().to("cpu", torch.float32).numpy()
+            self.out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
             self.out[-STATS:] = 0.0
             return self.out
         start = time.perf_counter()
-        x, y = self._augmented(self.stream.next().to(self.pool.y.device))
+        x, y = self._augmented(self.stream.next())
         outputs = self.model(x)
         loss = loss_fn(outputs, y).mean()
         grads = torch.autograd.grad(loss, self.w_params, allow_unused=True)
@@ -113,9 +108,10 @@ class AugmentParty:
         self.stream.load_state_dict(state["stream"])
 
     def _augmented(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = augment_images(self.pool.x[idx], stream=self.randomness.sampling, cutout=self.cfg.cutout,
+        x, y = self.pool.examples(idx)
+        x = augment_images(x, stream=self.randomness.sampling, cutout=self.cfg.cutout,
                            crop_padding=self.cfg.crop_padding, flip=self.cfg.flip)
-        return x, self.pool.y[idx]
+        return x, y
 
     def _loss_fn(self) -> Callable[[object, torch.Tensor], torch.Tensor]:
         weight = self.cfg.auxiliary_weight
