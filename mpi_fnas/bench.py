@@ -191,7 +191,7 @@ def make_augment_party(cfg: Config, private: bool):
     from mpi_fnas.federation.augment.party import AugmentParty
     from mpi_fnas.federation.party import Shard
     from mpi_fnas.federation.randomness import PartyRandomness
-    from mpi_fnas.privacy.budget import AugmentReleases
+    from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.space import search_space
 
     c, h, w, classes = _input_shape(cfg)

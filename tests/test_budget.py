@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy import budget as budget_module
-from mpi_fnas.privacy.budget import FederationLedger, party_deltas, plan_privacy
+from mpi_fnas.privacy import ledger as ledger_module
+from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.planning import party_deltas, plan_privacy
 
 DELTA = 1e-5
 # A safety net, not an assertion: a blocked worker gives up after this long, so a broken ready() fails the test
@@ -121,7 +122,7 @@ def test_background_rows_equal_the_synchronous_numbers_in_order_and_identical_pa
         calls.append((train.steps, delta))
         return max(train.get_epsilon(delta), val.get_epsilon(delta))
 
-    monkeypatch.setattr(budget_module, "party_epsilon", counting_party_epsilon)
+    monkeypatch.setattr(ledger_module, "party_epsilon", counting_party_epsilon)
     expected = []
     try:
         for step in range(1, 31):
@@ -159,7 +160,7 @@ def test_ready_returns_finished_rows_without_waiting_for_a_pending_one(monkeypat
                 gave_up.append(train.steps)
         return float(train.steps)
 
-    monkeypatch.setattr(budget_module, "party_epsilon", gated_party_epsilon)
+    monkeypatch.setattr(ledger_module, "party_epsilon", gated_party_epsilon)
     try:
         for step in (1, 2, 3):
             ledger.record_step()
@@ -187,7 +188,7 @@ def test_a_failed_background_computation_raises_when_its_row_is_read(monkeypatch
     def failing_party_epsilon(train, val, delta):
         raise RuntimeError("accountant broke")
 
-    monkeypatch.setattr(budget_module, "party_epsilon", failing_party_epsilon)
+    monkeypatch.setattr(ledger_module, "party_epsilon", failing_party_epsilon)
     try:
         ledger.record_step()
         ledger.submit(1)
@@ -201,7 +202,7 @@ def test_settle_keeps_the_submitted_rows_and_adds_one_for_what_was_charged_since
     """A failing run logs the ε its ledgers charged up to the failure: the rows in flight plus the charges after
     the last of them (steps 4 and 5 and a replay here); no duplicate row when nothing was charged since."""
     plan = plan_privacy([400, 400], [400, 400], dp_params(), planned_steps=10)
-    monkeypatch.setattr(budget_module, "party_epsilon", lambda train, val, delta: float(train.steps))
+    monkeypatch.setattr(ledger_module, "party_epsilon", lambda train, val, delta: float(train.steps))
     ledger = FederationLedger(plan)
     for step in (1, 2, 3):
         ledger.record_step()
@@ -229,7 +230,7 @@ def test_settle_gives_up_at_its_timeout_instead_of_waiting_for_a_stuck_row(monke
             release.wait(GATE_TIMEOUT_S)
         return float(train.steps)
 
-    monkeypatch.setattr(budget_module, "party_epsilon", gated_party_epsilon)
+    monkeypatch.setattr(ledger_module, "party_epsilon", gated_party_epsilon)
     ledger = FederationLedger(plan)
     try:
         for step in (1, 2):

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy import budget as budget_module
-from mpi_fnas.privacy.budget import AugmentReleases, FederationLedger, plan_privacy
+from mpi_fnas.privacy import planning as planning_module
+from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.planning import plan_privacy
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.sweep.composition import compose_pool
 from mpi_fnas.sweep.results import LogReleases
 
@@ -73,7 +75,7 @@ def test_target_epsilon_calibrates_sigma_for_every_w_release(monkeypatch):
         asked.append(num_steps)
         return 1.0
 
-    monkeypatch.setattr(budget_module, "calibrate_noise_multiplier", spy)
+    monkeypatch.setattr(planning_module, "calibrate_noise_multiplier", spy)
     plan_privacy(SIZES, SIZES, params(target_epsilon=3.0), planned_steps=T)
     plan_privacy(SIZES, SIZES, params(target_epsilon=3.0), planned_steps=T // 2, w_releases_per_step=2)
     assert asked == [T, T]

@@ -18,7 +18,9 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.plan import augment_steps
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.budget import AugmentReleases, FederationLedger, plan_augment, plan_privacy
+from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.planning import plan_augment, plan_privacy
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.space import Genotype, build_augment_network
 
 ONE = [400]  # one party with equal shards: the planners stay cheap

@@ -384,7 +384,7 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.federation.server import Server
     from mpi_fnas.privacy import DPParams
-    from mpi_fnas.privacy.budget import AugmentReleases
+    from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, read_run
 
     cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 4]", "mode=fnas",

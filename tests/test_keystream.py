@@ -27,8 +27,8 @@ from mpi_fnas.federation.augment.party import AugmentParty
 from mpi_fnas.federation.party import Party, Shard
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError
-from mpi_fnas.privacy.budget import AugmentReleases
 from mpi_fnas.privacy.keystream import KEY_BYTES, Keystream
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.space import DARTS_V2, SearchNetwork, search_space
 
 ALPHA = 1e-4  # the suite's level for statistical checks of exact distributions

@@ -20,7 +20,8 @@ from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.budget import AugmentReleases, PrivacyPlan, augment_sample_rates, plan_privacy
+from mpi_fnas.privacy.planning import plan_privacy
+from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, augment_sample_rates
 
 
 class SetupError(ConfigError):

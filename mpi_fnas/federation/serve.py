@@ -40,7 +40,8 @@ from mpi_fnas.federation.server import Server
 from mpi_fnas.federation.server_loop import ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
-from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger, PrivacyPlan
+from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+from mpi_fnas.privacy.release import PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
 from mpi_fnas.space import search_space
 

@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger
+from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 
 CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 

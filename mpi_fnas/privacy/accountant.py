@@ -114,6 +114,10 @@ def calibrate_noise_multiplier(
     )
 
 
+#: A ledger's releases as (noise multiplier σ, Poisson rate q, count) runs.
+Runs = tuple[tuple[float, float, int], ...]
+
+
 class PrivacyLedger:
     """The releases made on one dataset (one party's train or val shard) and their privacy cost.
 
@@ -143,6 +147,19 @@ class PrivacyLedger:
             self._runs[-1][2] += num_steps
         else:
             self._runs.append([float(noise_multiplier), float(sample_rate), int(num_steps)])
+
+    def runs(self) -> Runs:
+        """The releases as (σ, q, count) runs, merged by (σ, q) and sorted (composition commutes), without empty
+        ones: equal ledgers give equal runs, and :meth:`from_runs` rebuilds an equal ledger."""
+        return _canonical(self._runs)
+
+    @classmethod
+    def from_runs(cls, runs: Runs, interval: float = DEFAULT_VALUE_DISCRETIZATION) -> PrivacyLedger:
+        """A ledger holding `runs` ((σ, q, count) releases), on the grid `interval`."""
+        ledger = cls(value_discretization_interval=interval)
+        for noise_multiplier, sample_rate, count in runs:
+            ledger.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=count)
+        return ledger
 
     @property
     def steps(self) -> int:

@@ -7,17 +7,20 @@ iteration makes (``per_step``: 2 weight releases under ADADP). Everything else r
 * a party makes the release through :meth:`Release.make` (Poisson batch at rate B / N of its shard, per-example
   gradients, clip, sum, Gaussian noise from its secret stream, ÷ B: :func:`~mpi_fnas.privacy.mechanism.party_release`);
 * the run's plan gives each stage its releases (the search: ``W`` and ``A``, from
-  :meth:`mpi_fnas.privacy.params.DPParams.search_releases`; the augmentation: its weights' release,
-  :attr:`mpi_fnas.privacy.budget.AugmentReleases.release`), and the log's privacy schema is built from them.
+  :meth:`mpi_fnas.privacy.params.DPParams.search_releases` in :class:`PrivacyPlan`; the augmentation: its
+  weights' release, :attr:`AugmentReleases.release`), the ledger (:mod:`mpi_fnas.privacy.ledger`) charges them and
+  the planner (:mod:`mpi_fnas.privacy.planning`) sizes them.
 
 No MPI here: the caller sends the vector :meth:`Release.make` returns.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -25,6 +28,9 @@ from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.sampling import poisson_sample
+
+if TYPE_CHECKING:  # params builds the search's releases: the type only, no import cycle
+    from mpi_fnas.privacy.params import DPParams
 
 #: ``examples(indices) -> (inputs (b, ...), targets (b,))``: a party's examples at Poisson-drawn positions (after
 #: whatever per-example transform the stage applies, e.g. the augmentation's crops).
@@ -60,3 +66,115 @@ class Release:
         return party_release(model, params, inputs, targets, clip_bound=self.clip,
                              noise_multiplier=self.noise_multiplier, expected_batch_size=self.expected_batch_size,
                              noise_stream=noise, loss_fn=loss_fn, method=method)
+
+
+AugmentPool = Literal["all", "train"]
+
+
+@dataclass(frozen=True)
+class AugmentReleases:
+    """Public constants of the augment stage's releases. Arrays are (K,), party k at index k - 1.
+
+    Each augment iteration, every party releases ``releases_per_step`` gradients of its pool (1; 2 under
+    ``augment.optimizer: adadp``, each on a fresh batch): Poisson-sampled, clipped per example at ``clip``, noise
+    ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's train shard is sampled
+    with rate ``sample_rate_train[k]``, one of its validation shard with ``sample_rate_val[k]`` (0: the pool leaves
+    that shard out, and its ledger is not charged).
+    """
+
+    noise_multiplier: float
+    clip: float
+    expected_batch_size: float
+    sample_rate_train: np.ndarray
+    sample_rate_val: np.ndarray
+    steps: int  # augment iterations planned (≤ the configured ones)
+    stop_reason: str = "completed"  # or why fewer augment steps were planned
+    releases_per_step: int = 1  # weight releases per augment iteration (2 under ADADP: at W, then at W_half)
+
+    def __post_init__(self) -> None:
+        # Frozen: the arrays are normalised through object.__setattr__, once, here.
+        rate_train = np.array(self.sample_rate_train, dtype=np.float64)
+        rate_val = np.array(self.sample_rate_val, dtype=np.float64)
+        if rate_train.ndim != 1 or rate_train.shape != rate_val.shape:
+            raise ValueError(f"augment sample rates must be two (K,) arrays, got shapes {rate_train.shape} and "
+                             f"{rate_val.shape}")
+        if np.any(~((rate_train >= 0) & (rate_train <= 1))) or np.any(~((rate_val >= 0) & (rate_val <= 1))):
+            raise ValueError("augment sample rates must be in [0, 1]")
+        if not (self.noise_multiplier > 0 and np.isfinite(self.noise_multiplier)):
+            raise ValueError(f"augment noise multiplier must be positive and finite, got {self.noise_multiplier}")
+        if not (self.clip > 0 and self.expected_batch_size > 0):
+            raise ValueError(f"augment clip and batch size must be > 0, got {self.clip:g} and "
+                             f"{self.expected_batch_size:g}")
+        if int(self.steps) != self.steps or self.steps < 0:
+            raise ValueError(f"augment steps must be a non-negative integer, got {self.steps}")
+        if int(self.releases_per_step) != self.releases_per_step or self.releases_per_step < 1:
+            raise ValueError(f"augment releases per step must be an integer >= 1, got {self.releases_per_step}")
+        object.__setattr__(self, "sample_rate_train", rate_train)
+        object.__setattr__(self, "sample_rate_val", rate_val)
+        object.__setattr__(self, "steps", int(self.steps))
+        object.__setattr__(self, "releases_per_step", int(self.releases_per_step))
+
+    @property
+    def release(self) -> Release:
+        """The release a party makes each time (σ, clip, B, releases per iteration)."""
+        return Release(self.noise_multiplier, self.clip, self.expected_batch_size, self.releases_per_step)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state (JSON/HDF5-attribute friendly); :meth:`from_state_dict` restores it."""
+        return {"noise_multiplier": float(self.noise_multiplier), "clip": float(self.clip),
+                "expected_batch_size": float(self.expected_batch_size),
+                "sample_rate_train": self.sample_rate_train.tolist(), "sample_rate_val": self.sample_rate_val.tolist(),
+                "steps": self.steps, "stop_reason": self.stop_reason, "releases_per_step": self.releases_per_step}
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
+        return cls(**state)
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Public constants of a DP run. Arrays are (K,), party k at index k - 1.
+
+    ``params`` is what every party receives (σ calibrated here under ``target_epsilon``).
+    """
+
+    params: DPParams
+    sample_rate_train: np.ndarray
+    sample_rate_val: np.ndarray
+    delta: np.ndarray
+    steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
+    stop_reason: str  # "completed" or why fewer steps were planned
+    augment: AugmentReleases | None = None  # the augment stage as planned with the search (σ, steps), if it was
+    # W releases per search iteration on the train shard: 2 under ADADP (G1 and G2, each on a fresh Poisson
+    # batch), else 1. The validation shard pays one A release per iteration either way.
+    w_releases_per_step: int = 1
+
+
+def augment_sample_rates(
+    train_sizes: Sequence[int],
+    val_sizes: Sequence[int],
+    expected_batch_size: float,
+    pool: AugmentPool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(K,) Poisson rate of a party's train records and (K,) of its validation records in one augment release.
+
+    ``pool="all"``: the party samples its train and validation shards together, so every record of either has
+    rate B / (N_tr + N_val). ``pool="train"``: only the train shard, rate B / N_tr; validation records have rate 0
+    (never touched). Raises ValueError, one line, when B exceeds a party's pool.
+    """
+    n_tr = np.asarray(train_sizes, dtype=np.float64)
+    n_val = np.asarray(val_sizes, dtype=np.float64)
+    if pool == "all":
+        n_pool = n_tr + n_val
+    elif pool == "train":
+        n_pool = n_tr
+    else:
+        raise ValueError(f"augment pool must be 'all' or 'train', got {pool!r}")
+    if not expected_batch_size > 0:
+        raise ValueError(f"augment batch size must be > 0, got {expected_batch_size:g}")
+    if np.any(n_pool < expected_batch_size):
+        party = int(np.argmin(n_pool))
+        raise ValueError(f"augment batch size {expected_batch_size:g} exceeds party {party + 1}'s pool "
+                         f"({int(n_pool[party])} examples, pool {pool!r}): the Poisson rate B/N must not exceed 1")
+    rate = expected_batch_size / n_pool
+    return rate, (rate.copy() if pool == "all" else np.zeros_like(rate))

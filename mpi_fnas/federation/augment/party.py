@@ -23,7 +23,7 @@ from mpi_fnas.federation.flat import STATS, assign, numel
 from mpi_fnas.federation.party import BatchStream, Shard
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import check_model_for_dp
-from mpi_fnas.privacy.budget import AugmentReleases
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.space import AugmentNetwork, augment_loss
 from mpi_fnas.space.dpnas import DpnasNetwork
 

@@ -16,7 +16,9 @@ import numpy as np
 from mpi_fnas.config import Config
 from mpi_fnas.federation.plan import Assignment, SetupError, augment_demand, augment_pools, augment_steps
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.budget import AugmentReleases, FederationLedger, plan_augment
+from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.planning import plan_augment
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.space import search_space
 
 

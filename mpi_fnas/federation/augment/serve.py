@@ -40,7 +40,7 @@ from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.serve import open_search_log, selection_schema
 from mpi_fnas.federation.server_loop import ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
-from mpi_fnas.privacy.budget import EpsilonRow, FederationLedger
+from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
 from mpi_fnas.space import search_space
 

@@ -1,0 +1,366 @@
+"""The runtime privacy ledger of a federation: every release every party has made, per party and per dataset
+(its train and its validation shard), and the ε it has cost.
+
+During the run :class:`FederationLedger` records every iteration for every party (the releases its plan says an
+iteration makes), charges the releases a party replays after a resume, and reports, per party, the tight PLD ε
+(the headline) and Theorem 3.1's μ-GDP (a CLT approximation, logged for comparison only). A party's guarantee is
+the larger of its two ledgers', since its train and validation shards are disjoint (Theorem 3.1). ε depends on
+public counts only, so the ledger can compute the log's ε on a background thread (:meth:`FederationLedger.submit`)
+while the parties train.
+
+The augment stage (training the found architecture on the same parties) releases one DP gradient per party and
+iteration (two under ADADP), Poisson-sampled from a pool of the party's records: each record's shard ledger pays
+for it at that record's rate, so the party's ε stays the larger of its two *composed* ledgers'. What the run will
+release is planned before it, in :mod:`mpi_fnas.privacy.planning`.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
+from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+
+
+@dataclass(frozen=True)
+class EpsilonRow:
+    """The privacy columns of one log row, after ``step`` iterations. Arrays are (K,), party k at index k - 1."""
+
+    step: int
+    charged_steps: np.ndarray  # int64: search releases charged per shard so far (iterations + replays)
+    epsilon: np.ndarray  # float64: tight PLD ε at the party's δ, the larger of its two composed ledgers'
+    mu_gdp: np.ndarray  # float64: Theorem 3.1's μ, the larger of its two ledgers' (an approximation)
+    augment_steps: np.ndarray | None = None  # int64: augment iterations charged so far (plus replays)
+
+
+class FederationLedger:
+    """Two ledgers per party (train → W releases, validation → A releases), stepped together.
+
+    After the search, ``start_augment`` then ``record_augment_step`` charge the augment stage's releases on the
+    same ledgers (each at its shard's augment rate; a rate 0 charges nothing), so every ε is the composition of
+    both stages. ``charged_steps()`` keeps counting the search releases only; ``augment_steps()`` the augment's.
+
+    ``epsilons()`` / ``mu_gdp()`` compute on the caller's thread (a new step count costs ~0.25 s per distinct
+    party). For the log, ``submit(step)`` instead snapshots the counts and computes the same numbers on one
+    background thread; ``ready()`` hands back the finished rows without blocking, ``drain()`` waits for the rest,
+    ``close()`` stops the thread; ``settle(step, timeout=)`` (a failing run) adds a row for what was charged since
+    the last one and returns what finishes in time. Both paths run the same code on the same counts, so they agree.
+    """
+
+    def __init__(self, plan: PrivacyPlan) -> None:
+        self.plan = plan
+        k = len(plan.delta)
+        self.train = [PrivacyLedger() for _ in range(k)]
+        self.val = [PrivacyLedger() for _ in range(k)]
+        self._replays = np.zeros(k, dtype=np.int64)  # extra releases charged by charge_replays, per party
+        # The ledgers hold both stages' releases; these count each stage's, per party.
+        self._search_steps = np.zeros(k, dtype=np.int64)
+        self.augment: AugmentReleases | None = None  # set by start_augment
+        self._augment_steps = np.zeros(k, dtype=np.int64)
+        self._augment_replays = np.zeros(k, dtype=np.int64)
+        self._pending: deque[Future[EpsilonRow]] = deque()
+        self._worker: _Worker | None = None
+        self._last_submitted: tuple[np.ndarray, np.ndarray] | None = None  # the counts of the last row submitted
+
+    # -- recording -----------------------------------------------------------------------------------------------
+    def record_step(self) -> None:
+        """One iteration: every party released ``plan.w_releases_per_step`` G_k (train; 2 under ADADP) and one H_k
+        (validation). ``charged_steps()`` counts iterations."""
+        for k in range(len(self.train)):
+            self._charge(k, 1)
+
+    def charge_replays(self, party: int, steps: int) -> None:
+        """Charge ``steps`` extra releases to ``party`` (index 0..K-1) on BOTH its train and validation ledgers.
+
+        After a crash and ``--resume``, a party may already have sent releases for steps after the last
+        checkpoint. Those steps run again, and each is a second release on the same shards with the same (σ, q)
+        and fresh noise: a further composition the guarantee must pay for, not a repeat it may skip.
+        """
+        self._check_replay(party, steps)
+        self._charge(party, int(steps))
+        self._replays[party] += int(steps)
+
+    def charge_sent(self, sent_steps: Sequence[int], *, stage: Literal["search", "augment"] = "search") -> None:
+        """Charge every party the ``stage`` iterations it says it sent beyond what the ledger counts.
+
+        ``sent_steps[k]`` is party k+1's own count (from its journal, written before each send): after a crash
+        and ``--resume`` the steps past the last checkpoint run again, and each is a further release.
+        """
+        charged = self.charged_steps() if stage == "search" else self.augment_steps()
+        charge = self.charge_replays if stage == "search" else self.charge_augment_replays
+        for k, (sent, counted) in enumerate(zip(sent_steps, charged, strict=True)):
+            if sent > counted:
+                charge(k, int(sent) - int(counted))
+
+    def charged_steps(self) -> np.ndarray:
+        """(K,) int64: search releases charged per shard so far, per party (its iterations plus its replays).
+
+        The log's ``/privacy/charged_steps``: augment releases are not in it (see :meth:`augment_steps`).
+        """
+        return self._search_steps.copy()
+
+    def start_augment(self, releases: AugmentReleases) -> None:
+        """From now on, ``record_augment_step`` charges ``releases`` (σ_aug and each party's two augment rates).
+
+        May be called again (a resume, a re-planned σ_aug): releases already charged keep the σ they were
+        charged with. The rates, public facts of the pool, may not change once augment releases were charged.
+        """
+        if releases.sample_rate_train.shape != (len(self.train),):
+            raise ValueError(f"the augment releases cover {len(releases.sample_rate_train)} parties, the ledger "
+                             f"{len(self.train)}")
+        if self.augment is not None and self._augment_steps.any():
+            if not (np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
+                    and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
+                raise ValueError("the augment sample rates changed after augment releases were charged")
+            if self.augment.releases_per_step != releases.releases_per_step:
+                raise ValueError("the augment releases per step changed after augment releases were charged")
+        self.augment = releases
+
+    def record_augment_step(self) -> None:
+        """One augment iteration: every party released ``augment.releases_per_step`` gradients of its pool (2 under
+        ADADP). ``augment_steps()`` counts iterations."""
+        for k in range(len(self.train)):
+            self._charge_augment(k, 1)
+
+    def charge_augment_replays(self, party: int, steps: int) -> None:
+        """Charge ``steps`` replayed augment iterations to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
+        self._check_replay(party, steps)
+        self._charge_augment(party, int(steps))
+        self._augment_replays[party] += int(steps)
+
+    def augment_steps(self) -> np.ndarray:
+        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
+        ``augment.releases_per_step`` releases)."""
+        return self._augment_steps.copy()
+
+    # -- privacy (caller's thread) -------------------------------------------------------------------------------
+    def epsilons(self) -> np.ndarray:
+        """(K,) tight PLD ε per party at its δ: max over its two ledgers."""
+        return _epsilons(self._parties())
+
+    def mu_gdp(self) -> np.ndarray:
+        """(K,) Theorem 3.1's μ per party (max over its two ledgers) — an approximation, not the guarantee."""
+        return _mu_gdp(self._parties())
+
+    # -- privacy (background thread) -----------------------------------------------------------------------------
+    def submit(self, step: int) -> None:
+        """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
+        if self._worker is None:
+            self._worker = _Worker()
+        charged, augment = self.charged_steps(), self.augment_steps()
+        self._last_submitted = (charged, augment)
+        self._pending.append(self._worker.submit(_row, int(step), charged, self._parties(), augment))
+
+    def ready(self) -> list[EpsilonRow]:
+        """The finished rows, in submission order, without blocking (a failed computation raises here)."""
+        rows = []
+        while self._pending and self._pending[0].done():
+            rows.append(self._pending.popleft().result())
+        return rows
+
+    def drain(self) -> list[EpsilonRow]:
+        """All submitted rows not yet returned, in submission order, waiting for the computation."""
+        rows = [future.result() for future in self._pending]
+        self._pending.clear()
+        return rows
+
+    def settle(self, step: int, *, timeout: float) -> list[EpsilonRow]:
+        """On a failure: the rows submitted so far plus one for the counts as they are now (labelled ``step``, the
+        last iteration recorded), as many as finish within ``timeout`` seconds, in order; then the thread stops.
+
+        A failed run's log then shows the ε its ledgers charged up to the failure, not only what the worker
+        happened to have finished. Rows that do not finish in time, or whose computation fails, are dropped with
+        everything after them: the run is ending, and a resume charges everything anyway.
+        """
+        counts = (self.charged_steps(), self.augment_steps())
+        if self._last_submitted is None or not all(
+                np.array_equal(a, b) for a, b in zip(counts, self._last_submitted, strict=True)):
+            self.submit(step)
+        deadline, rows = time.monotonic() + timeout, []
+        try:
+            while self._pending:
+                rows.append(self._pending[0].result(timeout=max(0.0, deadline - time.monotonic())))
+                self._pending.popleft()
+        except Exception:  # a timeout or a failed computation: keep the rows before it
+            pass
+        self.close(timeout=max(0.0, deadline - time.monotonic()))
+        return rows
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the background thread: rows not yet started are dropped (``drain()`` first to keep them).
+
+        With ``timeout``, waits at most that long for a computation in progress (the thread is a daemon).
+        """
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+        if self._worker is not None:
+            self._worker.close(timeout)
+            self._worker = None
+
+    # -- misc ----------------------------------------------------------------------------------------------------
+    def description(self) -> str:
+        return self.train[0].description()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain-Python state; the ledgers hold every charged release, ``replays`` how many were replays.
+
+        ``augment`` (once started): the releases being charged, and per party how many were charged and how
+        many of those were replays.
+        """
+        state: dict[str, Any] = {"train": [t.state_dict() for t in self.train],
+                                 "val": [v.state_dict() for v in self.val], "replays": self._replays.tolist()}
+        if self.augment is not None:
+            state["augment"] = {"releases": self.augment.state_dict(), "steps": self._augment_steps.tolist(),
+                                "replays": self._augment_replays.tolist()}
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for ledger, saved in zip(self.train, state["train"], strict=True):
+            ledger.load_state_dict(saved)
+        for ledger, saved in zip(self.val, state["val"], strict=True):
+            ledger.load_state_dict(saved)
+        zeros = [0] * len(self.train)
+        # A state written before replays were charged has none, one written before the augment no augment.
+        self._replays = self._counts(state.get("replays", zeros), "replay")
+        saved_augment = state.get("augment")
+        self.augment = None if saved_augment is None else AugmentReleases.from_state_dict(saved_augment["releases"])
+        self._augment_steps = self._counts(zeros if saved_augment is None else saved_augment["steps"], "augment step")
+        self._augment_replays = self._counts(zeros if saved_augment is None else saved_augment["replays"],
+                                             "augment replay")
+        if self.augment is not None and self.augment.sample_rate_train.shape != (len(self.train),):
+            raise ValueError("privacy ledger state: the augment releases cover a different number of parties")
+        # What the ledgers hold minus the augment releases each one was charged is the search's release count:
+        # w_releases_per_step per iteration on the train shard, one on the validation shard.
+        releases_train, search_val = (np.array([ledger.steps for ledger in ledgers], dtype=np.int64) - charged
+                                      for ledgers, charged in ((self.train, self._augment_charged("train")),
+                                                               (self.val, self._augment_charged("val"))))
+        search_train = releases_train // self.plan.w_releases_per_step
+        if (np.any(search_train != search_val) or np.any(search_train < 0)
+                or np.any(releases_train % self.plan.w_releases_per_step)):
+            raise ValueError("privacy ledger state: a party's train and validation ledgers disagree on the step count")
+        self._search_steps = search_train
+
+    # -- internals -----------------------------------------------------------------------------------------------
+    def _charge(self, party: int, steps: int) -> None:
+        self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
+                               sample_rate=float(self.plan.sample_rate_train[party]),
+                               num_steps=steps * self.plan.w_releases_per_step)
+        self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
+                             sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
+        self._search_steps[party] += steps
+
+    def _charge_augment(self, party: int, steps: int) -> None:
+        if self.augment is None:
+            raise RuntimeError("augment releases charged before start_augment")
+        for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
+                             (self.val[party], float(self.augment.sample_rate_val[party]))):
+            if rate > 0:  # a shard outside the pool is never touched: nothing to pay
+                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
+                            num_steps=steps * self.augment.releases_per_step)
+        self._augment_steps[party] += steps
+
+    def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
+        """(K,) augment releases each party's ``shard`` ledger holds (0 where its rate is 0)."""
+        if self.augment is None:
+            return np.zeros(len(self.train), dtype=np.int64)
+        rates = self.augment.sample_rate_train if shard == "train" else self.augment.sample_rate_val
+        return np.where(rates > 0, self._augment_steps * self.augment.releases_per_step, 0)
+
+    def _check_replay(self, party: int, steps: int) -> None:
+        if not 0 <= party < len(self.train):
+            raise ValueError(f"party index must be in 0..{len(self.train) - 1}, got {party}")
+        if int(steps) != steps or steps < 0:
+            raise ValueError(f"replayed steps must be a non-negative integer, got {steps}")
+
+    def _counts(self, saved: Any, what: str) -> np.ndarray:
+        counts = np.asarray(saved, dtype=np.int64)
+        if counts.shape != (len(self.train),) or np.any(counts < 0):
+            raise ValueError(f"invalid {what} counts in the privacy ledger state: {saved!r}")
+        return counts
+
+    def _parties(self) -> tuple[_Party, ...]:
+        """An immutable snapshot of every party's ledgers and δ (what its ε depends on, and nothing else)."""
+        return tuple(_Party(_runs(t), _runs(v), float(d), t.value_discretization_interval)
+                     for t, v, d in zip(self.train, self.val, self.plan.delta, strict=True))
+
+
+# -- internals ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Party:
+    """Hashable: equal parties (same σ, q, counts, δ) are computed once."""
+
+    train_runs: Runs
+    val_runs: Runs
+    delta: float
+    interval: float
+
+    def ledgers(self) -> tuple[PrivacyLedger, PrivacyLedger]:
+        return _ledger(self.train_runs, self.interval), _ledger(self.val_runs, self.interval)
+
+
+def _runs(ledger: PrivacyLedger) -> Runs:
+    return tuple((float(s), float(q), int(c)) for s, q, c in ledger.state_dict()["runs"])
+
+
+def _ledger(runs: Runs, interval: float) -> PrivacyLedger:
+    ledger = PrivacyLedger(value_discretization_interval=interval)
+    for noise_multiplier, sample_rate, count in runs:
+        ledger.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=count)
+    return ledger
+
+
+def _epsilons(parties: tuple[_Party, ...]) -> np.ndarray:
+    computed: dict[_Party, float] = {}
+    for party in parties:
+        if party not in computed:
+            computed[party] = party_epsilon(*party.ledgers(), party.delta)
+    return np.array([computed[party] for party in parties], dtype=np.float64)
+
+
+def _mu_gdp(parties: tuple[_Party, ...]) -> np.ndarray:
+    return np.array([max(ledger.mu_gdp() for ledger in party.ledgers()) for party in parties], dtype=np.float64)
+
+
+def _row(step: int, charged_steps: np.ndarray, parties: tuple[_Party, ...], augment_steps: np.ndarray) -> EpsilonRow:
+    return EpsilonRow(step, charged_steps, _epsilons(parties), _mu_gdp(parties), augment_steps)
+
+
+class _Worker:
+    """One daemon thread running submitted calls in order. Daemon: a crashing run does not wait for it."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
+            queue.SimpleQueue())
+        self._thread = threading.Thread(target=self._run, name="privacy-epsilon", daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        self._queue.put((future, fn, args))
+        return future
+
+    def close(self, timeout: float | None = None) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, fn, args = item
+            if not future.set_running_or_notify_cancel():  # cancelled by close()
+                continue
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # handed to whoever reads the row
+                future.set_exception(exc)
