@@ -10,11 +10,18 @@ Names are taken from inline code spans, fenced code blocks and Markdown links:
   the few remaining names that are not repository files are in ``NOT_REPO_FILES``;
 - a *config key* is ``section.key`` for a section of the schema (``data.download``, ``search.epochs=2``);
 - a *Python name* is ``mpi_fnas.a.b`` and must import (module) or be an attribute of one;
-- a *module run* is ``python -m mpi_fnas.X``: it must answer ``--help`` with exit code 0 (without MPI).
+- a *module run* is ``python -m mpi_fnas.X``: it must answer ``--help`` with exit code 0 (without MPI);
+- an *identifier* in inline code (``Release.make``, ``log.search.truncate``, ``StageLog``, ``torch.randn``) must
+  resolve: a class or module of ours (or ``log``/``cfg``, the docs' names for a RunLog and a Config), followed
+  through attributes, properties and typed fields; outside names are imported from the venv;
+- an *output file* (``baseline.csv``, ``searched.pt``) must be a string literal of the package;
+- an *HDF5 path* under one of the log's top-level groups (``/privacy/epsilon``) must be in docs/hdf5.md's Layout,
+  which tests/test_hdf5_doc.py checks against the writer.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import itertools
 import os
@@ -243,3 +250,225 @@ def test_every_named_module_answers_help(module: str) -> None:
                          cwd=ROOT, env=env)
     assert out.returncode == 0, f"{module} (named at {where}): exit {out.returncode}: {out.stderr[-500:]}"
     assert "usage:" in out.stdout.lower(), f"{module} --help printed no usage"
+
+
+# --- identifiers in inline code: `Release.make`, `log.search.truncate`, `ServerLoop`, `torch.randn` -------------
+
+# Instance names the docs use for objects of a documented class, e.g. `log.search` for a RunLog's `search`.
+INSTANCE_NAMES = {"log": "mpi_fnas.runlog.RunLog", "cfg": "mpi_fnas.config.Config"}
+# Short names the docs use for outside modules.
+MODULE_NAMES = {"nn": "torch.nn", "autograd": "torch.autograd", "np": "numpy"}
+# CamelCase words that are not Python names, each with the reason.
+NOT_PYTHON_NAMES = {
+    "VmHWM": "the peak-resident-memory field of Linux /proc/self/status",
+    "Restarts": "the restart counter scontrol shows for a requeued Slurm job",
+    "Ibcast": "an MPI operation (nonblocking broadcast), named as MPI names it",
+    "Ireduce": "an MPI operation (nonblocking reduce), named as MPI names it",
+    **{field: "a Slurm field (slurm.conf or scontrol show job)"
+       for field in ("KillWait", "PreemptMode", "GraceTime", "ExitCode", "Command")},
+}
+# Outside classes the docs name bare, with the module that defines them.
+OUTSIDE_CLASSES = {"GaussianDpEvent": "dp_accounting", "PoissonSampledDpEvent": "dp_accounting"}
+OUTPUT_EXTENSIONS = ("csv", "html", "png", "pt", "h5", "log")
+
+
+def _package_index() -> tuple[dict[str, list[str]], dict[str, list[str]], set[str]]:
+    """(module short name -> dotted modules, class name -> dotted modules defining it, every def/class name) over
+    the mpi_fnas package, read with ast so nothing is imported to build it."""
+    import ast
+
+    modules: dict[str, list[str]] = {}
+    classes: dict[str, list[str]] = {}
+    defined: set[str] = set()
+    for path in sorted((ROOT / "mpi_fnas").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        modules.setdefault(dotted.split(".")[-1], []).append(dotted)
+        if len(dotted.split(".")) > 2:  # `federation.serve` as well as `serve`
+            modules.setdefault(".".join(dotted.split(".")[-2:]), []).append(dotted)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                defined.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                classes.setdefault(node.name, []).append(dotted)
+    return modules, classes, defined
+
+
+MODULES, CLASSES, DEFINED = _package_index()
+
+
+def _identifier_mentions() -> list[Mention]:
+    """Dotted names, ``name()`` calls and CamelCase words in inline code spans (fenced blocks are shell and YAML).
+    Paths, ``mpi_fnas.*`` (checked above), config keys and output file names are left out."""
+    found = []
+    for doc in DOCS:
+        for span in _code_spans(doc):
+            if "\n" in span.text:
+                continue
+            for word in _words(span):
+                text = word.text
+                if (_is_path(text) or text.startswith("mpi_fnas") or text.split(".")[0] in SECTIONS
+                        or re.search(r"\.(" + "|".join(OUTPUT_EXTENSIONS) + r")$", text)):
+                    continue
+                dotted = re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+(\(\))?", text)
+                call = re.fullmatch(r"[A-Za-z_]\w*\(\)", text)
+                camel = re.fullmatch(r"[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+|[A-Z][a-z]{2,}", text)
+                if (dotted or call or camel) and text not in ("True", "False", "None"):
+                    found.append(word)
+    return found
+
+
+def _attribute(obj: object, name: str) -> tuple[bool, object]:
+    """(found, what to look in next) for ``obj.name``: a class's property or typed field leads to its type."""
+    import typing
+
+    if isinstance(obj, type):
+        hints = {}
+        try:
+            hints = typing.get_type_hints(obj)
+        except Exception:  # unresolvable annotations: fall back to the raw ones
+            hints = getattr(obj, "__annotations__", {})
+        member = getattr(obj, name, None)
+        if isinstance(member, property):
+            returns = typing.get_type_hints(member.fget).get("return")
+            return True, returns
+        if name in hints:
+            return True, hints[name]
+        if name in getattr(obj, "__dataclass_fields__", {}) or hasattr(obj, name):
+            return True, member
+        assigned = _instance_attributes(obj)
+        if name in assigned:
+            return True, assigned[name]
+        return False, None
+    if hasattr(obj, name):
+        return True, getattr(obj, name)
+    return False, None
+
+
+def _instance_attributes(cls: type) -> dict[str, object]:
+    """``self.name = Kind(...)`` or ``self.name: Kind | None = ...`` in the methods of ``cls``: name -> Kind (the
+    class, looked up in the defining module; None when it cannot be told)."""
+    import ast
+    import inspect
+
+    try:
+        tree = ast.parse(inspect.getsource(cls).lstrip())
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    namespace = vars(importlib.import_module(cls.__module__))
+    found: dict[str, object] = {}
+    for node in ast.walk(tree):
+        target, kind = None, None
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+            names = [n.id for n in ast.walk(node.annotation) if isinstance(n, ast.Name) and n.id != "None"]
+            kind = names[0] if names else None
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target = node.targets[0]
+            kind = node.value.func.id if isinstance(node.value, ast.Call) and isinstance(node.value.func,
+                                                                                          ast.Name) else None
+        if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self":
+            known = found.get(target.attr)
+            found[target.attr] = known if known is not None else namespace.get(kind) if kind else None
+    return found
+
+
+def _starts(head: str) -> list[object]:
+    """What the first part of a dotted name can be: an instance name, a class or module of ours, or an outside
+    module."""
+    if head in INSTANCE_NAMES:
+        return [_import_dotted(INSTANCE_NAMES[head])]
+    starts: list[object] = [getattr(importlib.import_module(m), head) for m in CLASSES.get(head, [])]
+    starts += [importlib.import_module(m) for m in MODULES.get(head, [])]
+    if not starts:
+        with contextlib.suppress(ImportError):
+            starts.append(importlib.import_module(MODULE_NAMES.get(head, head)))
+    return starts
+
+
+def _import_dotted(dotted: str) -> object:
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _names_something(text: str) -> bool:
+    import builtins
+
+    text = text.removesuffix("()")
+    if "." not in text:
+        if text in NOT_PYTHON_NAMES or text in DEFINED or hasattr(builtins, text):
+            return True
+        return text in OUTSIDE_CLASSES and hasattr(importlib.import_module(OUTSIDE_CLASSES[text]), text)
+    head, *rest = text.split(".")
+    for obj in _starts(head):
+        for part in rest:
+            found, obj = _attribute(obj, part)
+            if not found:
+                break
+        else:
+            return True
+    return False
+
+
+def test_identifier_extraction_finds_known_mentions() -> None:
+    texts = {m.text for m in _identifier_mentions()}
+    for name in ("Release.make", "log.search.truncate", "StageLog", "torch.randn", "os.urandom", "Keystream"):
+        assert name in texts, name
+    assert not {"baseline.csv", "search.epochs", "True", "S128", "MPI_FNAS_HOME"} & texts
+    assert _names_something("RunLog.begin_augment") and not _names_something("RunLog.begin_augmentation")
+    assert not _names_something("log.search.no_such_method") and not _names_something("NoSuchClassHere")
+
+
+def test_every_named_identifier_exists() -> None:
+    """A class, method, attribute or outside function named in inline code exists (outside names are imported
+    from the venv: `torch.func.vmap`, `os.replace`)."""
+    bad = sorted({f"{m.where()}: {m.text}" for m in _identifier_mentions() if not _names_something(m.text)})
+    assert not bad, "docs name Python objects that do not exist:\n" + "\n".join(bad)
+
+
+def test_identifier_allow_lists_are_still_needed() -> None:
+    texts = {m.text for m in _identifier_mentions()}
+    for name, reason in NOT_PYTHON_NAMES.items():
+        assert reason and name in texts, f"{name} is no longer named in the docs"
+        assert name not in DEFINED, f"{name} is a name of ours now"
+
+
+def test_every_named_output_file_is_written_by_the_code() -> None:
+    """Output files the docs name (`baseline.csv`, `searched.pt`) are names the package writes."""
+    source = "\n".join(p.read_text(encoding="utf-8") for p in (ROOT / "mpi_fnas").rglob("*.py"))
+    names = {(m.where(), m.text) for doc in DOCS for span in _code_spans(doc) for m in _words(span)
+             if re.fullmatch(r"[\w.-]+\.(" + "|".join(OUTPUT_EXTENSIONS) + r")", m.text)}
+    assert any(text == "searched.pt" for _, text in names)
+    missing = sorted(f"{where}: {text}" for where, text in names
+                     if f'"{text}"' not in source and f"'{text}'" not in source)
+    assert not missing, "docs name output files the code never writes:\n" + "\n".join(missing)
+
+
+# --- HDF5 paths: `/augment/privacy/epsilon` anywhere in the docs is a member docs/hdf5.md lists ------------------
+
+def _hdf5_paths() -> set[str]:
+    """Every group, dataset and attribute path docs/hdf5.md's Layout declares (it is checked against the writer
+    by tests/test_hdf5_doc.py)."""
+    from test_hdf5_doc import DOC, documented_members
+
+    members = documented_members(DOC.read_text(encoding="utf-8"))
+    return {f"{group.rstrip('/')}/{name}" for group, name, _ in members} | {group for group, _, _ in members}
+
+
+def _hdf5_mentions() -> list[Mention]:
+    tops = {path.split("/")[1] for path in _hdf5_paths() if path.count("/") >= 1 and path != "/"}
+    return [word for doc in DOCS for span in _code_spans(doc) for word in _words(span)
+            if re.fullmatch(r"(/[\w*{},]+)+", word.text) and word.text.split("/")[1] in tops]
+
+
+def test_every_named_hdf5_path_is_in_the_layout() -> None:
+    known = _hdf5_paths()
+    mentions = _hdf5_mentions()
+    assert {"/privacy/epsilon", "/augment/privacy", "/alphas/{normal,reduce}"} <= {m.text for m in mentions}
+    missing = []
+    for mention in mentions:
+        for name in _expand(mention.text):
+            pattern = re.compile(re.escape(name).replace(r"\*", r"[^/]+"))
+            if not any(pattern.fullmatch(path) for path in known):
+                missing.append(f"{mention.where()}: {name}")
+    assert not missing, "docs name HDF5 paths docs/hdf5.md does not list:\n" + "\n".join(missing)

@@ -1,8 +1,9 @@
 """The privacy parameters of a DP-FNAS run: one object from the config to the plan, the party and the log.
 
 :class:`DPParams` is built once from the ``privacy`` section (:meth:`DPParams.from_config`), completed by the
-plan (a calibrated σ under ``target_epsilon``) and handed as it is to every party and to the run log. Adding a
-privacy key therefore takes four edits: the config field, the field here, the place that uses it, and its doc.
+plan (a calibrated σ under ``target_epsilon``) and handed as it is to every party and to the run log. A new
+privacy key is a config field (with its documentation line) and a field of the same name here, which
+:meth:`DPParams.from_config` reads by name; the code that uses it reads it from this object.
 """
 
 from __future__ import annotations
