@@ -18,7 +18,13 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
-from test_release_spy import RecordingChannel, check_noised_releases, check_party_messages, recording_release
+from test_release_spy import (
+    RecordingChannel,
+    check_noised_releases,
+    check_party_messages,
+    pin_secret_keys,
+    recording_release,
+)
 
 import mpi_fnas.federation.augment.party as augment_party_module
 import mpi_fnas.federation.party as party_module
@@ -40,6 +46,7 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.mpi(min_size=3)
 def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
     releases: list[dict] = []
+    pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
     for name in ("w_release", "a_release", "load_w", "load_a"):
@@ -88,6 +95,7 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
     """A DP augmentation of a given genotype with ADADP: 2 iterations (augment.steps_per_epoch 4 releases), a
     checkpoint after iteration 1 carrying η; each party sent [G1, G2] per iteration, noised, nothing else."""
     releases: list[dict] = []
+    pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
     for name in ("release", "load_w"):

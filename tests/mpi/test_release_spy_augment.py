@@ -22,6 +22,7 @@ from test_release_spy import (
     check_checkpoint_holds_no_party_state,
     check_noised_releases,
     check_party_messages,
+    pin_secret_keys,
     recording_release,
 )
 
@@ -41,6 +42,7 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 @pytest.mark.parametrize("selecting", [False, True], ids=["reduce", "secprobe"])
 def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch, selecting):
     releases: list[dict] = []
+    pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
