@@ -212,7 +212,8 @@ def test_derivation_is_the_argmax_of_every_edge_with_none_meaning_no_edge() -> N
     assert genotype.connected and genotype.live_nodes() == [0, 1, 2, 3, 4]
     # ties go to the earlier op; torch input works the same
     tied = np.full((3, 10), 0.1)
-    assert derive_dpnas_genotype(torch.tensor(tied), 2).ops == ("none",) * 3
+    tied[0, PRIMITIVES.index("skip_connect")] = 0.2  # keeps the cell connected, so no repair is involved
+    assert derive_dpnas_genotype(torch.tensor(tied), 2).ops == ("skip_connect", "none", "none")
     with pytest.raises(ValueError, match="expected shape"):
         derive_dpnas_genotype(np.zeros((14, 10)), 5)
     with pytest.raises(ValueError, match="non-finite"):
@@ -230,13 +231,36 @@ def test_a_node_without_edges_is_a_zero_map_in_a_built_network() -> None:
     assert out[:, 12:].abs().sum() > 0
 
 
-def test_the_all_zero_cell_is_derived_and_logged_but_refused_for_training() -> None:
-    """Decision (docs/dpnas.md): derivation records it as it is; building or training a network from it is refused
-    with one clear error (the network would output a constant)."""
+def test_a_cut_off_argmax_is_connected_by_its_strongest_edge_out_of_the_input() -> None:
+    """Decision (docs/dpnas.md): alphas whose argmax cuts the cell off keep it, plus the one strongest non-'none'
+    (edge, op) out of state 0; nothing else changes."""
     w = np.zeros((15, 10))
     w[:, NONE] = 1.0
+    w[2, PRIMITIVES.index("conv_3x3_tanh")] = 0.9  # node 1 from node 0: not out of the input, never chosen
+    w[3, PRIMITIVES.index("max_pool_3x3")] = 0.4  # node 2 from the input
+    w[6, PRIMITIVES.index("conv_3x3_selu")] = 0.7  # node 3 from the input: the strongest out of state 0
     genotype = derive_dpnas_genotype(w, 5)
-    assert genotype.ops == ("none",) * 15 and not genotype.connected and genotype.live_nodes() == []
+    expected = ["none"] * 15
+    expected[6] = "conv_3x3_selu"
+    assert genotype.ops == tuple(expected) and genotype.connected and genotype.live_nodes() == [3]
+    # ties: the earliest edge, then the earliest op
+    assert derive_dpnas_genotype(np.full((3, 10), 0.1), 2).ops == (PRIMITIVES[1], "none", "none")
+    # cut off without being all zero: node 0's only input is 'none', every other edge reads a dead node
+    w = np.zeros((15, 10))
+    for e, (_, j) in enumerate(edge_endpoints(5)):
+        w[e, NONE if j == 0 else PRIMITIVES.index("conv_3x3_relu")] = 1.0
+    w[0, PRIMITIVES.index("skip_connect")] = 0.5
+    repaired = derive_dpnas_genotype(w, 5)
+    assert repaired.ops[0] == "skip_connect" and repaired.ops[1:] == derive_dpnas_genotype(w, 5).ops[1:]
+    assert repaired.live_nodes() == [0, 1, 2, 3, 4]
+
+
+def test_the_all_zero_cell_is_logged_but_refused_for_training() -> None:
+    """Decision (docs/dpnas.md): a cut-off genotype (written by hand; a search no longer derives one) round-trips
+    through the log's string form, but building or training a network from it is refused with one clear error (the
+    network would output a constant)."""
+    genotype = DpnasGenotype(("none",) * 15)
+    assert not genotype.connected and genotype.live_nodes() == []
     assert DpnasGenotype.from_string(genotype.to_string()) == genotype  # the log can hold it
     for build in (lambda: DerivedDpnasCell(genotype, 3, 4), lambda: DpnasNetwork(genotype, (4,), 10)):
         with pytest.raises(ValueError, match="no intermediate node is reached from the cell input"):

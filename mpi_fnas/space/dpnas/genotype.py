@@ -7,9 +7,11 @@ node, by input state: row ``e`` of the alpha matrix belongs to ``edge_endpoints(
 the concatenation of every intermediate node.
 
 Derivation (:func:`derive_dpnas_genotype`): the strongest op of every edge, ``none`` included; ``none`` means "no
-edge". A node whose edges are all ``none`` is a zero map. A cell in which no intermediate node is reached from the
-input (:meth:`DpnasGenotype.connected` is False; the all-``none`` cell is one) is a valid record of what the alphas
-say, but no network is built from it: :class:`mpi_fnas.space.dpnas.cells.DerivedDpnasCell` refuses it.
+edge". A node whose edges are all ``none`` is a zero map. When that argmax would cut the cell off from its input
+(no intermediate node reached; the all-``none`` cell is one case), the derivation keeps the single strongest
+non-``none`` (edge, op) out of the input state 0 as well, so a search always yields a trainable cell. A cut-off
+genotype can still be written by hand; no network is built from it
+(:class:`mpi_fnas.space.dpnas.cells.DerivedDpnasCell` refuses it).
 
 String form (``DpnasGenotype.to_string`` / ``from_string``), ASCII, no whitespace, one field::
 
@@ -160,7 +162,13 @@ def derive_dpnas_genotype(weights: Any, nodes: int, primitives: Sequence[str] = 
     """The strongest op of every edge, ``none`` included: ``weights`` (num_edges(nodes), len(primitives)), numpy
     or torch (softmax weights or raw alphas; the argmax is the same). Ties go to the earlier op in ``primitives``.
     The DARTS rule (two strongest non-``none`` inputs per node) does not apply: ``none`` is how this space says
-    "no edge"."""
+    "no edge".
+
+    Why the repair: a search whose alphas favour ``none`` (an undertrained W makes the zero map the lowest-loss
+    op, notably under DP noise) would otherwise end in a cell whose output is a constant, and a searched arm that
+    cannot be trained. If the argmax cell is cut off from its input, the strongest non-``none`` (edge, op) among
+    the edges out of state 0 replaces its edge's ``none``: one edge, the least change to the argmax that connects
+    the cell (node 0's only input is state 0, so such an edge always exists)."""
     names = list(primitives)
     if sorted(names) != sorted(PRIMITIVES) or len(set(names)) != len(names):
         raise ValueError(f"primitives must be a permutation of the DPNAS primitives {PRIMITIVES}, got {names}")
@@ -173,7 +181,15 @@ def derive_dpnas_genotype(weights: Any, nodes: int, primitives: Sequence[str] = 
     if not np.all(np.isfinite(w)):
         raise ValueError("DPNAS weights contain non-finite values")
     # argmax returns the first maximum: the earliest op in `primitives` on ties.
-    return DpnasGenotype(tuple(names[k] for k in np.argmax(w, axis=1)))
+    ops = [names[k] for k in np.argmax(w, axis=1)]
+    if DpnasGenotype(tuple(ops)).connected:
+        return DpnasGenotype(tuple(ops))
+    from_input = [e for e, (_, j) in enumerate(edge_endpoints(nodes)) if j == 0]
+    kept = [k for k, name in enumerate(names) if name != "none"]
+    candidates = w[np.ix_(from_input, kept)]  # (edges out of state 0, non-none ops); argmax: first on ties
+    row, col = np.unravel_index(int(np.argmax(candidates)), candidates.shape)
+    ops[from_input[row]] = names[kept[col]]
+    return DpnasGenotype(tuple(ops))
 
 
 def max_dpnas_genotype_length(nodes: int) -> int:
