@@ -9,7 +9,7 @@ the others wait (in a sleeping poll, so they do not steal its core); the exchang
 Bcast A — the collectives of one iteration, same buffers as the search) is timed with every rank taking part.
 Medians over `--repeats`. ``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``.
 
-The same step is also timed privately (DP-FNAS, ``Party(dp=DPParams(...))``): same network and initial
+The same step is also timed privately (DP-FNAS, ``search_party(..., dp=DPParams(...))``): same network and initial
 weights, same inputs, same batch size B. The private party's shard holds exactly B examples, so its Poisson rate
 is q = B / N = 1 and every Poisson batch is exactly those B examples, the batch the non-private party uses.
 The two variants are timed in alternation so that load changes on a shared machine hit both alike.
@@ -72,7 +72,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     """
     import torch
 
-    from mpi_fnas.federation.party import Party, Shard
+    from mpi_fnas.federation.party import Shard, search_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.space import search_space
@@ -88,10 +88,10 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     train, val = shard(), shard()
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
     if not private:
-        return Party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1))
+        return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1))
     # The private party draws from secret streams (keyed from the OS), exactly as a DP party of a run does.
     dp = DPParams.from_config(cfg.privacy, n)
-    return Party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp)
+    return search_party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp)
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -188,8 +188,7 @@ def make_augment_party(cfg: Config, private: bool):
     genotype the supernet starts from (its near-uniform alphas, derived from ``cfg.seed``)."""
     import torch
 
-    from mpi_fnas.federation.augment.party import AugmentParty
-    from mpi_fnas.federation.party import Shard
+    from mpi_fnas.federation.party import Shard, augment_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.space import search_space
@@ -211,7 +210,9 @@ def make_augment_party(cfg: Config, private: bool):
                                    expected_batch_size=float(n), sample_rate_train=one, sample_rate_val=one,
                                    steps=1, stop_reason="completed")
     streams = PartyRandomness.create("secret" if private else "reproducible", seed=cfg.seed, rank=1, stage="augment")
-    return AugmentParty(model, pool, cfg.augment, streams, releases=releases)
+    party = augment_party(model, pool, cfg.augment, streams, releases.release if releases is not None else None)
+    party.model.drop_path_prob = cfg.augment.drop_path
+    return party
 
 
 def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
@@ -219,11 +220,11 @@ def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
     from mpi_fnas.privacy.validators import PrivacyError
 
     plain = make_augment_party(cfg, private=False)
-    jobs: dict[str, Callable[[], Any]] = {"plain": lambda: plain.release(cfg.augment.drop_path)}
+    jobs: dict[str, Callable[[], Any]] = {"plain": plain.w_release}
     result: dict[str, Any] = {"augment_num_w": plain.num_w}
     try:
         private = make_augment_party(cfg, private=True)
-        jobs["private"] = lambda: private.release(cfg.augment.drop_path)
+        jobs["private"] = private.w_release
     except PrivacyError as exc:
         result["augment_dp_note"] = f"private augment step not timed: {exc}"
     wall: dict[str, list[float]] = {k: [] for k in jobs}

@@ -14,8 +14,8 @@ import torch
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_settings, relative_error, step_factor, w_rounds
-from mpi_fnas.federation.server import Server
-from mpi_fnas.space import build_supernet
+from mpi_fnas.federation.server import Server, augment_server, search_server
+from mpi_fnas.space import Genotype, build_augment_network, build_supernet
 
 
 @pytest.mark.parametrize("factor", ["linear", "sqrt"])
@@ -109,28 +109,46 @@ def test_settings_defaults_follow_the_mode_and_momentum_is_refused():
     assert tiny.search.w_lr == 0.0001
 
 
-def test_server_two_w_rounds_and_exact_resume():
-    cfg = load_config(None, ["mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0", "space.channels=2",
-                             "space.layers=1", "space.nodes=1", "search.w_grad_clip=0", "search.w_weight_decay=0",
-                             "adadp.reject=false"])
+GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
+            "reduce=max_pool_3x3@0,avg_pool_3x3@1;reduce_concat=2")
 
-    def server() -> Server:
-        return Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 2,
-                      adadp_settings(cfg))
+
+@pytest.mark.parametrize("stage", ["search", "augment"])
+def test_server_two_w_rounds_log_values_and_exact_resume(stage: str):
+    """Either stage's server: W_half, then the next W from the mean of K = 2 releases; η adapts, the log values
+    follow, and a state_dict resumes it exactly."""
+    if stage == "search":
+        cfg = load_config(None, ["mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0", "space.channels=2",
+                                 "space.layers=1", "space.nodes=1", "search.w_grad_clip=0", "search.w_weight_decay=0",
+                                 "adadp.reject=false"])
+
+        def server() -> Server:
+            return search_server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 2,
+                                 adadp=adadp_settings(cfg))
+    else:
+        cfg = load_config(None, ["mode=fnas", "augment.optimizer=adadp", "augment.momentum=0", "augment.lr=0.1",
+                                 "augment.grad_clip=0", "augment.weight_decay=0", "adadp.reject=false"])
+
+        def server() -> Server:
+            model = build_augment_network(Genotype.from_string(GENOTYPE), channels=4, layers=2, seed=0,
+                                          in_channels=3, num_classes=10)
+            return augment_server(model, cfg.augment, 2, steps=10, adadp=adadp_settings(cfg))
 
     first, rng = server(), np.random.default_rng(0)
+    assert all(np.isnan(first.log_values()))  # no iteration yet
     w0, n = first.w_buffer.copy(), first.w.numel()
-    g1, g2 = (rng.normal(size=n + 4).astype(np.float32) for _ in range(2))  # Reduce sums with a STATS tail
-    first.adadp_half_step(g1[:-4])
-    assert np.allclose(first.w_buffer, w0 - 0.05 * g1[:-4] / 2, atol=1e-6)  # W_half, mean over K = 2 parties
-    first.adadp_full_step(g2[:-4])
-    assert np.allclose(first.w_buffer, w0 - 0.05 * (g1[:-4] + g2[:-4]) / 2, atol=1e-6)
-    assert first.w_log_values() == (0.1, first.adadp.err) and first.xi != 0.1
+    g1, g2 = (rng.normal(size=n).astype(np.float32) for _ in range(2))
+    first.adadp_half_step(g1)
+    assert np.allclose(first.w_buffer, w0 - 0.05 * g1 / 2, atol=1e-6)  # W_half from the mean over K = 2
+    first.adadp_full_step(g2)
+    assert np.allclose(first.w_buffer, w0 - 0.05 * (g1 + g2) / 2, atol=1e-6)
+    assert first.log_values() == (0.1, first.adadp.err) and first.adadp.err > 0
+    assert 0.09 <= first.adadp.lr <= 0.11 and first.adadp.lr != 0.1
     state = first.state_dict()
     second = server()
     second.load_state_dict({k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in state.items()})
-    assert second.xi == first.xi and second.w_log_values() == first.w_log_values()
+    assert second.adadp.lr == first.adadp.lr and second.log_values() == first.log_values()
     for s in (first, second):
-        s.adadp_half_step(g2[:-4])
-        s.adadp_full_step(g1[:-4])
-    assert np.array_equal(first.w_buffer, second.w_buffer) and first.xi == second.xi
+        s.adadp_half_step(g2)
+        s.adadp_full_step(g1)
+    assert np.array_equal(first.w_buffer, second.w_buffer) and first.adadp.lr == second.adadp.lr

@@ -402,11 +402,10 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     fnas share the exact path, dpfnas releases clipped and noised), the server's genotype and the log's epoch row;
     then one augment release of the derived network."""
     from mpi_fnas.config import load_config
-    from mpi_fnas.federation.augment.party import AugmentParty
     from mpi_fnas.federation.flat import STATS
-    from mpi_fnas.federation.party import Party, Shard
+    from mpi_fnas.federation.party import Shard, augment_party, search_party
     from mpi_fnas.federation.randomness import PartyRandomness
-    from mpi_fnas.federation.server import Server
+    from mpi_fnas.federation.server import search_server
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, read_run
@@ -419,8 +418,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     shard = lambda: Shard(torch.randn(8, 3, 8, 8, generator=gen), torch.randint(0, 10, (8,), generator=gen))  # noqa: E731
     dp = DPParams(1.0, 1.0, 1.0, 0.1, expected_batch_size=4.0) if private else None
     source = "secret" if private else "reproducible"
-    party = Party(make(), shard(), shard(), 4, PartyRandomness.create(source, seed=0, rank=1), dp=dp)
-    server = Server(make(), cfg.search, parties=1)
+    party = search_party(make(), shard(), shard(), 4, PartyRandomness.create(source, seed=0, rank=1), dp=dp)
+    server = search_server(make(), cfg.search, parties=1)
     assert party.num_a == 150 and server.a.numel() == 150
     g = party.w_release()
     assert g.shape == (party.num_w + STATS,) and np.isfinite(g).all() and np.abs(g[:-STATS]).sum() > 0
@@ -448,7 +447,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     trained = space.build_augment_network(MIXED, cfg, seed=0, in_channels=3, num_classes=10)
     releases = AugmentReleases(noise_multiplier=1.0, clip=1.0, expected_batch_size=4.0, sample_rate_train=[0.5],
                                sample_rate_val=[0.5], steps=1) if private else None
-    augment = AugmentParty(trained, shard(), cfg.augment,
-                           PartyRandomness.create(source, seed=0, rank=1, stage="augment"), releases=releases)
-    out = augment.release(drop_path_prob=0.0)
+    augment = augment_party(trained, shard(), cfg.augment,
+                            PartyRandomness.create(source, seed=0, rank=1, stage="augment"),
+                            releases.release if releases is not None else None)
+    out = augment.w_release()
     assert out.shape == (trained.num_params() + STATS,) and np.isfinite(out).all()

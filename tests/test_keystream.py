@@ -23,12 +23,11 @@ import torch
 from scipy import stats
 
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.augment.party import AugmentParty
-from mpi_fnas.federation.party import Party, Shard
+from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError
 from mpi_fnas.privacy.keystream import KEY_BYTES, Keystream
-from mpi_fnas.privacy.release import AugmentReleases
+from mpi_fnas.privacy.release import Release
 from mpi_fnas.space import DARTS_V2, SearchNetwork, search_space
 
 ALPHA = 1e-4  # the suite's level for statistical checks of exact distributions
@@ -199,33 +198,31 @@ def _counting(monkeypatch) -> dict[str, int]:
     return drawn
 
 
-def test_a_dp_search_party_draws_only_from_its_secret_keystreams(monkeypatch, request):
+def _dp_party(stage: str) -> tuple[Party, int]:
+    """A DP party of `stage` on 24 random examples (search: 12 + 12 shards; augment: a pool of 16) and the fewest
+    secret bytes one iteration draws: 8 per Poisson coin and per noise coordinate."""
     torch.manual_seed(0)
-    model = SearchNetwork(channels=4, num_classes=3, layers=3, nodes=2, in_channels=3, norm="groupnorm")
-    x, y = torch.randn(24, 3, 8, 8), torch.randint(0, 3, (24,))
-    dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=4.0)
-    party = Party(model, Shard(x[:12], y[:12]), Shard(x[12:], y[12:]), 4,
-                  PartyRandomness.create("secret", seed=0, rank=1), dp=dp)
-    drawn = _counting(monkeypatch)
-    request.getfixturevalue("no_seeded_generators")
-    party.w_release()
-    party.a_release()
-    # Coins: 2 shards × 12 examples × 8 bytes; noise: |W| + |A| coordinates × 8 bytes. Nothing public.
-    assert drawn["public"] == 0
-    assert drawn["secret"] >= 8 * (24 + party.num_w + party.num_a)
-
-
-def test_a_dp_augment_party_draws_coins_augmentations_masks_and_noise_only_from_secret_keystreams(
-        monkeypatch, request):
+    if stage == "search":
+        model = SearchNetwork(channels=4, num_classes=3, layers=3, nodes=2, in_channels=3, norm="groupnorm")
+        x, y = torch.randn(24, 3, 8, 8), torch.randint(0, 3, (24,))
+        dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=4.0)
+        party = search_party(model, Shard(x[:12], y[:12]), Shard(x[12:], y[12:]), 4,
+                             PartyRandomness.create("secret", seed=0, rank=1), dp=dp)
+        return party, 8 * (24 + party.num_w + party.num_a)
     cfg = load_config(None, ["augment.layers=3", "augment.channels=4", "augment.cutout=4",
                              "augment.crop_padding=2", "augment.flip=true"])
-    torch.manual_seed(0)
     model = search_space("darts").build_augment_network(DARTS_V2, cfg, seed=0, in_channels=3, num_classes=10)
     pool = Shard(torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,)))
-    releases = AugmentReleases(noise_multiplier=1.0, clip=1.0, expected_batch_size=8.0, sample_rate_train=[0.5],
-                               sample_rate_val=[0.5], steps=1)
-    party = AugmentParty(model, pool, cfg.augment, PartyRandomness.create("secret", seed=0, rank=1, stage="augment"),
-                         releases=releases)
+    party = augment_party(model, pool, cfg.augment, PartyRandomness.create("secret", seed=0, rank=1, stage="augment"),
+                          Release(noise_multiplier=1.0, clip=1.0, expected_batch_size=8.0))
+    model.drop_path_prob = 0.3
+    return party, 8 * (len(pool) + party.num_w)
+
+
+@pytest.mark.parametrize("stage", ["search", "augment"])
+def test_a_dp_party_draws_only_from_its_secret_keystreams(stage: str, monkeypatch, request):
+    """Coins, noise, and in the augmentation every crop, flip, cutout and drop-path mask: all secret."""
+    party, floor = _dp_party(stage)
     masks_drawn = []
     original_uniform = Keystream.uniform
 
@@ -237,9 +234,12 @@ def test_a_dp_augment_party_draws_coins_augmentations_masks_and_noise_only_from_
     monkeypatch.setattr(Keystream, "uniform", recording_uniform)
     drawn = _counting(monkeypatch)
     request.getfixturevalue("no_seeded_generators")
-    out = party.release(drop_path_prob=0.3)
+    out = party.w_release()
+    if party.val is not None:
+        party.a_release()
     assert np.isfinite(out).all() and drawn["public"] == 0
-    assert masks_drawn and drawn["secret"] >= 8 * (len(pool) + party.num_w)
+    assert drawn["secret"] >= floor
+    assert bool(masks_drawn) == (stage == "augment")
 
 
 def test_a_dp_party_refuses_streams_that_do_not_match_its_plan():
@@ -248,5 +248,5 @@ def test_a_dp_party_refuses_streams_that_do_not_match_its_plan():
     x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,))
     dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=2.0)
     with pytest.raises(PrivacyError, match="asks for secret randomness"):
-        Party(model, Shard(x[:4], y[:4]), Shard(x[4:], y[4:]), 2,
-              PartyRandomness.create("reproducible", seed=0, rank=1), dp=dp)
+        search_party(model, Shard(x[:4], y[:4]), Shard(x[4:], y[4:]), 2,
+                     PartyRandomness.create("reproducible", seed=0, rank=1), dp=dp)

@@ -11,9 +11,10 @@ import torch.nn.functional as F
 
 from mpi_fnas.config import SearchConfig
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
-from mpi_fnas.federation.party import BatchStream, Party, Shard
+from mpi_fnas.federation.party import BatchStream, Party, Shard, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.federation.server import Server, w_learning_rate
+from mpi_fnas.federation.schedules import search_learning_rate
+from mpi_fnas.federation.server import search_server
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.space import SearchNetwork
 
@@ -59,8 +60,8 @@ def tiny_party(seed: int = 0, n: int = 6, smooth: bool = False) -> Party:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(2 * n, *shape, generator=g)
     y = torch.randint(0, 3, (2 * n,), generator=g)
-    return Party(model, Shard(x[:n], y[:n]), Shard(x[n:], y[n:]), batch_size=10**6,
-                 randomness=PartyRandomness.create("reproducible", seed=seed, rank=1))
+    return search_party(model, Shard(x[:n], y[:n]), Shard(x[n:], y[n:]), batch_size=10**6,
+                        randomness=PartyRandomness.create("reproducible", seed=seed, rank=1))
 
 
 def grad_a(party: Party, w: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -151,22 +152,23 @@ def test_batch_stream_visits_every_example_once_per_pass():
 
 def test_cosine_schedule_endpoints_and_server_uses_it():
     s = SearchConfig(epochs=4, w_lr=0.1, w_lr_min=0.01)
-    assert w_learning_rate(s, 0) == pytest.approx(0.1)
-    assert w_learning_rate(s, 2) == pytest.approx(0.055)
-    assert w_learning_rate(s, 4) == pytest.approx(0.01)
-    assert all(w_learning_rate(s, e) > w_learning_rate(s, e + 1) for e in range(4))
+    assert search_learning_rate(s, 0) == pytest.approx(0.1)
+    assert search_learning_rate(s, 2) == pytest.approx(0.055)
+    assert search_learning_rate(s, 4) == pytest.approx(0.01)
+    assert all(search_learning_rate(s, e) > search_learning_rate(s, e + 1) for e in range(4))
     torch.manual_seed(0)
-    server = Server(SearchNetwork(channels=4, num_classes=3, layers=1, nodes=1, norm="groupnorm"), s, parties=2)
-    server.start_epoch(3)
-    assert server.xi == pytest.approx(0.01 + 0.045 * (1 + math.cos(math.pi * 0.75)))
+    server = search_server(SearchNetwork(channels=4, num_classes=3, layers=1, nodes=1, norm="groupnorm"), s,
+                           parties=2, steps_per_epoch=5)
+    server.begin_step(16)  # the first step of epoch 3
+    assert server.lr == pytest.approx(0.01 + 0.045 * (1 + math.cos(math.pi * 0.75)))
 
 
 def test_server_mean_vs_sum_aggregation():
     torch.manual_seed(0)
     model = SearchNetwork(channels=4, num_classes=3, layers=1, nodes=1, norm="groupnorm")
     for aggregate, scale in (("mean", 0.25), ("sum", 1.0)):
-        server = Server(model, SearchConfig(aggregate=aggregate, w_momentum=0, w_weight_decay=0, w_grad_clip=0,
-                                            w_lr=0.1), parties=4)
+        server = search_server(model, SearchConfig(aggregate=aggregate, w_momentum=0, w_weight_decay=0,
+                                                   w_grad_clip=0, w_lr=0.1), parties=4)
         w0 = server.w_buffer.copy()
         grad = np.ones_like(w0)
         server.step_w(grad)
@@ -191,8 +193,8 @@ def test_a_dp_party_refuses_every_unnoised_path_whatever_its_config():
 
     plain = tiny_party()
     dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=2.0)
-    party = Party(plain.model, plain.train, plain.val, batch_size=2,
-                  randomness=PartyRandomness.create("secret", seed=0, rank=1), dp=dp)
+    party = search_party(plain.model, plain.train, plain.val, batch_size=2,
+                         randomness=PartyRandomness.create("secret", seed=0, rank=1), dp=dp)
     party.w_release()
     party.load_w(flatten(party.w_params))
     for unnoised in (party.val_gradients, party.evaluate_val,
@@ -205,8 +207,8 @@ def test_a_dp_party_refuses_every_unnoised_path_whatever_its_config():
 def test_alpha_movement_is_one_and_zero_at_uniform_and_moves_with_a():
     """The summary's measure of a search that moved A: entropy (÷ log ops) and top-op margin, means over edges."""
     torch.manual_seed(0)
-    server = Server(SearchNetwork(channels=4, num_classes=3, layers=1, nodes=2, norm="groupnorm"), SearchConfig(),
-                    parties=1)
+    server = search_server(SearchNetwork(channels=4, num_classes=3, layers=1, nodes=2, norm="groupnorm"),
+                           SearchConfig(), parties=1)
     server.a.data.zero_()
     entropy, margin = server.alpha_movement()
     assert math.isclose(entropy, 1.0, abs_tol=1e-9) and math.isclose(margin, 0.0, abs_tol=1e-9)

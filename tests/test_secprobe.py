@@ -22,22 +22,16 @@ from mpi_fnas.config import ConfigError, check_world, load_config
 from mpi_fnas.data import open_dataset
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.data.datasets import pixel_statistics
-from mpi_fnas.evaluation import evaluate
-from mpi_fnas.federation.algorithm import (
-    GatherBuffers,
-    ServerBuffers,
-    server_iteration,
-    server_iteration_selecting,
-)
+from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.flat import STATS, assign
+from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.participate import own_shard
 from mpi_fnas.federation.plan import SetupError, open_split, plan_assignments
 from mpi_fnas.federation.selection import Selector
-from mpi_fnas.federation.server import Server
+from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.privacy.exponential import exponential_mechanism_select, selection_epsilon
 from mpi_fnas.privacy.keystream import Keystream
-from mpi_fnas.space import build_supernet
+from mpi_fnas.space import DARTS_V2, build_supernet, search_space
 
 TINY = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
         "space.nodes=2", "search.batch_size=8", "augment.epochs=0"]
@@ -169,36 +163,65 @@ def test_cifar10_aux_set_is_a_held_out_slice_given_to_no_party(tmp_path: Path) -
         plan_assignments(load_config(overrides=[*overrides[:-1], "federation.aux_size=99"]), 3)
 
 
-# -- the Gather path ------------------------------------------------------------------------------------------------
-class ScriptedChannel:
-    """Rank 0's side of the exchanges, the parties' buffers given in advance: W releases, then A releases."""
+# -- the Gather path, in either stage ---------------------------------------------------------------------------------
+STAGES = ["search", "augment"]
 
-    def __init__(self, w_parts: np.ndarray, a_parts: np.ndarray) -> None:
-        self.parts = [w_parts, a_parts]
-        self.parties = w_parts.shape[0]
+
+class ScriptedChannel:
+    """Rank 0's side of the exchanges, the parties' releases given in advance: one (K, n + STATS) array per
+    exchange, in order (per step: W, then the search's A)."""
+
+    def __init__(self, rounds: list[np.ndarray]) -> None:
+        self.rounds = list(rounds)
+        self.parties = rounds[0].shape[0]
 
     def reduce_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
         np.copyto(recv, send)
-        for part in self.parts.pop(0):
+        for part in self.rounds.pop(0):
             np.add(recv, part, out=recv)
 
     def gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        np.copyto(recv, self.parts.pop(0))
+        np.copyto(recv, self.rounds.pop(0))
 
     def bcast(self, buf: np.ndarray) -> None:
         pass
 
 
-def _server(parties: int) -> Server:
-    cfg = load_config(overrides=[*TINY, "mode=dpfnas"])
-    return Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, parties)
+def _stage_config(stage: str, *extra: str):
+    common = [*TINY, "mode=dpfnas", "augment.layers=2", "augment.channels=4", "augment.momentum=0.9",
+              "augment.weight_decay=0.0003", "augment.lr_min=0.01"]
+    return load_config(overrides=[*common, *extra])
 
 
-def _releases(server: Server, parties: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1)
-    w = rng.normal(0, 0.05, (parties, server.w.numel() + STATS)).astype(np.float32)
-    a = rng.normal(0, 0.05, (parties, server.a.numel() + STATS)).astype(np.float32)
-    return w, a
+def _server(stage: str, parties: int, *extra: str, steps: int = 10) -> Server:
+    """Either stage's server on the tiny config: the supernet (W and A) or a DARTS_V2 network (W only)."""
+    cfg = _stage_config(stage, *extra)
+    if stage == "search":
+        return search_server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, parties,
+                             steps_per_epoch=steps)
+    network = search_space("darts").build_augment_network(DARTS_V2, cfg, seed=0, in_channels=3, num_classes=10)
+    return augment_server(network, cfg.augment, parties, steps)
+
+
+def _releases(server: Server, parties: int, steps: int = 1, seed: int = 1) -> list[np.ndarray]:
+    """Random releases of `steps` iterations: per step one (K, n + STATS) array per exchange."""
+    rng = np.random.default_rng(seed)
+    sizes = [server.w.numel()] + ([server.a.numel()] if server.a is not None else [])
+    return [rng.normal(0, 0.05, (parties, n + STATS)).astype(np.float32) for _ in range(steps) for n in sizes]
+
+
+def _iteration(server: Server, releases: list[np.ndarray], step: int, selector: Selector | None = None,
+               aux: tuple = (None, None)):
+    """Rank 0's iteration `step` on scripted releases (a Gather when `selector` is given, else a Reduce)."""
+    gathered = releases[0].shape[0] if selector is not None else None
+    server.begin_step(step)
+    buffers = ServerBuffers(server.w.numel(), server.a.numel() if server.a is not None else None,
+                            gathered_parties=gathered)
+    return server_iteration(server, ScriptedChannel(releases), buffers, selector=selector, aux=aux)
+
+
+def _same_state(first: Server, second: Server) -> bool:
+    return torch.equal(first.w.data, second.w.data) and (first.a is None or torch.equal(first.a.data, second.a.data))
 
 
 def _fed(selection: str = "all", select: int | None = None):
@@ -207,75 +230,81 @@ def _fed(selection: str = "all", select: int | None = None):
     return load_config(overrides=[*TINY, "mode=dpfnas", *extra]).federation
 
 
-def test_gather_path_with_all_selected_is_the_reduce_path_bit_for_bit() -> None:
-    parties = 3
-    reduced, gathered = _server(parties), _server(parties)
-    for _ in range(2):  # two steps: the optimizers' state matters too
-        w_parts, a_parts = _releases(reduced, parties)
-        server_iteration(reduced, ScriptedChannel(w_parts, a_parts), ServerBuffers(reduced.w.numel(),
-                                                                                   reduced.a.numel()), False)
-        selector = Selector(_fed(), parties, Keystream.from_labels("test", 0))
-        out = server_iteration_selecting(gathered, ScriptedChannel(w_parts, a_parts),
-                                         GatherBuffers(parties, gathered.w.numel(), gathered.a.numel()), selector,
-                                         None, None)
+@pytest.mark.parametrize("stage", STAGES)
+def test_gather_path_with_all_selected_is_the_reduce_path_bit_for_bit(stage: str) -> None:
+    parties, steps = 3, 3
+    reduced, gathered = _server(stage, parties), _server(stage, parties)
+    rounds = len(_releases(reduced, parties))
+    releases = _releases(reduced, parties, steps)
+    selector = Selector(_fed(), parties, Keystream.from_labels("test", 0))
+    for step in range(1, steps + 1):  # three steps: the optimizers' state matters too
+        mine = releases[(step - 1) * rounds:step * rounds]
+        stats = _iteration(reduced, mine, step)
+        out = _iteration(gathered, mine, step, selector)
         assert out.chosen.all()
-    assert torch.equal(reduced.w.data, gathered.w.data) and torch.equal(reduced.a.data, gathered.a.data)
+        np.testing.assert_allclose(out.train, stats.train, rtol=1e-6)
+    assert _same_state(reduced, gathered)
+    assert not _same_state(reduced, _server(stage, parties))  # the steps moved W
 
 
-def test_only_the_selected_releases_update_w_and_a() -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_only_the_selected_releases_update_the_weights(stage: str) -> None:
     parties, select = 4, 2
-    selecting, reference = _server(select), _server(select)
-    w_parts, a_parts = _releases(selecting, parties)
+    selecting, reference = _server(stage, select), _server(stage, select)
+    releases = _releases(selecting, parties)
     selector = Selector(_fed("random", select), parties, Keystream.from_labels("test", 5))
-    out = server_iteration_selecting(selecting, ScriptedChannel(w_parts, a_parts),
-                                     GatherBuffers(parties, selecting.w.numel(), selecting.a.numel()), selector,
-                                     None, None)
+    out = _iteration(selecting, releases, 1, selector)
     assert out.chosen.sum() == select and np.isnan(out.score).all()
     # The same step as a Reduce over the chosen parties only, averaged over K′.
-    server_iteration(reference, ScriptedChannel(w_parts[out.chosen], a_parts[out.chosen]),
-                     ServerBuffers(reference.w.numel(), reference.a.numel()), False)
-    assert torch.equal(selecting.w.data, reference.w.data) and torch.equal(selecting.a.data, reference.a.data)
-    np.testing.assert_allclose(out.train, w_parts[:, -STATS:].sum(0), rtol=1e-6)  # statistics of every party
+    _iteration(reference, [r[out.chosen] for r in releases], 1)
+    assert _same_state(selecting, reference)
+    np.testing.assert_allclose(out.train, releases[0][:, -STATS:].sum(0), rtol=1e-6)  # statistics of every party
 
 
-def test_secprobe_scores_are_each_release_probed_on_the_aux_set() -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_secprobe_scores_are_each_release_probed_on_the_aux_set(stage: str) -> None:
     parties = 3
-    server = _server(2)
-    w_parts, a_parts = _releases(server, parties)
-    w_parts[1, :-STATS] *= 40  # a release that wrecks the weights
+    server = _server(stage, 2)
+    releases = _releases(server, parties)
+    releases[0][1, :-STATS] *= 40  # a release that wrecks the weights
     cfg = load_config(overrides=[*TINY, "mode=dpfnas", "federation.selection=secprobe", "federation.select=2",
                                  "federation.aux_size=64"])
     x_aux, y_aux = open_aux_set(cfg, open_split(cfg, "train"))
+    server.begin_step(1)
     before = server.w.data.clone()
-    expected = [server.probe_accuracy(w[:-STATS], x_aux, y_aux) for w in w_parts]
+    expected = [server.probe_accuracy(w[:-STATS], x_aux, y_aux) for w in releases[0]]
     assert torch.equal(server.w.data, before)  # probing leaves W alone
     assert expected[1] != expected[0] or expected[1] != expected[2]  # the scores tell the releases apart
     selector = Selector(cfg.federation, parties, Keystream.from_labels("test", 0))
-    out = server_iteration_selecting(server, ScriptedChannel(w_parts, a_parts),
-                                     GatherBuffers(parties, server.w.numel(), server.a.numel()), selector, x_aux, y_aux)
+    out = _iteration(server, releases, 1, selector, (x_aux, y_aux))
     np.testing.assert_array_equal(out.score, expected)
     assert selector.epsilon_spent() == pytest.approx(cfg.federation.selection_epsilon)
 
 
-def test_probe_accuracy_is_that_of_w_minus_xi_g_with_the_current_a() -> None:
-    """Checked against a model of its own: W − ξ·g and the server's current A (moved by a step first)."""
-    cfg = load_config(overrides=[*TINY, "mode=dpfnas", "search.w_lr=5", "search.w_grad_clip=0", "search.a_lr=5"])
-    server = Server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 1)
-    server.start_epoch(0)
-    server.step_a(np.random.default_rng(2).normal(0, 1, server.a.numel()).astype(np.float32))
+@pytest.mark.parametrize("stage", STAGES)
+def test_probe_accuracy_is_that_of_w_minus_the_scheduled_lr_times_g_with_the_current_a(stage: str) -> None:
+    """Checked against a model of its own: W − lr·g at the step's scheduled rate and (the search) the server's
+    current A, moved by a step first."""
+    server = _server(stage, 1, "search.w_lr=5", "search.w_grad_clip=0", "search.a_lr=5", "augment.grad_clip=0")
+    reference = _server(stage, 1)  # its own copy of the network: W − lr·g set by hand
+    if server.a is not None:
+        server.step_a(np.random.default_rng(2).normal(0, 1, server.a.numel()).astype(np.float32))
+        reference.a.data.copy_(server.a.data)
     x, y = open_dataset("synthetic-shapes", "aux", root=".", image_size=8, size=200, seed=0).render(np.arange(200))
-    reference = build_supernet(cfg.space, seed=1, in_channels=3, num_classes=10)
-    w_before = server.w.data.clone()
-    probes = []
-    for seed in range(4):
-        g = np.random.default_rng(seed).normal(0, 0.2, server.w.numel()).astype(np.float32)
-        assign(list(reference.weights()), server.w_buffer - server.xi * g)
-        assign(list(reference.alphas()), server.a_buffer)
-        stats = evaluate(reference, x, y)
+    before = server.w.data.clone()
+    probes, rates = [], set()
+    for step, seed in ((1, 0), (7, 1), (7, 2)):
+        server.begin_step(step)
+        rates.add(server.lr)
+        g = np.random.default_rng(seed).normal(0, 0.2 if stage == "search" else 3,
+                                               server.w.numel()).astype(np.float32)
+        reference.w.data.copy_(torch.from_numpy(before.numpy() - server.lr * g))
+        stats = reference.evaluate(x, y)
         probes.append(server.probe_accuracy(g, x, y))
         assert probes[-1] == pytest.approx(float(stats[1] / stats[2]), abs=1e-12)
-    assert torch.equal(server.w.data, w_before)
+    assert torch.equal(server.w.data, before)
     assert len(set(probes)) > 1  # the releases move the accuracy: the check above can tell probes apart
+    assert len(rates) == (1 if stage == "search" else 2)  # the search's rate is per epoch, the augment's per step
 
 
 def test_the_score_is_the_mean_over_the_window() -> None:

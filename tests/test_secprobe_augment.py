@@ -1,11 +1,13 @@
-"""SecProbe in the augmentation (issue 13), in process: the parties' corrupted pools, the Gather path, a real
-selecting run against pure-noise parties, the selection ε over both stages, the log and the report figure.
+"""SecProbe in the augmentation (issue 13), in process: the parties' corrupted pools, a real selecting run against
+pure-noise parties, the selection ε over both stages, the log and the report figure. The Gather path of both stages
+is tests/test_secprobe.py's.
 
 The run is driven here without MPI: :class:`PartiesChannel` plays rank 0's side of the exchanges by asking real
-:class:`AugmentParty` objects for their releases and loading the broadcast W into them, so the server half
-(:func:`server_augment_iteration_selecting`), the probe on the aux set and the exponential mechanism all run as in
-a job. The parties compute exact gradients (mode fnas): DP noise is not what the test is about, and it keeps the run
-at seconds. One real mpirun job of both stages is tests/test_secprobe_run.py.
+augmentation parties (:func:`~mpi_fnas.federation.party.augment_party`) for their releases and loading the
+broadcast W into them, so the server half (:func:`~mpi_fnas.federation.algorithm.server_iteration`), the probe on
+the aux set and the exponential mechanism all run as in a job. The parties compute exact gradients (mode fnas): DP
+noise is not what the test is about, and it keeps the run at seconds. One real mpirun job of both stages is
+tests/test_secprobe_run.py.
 """
 
 from __future__ import annotations
@@ -18,23 +20,15 @@ import pytest
 import torch
 
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.augment.algorithm import (
-    AugmentBuffers,
-    AugmentGatherBuffers,
-    server_augment_iteration,
-    server_augment_iteration_selecting,
-)
-from mpi_fnas.federation.augment.participate import own_pool
-from mpi_fnas.federation.augment.party import AugmentParty
+from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.augment.plan import parse_genotype, plan_augment_stage
-from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.flat import STATS
-from mpi_fnas.federation.participate import own_shard
-from mpi_fnas.federation.party import Shard
+from mpi_fnas.federation.participate import own_pool, own_shard
+from mpi_fnas.federation.party import Party, Shard, augment_party
 from mpi_fnas.federation.plan import open_split, plan_assignments
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
+from mpi_fnas.federation.server import Server, augment_server
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.report.figures import selection_rate
 from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema, read_run
@@ -60,25 +54,25 @@ class PartiesChannel:
     """Rank 0's side of the augmentation's exchanges with the parties' halves run in process: a Gather (or Reduce)
     takes each party's next release, in rank order; a Bcast loads the broadcast W into every party."""
 
-    def __init__(self, parties: list[AugmentParty]) -> None:
+    def __init__(self, parties: list[Party]) -> None:
         self.members = parties
         self.parties = len(parties)
 
     def gather(self, send: np.ndarray, recv: np.ndarray) -> None:
         for row, party in enumerate(self.members):
-            recv[row] = party.release(0.0)
+            recv[row] = party.w_release()
 
     def reduce_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
         np.copyto(recv, send)
         for party in self.members:
-            np.add(recv, party.release(0.0), out=recv)
+            np.add(recv, party.w_release(), out=recv)
 
     def bcast(self, buf: np.ndarray) -> None:
         for party in self.members:
             party.load_w(buf[:-1])
 
 
-def _parties(cfg) -> tuple[list[AugmentParty], np.ndarray, object]:
+def _parties(cfg) -> tuple[list[Party], np.ndarray, object]:
     """The K parties as the job builds them (the augment plan from the search's partition; each party's pool
     with its own corruption), their unreliable flags, and the genotype."""
     search = plan_assignments(cfg, PARTIES)
@@ -90,15 +84,16 @@ def _parties(cfg) -> tuple[list[AugmentParty], np.ndarray, object]:
     for rank, got in enumerate(plan.assignments, start=1):
         x, y = own_pool(cfg, data, got, rank)
         model = space.build_augment_network(genotype, cfg, seed=cfg.seed, in_channels=3, num_classes=10)
-        parties.append(AugmentParty(model, Shard(x, y), cfg.augment,
-                                    PartyRandomness.create("reproducible", seed=0, rank=rank, stage="augment")))
+        model.drop_path_prob = 0.0
+        parties.append(augment_party(model, Shard(x, y), cfg.augment,
+                                     PartyRandomness.create("reproducible", seed=0, rank=rank, stage="augment")))
     return parties, np.array([a.unreliable for a in search]), genotype
 
 
-def _server(cfg, genotype, parties: int, steps: int) -> AugmentServer:
+def _server(cfg, genotype, parties: int, steps: int) -> Server:
     model = search_space(cfg.space.kind).build_augment_network(genotype, cfg, seed=cfg.seed, in_channels=3,
                                                                 num_classes=10)
-    return AugmentServer(model, cfg.augment, parties, steps)
+    return augment_server(model, cfg.augment, parties, steps)
 
 
 # -- the parties' pools ----------------------------------------------------------------------------------------------
@@ -121,84 +116,6 @@ def test_the_augment_pool_is_the_search_shards_corrupted_the_same_way(pool: str)
         assert replaced == (expected if shards.unreliable else 0)
 
 
-# -- the Gather path -------------------------------------------------------------------------------------------------
-class ScriptedChannel:
-    """Rank 0's side, the parties' releases given in advance, one (K, n + STATS) array per exchange."""
-
-    def __init__(self, rounds: list[np.ndarray]) -> None:
-        self.rounds = list(rounds)
-        self.parties = rounds[0].shape[0]
-
-    def reduce_sum(self, send: np.ndarray, recv: np.ndarray) -> None:
-        np.copyto(recv, send)
-        for part in self.rounds.pop(0):
-            np.add(recv, part, out=recv)
-
-    def gather(self, send: np.ndarray, recv: np.ndarray) -> None:
-        np.copyto(recv, self.rounds.pop(0))
-
-    def bcast(self, buf: np.ndarray) -> None:
-        pass
-
-
-def _releases(server: AugmentServer, steps: int, seed: int = 1) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return [rng.normal(0, 0.05, (PARTIES, server.w.numel() + STATS)).astype(np.float32) for _ in range(steps)]
-
-
-def test_augment_gather_with_all_selected_is_the_reduce_update_bit_for_bit() -> None:
-    cfg = _config("augment.momentum=0.9", "augment.weight_decay=0.0003")
-    genotype = parse_genotype(cfg.augment.genotype, "g", cfg.space.kind)
-    reduced, gathered = _server(cfg, genotype, PARTIES, 3), _server(cfg, genotype, PARTIES, 3)
-    releases = _releases(reduced, 3)
-    selector = Selector(cfg.federation, PARTIES, Keystream.from_labels("test", 0))  # selection all
-    for step in range(1, 4):  # three steps: the momentum buffer matters too
-        stats = server_augment_iteration(reduced, ScriptedChannel(releases[step - 1:step]),
-                                         AugmentBuffers(reduced.w.numel()), step, 0)
-        out = server_augment_iteration_selecting(gathered, ScriptedChannel(releases[step - 1:step]),
-                                                 AugmentGatherBuffers(PARTIES, gathered.w.numel()), selector, None,
-                                                 None, step, 0)
-        assert out.chosen.all()
-        np.testing.assert_allclose(out.stats, stats, rtol=1e-6)
-    assert torch.equal(reduced.w.data, gathered.w.data)
-    assert not torch.equal(reduced.w.data, _server(cfg, genotype, PARTIES, 3).w.data)  # the steps moved W
-
-
-def test_augment_steps_on_the_mean_of_the_chosen_releases_only() -> None:
-    cfg = _config("augment.momentum=0.9")
-    fed = _config("federation.selection=random", "federation.select=2", mode="dpfnas").federation
-    genotype = parse_genotype(cfg.augment.genotype, "g", cfg.space.kind)
-    selecting, reference = _server(cfg, genotype, 2, 3), _server(cfg, genotype, 2, 3)
-    releases = _releases(selecting, 1)
-    out = server_augment_iteration_selecting(selecting, ScriptedChannel(releases),
-                                             AugmentGatherBuffers(PARTIES, selecting.w.numel()),
-                                             Selector(fed, PARTIES, Keystream.from_labels("test", 5)), None, None, 1, 0)
-    assert out.chosen.sum() == 2 and np.isnan(out.score).all()
-    server_augment_iteration(reference, ScriptedChannel([releases[0][out.chosen]]),
-                             AugmentBuffers(reference.w.numel()), 1, 0)
-    assert torch.equal(selecting.w.data, reference.w.data)
-
-
-def test_augment_probe_is_the_accuracy_of_w_minus_the_scheduled_lr_times_g() -> None:
-    cfg = _config("augment.grad_clip=0", "augment.lr_min=0.01", steps=10)
-    genotype = parse_genotype(cfg.augment.genotype, "g", cfg.space.kind)
-    server = _server(cfg, genotype, PARTIES, 10)
-    x, y = open_split(cfg, "test").render(np.arange(40))
-    reference = _server(cfg, genotype, PARTIES, 10)  # its own copy of the network: W − lr·g set by hand
-    before = server.w.data.clone()
-    probes = []
-    for step, seed in ((1, 0), (7, 1), (7, 2)):
-        g = np.random.default_rng(seed).normal(0, 3, server.w.numel()).astype(np.float32)
-        lr_max, lr_min = cfg.augment.lr, cfg.augment.lr_min  # the cosine schedule over 10 iterations
-        lr = lr_min + 0.5 * (lr_max - lr_min) * (1 + math.cos(math.pi * (step - 1) / 10))
-        reference.w.data.copy_(torch.from_numpy(before.numpy() - lr * g))
-        stats = reference.evaluate(x, y)
-        probes.append(server.probe_accuracy(g, x, y, step))
-        assert probes[-1] == pytest.approx(float(stats[1] / stats[2]), abs=1e-12)
-    assert torch.equal(server.w.data, before)
-    assert len(set(probes)) > 1  # the releases move the accuracy: the check above can tell probes apart
-
-
 # -- a real selecting run --------------------------------------------------------------------------------------------
 def test_secprobe_at_a_high_epsilon_selects_pure_noise_parties_less_often_in_the_augmentation() -> None:
     """4 parties, one holding only noise images with random labels; secprobe draws K′ = 2 at ε_EM = 10 per step
@@ -212,15 +129,18 @@ def test_secprobe_at_a_high_epsilon_selects_pure_noise_parties_less_often_in_the
     parties, unreliable, genotype = _parties(cfg)
     assert unreliable.sum() == 1
     noisy = unreliable.nonzero()[0][0]
-    assert len(torch.unique(parties[noisy].pool.x.flatten(1), dim=0)) == len(parties[noisy].pool)  # no shape left
+    assert len(torch.unique(parties[noisy].train.x.flatten(1), dim=0)) == len(parties[noisy].train)  # no shape left
     selector = Selector(fed, PARTIES, Keystream.from_labels("test", 0), unreliable)
     server = _server(cfg, genotype, selector.select, steps)
     channel = PartiesChannel(parties)
     channel.bcast(np.append(server.w_buffer, 0))
     x_aux, y_aux = open_aux_set(_config("federation.aux_size=200"), open_split(cfg, "train"))
-    buffers = AugmentGatherBuffers(PARTIES, server.w.numel())
-    chosen = np.array([server_augment_iteration_selecting(server, channel, buffers, selector, x_aux, y_aux, step,
-                                                          0).chosen for step in range(1, steps + 1)])
+    buffers = ServerBuffers(server.w.numel(), None, gathered_parties=PARTIES)
+    chosen = []
+    for step in range(1, steps + 1):
+        server.begin_step(step)
+        chosen.append(server_iteration(server, channel, buffers, selector=selector, aux=(x_aux, y_aux)).chosen)
+    chosen = np.array(chosen)
     assert (chosen.sum(axis=1) == 2).all() and selector.draws == steps
     rate = chosen.mean(axis=0)
     # Less often than the reliable parties (their mean rate), and well below the uniform K′/K = 0.5. Over 8 seeds

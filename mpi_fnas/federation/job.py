@@ -19,10 +19,9 @@ from pathlib import Path
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
-from mpi_fnas.federation.augment.participate import participate_augment
 from mpi_fnas.federation.augment.serve import AugmentOutcome, serve_augment
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.participate import participate
+from mpi_fnas.federation.participate import AugmentSide, SearchSide, participate
 from mpi_fnas.federation.serve import SearchOutcome, serve
 
 SEARCHED_NAME = "searched.pt"
@@ -57,9 +56,9 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
     """
     augment = cfg.augment.epochs > 0
     if not channel.is_server:
-        if stage == "search" and participate(cfg, channel, run_dir):
+        if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg)):
             return True
-        return participate_augment(cfg, channel, run_dir) if augment else False
+        return participate(cfg, channel, run_dir, AugmentSide(cfg)) if augment else False
 
     search = None
     if stage == "search":

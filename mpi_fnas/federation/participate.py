@@ -1,19 +1,24 @@
-"""A party's side of a search (ranks 1..K): its own data, its own randomness, its own state on its own disk.
+"""A party's side of a stage (ranks 1..K): its own data, its own randomness, its own state on its own disk.
 
-What a party hands to MPI, and nothing else (tests/mpi/test_release_spy.py checks every call):
+One loop runs every stage (:func:`participate`); a stage says what the party trains and what each step asks of
+it (:class:`SearchSide`, :class:`AugmentSide`). What a party hands to MPI, and nothing else
+(tests/mpi/test_release_spy.py checks every call):
 
-* at setup: its device name and how many iterations it has ever sent (``sent_steps``, data-independent);
+* at setup: its device name and how many iterations of the stage it has ever sent (``sent_steps``,
+  data-independent);
 * per iteration: the releases of Algorithm 1 (under DP: clipped and noised, with a zero STATS tail);
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
 
 Its stream keys and positions never leave it: they are saved in its own directory
-(:class:`~mpi_fnas.federation.party_store.PartyStore`), restored by the party itself on a resume.
+(:class:`~mpi_fnas.federation.party_store.PartyStore`), restored by the party itself on a resume. An unreliable
+party holds its corrupted shards here too (:func:`own_examples`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -23,67 +28,128 @@ from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.adadp import w_rounds
-from mpi_fnas.federation.algorithm import party_iteration
+from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
+from mpi_fnas.federation.augment.plan import AugmentAssignment
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
 from mpi_fnas.federation.inventory import report_inventory
-from mpi_fnas.federation.party import Party, Shard
+from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.federation.server import w_learning_rate
+from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.space import search_space
 
 
-def participate(cfg: Config, channel: Channel, run_dir: Path | None) -> bool:
-    """Run party `channel.rank`'s side of the whole search; True when the run stopped as interrupted."""
+class PartySide(Protocol):
+    """A stage on a party: its assignment's type, its party, and what step `step` asks of it."""
+
+    name: str
+    assignment: type
+
+    def build(self, cfg: Config, got: Any, rank: int, device: torch.device) -> Party: ...
+
+    def step(self, party: Party, step: int) -> dict[str, Any]:
+        """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""
+
+    def finish(self, party: Party, channel: Channel) -> None:
+        """After the last step (not after a stop): the stage's closing exchange, if any."""
+
+
+def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: PartySide) -> bool:
+    """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted."""
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
-    got, device = receive_assignment(channel, Assignment, cfg.runtime.device)
-    store = PartyStore(party_dir(run_dir, channel.rank)) if run_dir is not None else None
-    party = _build_party(cfg, got, channel.rank, device, store)
-    report_setup(channel, device, store.sent_steps if store and got.dp else 0)
-
-    w_in = np.zeros(party.num_w, dtype=np.float32)
-    a_in = np.zeros(party.num_a + 1, dtype=np.float32)  # A and the control word
-    v_in = np.zeros(party.num_w, dtype=np.float32)
-    channel.bcast(w_in)
-    channel.bcast(a_in[:-1])
-    party.load_w(w_in)
-    party.load_a(a_in[:-1])
-
-    second_order = cfg.search.order == "second_order"
-    rounds = w_rounds(cfg.search.w_optimizer)
-
-    def iterate(step: int) -> int:
-        epoch = (step - 1) // got.steps_per_epoch
-        xi = w_learning_rate(cfg.search, epoch)
-        return party_iteration(party, channel, w_in, a_in, v_in, second_order, xi, rounds, gathered=got.gathered,
-                               train_a=epoch >= cfg.search.warmup_epochs)
-
-    stopped = party_steps(channel, stage="search", first=got.checkpoint_step + 1, last=got.steps, store=store,
-                          journal=got.dp is not None, party=party, randomness=_randomness_source(got),
-                          iterate=iterate)
-    if not stopped and got.dp is None:
-        channel.reduce_sum(party.evaluate_val())
-    return stopped
-
-
-def _build_party(cfg: Config, got: Assignment, rank: int, device: torch.device, store: PartyStore | None) -> Party:
-    data = open_split(cfg, "train", party=rank)
-    x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
-    x_val, y_val = own_shard(cfg, data, got, rank, "val")
-    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
-                                                        num_classes=data.num_classes)
-    source = _randomness_source(got)
-    rng = PartyRandomness.create(source, seed=cfg.seed, rank=rank)
-    party = Party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)), Shard(x_val.to(device), y_val.to(device)),
-                  cfg.search.batch_size, rng, dp=got.dp)
+    got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
+    store = PartyStore(party_dir(run_dir, channel.rank), stage=side.name) if run_dir is not None else None
+    party = side.build(cfg, got, channel.rank, device)
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
         # Its own stream keys and positions: the resumed run continues its streams.
-        party.load_state_dict(store.load_party(got.checkpoint_step, source))
-    return party
+        party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
+    report_setup(channel, device, store.sent_steps if store and party.private else 0)
+
+    buf = PartyBuffers(party.num_w, party.num_a)
+    channel.bcast(buf.w[:-1])  # the initial W (and A)
+    party.load_w(buf.w[:-1])
+    if buf.a is not None:
+        channel.bcast(buf.a[:-1])
+        party.load_a(buf.a[:-1])
+
+    def iterate(step: int) -> int:
+        return party_iteration(party, channel, buf, gathered=got.gathered, **side.step(party, step))
+
+    stopped = party_steps(channel, stage=side.name, first=got.checkpoint_step + 1, last=got.steps, store=store,
+                          journal=party.private, party=party, randomness=party.randomness.source, iterate=iterate)
+    if not stopped:
+        side.finish(party, channel)
+    return stopped
+
+
+class SearchSide:
+    """The search on a party: the supernet on its train shard (W) and validation shard (A)."""
+
+    name = "search"
+    assignment = Assignment
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.rounds = w_rounds(cfg.search.w_optimizer)
+        self.steps_per_epoch = 1
+
+    def build(self, cfg: Config, got: Assignment, rank: int, device: torch.device) -> Party:
+        data = open_split(cfg, "train", party=rank)
+        x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
+        x_val, y_val = own_shard(cfg, data, got, rank, "val")
+        model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
+                                                            num_classes=data.num_classes)
+        source = got.dp.randomness if got.dp is not None else "reproducible"  # non-DP: nothing to hide
+        self.steps_per_epoch = got.steps_per_epoch
+        return search_party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)),
+                            Shard(x_val.to(device), y_val.to(device)), cfg.search.batch_size,
+                            PartyRandomness.create(source, seed=cfg.seed, rank=rank), got.dp, self.rounds)
+
+    def step(self, party: Party, step: int) -> dict[str, Any]:
+        epoch = (step - 1) // self.steps_per_epoch
+        return {"w_rounds": self.rounds, "train_a": epoch >= self.cfg.search.warmup_epochs,  # the warm-up: W only
+                "second_order": self.cfg.search.order == "second_order",
+                "xi": search_learning_rate(self.cfg.search, epoch)}
+
+    def finish(self, party: Party, channel: Channel) -> None:
+        if not party.private:  # the summary's validation accuracy: Σ_k [loss_sum, correct, count] on D_k^val
+            channel.reduce_sum(party.evaluate_val())
+
+
+class AugmentSide:
+    """The augmentation on a party: the found cell's network on its pool, every example augmented on its own."""
+
+    name = "augment"
+    assignment = AugmentAssignment
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.rounds = w_rounds(cfg.augment.optimizer)
+        self.steps_per_epoch = 1
+
+    def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
+        data = open_split(cfg, "train", party=rank)
+        x, y = own_pool(cfg, data, got, rank)
+        space = search_space(cfg.space.kind)
+        model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,
+                                            in_channels=data.in_channels, num_classes=data.num_classes)
+        private = got.releases is not None and got.params is not None
+        source = got.params.randomness if private else "reproducible"  # exact gradients: nothing to hide
+        self.steps_per_epoch = got.steps_per_epoch
+        return augment_party(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment,
+                             PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
+                             got.releases.release if private else None)
+
+    def step(self, party: Party, step: int) -> dict[str, Any]:
+        party.model.drop_path_prob = drop_path_probability(self.cfg.augment, step, self.steps_per_epoch)
+        return {"w_rounds": self.rounds}
+
+    def finish(self, party: Party, channel: Channel) -> None:
+        """Nothing: the server evaluates the network on its own test split."""
 
 
 def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,6 +157,15 @@ def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str
     stated fraction of its examples (simulated here, inside the party: these images are its data)."""
     indices = got.train_indices if shard == "train" else got.val_indices
     return own_examples(cfg, data, indices, got.corruption, rank, shard)
+
+
+def own_pool(cfg: Config, data: Dataset, got: AugmentAssignment, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The party's augmentation pool as it holds it, x (N, C, H, W), y (N,): its search shards (train, then val),
+    an unreliable party's with the same examples replaced by noise as in the search."""
+    pieces = [own_examples(cfg, data, got.pool_indices[:got.train_count], got.corruption, rank, "train")]
+    if got.train_count < len(got.pool_indices):
+        pieces.append(own_examples(cfg, data, got.pool_indices[got.train_count:], got.corruption, rank, "val"))
+    return torch.cat([x for x, _ in pieces]), torch.cat([y for _, y in pieces])
 
 
 def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: float, rank: int,
@@ -105,8 +180,3 @@ def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: fl
         x, y, _ = corrupt_shard(x, y, corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
                                 seed=cfg.seed, rank=rank, shard=shard)
     return x, y
-
-
-def _randomness_source(got: Assignment) -> str:
-    """Where this party's noise and sampling come from: the DP plan's choice; non-DP runs are reproducible."""
-    return got.dp.randomness if got.dp is not None else "reproducible"

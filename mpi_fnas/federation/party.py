@@ -1,33 +1,46 @@
-"""A party's local computation: gradients of W and A on its own shards. No MPI here.
+"""A party's local computation in a stage: the gradients of W (and in the search of A) on its own shards. No MPI.
 
-The party holds a local copy of the supernet (W_k, A_k), its train shard D_k^tr and its validation shard D_k^val,
-and produces the vectors Algorithm 1 sends to the server:
+The party holds a local copy of the stage's network, the shard its W releases draw from (the search's train shard
+D_k^tr, the augmentation's pool) and, in the search, the validation shard D_k^val of its A releases, and produces
+the vectors Algorithm 1 sends to the server:
 
-* ``w_release()``  — G_k, the gradient of W on a train batch (first half of an iteration);
+* ``w_release()``  — G_k, the gradient of W on a batch of its W shard;
 * ``a_release()``  — H_k, the gradient of A on a validation batch at the freshly broadcast W' (first order);
 * ``val_gradients()`` + ``a_release_second_order(v)`` — H_k with the DARTS finite-difference Hessian term (Eq. 5).
 
-Every release returns a float32 vector: the gradient followed by ``STATS`` = 4 summary numbers
-(loss sum, correct predictions, examples, compute seconds) that ride in the same Reduce for logging.
+Under DP every release is made through its :class:`~mpi_fnas.privacy.release.Release` (Poisson batch, per-example
+clip, noise from the party's secret stream). The augmentation transforms every example of a W batch on its own
+(crop, flip, cutout: ``transform``) and its network draws per-example drop-path masks from the party's sampling
+stream, so nothing couples two examples and the per-example clip bounds each one's influence.
+
+Every release returns a float32 vector: the gradient followed by ``STATS`` = 4 summary numbers (loss sum, correct
+predictions, examples, compute seconds) that ride in the same Reduce for logging (all zero under DP, where they
+would be unaccounted).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mpi_fnas.config import AugmentConfig
+from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.release import Release
-from mpi_fnas.space import SearchNetwork
-from mpi_fnas.space.dpnas import DpnasSearchNetwork
+from mpi_fnas.space import augment_loss
+
+#: ``transform(x, y) -> (x, y)``: what a stage does to a W batch's examples, each on its own (the augmentation).
+Transform = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass
@@ -79,42 +92,52 @@ class BatchStream:
 
 
 class Party:
-    """Local DARTS computation of one party.
+    """The local computation of one party in one stage.
 
     Args:
-        model: the supernet; its W and A are overwritten by the server's broadcasts.
-        train, val: the party's shards (already on the model's device).
-        batch_size: examples per step.
-        randomness: the party's streams of this stage: ``sampling`` for batch order and Poisson coins, ``noise``
-            for the Gaussian noise (DP only). Secret under DP (:mod:`mpi_fnas.federation.randomness`).
-        dp: DP-FNAS settings; None for FNAS (exact mean gradients).
+        model: the stage's network; its W (and A) are overwritten by the server's broadcasts.
+        w_shard: the examples of its W releases (the search's train shard, the augmentation's pool), on the
+            model's device.
+        batch_size: examples per exact step (under DP the releases' expected batch B).
+        randomness: the party's streams of this stage: ``sampling`` for batch order, Poisson coins and the
+            stage's per-example randomness; ``noise`` for the Gaussian noise (DP only). Secret under DP
+            (:mod:`mpi_fnas.federation.randomness`).
+        a_shard: the search's validation shard (A's releases); None: the stage has no A.
+        releases: the DP releases by vector name (``W``, and ``A`` in the search); None: exact gradients.
+        transform: applied to every W batch (the augmentation's crops, flips and cutout); None: none.
+        loss_fn: the per-example loss ``(outputs, targets) -> (b,)`` of the W releases.
+        method: the per-example gradient method of the DP W release (the augmentation insists on ``hooks``: one
+            batched forward draws one drop-path mask per example).
+        dp_randomness: under DP, the randomness the plan asks for (``secret`` or ``reproducible``); `randomness`
+            must be of that source.
+        what: the config key of the batch size, for error messages.
     """
 
     def __init__(
-        self, model: SearchNetwork | DpnasSearchNetwork, train: Shard, val: Shard, batch_size: int,
-        randomness: PartyRandomness, dp: DPParams | None = None,
+        self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
+        a_shard: Shard | None = None, releases: dict[str, Release] | None = None, transform: Transform | None = None,
+        loss_fn: LossFn = per_example_cross_entropy, method: Method = "auto", dp_randomness: str | None = None,
+        what: str = "search.batch_size",
     ) -> None:
         self.model = model
         self.w_params = list(model.weights())
-        self.a_params = list(model.alphas())
+        self.a_params = list(model.alphas()) if a_shard is not None else []
         self.num_w = numel(self.w_params)
-        self.num_a = numel(self.a_params)
-        self.train = train
-        self.val = val
+        self.num_a = numel(self.a_params) if a_shard is not None else None
+        self.train, self.val = w_shard, a_shard
         self.randomness = randomness
-        self.train_stream = BatchStream(len(train), batch_size, randomness.sampling)
-        self.val_stream = BatchStream(len(val), batch_size, randomness.sampling)
-        self.dp = dp
-        # The releases this party makes (σ, clip, B each): W's on the train shard, A's on the validation shard.
-        self.releases = dp.search_releases() if dp is not None else {}
-        if dp is not None:
+        self.train_stream = BatchStream(len(w_shard), batch_size, randomness.sampling)
+        self.val_stream = BatchStream(len(a_shard), batch_size, randomness.sampling) if a_shard is not None else None
+        self.releases = releases
+        self.transform, self.loss_fn, self.method = transform, loss_fn, method
+        if releases is not None:
             check_model_for_dp(model)
-            for name, shard in (("train", train), ("validation", val)):
-                if dp.expected_batch_size > len(shard):
-                    raise ValueError(f"search.batch_size {dp.expected_batch_size:g} exceeds this party's {name} shard "
+            for name, shard in (("W", w_shard), ("A", a_shard)):
+                if shard is not None and releases[name].expected_batch_size > len(shard):
+                    raise ValueError(f"{what} {releases[name].expected_batch_size:g} exceeds this party's shard "
                                      f"({len(shard)} examples): the Poisson rate B/N would exceed 1")
-            if dp.randomness != randomness.source:
-                raise PrivacyError(f"the DP plan asks for {dp.randomness} randomness, the party was given "
+            if dp_randomness != randomness.source:
+                raise PrivacyError(f"the DP plan asks for {dp_randomness} randomness, the party was given "
                                    f"{randomness.source} streams")
         self._named_w = self._named(self.w_params)
         self._named_a = self._named(self.a_params)
@@ -122,30 +145,35 @@ class Party:
         self._w_before: np.ndarray | None = None  # W_k, kept for the second-order Hessian term
         self._val_a_grad: torch.Tensor | None = None
         self.w_out = np.zeros(self.num_w + STATS, dtype=np.float32)
-        self.a_out = np.zeros(self.num_a + STATS, dtype=np.float32)
-        self.v_out = np.zeros(self.num_w, dtype=np.float32)
+        self.a_out = np.zeros(self.num_a + STATS, dtype=np.float32) if a_shard is not None else None
+        self.v_out = np.zeros(self.num_w, dtype=np.float32) if a_shard is not None else None
+
+    @property
+    def private(self) -> bool:
+        return self.releases is not None
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything that makes this party's future releases what they will be, besides W and A. It holds the
         party's stream keys: it goes to the party's own state file, never to MPI."""
-        return {
-            "sampling": self.randomness.sampling.state_dict(),
-            "noise": self.randomness.noise.state_dict(),
-            "train_stream": self.train_stream.state_dict(),
-            "val_stream": self.val_stream.state_dict(),
-        }
+        state = {"sampling": self.randomness.sampling.state_dict(), "noise": self.randomness.noise.state_dict(),
+                 "train_stream": self.train_stream.state_dict()}
+        if self.val_stream is not None:
+            state["val_stream"] = self.val_stream.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.randomness.sampling.load_state_dict(state["sampling"])
         self.randomness.noise.load_state_dict(state["noise"])
-        self.train_stream.load_state_dict(state["train_stream"])
-        self.val_stream.load_state_dict(state["val_stream"])
+        self.train_stream.load_state_dict(state["train_stream"] if "train_stream" in state else state["stream"])
+        if self.val_stream is not None:
+            self.val_stream.load_state_dict(state["val_stream"])
 
     # -- parameters from the server ------------------------------------------------------------------------------
     def load_w(self, flat: np.ndarray) -> None:
-        """Adopt the broadcast W (the server's W'); the previous W is kept for second order."""
-        self._w_before = flatten(self.w_params)
+        """Adopt the broadcast W (the server's W'); in the search the previous W is kept for second order."""
+        if self.val is not None:
+            self._w_before = flatten(self.w_params)
         assign(self.w_params, flat)
 
     def load_a(self, flat: np.ndarray) -> None:
@@ -153,18 +181,21 @@ class Party:
 
     # -- releases ------------------------------------------------------------------------------------------------
     def w_release(self) -> np.ndarray:
-        """G_k: mean-loss gradient of W on the next train batch, plus STATS. Returns a view of `w_out`.
+        """G_k: the gradient of W on the next batch of the W shard (mean loss), plus STATS; a view of `w_out`.
 
-        Under DP: the clipped, noised release of W gradients on a Poisson batch of the train shard (STATS zero).
+        Under DP: the clipped, noised release of W gradients on a Poisson batch of the W shard (STATS zero).
         """
-        if self.dp is not None:
-            return self._private_release(self.releases["W"], self.train, self._named_w, self.w_out)
+        self.model.train()
+        if self.releases is not None:
+            return self._private_release(self.releases["W"], self.train, self._w_examples, self._named_w,
+                                         self.w_out, loss_fn=self.loss_fn, method=self.method)
         start = time.perf_counter()
         idx = self.train_stream.next()
-        x, y = self.train.x[idx], self.train.y[idx]
+        x, y = self._w_examples(idx)
         self._train_batch = (x, y)
-        (grad,), loss, correct = self._gradients(x, y, [self.w_params])
-        self._store(self.w_out, grad, loss, correct, len(idx), start)
+        outputs = self.model(x)
+        (grad,), loss_sum, correct = self._gradients(outputs, self.loss_fn(outputs, y).mean(), y, [self.w_params])
+        self._store(self.w_out, grad, loss_sum, correct, len(idx), start)
         return self.w_out
 
     def a_release(self) -> np.ndarray:
@@ -172,11 +203,12 @@ class Party:
 
         Under DP: the clipped, noised release of A gradients on a Poisson batch of the validation shard.
         """
-        if self.dp is not None:
-            return self._private_release(self.releases["A"], self.val, self._named_a, self.a_out)
+        self.model.train()
+        if self.releases is not None:
+            return self._private_release(self.releases["A"], self.val, self.val.examples, self._named_a, self.a_out)
         start = time.perf_counter()
         idx = self.val_stream.next()
-        (grad,), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx], [self.a_params])
+        (grad,), loss, correct = self._batch_gradients(*self.val.examples(idx), [self.a_params])
         self._store(self.a_out, grad, loss, correct, len(idx), start)
         return self.a_out
 
@@ -185,8 +217,7 @@ class Party:
         self._refuse_under_dp("the second-order validation gradient v_k")
         start = time.perf_counter()
         idx = self.val_stream.next()
-        (v, a_grad), loss, correct = self._gradients(self.val.x[idx], self.val.y[idx],
-                                                     [self.w_params, self.a_params])
+        (v, a_grad), loss, correct = self._batch_gradients(*self.val.examples(idx), [self.w_params, self.a_params])
         self.v_out[:] = v.to("cpu", torch.float32).numpy()
         self._val_a_grad = a_grad
         self._val_stats = (loss, correct, len(idx), time.perf_counter() - start)
@@ -210,9 +241,9 @@ class Party:
             eps = 0.01 / norm
             x, y = self._train_batch
             assign(self.w_params, self._w_before + eps * v)
-            (grad_plus,), _, _ = self._gradients(x, y, [self.a_params])
+            (grad_plus,), _, _ = self._batch_gradients(x, y, [self.a_params])
             assign(self.w_params, self._w_before - eps * v)
-            (grad_minus,), _, _ = self._gradients(x, y, [self.a_params])
+            (grad_minus,), _, _ = self._batch_gradients(x, y, [self.a_params])
             hessian = (grad_plus - grad_minus) / (2.0 * eps)  # divide by 2ε — not the (p - n) / 2.*eps slip
             h = h - xi * hessian
             assign(self.w_params, w_new)
@@ -228,45 +259,49 @@ class Party:
         return evaluate(self.model, self.val.x, self.val.y, batch_size)
 
     # -- internals -----------------------------------------------------------------------------------------------
+    def _w_examples(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.train.examples(idx)
+        return self.transform(x, y) if self.transform is not None else (x, y)
+
     def _refuse_under_dp(self, what: str) -> None:
         """The refusal lives where releases are made, not only in config validation: a DP party never computes a
         vector it could send unnoised, whatever Config object it was built from."""
-        if self.dp is not None:
+        if self.releases is not None:
             raise PrivacyError(f"a DP party does not release {what}: it is neither clipped per example nor noised, "
                                "so the accountant would not cover it (docs/privacy.md)")
 
-    def _private_release(self, release: Release, shard: Shard, params: dict[str, torch.Tensor],
-                         out: np.ndarray) -> np.ndarray:
+    def _private_release(self, release: Release, shard: Shard, examples: Callable, params: dict[str, torch.Tensor],
+                         out: np.ndarray, **how) -> np.ndarray:
         """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
 
         Nothing data-dependent leaves besides the release: the STATS tail is zero (loss, accuracy, even the
         realised batch size and compute time would be unaccounted releases).
         """
-        self.model.train()
-        vector = release.make(self.model, params, len(shard), shard.examples, self.randomness.sampling,
-                              self.randomness.noise)
+        vector = release.make(self.model, params, len(shard), examples, self.randomness.sampling,
+                              self.randomness.noise, **how)
         out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0
         return out
 
     def _named(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{name: parameter} in the order of `params` — the wire order the server expects."""
-        wanted = {id(p) for p in params}
-        named = {name: p for name, p in self.model.named_parameters() if id(p) in wanted}
-        if [id(p) for p in named.values()] != [id(p) for p in params]:
-            raise RuntimeError("named_parameters() order differs from weights()/alphas(): releases would be "
-                               "scrambled on the wire")
-        return named
+        """{name: parameter} in the order of `params`: the wire order the server expects."""
+        names = {id(p): name for name, p in self.model.named_parameters()}
+        return {names[id(p)]: p for p in params}
 
-    def _gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
-                   ) -> tuple[list[torch.Tensor], float, float]:
-        """Flat gradients of the batch-mean loss w.r.t. each parameter group, the loss sum and #correct.
+    def _batch_gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
+                         ) -> tuple[list[torch.Tensor], float, float]:
+        """Flat gradients of the batch's mean cross-entropy w.r.t. each group, the loss sum and #correct."""
+        self.model.train()
+        logits = self.model(x)
+        return self._gradients(logits, F.cross_entropy(logits, y), y, groups)
+
+    @staticmethod
+    def _gradients(outputs: torch.Tensor | tuple, loss: torch.Tensor, y: torch.Tensor,
+                   groups: list[list[torch.Tensor]]) -> tuple[list[torch.Tensor], float, float]:
+        """Flat gradients of `loss` w.r.t. each parameter group, the batch's cross-entropy sum and #correct.
 
         Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels).
         """
-        self.model.train()
-        logits = self.model(x)
-        loss = F.cross_entropy(logits, y)
         params = [p for group in groups for p in group]
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         flat, offset = [], 0
@@ -276,11 +311,40 @@ class Party:
             flat.append(torch.cat([
                 (g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(chunk, group, strict=True)
             ]))
-        correct = float((logits.detach().argmax(1) == y).sum())
-        return flat, loss.item() * int(y.shape[0]), correct
+        logits = (outputs[0] if isinstance(outputs, tuple) else outputs).detach()
+        correct = float((logits.argmax(1) == y).sum())
+        return flat, float(F.cross_entropy(logits, y, reduction="sum")), correct
 
     @staticmethod
     def _store(out: np.ndarray, grad: torch.Tensor, loss_sum: float, correct: float, count: int,
                start: float) -> None:
         out[:-STATS] = grad.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = (loss_sum, correct, count, time.perf_counter() - start)
+
+
+def search_party(model: torch.nn.Module, train: Shard, val: Shard, batch_size: int, randomness: PartyRandomness,
+                 dp: DPParams | None = None, w_rounds: int = 1) -> Party:
+    """A party of the search: the supernet's W on its train shard, A on its validation shard; `dp`: the run's
+    privacy parameters (None: exact gradients); `w_rounds`: W releases per iteration (2 under ADADP)."""
+    return Party(model, train, batch_size, randomness, a_shard=val,
+                 releases=dp.search_releases(w_rounds) if dp is not None else None,
+                 dp_randomness=dp.randomness if dp is not None else None)
+
+
+def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, randomness: PartyRandomness,
+                  release: Release | None = None) -> Party:
+    """A party of the augmentation: the network's weights on its pool, each example of a batch cropped, flipped
+    and cut out on its own and its drop-path masks drawn per example, all from its sampling stream; the loss adds
+    the auxiliary head's. `release`: the DP release (None: exact gradients)."""
+    model.mask_stream = randomness.sampling  # drop-path masks come from the party's own stream
+
+    def transform(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return augment_images(x, stream=randomness.sampling, cutout=augment.cutout,
+                              crop_padding=augment.crop_padding, flip=augment.flip), y
+
+    def loss(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        return augment_loss(outputs, targets, augment.auxiliary_weight)
+
+    return Party(model, pool, augment.batch_size, randomness, releases={"W": release} if release is not None else None,
+                 transform=transform, loss_fn=loss, method="hooks",  # one batched forward: a mask per example
+                 dp_randomness=randomness.source if release is not None else None, what="augment.batch_size")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.participate import participate
+from mpi_fnas.federation.participate import SearchSide, participate
 from mpi_fnas.federation.plan import Assignment
 from mpi_fnas.federation.serve import SearchOutcome, serve
 
@@ -33,4 +33,4 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
     if channel.is_server:
         return serve(cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
                      stop_requested=stop_requested)
-    return participate(cfg, channel, run_dir)
+    return participate(cfg, channel, run_dir, SearchSide(cfg))

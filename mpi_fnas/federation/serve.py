@@ -23,20 +23,14 @@ import torch
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
-from mpi_fnas.federation.algorithm import (
-    GatherBuffers,
-    ServerBuffers,
-    StepStats,
-    server_iteration,
-    server_iteration_selecting,
-)
+from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
-from mpi_fnas.federation.server import Server
+from mpi_fnas.federation.server import Server, search_server
 from mpi_fnas.federation.server_loop import ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
@@ -106,8 +100,8 @@ def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=No
                             plan.unreliable)
         supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                                                num_classes=test.num_classes)
-        server = Server(supernet, cfg.search, selector.select,
-                        adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
+        server = search_server(supernet, cfg.search, selector.select, plan.steps_per_epoch,
+                               adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
             if resume.get("selection") is not None:
@@ -228,30 +222,25 @@ class SearchStage:
         self.steps, self.steps_per_epoch = plan.steps, plan.steps_per_epoch
         self.charging = ledger
         self.acc = _Accumulator()
-        self.buffers = ServerBuffers(server.w.numel(), server.a.numel())
+        self.buffers = ServerBuffers(server.w.numel(), server.a.numel(),
+                                     second_order=cfg.search.order == "second_order")
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
-        self.gathered: GatherBuffers | None = None
 
     def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
         """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
         self.selector, self.aux = selector, (x_aux, y_aux)
-        self.gathered = GatherBuffers(self.channel.parties, self.server.w.numel(), self.server.a.numel())
-
-    def start_epoch(self, epoch: int) -> None:
-        self.server.start_epoch(epoch)
+        self.buffers = ServerBuffers(self.server.w.numel(), self.server.a.numel(),
+                                     gathered_parties=self.channel.parties)
 
     def iterate(self, step: int, epoch: int, control: int) -> None:
         t0, c0 = time.perf_counter(), self.channel.comm_seconds
-        train_a = epoch >= self.cfg.search.warmup_epochs  # the warm-up trains W only
-        if self.selector is not None:
-            stats = server_iteration_selecting(self.server, self.channel, self.gathered, self.selector, *self.aux,
-                                               control, train_a)
-            if self.log is not None:
-                self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
-        else:
-            stats = server_iteration(self.server, self.channel, self.buffers, self.cfg.search.order == "second_order",
-                                     control, train_a)
+        self.server.begin_step(step)
+        stats = server_iteration(self.server, self.channel, self.buffers, control,
+                                 train_a=epoch >= self.cfg.search.warmup_epochs,  # the warm-up trains W only
+                                 selector=self.selector, aux=self.aux)
+        if self.selector is not None and self.log is not None:
+            self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
         self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
 
     def charge(self) -> None:
@@ -265,7 +254,7 @@ class SearchStage:
         return test
 
     def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
-        row = self.acc.row(step, epoch, self.channel.parties, *self.server.w_log_values())
+        row = self.acc.row(step, epoch, self.channel.parties, *self.server.log_values())
         if self.charging is not None:  # a step's duration tracks its realised Poisson batch size: not released
             for column in TIMING_COLUMNS:
                 row[column] = math.nan

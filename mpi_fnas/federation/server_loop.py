@@ -38,8 +38,6 @@ class ServerStage(Protocol):
     epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
     row_at_control: bool  # a log row at checkpoint and stop steps as well
 
-    def start_epoch(self, epoch: int) -> None: ...
-
     def iterate(self, step: int, epoch: int, control: int) -> None:
         """One iteration on rank 0 (its collectives), ending with the broadcast that carries `control`."""
 
@@ -81,8 +79,6 @@ class ServerLoop:
         stopped = None
         for step in range(first, stage.steps + 1):
             epoch = (step - 1) // stage.steps_per_epoch
-            if (step - 1) % stage.steps_per_epoch == 0:
-                stage.start_epoch(epoch)
             control, signal_name = self.control.at(step)
             stage.iterate(step, epoch, control)
             if stage.charging is not None:

@@ -26,7 +26,6 @@ from test_release_spy import (
     recording_release,
 )
 
-import mpi_fnas.federation.augment.party as augment_party_module
 import mpi_fnas.federation.party as party_module
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
@@ -98,9 +97,9 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
-    for name in ("release", "load_w"):
-        real = getattr(augment_party_module.AugmentParty, name)
-        monkeypatch.setattr(augment_party_module.AugmentParty, name,
+    for name in ("w_release", "load_w"):
+        real = getattr(party_module.Party, name)
+        monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
@@ -130,6 +129,6 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
         return
 
     check_party_messages(channel)
-    assert calls[:1] == ["load_w"] and calls[1:] == ["release", "load_w"] * (2 * STEPS)  # G2 only at W_half
+    assert calls[:1] == ["load_w"] and calls[1:] == ["w_release", "load_w"] * (2 * STEPS)  # G2 only at W_half
     assert len(channel.sent) == 2 * STEPS == len(releases)  # [G1, G2] per iteration, nothing else
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W,))

@@ -23,14 +23,8 @@ import torch
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
-from mpi_fnas.federation.augment.algorithm import (
-    AugmentBuffers,
-    AugmentGatherBuffers,
-    server_augment_iteration,
-    server_augment_iteration_selecting,
-)
+from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.augment.plan import AugmentPlan, parse_genotype, plan_augment_stage
-from mpi_fnas.federation.augment.server import AugmentServer
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
@@ -38,6 +32,7 @@ from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import RunPlan, SetupError, augment_is_private, open_split, plan_run
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.serve import open_search_log, selection_schema
+from mpi_fnas.federation.server import Server, augment_server
 from mpi_fnas.federation.server_loop import ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
@@ -120,9 +115,9 @@ def serve_augment(cfg: Config, channel: Channel, run_dir: Path, *, searched: dic
     )
     loop: ServerLoop | None = None
     try:
-        server = AugmentServer(model, cfg.augment, selector.select if selector is not None else channel.parties,
-                               plan.steps,
-                               adadp_settings(cfg, private=private) if cfg.augment.optimizer == "adadp" else None)
+        server = augment_server(model, cfg.augment, selector.select if selector is not None else channel.parties,
+                                plan.steps,
+                                adadp_settings(cfg, private=private) if cfg.augment.optimizer == "adadp" else None)
         if resume is not None:
             server.load_state_dict(resume["server"])
             if selector is not None and resume.get("selection") is not None:
@@ -232,7 +227,7 @@ class AugmentStage:
     epsilon_each_row = False
     row_at_control = False
 
-    def __init__(self, cfg: Config, channel: Channel, server: AugmentServer, plan: AugmentPlan,
+    def __init__(self, cfg: Config, channel: Channel, server: Server, plan: AugmentPlan,
                  ledger: FederationLedger | None, private: bool, log: RunLog, outcome: AugmentOutcome,
                  test: tuple[torch.Tensor, torch.Tensor]) -> None:
         self.cfg, self.channel, self.server, self.plan, self.log = cfg, channel, server, plan, log
@@ -241,27 +236,22 @@ class AugmentStage:
         self.ledger = ledger  # checkpointed as it is (under dpfnas: the search's, continued)
         self.charging = ledger if private else None  # the ledger the augment releases are charged on
         self.stats = np.zeros(4)
-        self.buffers = AugmentBuffers(server.w.numel())
+        self.buffers = ServerBuffers(server.w.numel(), None)
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
-        self.gathered: AugmentGatherBuffers | None = None
 
     def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
         """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
         self.selector, self.aux = selector, (x_aux, y_aux)
-        self.gathered = AugmentGatherBuffers(self.channel.parties, self.server.w.numel())
-
-    def start_epoch(self, epoch: int) -> None:
-        """Nothing to do: the learning rate follows its per-step schedule."""
+        self.buffers = ServerBuffers(self.server.w.numel(), None, gathered_parties=self.channel.parties)
 
     def iterate(self, step: int, epoch: int, control: int) -> None:
-        if self.selector is None:
-            self.stats += server_augment_iteration(self.server, self.channel, self.buffers, step, control)
-            return
-        out = server_augment_iteration_selecting(self.server, self.channel, self.gathered, self.selector, *self.aux,
-                                                 step, control)
-        self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
-        self.stats += out.stats
+        self.server.begin_step(step)
+        out = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
+                               aux=self.aux)
+        if self.selector is not None:
+            self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
+        self.stats += out.train
 
     def charge(self) -> None:
         self.charging.record_augment_step()
@@ -273,12 +263,13 @@ class AugmentStage:
 
     def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
         # Under DP the parties send no statistics: counts stay 0 and the train columns are NaN.
+        lr, adadp_err = self.server.log_values()
         row = {
             "step": step, "epoch": epoch,
             "train_loss": ratio(self.stats[0], self.stats[2]), "train_acc": ratio(self.stats[1], self.stats[2]),
             "test_loss": ratio(test[0], test[2]) if test is not None else math.nan,
             "test_acc": ratio(test[1], test[2]) if test is not None else math.nan,
-            "lr": self.server.lr, "adadp_err": self.server.adadp_err,
+            "lr": lr, "adadp_err": adadp_err,
         }
         self.stats[:] = 0
         return row

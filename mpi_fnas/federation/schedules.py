@@ -1,0 +1,29 @@
+"""The public schedules of a stage: pure functions of the config and the step, so every rank follows them without
+a message (the parties need ξ for the second-order term and the drop-path probability for their masks)."""
+
+from __future__ import annotations
+
+import math
+
+from mpi_fnas.config import AugmentConfig, SearchConfig
+
+
+def cosine(start: float, end: float, progress: float) -> float:
+    """The cosine annealing of DARTS at `progress` in [0, 1]: `start` → `end`."""
+    return end + 0.5 * (start - end) * (1.0 + math.cos(math.pi * progress))
+
+
+def search_learning_rate(search: SearchConfig, epoch: int) -> float:
+    """The search's W learning rate ξ of `epoch` (0-based): w_lr → w_lr_min over `epochs`, once per epoch."""
+    return cosine(search.w_lr, search.w_lr_min, min(epoch, search.epochs) / search.epochs)
+
+
+def augment_learning_rate(cfg: AugmentConfig, step: int, steps: int) -> float:
+    """The augmentation's learning rate of iteration `step` (1-based) of `steps`: lr → lr_min, per step."""
+    return cosine(cfg.lr, cfg.lr_min, (step - 1) / max(steps, 1))
+
+
+def drop_path_probability(cfg: AugmentConfig, step: int, steps_per_epoch: int) -> float:
+    """DARTS' linear ramp: ``drop_path · epoch / epochs`` with the 0-based epoch of `step` (1-based)."""
+    epoch = (step - 1) // steps_per_epoch
+    return cfg.drop_path * epoch / max(cfg.epochs, 1)
