@@ -408,7 +408,7 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     from mpi_fnas.federation.server import search_server
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.release import AugmentReleases
-    from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, read_run
+    from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy, read_run
 
     cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 4]", "mode=fnas",
                              "search.batch_size=4", "augment.batch_size=4"])
@@ -433,8 +433,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     genotype = server.genotype()
     assert soft["normal"].shape == (15, 10) and soft["reduce"].shape == (0, 10)
     normal, reduce = space.alpha_shapes(cfg.space)
-    privacy = PrivacySchema(delta=[1e-5], accountant="pld", sample_rate_train=[0.5], sample_rate_val=[0.5],
-                            noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1) if private else None
+    privacy = StagePrivacy(delta=[1e-5], releases=dp.search_releases(), sample_rates={"W": [0.5], "A": [0.5]},
+                           accountant="pld") if private else None
     log = RunLog.create(tmp_path / "search.h5", mode="dpfnas" if private else "fnas", parties=1, config_text="",
                         metric_names=SEARCH_METRICS, alpha_shape=normal, reduce_alpha_shape=reduce, space=space.kind,
                         genotype_length=space.max_genotype_length(cfg.space), privacy_guarantee="holds",

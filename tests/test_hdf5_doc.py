@@ -15,7 +15,8 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema, read_run
+from mpi_fnas.privacy.release import Release
+from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy, read_run
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "hdf5.md"
 PARTIES = 2
@@ -74,10 +75,9 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
     SecProbe run."""
     privacy = None
     if mode == "dpfnas":
-        privacy = PrivacySchema(
-            delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.01] * PARTIES,
-            sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
-        )  # fmt: skip
+        release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=8.0)
+        privacy = StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": release, "A": release},
+                               sample_rates={"W": [0.01] * PARTIES, "A": [0.02] * PARTIES}, accountant="pld")
     normal, reduce = ALPHA_SHAPES[space]
     schema = SelectionSchema(selection="secprobe", select=1, epsilon_per_step=1.0, score_window=2, aux_size=10,
                              sensitivity=0.1, delta=1e-5)
@@ -99,9 +99,8 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
     if augment:
         augment_privacy = None
         if privacy is not None:
-            augment_privacy = AugmentPrivacySchema(
-                sample_rate=[0.01] * PARTIES, noise_multiplier=1.0, clip=0.1, delta=[1e-5] * PARTIES
-            )
+            augment_privacy = StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": release},
+                                           sample_rates={"W": [0.01] * PARTIES})
         runlog.begin_augment(
             genotype="g", params=1000, private=privacy is not None, privacy=augment_privacy, parties=PARTIES,
             privacy_guarantee="holds" if privacy is not None else "none: no privacy claim",

@@ -15,13 +15,14 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
 
 import mpi_fnas
-from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, PrivacySchema, RunLog, liveness, read_run, writer
+from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, RunLog, StagePrivacy, liveness, read_run, writer
 from mpi_fnas.runlog import reader as reader_module
 
 EDGES, OPS = 14, 8
@@ -30,16 +31,14 @@ METRICS = SEARCH_METRICS
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def _privacy(parties: int = PARTIES) -> PrivacySchema:
-    return PrivacySchema(
+def _privacy(parties: int = PARTIES) -> StagePrivacy:
+    """The search's releases: W with σ 1.0 and clip 0.01, A with a σ per party and clip 0.1."""
+    return StagePrivacy(
         delta=[1e-5] * parties,
+        releases={"W": SimpleNamespace(noise_multiplier=1.0, clip=0.01),
+                  "A": SimpleNamespace(noise_multiplier=np.linspace(1.0, 1.5, parties), clip=0.1)},
+        sample_rates={"W": np.linspace(0.01, 0.03, parties), "A": np.linspace(0.02, 0.04, parties)},
         accountant="pld",
-        sample_rate_train=np.linspace(0.01, 0.03, parties),
-        sample_rate_val=np.linspace(0.02, 0.04, parties),
-        noise_multiplier_w=1.0,
-        noise_multiplier_a=np.linspace(1.0, 1.5, parties),
-        clip_w=0.01,
-        clip_a=0.1,
     )
 
 
@@ -494,11 +493,12 @@ _WRITER = textwrap.dedent(
     """
     import json, os, sys
     import numpy as np
-    from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog
+    from mpi_fnas.privacy.release import Release
+    from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy
 
-    privacy = PrivacySchema(delta=[1e-5, 1e-5], accountant="pld", sample_rate_train=[0.1, 0.1],
-                            sample_rate_val=[0.1, 0.1], noise_multiplier_w=1.0, noise_multiplier_a=1.0,
-                            clip_w=0.1, clip_a=0.1)
+    release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=8.0)
+    privacy = StagePrivacy(delta=[1e-5, 1e-5], releases={"W": release, "A": release},
+                           sample_rates={"W": [0.1, 0.1], "A": [0.1, 0.1]}, accountant="pld")
     runlog = RunLog.create(sys.argv[1], mode="dpfnas", parties=2, config_text="x: 1",
                            metric_names=SEARCH_METRICS, alpha_shape=(2, 3), genotype_length=16,
                            privacy_guarantee="holds", privacy=privacy)

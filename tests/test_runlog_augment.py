@@ -15,6 +15,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import h5py
 import numpy as np
@@ -23,9 +24,8 @@ import pytest
 from mpi_fnas.runlog import (
     AUGMENT_METRICS,
     SEARCH_METRICS,
-    AugmentPrivacySchema,
-    PrivacySchema,
     RunLog,
+    StagePrivacy,
     liveness,
     read_run,
     writer,
@@ -41,10 +41,9 @@ SEARCH_COST = {"wall_seconds": 100.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "
 def _create(path: Path, *, mode: str = "fnas") -> RunLog:
     privacy = None
     if mode == "dpfnas":
-        privacy = PrivacySchema(
-            delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.01] * PARTIES,
-            sample_rate_val=[0.02] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=0.1, clip_a=0.1,
-        )  # fmt: skip
+        release = SimpleNamespace(noise_multiplier=1.0, clip=0.1)
+        privacy = StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": release, "A": release},
+                               sample_rates={"W": [0.01] * PARTIES, "A": [0.02] * PARTIES}, accountant="pld")
     return RunLog.create(
         path, mode=mode, parties=PARTIES, config_text="search:\n  epochs: 2\n", metric_names=SEARCH_METRICS,
         alpha_shape=(14, 8), genotype_length=128, privacy_guarantee="holds" if privacy else "none: not DP",
@@ -63,11 +62,10 @@ def _searched(path: Path, *, mode: str = "fnas") -> RunLog:
     return runlog
 
 
-def _augment_privacy(noise_multiplier: float | np.ndarray = 1.1) -> AugmentPrivacySchema:
-    return AugmentPrivacySchema(
-        sample_rate=np.linspace(0.01, 0.03, PARTIES), noise_multiplier=noise_multiplier, clip=0.1,
-        delta=[1e-5] * PARTIES,
-    )  # fmt: skip
+def _augment_privacy(noise_multiplier: float | np.ndarray = 1.1, clip: float | np.ndarray = 0.1) -> StagePrivacy:
+    return StagePrivacy(delta=[1e-5] * PARTIES,
+                        releases={"W": SimpleNamespace(noise_multiplier=noise_multiplier, clip=clip)},
+                        sample_rates={"W": np.linspace(0.01, 0.03, PARTIES)})
 
 
 def _begin(runlog: RunLog, *, private: bool = False, **overrides) -> None:
@@ -202,7 +200,9 @@ def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) ->
     with pytest.raises(ValueError, match="params must be an integer"):
         _begin(runlog, params=1.5)
     with pytest.raises(ValueError, match=r"sample_rate must have shape \(3,\)"):
-        _begin(runlog, private=True, privacy=AugmentPrivacySchema([0.1], 1.0, 0.1, [1e-5] * PARTIES))
+        _begin(runlog, private=True, privacy=StagePrivacy([1e-5] * PARTIES, {"W": SimpleNamespace(noise_multiplier=1.0,
+                                                                                                    clip=0.1)},
+                                                          {"W": [0.1]}))
     with pytest.raises(ValueError, match="noise_multiplier must be a scalar or have shape"):
         _begin(runlog, private=True, privacy=_augment_privacy(noise_multiplier=np.ones(PARTIES + 1)))
     assert read_run(path)["augment"] is None  # nothing was created by the refused calls

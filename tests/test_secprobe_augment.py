@@ -30,8 +30,9 @@ from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server, augment_server
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.release import Release
 from mpi_fnas.report.figures import selection_rate
-from mpi_fnas.runlog import SEARCH_METRICS, AugmentPrivacySchema, PrivacySchema, RunLog, SelectionSchema, read_run
+from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy, read_run
 from mpi_fnas.space import DARTS_V2, search_space
 
 # A small DARTS network with BatchNorm on 8×8 images: exact gradients take it off chance within a few dozen steps.
@@ -40,6 +41,7 @@ NETWORK = ["data.image_size=8", "data.train_size=800", "data.test_size=40", "spa
            "augment.cutout=0", "augment.crop_padding=0", "augment.batch_size=64", "augment.lr=0.3",
            "augment.epochs=1", f"augment.genotype={DARTS_V2.to_string()}"]
 PARTIES = 4
+RELEASE = Release(noise_multiplier=1.0, clip=1.0, expected_batch_size=8.0)
 TRAIN, BATCH = 400, 100  # full-pool batches: the clean releases are exact gradients
 
 
@@ -187,16 +189,15 @@ def test_augment_selection_rows_are_logged_truncated_and_drawn(tmp_path: Path) -
     log = RunLog.create(
         path, mode="dpfnas", parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS,
         alpha_shape=(14, 8), genotype_length=64, privacy_guarantee="holds", rank_attrs={"devices": ["cpu"] * 5},
-        privacy=PrivacySchema(delta=[1e-5] * PARTIES, accountant="pld", sample_rate_train=[0.1] * PARTIES,
-                              sample_rate_val=[0.1] * PARTIES, noise_multiplier_w=1.0, noise_multiplier_a=1.0,
-                              clip_w=1.0, clip_a=1.0),
+        privacy=StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": RELEASE, "A": RELEASE},
+                             sample_rates={"W": [0.1] * PARTIES, "A": [0.1] * PARTIES}, accountant="pld"),
         unreliable=[True, False, False, False], corruption=1.0, selection=schema,
     )  # fmt: skip
     log.search.append_selection(1, [False, True, True, False], np.full(PARTIES, 0.2), 0.5)
     log.search.finish("finished", reason="completed", cost={"wall_seconds": 1.0, "ranks": 5})
     log.begin_augment(genotype="g", params=10, private=True, parties=PARTIES, privacy_guarantee="holds",
-                      privacy=AugmentPrivacySchema(sample_rate=[0.1] * PARTIES, noise_multiplier=1.0, clip=1.0,
-                                                   delta=[1e-5] * PARTIES), selection=schema)
+                      privacy=StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": RELEASE},
+                                           sample_rates={"W": [0.1] * PARTIES}), selection=schema)
     for step in (1, 2, 3):
         log.augment.append_selection(step, [False, True, step == 3, step != 3], np.full(PARTIES, 0.1 * step),
                                      0.5 + step)

@@ -36,7 +36,7 @@ from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.privacy.release import PrivacyPlan
-from mpi_fnas.runlog import SEARCH_METRICS, PrivacySchema, RunLog, SelectionSchema
+from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.space import search_space
 
 TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
@@ -198,13 +198,11 @@ def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | No
     )
 
 
-def _privacy_schema(plan: PrivacyPlan) -> PrivacySchema:
-    return PrivacySchema(
-        delta=plan.delta, accountant=PrivacyLedger().description(),
-        sample_rate_train=plan.sample_rate_train, sample_rate_val=plan.sample_rate_val,
-        noise_multiplier_w=plan.params.noise_multiplier_w, noise_multiplier_a=plan.params.noise_multiplier_a,
-        clip_w=plan.params.clip_w, clip_a=plan.params.clip_a,
-    )
+def _privacy_schema(plan: PrivacyPlan) -> StagePrivacy:
+    """What ``/privacy`` records: the search's releases as the parties make them, and their shards' rates."""
+    return StagePrivacy(delta=plan.delta, releases=plan.params.search_releases(plan.w_releases_per_step),
+                        sample_rates={"W": plan.sample_rate_train, "A": plan.sample_rate_val},
+                        accountant=PrivacyLedger().description())
 
 
 class SearchStage:

@@ -10,12 +10,12 @@ from mpi_fnas.runlog.reader import DEFAULT_STALE_SECONDS, read_run
 from mpi_fnas.runlog.schema import (
     AUGMENT_LAYOUT,
     AUGMENT_METRICS,
+    RELEASE_FIELDS,
     SEARCH_LAYOUT,
     SEARCH_METRICS,
-    AugmentPrivacySchema,
-    PrivacySchema,
     SelectionSchema,
     StageLayout,
+    StagePrivacy,
 )
 from mpi_fnas.runlog.writer import HEARTBEAT_SECONDS, RunLog, StageLog
 
@@ -24,13 +24,13 @@ __all__ = [
     "AUGMENT_METRICS",
     "DEFAULT_STALE_SECONDS",
     "HEARTBEAT_SECONDS",
+    "RELEASE_FIELDS",
     "SEARCH_LAYOUT",
     "SEARCH_METRICS",
-    "AugmentPrivacySchema",
-    "PrivacySchema",
     "RunLog",
     "SelectionSchema",
     "StageLayout",
     "StageLog",
+    "StagePrivacy",
     "read_run",
 ]

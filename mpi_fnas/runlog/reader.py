@@ -15,13 +15,12 @@ from mpi_fnas.runlog.liveness import WriterRecord, read_writer_record, writer_go
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
     AUGMENT_LAYOUT,
-    AUGMENT_PRIVACY_FIXED,
     COST_FIELDS,
-    PRIVACY_FIXED,
     SEARCH_LAYOUT,
     SELECTION_EPSILON,
     SELECTION_GROUP,
     SELECTION_GROWING,
+    StageLayout,
     common_length,
     stage_families,
 )
@@ -111,16 +110,7 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         "selection": None,
     }
     if "privacy" in handle:
-        group = handle["privacy"]
-        privacy_rows = common_length(privacy_sets)
-        privacy: dict[str, Any] = {
-            "delta": np.asarray(group.attrs["delta"]),
-            "accountant": str(group.attrs["accountant"]),
-        }
-        privacy.update(_rows(privacy_sets, privacy_rows))
-        for name in PRIVACY_FIXED:
-            privacy[name] = _plain(group[name][()])
-        result["privacy"] = privacy
+        result["privacy"] = _read_privacy(handle["privacy"], SEARCH_LAYOUT, privacy_sets)
     if SELECTION_GROUP in handle:
         result["selection"] = _read_selection(handle[SELECTION_GROUP], selection_sets)
     result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
@@ -169,15 +159,21 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         "selection": None,
     }
     if "privacy" in group:
-        ledger = group["privacy"]
-        privacy_rows = common_length(privacy_sets)
-        privacy: dict[str, Any] = {name: _plain(ledger[name][()]) for name in AUGMENT_PRIVACY_FIXED}
-        # charged_steps and mu_gdp: absent from logs written before the stages shared one writer
-        privacy.update(_rows(privacy_sets, privacy_rows))
-        augment["privacy"] = privacy
+        augment["privacy"] = _read_privacy(group["privacy"], AUGMENT_LAYOUT, privacy_sets)
     if SELECTION_GROUP in group:
         augment["selection"] = _read_selection(group[SELECTION_GROUP], selection_sets)
     return augment
+
+
+def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Dataset]) -> dict[str, Any]:
+    """A stage's privacy group: its fixed datasets (``layout.privacy_fixed``), δ and the accountant where the
+    search keeps them (attrs), and its ledger rows (``/augment/privacy`` of logs written before the stages shared
+    one writer has no charged_steps and mu_gdp)."""
+    privacy: dict[str, Any] = {name: _plain(group[name][()]) for name in layout.privacy_fixed}
+    if layout.delta_attr:
+        privacy.update(delta=np.asarray(group.attrs["delta"]), accountant=str(group.attrs["accountant"]))
+    privacy.update(_rows(datasets, common_length(datasets)))
+    return privacy
 
 
 def _rows(datasets: list[h5py.Dataset], rows: int) -> dict[str, np.ndarray]:

@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Protocol
 
 import h5py
 import numpy as np
@@ -48,8 +48,9 @@ EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 # The ledger rows of every stage (/privacy, /augment/privacy), one row per StageLog.append_privacy. /augment/privacy
 # of logs written before the stages shared one writer holds only steps and epsilon.
 PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
-# The search's /privacy datasets written once at creation.
-PRIVACY_FIXED = ("sample_rate_train", "sample_rate_val", "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a")
+# What the log records of every DP release (mpi_fnas.privacy.release.Release), as the dataset <field><suffix> of its
+# stage's privacy group (the suffix by release: StageLayout.releases).
+RELEASE_FIELDS = ("noise_multiplier", "clip")
 
 # The server's selection (federation.selection random, secprobe or oracle): /selection, one row per step, and the ε
 # its draws cost on the aux set in /privacy/selection_epsilon (same rows); the augmentation's in /augment/selection
@@ -71,28 +72,31 @@ AUGMENT_GROUP = "augment"
 # counter, unlike /metrics/step), the rest float64.
 AUGMENT_METRICS = ("step", "epoch", "train_loss", "train_acc", "test_loss", "test_acc", "lr", "adadp_err")
 AUGMENT_INT_METRICS = ("step", "epoch")
-# /augment/privacy datasets written at creation (its growing ones are PRIVACY_GROWING).
-AUGMENT_PRIVACY_FIXED = ("sample_rate", "noise_multiplier", "clip", "delta")
+
+
+class LoggedRelease(Protocol):
+    """What the log records of one kind of DP release (:class:`mpi_fnas.privacy.release.Release`): its
+    ``RELEASE_FIELDS``."""
+
+    noise_multiplier: float
+    clip: float
 
 
 @dataclass(frozen=True)
-class PrivacySchema:
-    """Fixed privacy facts of a DP run, written once into ``/privacy`` at creation. K = number of parties.
+class StagePrivacy:
+    """Fixed privacy facts of one DP stage, written once into its ``privacy`` group (``/privacy``,
+    ``/augment/privacy``). K = number of parties.
 
-    delta: (K,) target δ per party. accountant: name of the ε accountant (e.g. ``"pld"``).
-    sample_rate_train / sample_rate_val: (K,) Poisson rates q_tr = B/N_k^tr, q_val = B/N_k^val.
-    noise_multiplier_w / noise_multiplier_a: σ_W, σ_A as a scalar or (K,).
-    clip_w / clip_a: R^G, R^H (scalars).
+    delta: (K,) target δ per party. releases: the stage's releases by name (``W``, and the search's ``A``); the log
+    records each one's ``RELEASE_FIELDS`` as its own dataset (scalar or (K,)), named by the stage's layout.
+    sample_rates: by release name, (K,) the Poisson rate B/N of the shard that release samples. accountant: the ε
+    accountant's name (the search's ``/privacy`` attr; ``""`` elsewhere).
     """
 
     delta: Sequence[float] | np.ndarray
-    accountant: str
-    sample_rate_train: Sequence[float] | np.ndarray
-    sample_rate_val: Sequence[float] | np.ndarray
-    noise_multiplier_w: float | Sequence[float] | np.ndarray
-    noise_multiplier_a: float | Sequence[float] | np.ndarray
-    clip_w: float
-    clip_a: float
+    releases: Mapping[str, LoggedRelease]
+    sample_rates: Mapping[str, Sequence[float] | np.ndarray]
+    accountant: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,21 +117,6 @@ class SelectionSchema:
 
 
 @dataclass(frozen=True)
-class AugmentPrivacySchema:
-    """Fixed privacy facts of a DP augment stage, written once into ``/augment/privacy``. K = number of parties.
-
-    sample_rate: (K,) Poisson rate of each party's training batches. noise_multiplier: σ as a scalar or (K,).
-    clip: per-example clip bound (scalar). delta: (K,) target δ per party of the composed (search + augment)
-    guarantee.
-    """
-
-    sample_rate: Sequence[float] | np.ndarray
-    noise_multiplier: float | Sequence[float] | np.ndarray
-    clip: float
-    delta: Sequence[float] | np.ndarray
-
-
-@dataclass(frozen=True)
 class StageLayout:
     """Where one stage's rows live in the file: its group (``""`` is the root) and its growing families, in the
     order a checkpoint records their row counts: ``metrics``, ``epochs`` (the search's alphas and genotype per
@@ -137,16 +126,28 @@ class StageLayout:
     name: str  # "search" or "augment"
     group: str
     metrics: tuple[str, ...]
+    releases: Mapping[str, tuple[str, str]]  # release name -> (its datasets' suffix, its sample-rate dataset)
     int_metrics: tuple[str, ...] = ()  # exact counters stored as int64, required in every row
     epochs: bool = False
+    delta_attr: bool = False  # δ (and the accountant) as attrs of the privacy group, not a δ dataset
 
     @property
     def families(self) -> tuple[str, ...]:
         return ("metrics", "epochs", "privacy", "selection") if self.epochs else ("metrics", "privacy", "selection")
 
+    @property
+    def privacy_fixed(self) -> tuple[str, ...]:
+        """The privacy group's datasets written once: each release's sample rate and ``RELEASE_FIELDS`` (and δ)."""
+        rates = tuple(rate for _, rate in self.releases.values())
+        fields = tuple(field + suffix for field in RELEASE_FIELDS for suffix, _ in self.releases.values())
+        return rates + fields + (() if self.delta_attr else ("delta",))
 
-SEARCH_LAYOUT = StageLayout("search", "", SEARCH_METRICS, epochs=True)
-AUGMENT_LAYOUT = StageLayout("augment", AUGMENT_GROUP, AUGMENT_METRICS, AUGMENT_INT_METRICS)
+
+SEARCH_LAYOUT = StageLayout("search", "", SEARCH_METRICS, {"W": ("_w", "sample_rate_train"),
+                                                           "A": ("_a", "sample_rate_val")},
+                            epochs=True, delta_attr=True)
+AUGMENT_LAYOUT = StageLayout("augment", AUGMENT_GROUP, AUGMENT_METRICS, {"W": ("", "sample_rate")},
+                             AUGMENT_INT_METRICS)
 STAGE_LAYOUTS = {layout.name: layout for layout in (SEARCH_LAYOUT, AUGMENT_LAYOUT)}
 
 
@@ -193,7 +194,7 @@ def build_skeleton(
     reduce_alpha_shape: tuple[int, int] | None = None,
 ) -> None:
     """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
-    datasets with 0 rows. privacy: the ``PrivacySchema`` fields as arrays ((K,) or scalar), or None. unreliable:
+    datasets with 0 rows. privacy: the search's :func:`privacy_arrays`, or None. unreliable:
     (K,) bool, corruption: P (root attrs). selection: needs privacy (its ε rows live in ``/privacy``).
     reduce_alpha_shape: (edges, ops) of ``/alphas/reduce`` when it differs from ``alpha_shape`` (``(0, ops)`` in a
     space without reduction cell)."""
@@ -231,12 +232,7 @@ def build_skeleton(
         ranks.attrs[key] = value
 
     if privacy is not None:
-        group = handle.create_group("privacy")
-        group.attrs["delta"] = privacy["delta"]
-        group.attrs["accountant"] = privacy["accountant"]
-        _ledger_rows(group, parties)
-        for name in PRIVACY_FIXED:
-            group.create_dataset(name, data=privacy[name])
+        privacy_group(handle, SEARCH_LAYOUT, privacy, parties)
 
     if selection is not None:
         if privacy is None:
@@ -263,12 +259,12 @@ def build_augment(
     params: int,
     private: bool,
     parties: int,
-    privacy: Mapping[str, np.ndarray] | None,
+    privacy: Mapping[str, Any] | None,
     privacy_guarantee: str,
     selection: SelectionSchema | None = None,
 ) -> None:
     """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and
-    ``/augment/privacy`` when privacy (the ``AugmentPrivacySchema`` fields as arrays, (K,) or scalar) is given.
+    ``/augment/privacy`` when privacy (the augmentation's :func:`privacy_arrays`) is given.
     selection: ``/augment/selection`` and ``/augment/privacy/selection_epsilon`` (needs privacy). Only outside SWMR
     mode."""
     group = handle.create_group(AUGMENT_GROUP, track_order=True)
@@ -293,10 +289,7 @@ def build_augment(
     _empty_cost(group.create_group("cost"))
 
     if privacy is not None:
-        ledger = group.create_group("privacy", track_order=True)
-        for name in AUGMENT_PRIVACY_FIXED:
-            ledger.create_dataset(name, data=privacy[name])
-        _ledger_rows(ledger, parties)
+        privacy_group(group, AUGMENT_LAYOUT, privacy, parties)
 
     if selection is not None:
         if privacy is None:
@@ -304,8 +297,33 @@ def build_augment(
         _selection_group(group, selection, parties)
 
 
-def _ledger_rows(group: h5py.Group, parties: int) -> None:
-    """A stage's growing ledger datasets (``PRIVACY_GROWING``) in `group`, with 0 rows."""
+def privacy_arrays(layout: StageLayout, privacy: StagePrivacy, parties: int) -> dict[str, Any]:
+    """What a stage's privacy group records of `privacy`: {dataset or attr name: value}, checked before anything
+    is written (``layout.privacy_fixed``: rates (K,), ``RELEASE_FIELDS`` scalar or (K,); δ (K,); the accountant
+    when δ is an attr). ValueError on a wrong shape."""
+    values: dict[str, Any] = {"delta": per_party("delta", privacy.delta, parties)}
+    for release, (_, rate) in layout.releases.items():
+        values[rate] = per_party(rate, privacy.sample_rates[release], parties)
+    for field in RELEASE_FIELDS:
+        for release, (suffix, _) in layout.releases.items():
+            value = np.asarray(getattr(privacy.releases[release], field), dtype=np.float64)
+            if value.shape not in ((), (parties,)):
+                raise ValueError(f"{field}{suffix} must be a scalar or have shape ({parties},), got {value.shape}")
+            values[field + suffix] = value
+    if layout.delta_attr:
+        values["accountant"] = privacy.accountant
+    return values
+
+
+def privacy_group(parent: h5py.Group, layout: StageLayout, values: Mapping[str, Any], parties: int) -> None:
+    """``parent/privacy`` of a stage: its fixed datasets and δ (`values`, from :func:`privacy_arrays`; δ and the
+    accountant are attrs of the search's group) and the growing ledger rows (``PRIVACY_GROWING``)."""
+    group = parent.create_group("privacy", track_order=not layout.delta_attr)
+    for name in layout.privacy_fixed:
+        group.create_dataset(name, data=values[name])
+    if layout.delta_attr:
+        group.attrs["delta"] = values["delta"]
+        group.attrs["accountant"] = values["accountant"]
     _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     for name in ("epsilon", "mu_gdp"):
@@ -333,3 +351,11 @@ def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: A
         dtype=dtype,
         fillvalue=fill,
     )
+
+
+def per_party(name: str, values: Any, parties: int, dtype: Any = np.float64) -> np.ndarray:
+    """``values`` as a (K,) array; any other shape raises (h5py would broadcast a scalar into every party)."""
+    array = np.asarray(values, dtype=dtype)
+    if array.shape != (parties,):
+        raise ValueError(f"{name} must have shape ({parties},) (one value per party), got {array.shape}")
+    return array

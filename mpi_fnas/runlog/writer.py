@@ -59,13 +59,14 @@ from mpi_fnas.runlog.schema import (
     FINAL_STATUSES,
     SEARCH_LAYOUT,
     STAGE_LAYOUTS,
-    AugmentPrivacySchema,
-    PrivacySchema,
     SelectionSchema,
     StageLayout,
+    StagePrivacy,
     build_augment,
     build_skeleton,
     common_length,
+    per_party,
+    privacy_arrays,
     stage_families,
 )
 
@@ -150,9 +151,9 @@ class StageLog:
             raise RuntimeError(f"the {self.name} stage of this run log has no privacy ledger")
         parties = self._log.parties
         values = {"steps": np.int64(_integral("steps", steps)),
-                  "charged_steps": _per_party("charged_steps", charged_steps, parties, np.int64),
-                  "epsilon": _per_party("epsilon", epsilon, parties, np.float64),
-                  "mu_gdp": _per_party("mu_gdp", mu_gdp, parties, np.float64)}
+                  "charged_steps": per_party("charged_steps", charged_steps, parties, np.int64),
+                  "epsilon": per_party("epsilon", epsilon, parties, np.float64),
+                  "mu_gdp": per_party("mu_gdp", mu_gdp, parties, np.float64)}
         self._append("privacy", [values[d.name.rsplit("/", 1)[1]] for d in self._families["privacy"]])
 
     def append_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:
@@ -163,8 +164,8 @@ class StageLog:
         if not self._families["selection"]:
             raise RuntimeError(f"the {self.name} stage of this run log has no selection")
         parties = self._log.parties
-        self._append("selection", [np.int64(_integral("steps", steps)), _per_party("chosen", chosen, parties, bool),
-                                   _per_party("score", score, parties, np.float64), np.float64(epsilon)])
+        self._append("selection", [np.int64(_integral("steps", steps)), per_party("chosen", chosen, parties, bool),
+                                   per_party("score", score, parties, np.float64), np.float64(epsilon)])
 
     def _append(self, family: str, values: Sequence[Any]) -> None:
         index = self.layout.families.index(family)
@@ -294,7 +295,7 @@ class RunLog:
         alpha_shape: tuple[int, int],
         genotype_length: int,
         privacy_guarantee: str,
-        privacy: PrivacySchema | None = None,
+        privacy: StagePrivacy | None = None,
         rank_attrs: Mapping[str, Any] | None = None,
         unreliable: Sequence[bool] | np.ndarray | None = None,
         corruption: float = 0.0,
@@ -332,10 +333,10 @@ class RunLog:
                 reduce_alpha_shape=reduce_alpha_shape,
                 space=space,
                 genotype_length=genotype_length,
-                privacy=None if privacy is None else _privacy_arrays(privacy, parties),
+                privacy=None if privacy is None else privacy_arrays(SEARCH_LAYOUT, privacy, parties),
                 rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},
                 unreliable=np.zeros(parties, dtype=bool) if unreliable is None
-                else _per_party("unreliable", unreliable, parties, bool),
+                else per_party("unreliable", unreliable, parties, bool),
                 corruption=float(corruption),
                 selection=selection,
             )
@@ -438,7 +439,7 @@ class RunLog:
         genotype: str,
         params: int,
         private: bool,
-        privacy: AugmentPrivacySchema | None,
+        privacy: StagePrivacy | None,
         parties: int,
         privacy_guarantee: str,
         selection: SelectionSchema | None = None,
@@ -472,7 +473,7 @@ class RunLog:
         count = _integral("params", params)
         if count < 0:
             raise ValueError(f"params must be a parameter count >= 0, got {params}")
-        arrays = None if privacy is None else _augment_privacy_arrays(privacy, self.parties)
+        arrays = None if privacy is None else privacy_arrays(AUGMENT_LAYOUT, privacy, self.parties)
 
         def start(handle: h5py.File) -> None:
             group = handle.get(AUGMENT_GROUP)
@@ -625,34 +626,6 @@ def _trim_ragged(handle: h5py.File) -> None:
 # ---------------------------------------------------------------------- conversion
 
 
-def _privacy_arrays(privacy: PrivacySchema, parties: int) -> dict[str, Any]:
-    """The schema's fields as float64 arrays; per-party fields must have shape (K,)."""
-    values: dict[str, Any] = {"accountant": privacy.accountant}
-    values["delta"] = _per_party("delta", privacy.delta, parties, np.float64)
-    for name in ("sample_rate_train", "sample_rate_val"):
-        values[name] = _per_party(name, getattr(privacy, name), parties, np.float64)
-    for name in ("noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a"):  # scalar or (K,)
-        values[name] = np.asarray(getattr(privacy, name), dtype=np.float64)
-    return values
-
-
-def _augment_privacy_arrays(privacy: AugmentPrivacySchema, parties: int) -> dict[str, np.ndarray]:
-    """The augment schema's fields as float64 arrays: sample_rate and delta (K,), noise_multiplier scalar or
-    (K,), clip scalar."""
-    noise = np.asarray(privacy.noise_multiplier, dtype=np.float64)
-    if noise.shape not in ((), (parties,)):
-        raise ValueError(f"noise_multiplier must be a scalar or have shape ({parties},), got {noise.shape}")
-    clip = np.asarray(privacy.clip, dtype=np.float64)
-    if clip.shape != ():
-        raise ValueError(f"clip must be a scalar, got shape {clip.shape}")
-    return {
-        "sample_rate": _per_party("sample_rate", privacy.sample_rate, parties, np.float64),
-        "noise_multiplier": noise,
-        "clip": clip,
-        "delta": _per_party("delta", privacy.delta, parties, np.float64),
-    }
-
-
 def _integral(name: str, value: Any) -> int:
     """``value`` as an int; a float with a fractional part (or NaN) raises ValueError instead of being cut."""
     if isinstance(value, (int, np.integer)):
@@ -661,14 +634,6 @@ def _integral(name: str, value: Any) -> int:
     if not number.is_integer():
         raise ValueError(f"{name} must be an integer, got {value!r}")
     return int(number)
-
-
-def _per_party(name: str, values: Any, parties: int, dtype: Any) -> np.ndarray:
-    """``values`` as a (K,) array; any other shape raises (h5py would broadcast a scalar into every party)."""
-    array = np.asarray(values, dtype=dtype)
-    if array.shape != (parties,):
-        raise ValueError(f"{name} must have shape ({parties},) (one value per party), got {array.shape}")
-    return array
 
 
 def _attr_value(value: Any) -> Any:

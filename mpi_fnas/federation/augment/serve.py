@@ -36,7 +36,7 @@ from mpi_fnas.federation.server import Server, augment_server
 from mpi_fnas.federation.server_loop import ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-from mpi_fnas.runlog import AugmentPrivacySchema, RunLog
+from mpi_fnas.runlog import RunLog, StagePrivacy
 from mpi_fnas.space import search_space
 
 STAGE = "augment"
@@ -205,10 +205,9 @@ def _open_log(cfg: Config, run_dir: Path, search_plan: RunPlan, plan: AugmentPla
     log = RunLog.reopen(path, augment=True)
     privacy = None
     if ledger is not None and plan.releases is not None:
-        privacy = AugmentPrivacySchema(
-            sample_rate=plan.releases.sample_rate_train, noise_multiplier=plan.releases.noise_multiplier,
-            clip=plan.releases.clip, delta=ledger.plan.delta,
-        )
+        # the pool's rate (its train records'; its validation records' are the same or 0: augment.pool)
+        privacy = StagePrivacy(delta=ledger.plan.delta, releases={"W": plan.releases.release},
+                               sample_rates={"W": plan.releases.sample_rate_train})
     log.begin_augment(genotype=plan.genotype.to_string(), params=params, private=ledger is not None,
                       privacy=privacy, parties=len(plan.assignments), privacy_guarantee=guarantee,
                       selection=selection_schema(cfg, search_plan) if selecting else None)
