@@ -89,8 +89,8 @@ def test_private_and_plain_steps_compute_on_the_same_network_and_batch():
     cfg = load_config(None, [*TINY_SETTINGS, "privacy.clip_w=1000.0", "privacy.clip_a=1000.0",
                              "privacy.noise_multiplier_w=1.0e-12", "privacy.noise_multiplier_a=1.0e-12"])
     plain, private = bench.make_party(cfg, private=False), bench.make_party(cfg, private=True)
-    assert private.dp is not None and plain.dp is None
-    assert private.dp.expected_batch_size == len(private.train) == cfg.search.batch_size
+    assert private.releases is not None and plain.releases is None
+    assert {r.expected_batch_size for r in private.releases.values()} == {len(private.train)} == {cfg.search.batch_size}
     per_example = per_sample_gradients(private.model, dict(private.model.named_weights()), private.train.x,
                                        private.train.y)
     assert float(per_example.norm(dim=1).max()) < 1000.0  # the premise: clipping does not act
@@ -107,8 +107,9 @@ def test_private_and_plain_steps_compute_on_the_same_network_and_batch():
 def test_private_party_uses_the_configured_privacy_settings():
     cfg = load_config(None, [*TINY_SETTINGS, "privacy.clip_w=0.5", "privacy.noise_multiplier_a=3.0"])
     party = bench.make_party(cfg, private=True)
-    assert party.dp == DPParams.from_config(cfg.privacy, cfg.search.batch_size)
-    assert (party.dp.clip_w, party.dp.clip_a, party.dp.noise_multiplier_a) == (0.5, cfg.privacy.clip_a, 3.0)
+    assert party.releases == DPParams.from_config(cfg.privacy, cfg.search.batch_size).search_releases()
+    assert (party.releases["W"].clip, party.releases["A"].clip, party.releases["A"].noise_multiplier) == (
+        0.5, cfg.privacy.clip_a, 3.0)
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
