@@ -167,9 +167,10 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
 
 def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Dataset]) -> dict[str, Any]:
     """A stage's privacy group: its fixed datasets (``layout.privacy_fixed``), δ and the accountant where the
-    search keeps them (attrs), and its ledger rows (``/augment/privacy`` of logs written before the stages shared
-    one writer has no charged_steps and mu_gdp)."""
-    privacy: dict[str, Any] = {name: _plain(group[name][()]) for name in layout.privacy_fixed}
+    search keeps them (attrs), and its ledger rows. What an older log never recorded is absent from the dict, not
+    invented: a release field added to ``RELEASE_FIELDS`` later, and ``charged_steps`` and ``mu_gdp`` of an
+    ``/augment/privacy`` written before the stages shared one writer."""
+    privacy: dict[str, Any] = {name: _plain(group[name][()]) for name in layout.privacy_fixed if name in group}
     if layout.delta_attr:
         privacy.update(delta=np.asarray(group.attrs["delta"]), accountant=str(group.attrs["accountant"]))
     privacy.update(_rows(datasets, common_length(datasets)))
