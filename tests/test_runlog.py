@@ -15,13 +15,13 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
 
 import mpi_fnas
+from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, RunLog, StagePrivacy, liveness, read_run, writer
 from mpi_fnas.runlog import reader as reader_module
 
@@ -35,8 +35,8 @@ def _privacy(parties: int = PARTIES) -> StagePrivacy:
     """The search's releases: W with σ 1.0 and clip 0.01, A with a σ per party and clip 0.1."""
     return StagePrivacy(
         delta=[1e-5] * parties,
-        releases={"W": SimpleNamespace(noise_multiplier=1.0, clip=0.01),
-                  "A": SimpleNamespace(noise_multiplier=np.linspace(1.0, 1.5, parties), clip=0.1)},
+        releases={"W": Release(noise_multiplier=1.0, clip=0.01, expected_batch_size=16.0),
+                  "A": Release(noise_multiplier=np.linspace(1.0, 1.5, parties), clip=0.1, expected_batch_size=16.0)},
         sample_rates={"W": np.linspace(0.01, 0.03, parties), "A": np.linspace(0.02, 0.04, parties)},
         accountant="pld",
     )
@@ -493,7 +493,6 @@ _WRITER = textwrap.dedent(
     """
     import json, os, sys
     import numpy as np
-    from mpi_fnas.privacy.release import Release
     from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy
 
     release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=8.0)

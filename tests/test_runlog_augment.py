@@ -15,12 +15,12 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
-from types import SimpleNamespace
 
 import h5py
 import numpy as np
 import pytest
 
+from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import (
     AUGMENT_METRICS,
     SEARCH_METRICS,
@@ -41,7 +41,7 @@ SEARCH_COST = {"wall_seconds": 100.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "
 def _create(path: Path, *, mode: str = "fnas") -> RunLog:
     privacy = None
     if mode == "dpfnas":
-        release = SimpleNamespace(noise_multiplier=1.0, clip=0.1)
+        release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=16.0)
         privacy = StagePrivacy(delta=[1e-5] * PARTIES, releases={"W": release, "A": release},
                                sample_rates={"W": [0.01] * PARTIES, "A": [0.02] * PARTIES}, accountant="pld")
     return RunLog.create(
@@ -64,7 +64,7 @@ def _searched(path: Path, *, mode: str = "fnas") -> RunLog:
 
 def _augment_privacy(noise_multiplier: float | np.ndarray = 1.1, clip: float | np.ndarray = 0.1) -> StagePrivacy:
     return StagePrivacy(delta=[1e-5] * PARTIES,
-                        releases={"W": SimpleNamespace(noise_multiplier=noise_multiplier, clip=clip)},
+                        releases={"W": Release(noise_multiplier=noise_multiplier, clip=clip, expected_batch_size=16.0)},
                         sample_rates={"W": np.linspace(0.01, 0.03, PARTIES)})
 
 
@@ -200,9 +200,8 @@ def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) ->
     with pytest.raises(ValueError, match="params must be an integer"):
         _begin(runlog, params=1.5)
     with pytest.raises(ValueError, match=r"sample_rate must have shape \(3,\)"):
-        _begin(runlog, private=True, privacy=StagePrivacy([1e-5] * PARTIES, {"W": SimpleNamespace(noise_multiplier=1.0,
-                                                                                                    clip=0.1)},
-                                                          {"W": [0.1]}))
+        release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=16.0)
+        _begin(runlog, private=True, privacy=StagePrivacy([1e-5] * PARTIES, {"W": release}, {"W": [0.1]}))
     with pytest.raises(ValueError, match="noise_multiplier must be a scalar or have shape"):
         _begin(runlog, private=True, privacy=_augment_privacy(noise_multiplier=np.ones(PARTIES + 1)))
     assert read_run(path)["augment"] is None  # nothing was created by the refused calls
