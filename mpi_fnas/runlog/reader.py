@@ -41,12 +41,14 @@ def read_run(
     under space dpnas};
     genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; privacy None or a dict with
     delta (K,), accountant, steps (rows,), charged_steps (rows, K), epsilon (rows, K), mu_gdp (rows, K),
-    sample_rate_train (K,), sample_rate_val (K,), noise_multiplier_w, noise_multiplier_a, clip_w, clip_a;
+    sample_rate_train (K,), sample_rate_val (K,) and each release's ``RELEASE_FIELDS`` as ``<field>_w`` and
+    ``<field>_a`` (e.g. noise_multiplier_w, clip_a);
     augment None (no augment stage) or a dict with status, reason, stale, genotype, params, test_acc,
     test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step,
-    epoch int64, the rest float64}, cost {field: value}, privacy None or {sample_rate (K,), noise_multiplier,
-    clip, delta (K,), steps (rows,), epsilon (rows, K)}, selection None or the ``/augment/selection`` dict (as
-    ``selection``).
+    epoch int64, the rest float64}, cost {field: value}, privacy None or {sample_rate (K,), the release's
+    ``RELEASE_FIELDS`` by their own names, delta (K,), steps (rows,), charged_steps (rows, K), epsilon (rows, K),
+    mu_gdp (rows, K)}, selection None or the ``/augment/selection`` dict (as ``selection``). A dataset an older
+    log never wrote is absent (docs/hdf5.md says which).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
