@@ -1,9 +1,12 @@
 """The privacy parameters of a DP-FNAS run: one object from the config to the plan, the party and the log.
 
-:class:`DPParams` is built once from the ``privacy`` section (:meth:`DPParams.from_config`), completed by the
-plan (a calibrated σ under ``target_epsilon``) and handed as it is to every party and to the run log. A new
-privacy key is a config field (with its documentation line) and a field of the same name here, which
-:meth:`DPParams.from_config` reads by name; the code that uses it reads it from this object.
+:class:`DPParams` is built once from the ``privacy`` section (:meth:`DPParams.from_config`) and completed by the
+plan (a calibrated σ under ``target_epsilon``). Its :meth:`DPParams.search_releases` are the
+:class:`~mpi_fnas.privacy.release.Release` objects the parties release through, the ledger charges and the run log
+records. A new privacy key is a config field (with its documentation line) and a field of the same name here,
+which :meth:`DPParams.from_config` reads by name; the code that uses it reads it from this object. A new logged
+field of every release (both stages) is a ``Release`` field named in ``mpi_fnas.runlog.schema.RELEASE_FIELDS``
+and in ``LoggedRelease``, with its rows in docs/hdf5.md.
 """
 
 from __future__ import annotations
