@@ -22,7 +22,16 @@ import pytest
 
 import mpi_fnas
 from mpi_fnas.privacy.release import Release
-from mpi_fnas.runlog import HEARTBEAT_SECONDS, SEARCH_METRICS, RunLog, StagePrivacy, liveness, read_run, writer
+from mpi_fnas.runlog import (
+    HEARTBEAT_SECONDS,
+    RELEASE_FIELDS,
+    SEARCH_METRICS,
+    RunLog,
+    StagePrivacy,
+    liveness,
+    read_run,
+    writer,
+)
 from mpi_fnas.runlog import reader as reader_module
 
 EDGES, OPS = 14, 8
@@ -132,10 +141,13 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         privacy = f["privacy"]
         assert set(privacy.attrs) == {"delta", "accountant"}
         assert privacy.attrs["delta"].shape == (PARTIES,) and privacy.attrs["accountant"] == "pld"
-        assert set(privacy) == {
-            "epsilon", "mu_gdp", "steps", "charged_steps", "sample_rate_train", "sample_rate_val",
-            "noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a",
-        }  # fmt: skip
+        # each release's RELEASE_FIELDS (noise_multiplier, clip, …) as <field>_w and <field>_a, each float64
+        released = {field + suffix for field in RELEASE_FIELDS for suffix in ("_w", "_a")}
+        assert {"noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a"} <= released
+        assert set(privacy) == {"epsilon", "mu_gdp", "steps", "charged_steps", "sample_rate_train",
+                                "sample_rate_val", *released}
+        for name in released:
+            assert privacy[name].dtype == np.float64 and privacy[name].shape in ((), (PARTIES,)), name
         for name in ("epsilon", "mu_gdp"):
             assert privacy[name].shape == (1, PARTIES) and privacy[name].maxshape == (None, PARTIES)
             assert privacy[name].dtype == np.float64
@@ -494,6 +506,7 @@ _WRITER = textwrap.dedent(
     import json, os, sys
     import numpy as np
     from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy
+    from mpi_fnas.privacy.release import Release
 
     release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=8.0)
     privacy = StagePrivacy(delta=[1e-5, 1e-5], releases={"W": release, "A": release},

@@ -23,6 +23,7 @@ import pytest
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import (
     AUGMENT_METRICS,
+    RELEASE_FIELDS,
     SEARCH_METRICS,
     RunLog,
     StagePrivacy,
@@ -336,8 +337,10 @@ def test_private_augment_ledger_names_shapes_and_dtypes(tmp_path: Path) -> None:
         group = f["augment"]
         assert group.attrs["private"] and set(group) == {"metrics", "cost", "privacy"}
         ledger = group["privacy"]
-        assert set(ledger) == {"sample_rate", "noise_multiplier", "clip", "delta", "steps", "charged_steps",
-                               "epsilon", "mu_gdp"}
+        assert {"noise_multiplier", "clip"} <= set(RELEASE_FIELDS)  # the release's fields by their own names
+        assert set(ledger) == {"sample_rate", *RELEASE_FIELDS, "delta", "steps", "charged_steps", "epsilon", "mu_gdp"}
+        for name in RELEASE_FIELDS:
+            assert ledger[name].dtype == np.float64 and ledger[name].shape in ((), (PARTIES,)), name
         assert not ledger.attrs.keys()
         for name, shape in (("sample_rate", (PARTIES,)), ("noise_multiplier", (PARTIES,)), ("clip", ()),
                             ("delta", (PARTIES,))):  # fmt: skip
