@@ -50,7 +50,7 @@ EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
 # What the log records of every DP release (mpi_fnas.privacy.release.Release), as the dataset <field><suffix> of its
 # stage's privacy group (the suffix by release: StageLayout.releases).
-RELEASE_FIELDS = ("noise_multiplier", "clip")
+RELEASE_FIELDS = ("noise_multiplier", "clip", "expected_batch_size")
 
 # The server's selection (federation.selection random, secprobe or oracle): /selection, one row per step, and the ε
 # its draws cost on the aux set in /privacy/selection_epsilon (same rows); the augmentation's in /augment/selection
@@ -80,6 +80,7 @@ class LoggedRelease(Protocol):
 
     noise_multiplier: float
     clip: float
+    expected_batch_size: float
 
 
 @dataclass(frozen=True)
