@@ -210,7 +210,8 @@ def make_augment_party(cfg: Config, private: bool):
                                    expected_batch_size=float(n), sample_rate_train=one, sample_rate_val=one,
                                    steps=1, stop_reason="completed")
     streams = PartyRandomness.create("secret" if private else "reproducible", seed=cfg.seed, rank=1, stage="augment")
-    party = augment_party(model, pool, cfg.augment, streams, releases.release if releases is not None else None)
+    party = augment_party(model, pool, cfg.augment, streams, releases.release if releases is not None else None,
+                          streams.source if releases is not None else None)
     party.model.drop_path_prob = cfg.augment.drop_path
     return party
 

@@ -449,6 +449,6 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
                                sample_rate_val=[0.5], steps=1) if private else None
     augment = augment_party(trained, shard(), cfg.augment,
                             PartyRandomness.create(source, seed=0, rank=1, stage="augment"),
-                            releases.release if releases is not None else None)
+                            releases.release if releases is not None else None, source if private else None)
     out = augment.w_release()
     assert out.shape == (trained.num_params() + STATS,) and np.isfinite(out).all()

@@ -214,7 +214,7 @@ def _dp_party(stage: str) -> tuple[Party, int]:
     model = search_space("darts").build_augment_network(DARTS_V2, cfg, seed=0, in_channels=3, num_classes=10)
     pool = Shard(torch.randn(16, 3, 8, 8), torch.randint(0, 10, (16,)))
     party = augment_party(model, pool, cfg.augment, PartyRandomness.create("secret", seed=0, rank=1, stage="augment"),
-                          Release(noise_multiplier=1.0, clip=1.0, expected_batch_size=8.0))
+                          Release(noise_multiplier=1.0, clip=1.0, expected_batch_size=8.0), "secret")
     model.drop_path_prob = 0.3
     return party, 8 * (len(pool) + party.num_w)
 
@@ -243,10 +243,17 @@ def test_a_dp_party_draws_only_from_its_secret_keystreams(stage: str, monkeypatc
 
 
 def test_a_dp_party_refuses_streams_that_do_not_match_its_plan():
-    """A DP plan asks for secret streams; a party handed public ones (keyed from the config) refuses to exist."""
+    """A DP plan asks for secret streams; a party handed public ones (keyed from the config) refuses to exist, in
+    the search and in the augmentation."""
     model = SearchNetwork(channels=4, num_classes=3, layers=1, nodes=1, in_channels=3, norm="groupnorm")
     x, y = torch.randn(8, 3, 8, 8), torch.randint(0, 3, (8,))
     dp = DPParams(noise_multiplier_w=1.0, noise_multiplier_a=1.0, clip_w=1.0, clip_a=0.1, expected_batch_size=2.0)
     with pytest.raises(PrivacyError, match="asks for secret randomness"):
         search_party(model, Shard(x[:4], y[:4]), Shard(x[4:], y[4:]), 2,
                      PartyRandomness.create("reproducible", seed=0, rank=1), dp=dp)
+    cfg = load_config(None, ["augment.layers=3", "augment.channels=4"])
+    network = search_space("darts").build_augment_network(DARTS_V2, cfg, seed=0, in_channels=3, num_classes=3)
+    with pytest.raises(PrivacyError, match="asks for secret randomness"):
+        augment_party(network, Shard(x, y), cfg.augment,
+                      PartyRandomness.create("reproducible", seed=0, rank=1, stage="augment"),
+                      Release(noise_multiplier=1.0, clip=1.0, expected_batch_size=2.0), "secret")

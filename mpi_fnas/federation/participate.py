@@ -142,7 +142,8 @@ class AugmentSide:
         self.steps_per_epoch = got.steps_per_epoch
         return augment_party(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment,
                              PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
-                             got.releases.release if private else None)
+                             got.releases.release if private else None,
+                             got.params.randomness if private else None)
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
         party.model.drop_path_prob = drop_path_probability(self.cfg.augment, step, self.steps_per_epoch)

@@ -332,10 +332,11 @@ def search_party(model: torch.nn.Module, train: Shard, val: Shard, batch_size: i
 
 
 def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, randomness: PartyRandomness,
-                  release: Release | None = None) -> Party:
+                  release: Release | None = None, dp_randomness: str | None = None) -> Party:
     """A party of the augmentation: the network's weights on its pool, each example of a batch cropped, flipped
     and cut out on its own and its drop-path masks drawn per example, all from its sampling stream; the loss adds
-    the auxiliary head's. `release`: the DP release (None: exact gradients)."""
+    the auxiliary head's. `release`: the DP release (None: exact gradients); `dp_randomness`: with it, the
+    randomness the plan asks for, checked against `randomness` as in the search."""
     model.mask_stream = randomness.sampling  # drop-path masks come from the party's own stream
 
     def transform(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,4 +348,4 @@ def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, r
 
     return Party(model, pool, augment.batch_size, randomness, releases={"W": release} if release is not None else None,
                  transform=transform, loss_fn=loss, method="hooks",  # one batched forward: a mask per example
-                 dp_randomness=randomness.source if release is not None else None, what="augment.batch_size")
+                 dp_randomness=dp_randomness, what="augment.batch_size")

@@ -34,6 +34,7 @@ from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.search import run_search
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.runlog import read_run
 
 B = 8
 SIGMA = 1.5
@@ -147,6 +148,10 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
                                                         "server", "selection", "shard_sizes", "ledger", "accumulator",
                                                         "log_rows"],
                                               party_state="state-2.pt")
+        # the log's release constants are the configured public ones (never a realised batch size)
+        privacy = read_run(run_dir / "search.h5")["privacy"]
+        assert (privacy["expected_batch_size_w"], privacy["expected_batch_size_a"]) == (B, B)
+        assert (privacy["clip_w"], privacy["clip_a"], privacy["noise_multiplier_w"]) == (CLIP_W, CLIP_A, SIGMA)
         return
 
     check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")

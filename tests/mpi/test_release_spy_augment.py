@@ -29,6 +29,7 @@ from test_release_spy import (
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
+from mpi_fnas.runlog import read_run
 
 B = 8
 SIGMA = 1.5
@@ -60,6 +61,9 @@ def test_augment_parties_hand_only_noised_releases_to_mpi(monkeypatch, selecting
             run_dir, ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "selection",
                       "ledger", "stats", "test_acc", "test_loss", "log_rows"], party_state="augment-state-2.pt")
         assert state["stage"] == "augment" and state["step"] == 2
+        # the log's release constants are the configured public ones (never a realised batch size)
+        privacy = read_run(run_dir / "search.h5")["augment"]["privacy"]
+        assert (privacy["expected_batch_size"], privacy["clip"], privacy["noise_multiplier"]) == (B, CLIP, SIGMA)
         return
 
     check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
