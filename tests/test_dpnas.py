@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi_fnas.config import ConfigError, load_config
-from mpi_fnas.federation.augment.plan import parse_genotype
-from mpi_fnas.federation.plan import SetupError
+from mpi_fnas.federation.plan import SetupError, parse_genotype
 from mpi_fnas.privacy.per_sample import hooks_supported, per_sample_gradients
 from mpi_fnas.space import SPACE_KINDS, Genotype, build_augment_network, build_supernet, search_space
 from mpi_fnas.space.dpnas import (

@@ -21,11 +21,10 @@ import torch
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
-from mpi_fnas.federation.augment.plan import parse_genotype, plan_augment_stage
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.participate import own_pool, own_shard
 from mpi_fnas.federation.party import Party, Shard, augment_party
-from mpi_fnas.federation.plan import open_split, plan_assignments
+from mpi_fnas.federation.plan import open_split, parse_genotype, plan_assignments, plan_augment_stage
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server, augment_server

@@ -19,13 +19,12 @@ from pathlib import Path
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
-from mpi_fnas.federation.augment.serve import AugmentOutcome, serve_augment
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.participate import AugmentSide, SearchSide, participate
-from mpi_fnas.federation.serve import SearchOutcome, serve
+from mpi_fnas.federation.serve import AugmentOutcome, SearchOutcome, serve
+from mpi_fnas.federation.server_loop import Progress
 
 SEARCHED_NAME = "searched.pt"
-Progress = Callable[[int, int, dict[str, float]], None]
 
 
 @dataclass
@@ -62,7 +61,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
 
     search = None
     if stage == "search":
-        search = serve(cfg, channel, run_dir, progress=progress("search"), resume=resume,
+        search = serve("search", cfg, channel, run_dir, progress=progress("search"), resume=resume,
                        stop_requested=stop_requested)
         if search.interrupted:
             return JobOutcome(search, None)
@@ -74,6 +73,6 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         searched = searched_state(run_dir) or {"genotype": None, "ledger": None}
     if not augment:
         return JobOutcome(search, None)
-    outcome = serve_augment(cfg, channel, run_dir, searched=searched, resume=resume, progress=progress("augment"),
-                            stop_requested=stop_requested)
+    outcome = serve("augment", cfg, channel, run_dir, searched=searched, resume=resume, progress=progress("augment"),
+                    stop_requested=stop_requested)
     return JobOutcome(search, outcome)

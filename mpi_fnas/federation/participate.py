@@ -29,13 +29,12 @@ from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
-from mpi_fnas.federation.augment.plan import AugmentAssignment
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import Assignment, SetupError, open_split
+from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.space import search_space

@@ -1,16 +1,21 @@
-"""Planning a search, on rank 0 before any party computes: partitions, step counts and the privacy plan.
+"""Planning, on rank 0 before any party computes: what each stage of a job will do.
 
-No MPI and no autograd here: the plan is a pure function of the config, the train split's *labels* and the
-number of parties. Rank 0 reads the labels to partition the data (a simulation convenience, and a trust
-assumption: see docs/privacy.md, "Threat model"); it never reads the parties' inputs. With ``data.partition:
-local`` it reads nothing of theirs: each party splits its own folder, and the plan needs only each party's number
-of examples (:mod:`mpi_fnas.federation.inventory`).
+The search: partitions, step counts and the privacy plan of the whole job (:func:`plan_run`). The augmentation:
+each party's pool, its step counts and the privacy of its releases, planned against what the search spent
+(:func:`plan_augment_stage`). No MPI and no autograd here: a plan is a pure function of the config, the train
+split's *labels*, the number of parties (and, for the augmentation, the search's ledgers). Rank 0 reads the labels
+to partition the data (a simulation convenience, and a trust assumption: see docs/privacy.md, "Threat model"); it
+never reads the parties' inputs. With ``data.partition: local`` it reads nothing of theirs: each party splits its
+own folder, and the plan needs only each party's number of examples (:mod:`mpi_fnas.federation.inventory`). The
+pools follow from the search's partition, so the augmentation trains on exactly the shards the search used and the
+privacy ledgers of the search continue.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -20,8 +25,10 @@ from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.planning import plan_privacy
+from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.planning import plan_augment, plan_privacy
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, augment_sample_rates
+from mpi_fnas.space import search_space
 
 
 class SetupError(ConfigError):
@@ -194,12 +201,89 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
     return RunPlan(assignments, steps_per_epoch, steps, privacy, reason)
 
 
-def attach_resume(plan: RunPlan, checkpoint: dict) -> None:
-    """Check that the re-planned run is the checkpointed one; tell each party which state to restore."""
-    if checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
-        raise SetupError("--resume: the checkpoint was written by a run with a different plan "
-                         f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
-    if [list(s) for s in checkpoint["shard_sizes"]] != plan.shard_sizes:
-        raise SetupError("--resume: the data partition differs from the checkpointed run's")
+def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
+    """Check that the re-planned stage is the checkpointed one; tell each party which state to restore."""
+    if isinstance(plan, AugmentPlan):
+        if checkpoint["plan_steps"] != plan.steps or checkpoint["genotype"] != plan.genotype.to_string():
+            raise SetupError("--resume: the augmentation checkpoint was written by a run with a different plan "
+                             f"({checkpoint['plan_steps']} steps, genotype {checkpoint['genotype']})")
+    else:
+        if checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
+            raise SetupError("--resume: the checkpoint was written by a run with a different plan "
+                             f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
+        if [list(s) for s in checkpoint["shard_sizes"]] != plan.shard_sizes:
+            raise SetupError("--resume: the data partition differs from the checkpointed run's")
     for assignment in plan.assignments:
         assignment.checkpoint_step = int(checkpoint["step"])
+
+
+@dataclass
+class AugmentAssignment:
+    """What the server tells a party at the start of the augmentation."""
+
+    pool_indices: np.ndarray  # global indices into the train split: the party's train shard (then its val shard)
+    genotype: str
+    steps_per_epoch: int
+    steps: int
+    releases: AugmentReleases | None  # the DP releases' public constants (None: exact gradients)
+    params: DPParams | None  # the run's privacy parameters (where the party's randomness comes from)
+    checkpoint_step: int = 0  # > 0 when resuming: the party restores its own state of that step
+    train_count: int = 0  # the first train_count pool indices are the search's train shard, the rest its val shard
+    corruption: float = 0.0  # the fraction of each shard the party replaces by noise, as in the search
+    gathered: bool = False  # the server gathers every release (a selection) instead of a Reduce
+
+
+@dataclass
+class AugmentPlan:
+    """Rank 0's plan of the augmentation."""
+
+    assignments: list[AugmentAssignment]
+    genotype: Any  # the space's genotype (mpi_fnas.space.Genotype, mpi_fnas.space.dpnas.DpnasGenotype)
+    steps_per_epoch: int
+    steps: int
+    releases: AugmentReleases | None
+    stop_reason: str
+
+    @property
+    def pool_sizes(self) -> list[int]:
+        return [len(a.pool_indices) for a in self.assignments]
+
+
+def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
+    """A genotype string of space `kind` (its genotype's ``to_string``) that a network can be built from; SetupError
+    naming `where` when it does not parse or cannot be trained (a DPNAS cell cut off from its input)."""
+    space = search_space(kind)
+    try:
+        genotype = space.parse_genotype(text)
+        space.check_trainable(genotype)
+    except ValueError as exc:
+        raise SetupError(f"{where}: {exc}") from None
+    return genotype
+
+
+def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
+                       ledger: FederationLedger | None, params: DPParams | None) -> AugmentPlan:
+    """The augmentation's plan, its privacy planned against what the search has spent (``ledger``).
+
+    Under DP the ledger holds every release the search made (replays included), so ``privacy.target_epsilon`` and
+    ``privacy.max_epsilon`` bound the whole job: see docs/privacy.md, "Privacy across the search and the
+    augmentation".
+    """
+    party_pools = augment_pools(cfg, search)
+    per_epoch, steps = augment_steps(cfg, [len(p) for p in party_pools])
+    releases, reason = None, "completed"
+    demand = augment_demand(cfg, search)
+    if demand is not None:
+        assert ledger is not None and params is not None
+        try:
+            releases = plan_augment(ledger, demand, params)
+        except ValueError as exc:
+            raise SetupError(f"privacy: {exc}") from None
+        steps, reason = releases.steps, releases.stop_reason
+    assignments = [
+        AugmentAssignment(pool, genotype.to_string(), per_epoch, steps, releases,
+                          params if releases is not None else None, train_count=len(shards.train_indices),
+                          corruption=shards.corruption, gathered=shards.gathered)
+        for pool, shards in zip(party_pools, search, strict=True)
+    ]
+    return AugmentPlan(assignments, genotype, per_epoch, steps, releases, reason)

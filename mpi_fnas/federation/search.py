@@ -31,6 +31,6 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
     and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
     """
     if channel.is_server:
-        return serve(cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
+        return serve("search", cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
                      stop_requested=stop_requested)
     return participate(cfg, channel, run_dir, SearchSide(cfg))

@@ -1,13 +1,19 @@
-"""Rank 0's side of a search: set the parties up, run the iterations, log, checkpoint, and report.
+"""Rank 0's side of a stage (the search or the augmentation): plan it, hand out, iterate, log, checkpoint, report.
 
-Setup: plan the run (:mod:`mpi_fnas.federation.plan`) and scatter each party its assignment (or the setup error,
-so no party waits for a decision that never comes); agree on devices; learn from every party how many
-iterations it has ever sent (non-zero only after a crash) and charge the replays; open the log; broadcast the
-initial W and A. Then the iterations of :mod:`mpi_fnas.federation.algorithm`.
+One entry, :func:`serve`, runs either stage in the same order: plan (:mod:`mpi_fnas.federation.plan`) and scatter
+each party its assignment (or the setup error, so no party waits for a decision that never comes); agree on
+devices; charge the iterations a party sent beyond the ledger's count (replays after a crash); open the stage's log
+group; broadcast the initial weights; run :class:`~mpi_fnas.federation.server_loop.ServerLoop` over the stage's
+iterations (:mod:`mpi_fnas.federation.algorithm`); finish the log with the outcome, or with the failure.
 
-What rank 0 writes is public by construction: W, A, its optimizers, the test-split metrics it computes itself,
-and ε, which depends only on public quantities and is computed by the ledger's worker thread while the parties
-compute. Under DP no per-step timing is logged (a step's duration reveals the realised Poisson batch size).
+The two stage definitions say what differs: :class:`SearchStage` (W and A of the supernet, the epoch rows of the
+alphas, a search plan made here) and :class:`AugmentStage` (the derived network's weights, planned against what the
+search spent). Under dpfnas the privacy ledgers are the search's, continued: every augment release is charged on
+the ledgers of the records it may touch, so an augment ε is the composition of both stages per party.
+
+What rank 0 writes is public by construction: the weights, its optimizers, the test-split metrics it computes
+itself, and ε, which depends only on public quantities and is computed by the ledger's worker thread while the
+parties compute. Under DP no per-step timing is logged (a step's duration reveals the realised Poisson batch size).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,14 +35,23 @@ from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out, refuse_setup
 from mpi_fnas.federation.inventory import gather_inventory
-from mpi_fnas.federation.plan import RunPlan, SetupError, attach_resume, open_split, plan_run
+from mpi_fnas.federation.plan import (
+    AugmentPlan,
+    RunPlan,
+    SetupError,
+    attach_resume,
+    augment_is_private,
+    open_split,
+    parse_genotype,
+    plan_augment_stage,
+    plan_run,
+)
 from mpi_fnas.federation.selection import Selector, selection_stream
-from mpi_fnas.federation.server import Server, search_server
-from mpi_fnas.federation.server_loop import ServerLoop, ratio
+from mpi_fnas.federation.server import augment_server, search_server
+from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-from mpi_fnas.privacy.release import PrivacyPlan
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.space import search_space
 
@@ -70,139 +86,170 @@ class SearchOutcome:
     alpha_margin: float = float("nan")  # mean p_top − p_second over A's edges: 0 = uniform
 
 
-def serve(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments=None,
-          progress: Callable[[int, int, dict[str, float]], None] | None = None, resume: dict | None = None,
-          stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome:
-    """Run the server's side of the whole search (see :func:`mpi_fnas.federation.search.run_search`)."""
+@dataclass
+class AugmentOutcome:
+    """Rank 0's result of the augmentation."""
+
+    genotype: str
+    params: int  # parameters of the network without the auxiliary head (Table 1's "Params")
+    epochs: int
+    steps: int
+    test_acc: float
+    test_loss: float
+    wall_seconds: float
+    stop_reason: str
+    private: bool  # the releases were DP (dpfnas with augment.private)
+    mode: str
+    interrupted: bool = False
+    epsilon: np.ndarray | None = None  # (K,) ε of search + augmentation composed (DP only)
+    delta: np.ndarray | None = None
+    privacy_guarantee: str = "holds"
+    log_path: Path | None = None
+
+
+@dataclass
+class StageSetup:
+    """A stage as rank 0 planned it before handing out the assignments."""
+
+    plan: RunPlan | AugmentPlan
+    ledger: FederationLedger | None  # the job's privacy ledgers (dpfnas): the augmentation continues the search's
+    private: bool  # this stage's releases are DP and charged on `ledger`
+    guarantee: str  # what the stage's result may claim: "holds", or one line saying why not
+    selector: Selector
+    aux: tuple[torch.Tensor | None, torch.Tensor | None]  # the server's aux set (secprobe), else (None, None)
+    test: Any  # the test split (rank 0 evaluates on it)
+    model: torch.nn.Module  # the network the stage trains (the supernet; the augmentation's network of its cell)
+    genotype: Any = None  # the augmentation's cell
+    search_plan: RunPlan | None = None  # the augmentation's: the search's partition (its log when it did not search)
+
+
+def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, searched: dict | None = None,
+          assignments=None, resume: dict | None = None, progress: Progress | None = None,
+          stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome | AugmentOutcome:
+    """Run rank 0's side of the stage `name` ("search" or "augment") to its end and return its outcome.
+
+    `searched` (augment): the search's result (``genotype``, its final ``ledger`` state or None, ``selection``;
+    see :func:`mpi_fnas.federation.job.searched_state`). `assignments` (search): replaces the planned partition.
+    `resume`: the stage's own checkpoint to continue from. See :func:`mpi_fnas.federation.job.run_job`.
+    """
+    definition = SearchStage if name == "search" else AugmentStage
     start = time.perf_counter()
     try:
-        plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
-        test = open_split(cfg, "test")
+        setup = definition.plan(cfg, channel, searched or {}, assignments)
         if resume is not None:
-            attach_resume(plan, resume)
+            attach_resume(setup.plan, resume)
     except SetupError as exc:
         refuse_setup(channel, str(exc))
         raise
-    reports = hand_out(channel, plan.assignments)
-    devices, gpus = reports.devices, reports.gpus
-
-    ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
-    if ledger is not None:
-        if resume is not None:
-            ledger.load_state_dict(resume["ledger"])
-        ledger.charge_sent(reports.sent_steps)
-    guarantee = plan.privacy.params.guarantee if plan.privacy is not None else \
-        f"none: mode {cfg.mode} makes no privacy claim"
-    log = open_search_log(cfg, run_dir, plan, resume, devices, guarantee) if run_dir is not None else None
+    reports = hand_out(channel, setup.plan.assignments)
+    ledger = setup.ledger
+    if ledger is not None and resume is not None:
+        ledger.load_state_dict(resume["ledger"])
+    if setup.private:
+        ledger.charge_sent(reports.sent_steps, stage=name)
+    log = definition.open_log(cfg, run_dir, setup, resume, reports.devices) if run_dir is not None else None
     loop: ServerLoop | None = None
     try:
-        selector = Selector(cfg.federation, channel.parties, selection_stream(cfg, "search"),
-                            plan.unreliable)
-        supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                                               num_classes=test.num_classes)
-        server = search_server(supernet, cfg.search, selector.select, plan.steps_per_epoch,
-                               adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
+        stage = definition(cfg, channel, setup, log)
         if resume is not None:
-            server.load_state_dict(resume["server"])
+            stage.server.load_state_dict(resume["server"])
             if resume.get("selection") is not None:
-                selector.load_state_dict(resume["selection"])
-        channel.bcast(server.w_buffer)
-        channel.bcast(server.a_buffer)
-        stage = SearchStage(cfg, channel, server, plan, ledger, log, test.render(np.arange(len(test.labels))))
-        if plan.assignments[0].gathered:
-            stage.selecting(selector, *(open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed
-                                        else (None, None)))
-        first = 1
-        if resume is not None:
-            first = int(resume["step"]) + 1
-            stage.acc.load_state_dict(resume["accumulator"])
+                setup.selector.load_state_dict(resume["selection"])  # its window, draw count (both stages), coins
+            stage.load_state_dict(resume)
+        for buffer in (stage.server.w_buffer, stage.server.a_buffer):
+            if buffer is not None:
+                channel.bcast(buffer)
+        if setup.plan.assignments[0].gathered:
+            stage.selecting(setup.selector, *setup.aux)
         loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
-        step, stopped = loop.run(first)
-        outcome = _outcome(stage, loop.test, step, stopped, start)
-        outcome.privacy_guarantee = guarantee
+        step, stopped = loop.run(int(resume["step"]) + 1 if resume is not None else 1)
+        outcome = stage.outcome(step, stopped, loop.test)
     except BaseException as exc:
-        if loop is not None:
+        if loop is not None and setup.private:
             loop.settle_failure()
-        elif ledger is not None:
+        elif setup.private:
             settle_privacy(ledger, int(resume["step"]) if resume is not None else 0, None)
+        elif ledger is not None:
+            ledger.close()
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
-            cost = attempt_cost(time.perf_counter() - start, channel.size, gpus)
-            log.search.finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0], cost=cost)
+            log.stage(name).finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
+                                   cost=attempt_cost(time.perf_counter() - start, channel.size, reports.gpus),
+                                   **definition.final_attrs(None))
         raise
-    # One clock reading serves both the printed summary and the log's /cost, so the two agree exactly.
+    outcome.privacy_guarantee = setup.guarantee
+    # One clock reading serves both the printed summary and the log's cost group, so the two agree exactly.
     outcome.wall_seconds = time.perf_counter() - start
     if log is not None:
-        log.search.finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
-                   final_genotype=None if outcome.interrupted else outcome.genotype,
-                   cost=attempt_cost(outcome.wall_seconds, channel.size, gpus))
+        log.stage(name).finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
+                               cost=attempt_cost(outcome.wall_seconds, channel.size, reports.gpus),
+                               **definition.final_attrs(outcome))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
     return outcome
 
 
-def _outcome(stage: SearchStage, test: np.ndarray, step: int, stopped: str | None, start: float) -> SearchOutcome:
-    """The search's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
-    cfg, channel, server, plan, ledger = stage.cfg, stage.channel, stage.server, stage.plan, stage.charging
-    val = np.full(3, np.nan, dtype=np.float32)
-    if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
-        val[:] = 0
-        channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
-    outcome = SearchOutcome(
-        mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
-        steps=step, val_acc=ratio(val[1], val[2]), val_loss=ratio(val[0], val[2]),
-        test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(),
-        wall_seconds=time.perf_counter() - start, log_path=stage.log.path if stage.log is not None else None,
-        stop_reason=plan.stop_reason if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}",
-        w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
-    )
-    outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
-    if ledger is not None:
-        outcome.epsilon, outcome.mu_gdp = ledger.epsilons(), ledger.mu_gdp()
-        outcome.delta = plan.privacy.delta
-        outcome.ledger_state = ledger.state_dict()
-    if stage.selector is not None:
-        outcome.selection_state = stage.selector.summary()
-        ledger.close()
-    return outcome
+def guarantee(cfg: Config, private: bool, ledger: FederationLedger | None) -> str:
+    """What a stage's result may claim: the privacy parameters' guarantee, or one line saying why not."""
+    if private:
+        return ledger.plan.params.guarantee
+    if cfg.mode == "dpfnas":
+        return ("none: augment.private is false, so the augmentation used exact gradients and the final weights are "
+                "NOT private; ε covers the search only")
+    return f"none: mode {cfg.mode} makes no privacy claim"
 
 
-def selection_schema(cfg: Config, plan: RunPlan) -> SelectionSchema | None:
+def selection_schema(cfg: Config, selector: Selector) -> SelectionSchema | None:
     """The log's fixed facts of the selection (``/selection`` and ``/augment/selection`` attrs); None for ``all``."""
     fed = cfg.federation
     if fed.selection == "all":
         return None
-    # Its constants only: the stream is never drawn from.
-    selector = Selector(fed, len(plan.assignments), selection_stream(cfg, "search"), plan.unreliable)
     return SelectionSchema(selection=fed.selection, select=selector.select, epsilon_per_step=fed.selection_epsilon,
                            score_window=fed.score_window, aux_size=fed.aux_size, sensitivity=selector.sensitivity,
                            delta=selector.delta)
 
 
-def open_search_log(cfg: Config, run_dir: Path, plan: RunPlan, resume: dict | None, devices: list[str],
-                    guarantee: str) -> RunLog:
+def _stop_reason(planned: str, stopped: str | None, step: int) -> str:
+    """Why a stage's loop ended: the plan's reason, or the signal (`stopped`) that interrupted it at `step`."""
+    return planned if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}"
+
+
+def _selector(cfg: Config, stage: str, plan: RunPlan, earlier: dict | None) -> tuple[Selector, tuple]:
+    """The stage's selector, continuing an earlier stage's draws (`earlier`: its ``Selector.summary``), and the aux
+    set it scores on ((None, None) unless secprobe). SetupError when the earlier stage drew at another ε_EM or K′."""
+    selector = Selector(cfg.federation, len(plan.assignments), selection_stream(cfg, stage), plan.unreliable)
+    try:
+        selector.continue_after(earlier)
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if not selector.scores_needed:
+        return selector, (None, None)
+    return selector, open_aux_set(cfg, open_split(cfg, "train"))
+
+
+def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
+                    devices: list[str]) -> RunLog:
     """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
     if resume is not None:
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
         log.search.truncate(*resume["log_rows"])
         return log
+    plan = setup.search_plan or setup.plan
     space = search_space(cfg.space.kind)
     normal_shape, reduce_shape = space.alpha_shapes(cfg.space)
+    privacy = None
+    if plan.privacy is not None:
+        privacy = StagePrivacy(delta=plan.privacy.delta,
+                               releases=plan.privacy.params.search_releases(plan.privacy.w_releases_per_step),
+                               sample_rates={"W": plan.privacy.sample_rate_train, "A": plan.privacy.sample_rate_val},
+                               accountant=PrivacyLedger().description())
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
         metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
-        genotype_length=space.max_genotype_length(cfg.space),
-        privacy=_privacy_schema(plan.privacy) if plan.privacy is not None else None,
-        rank_attrs={"devices": devices}, privacy_guarantee=guarantee,
-        unreliable=plan.unreliable, corruption=cfg.federation.corruption, selection=selection_schema(cfg, plan),
+        genotype_length=space.max_genotype_length(cfg.space), privacy=privacy, rank_attrs={"devices": devices},
+        privacy_guarantee=setup.guarantee, unreliable=plan.unreliable, corruption=cfg.federation.corruption,
+        selection=selection_schema(cfg, setup.selector),
     )
-
-
-def _privacy_schema(plan: PrivacyPlan) -> StagePrivacy:
-    """What ``/privacy`` records: the search's releases as the parties make them, and their shards' rates."""
-    return StagePrivacy(delta=plan.delta, releases=plan.params.search_releases(plan.w_releases_per_step),
-                        sample_rates={"W": plan.sample_rate_train, "A": plan.sample_rate_val},
-                        accountant=PrivacyLedger().description())
 
 
 class SearchStage:
@@ -214,16 +261,42 @@ class SearchStage:
     epsilon_each_row = True
     row_at_control = True
 
-    def __init__(self, cfg: Config, channel: Channel, server: Server, plan: RunPlan, ledger: FederationLedger | None,
-                 log: RunLog | None, test: tuple[torch.Tensor, torch.Tensor]) -> None:
-        self.cfg, self.channel, self.server, self.plan, self.log, self.test = cfg, channel, server, plan, log, test
-        self.steps, self.steps_per_epoch = plan.steps, plan.steps_per_epoch
-        self.charging = ledger
+    @staticmethod
+    def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
+        plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
+        test = open_split(cfg, "test")
+        ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
+        selector, aux = _selector(cfg, "search", plan, None)
+        supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
+                                                               num_classes=test.num_classes)
+        return StageSetup(plan, ledger, ledger is not None, guarantee(cfg, ledger is not None, ledger), selector, aux,
+                          test, supernet)
+
+    @staticmethod
+    def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
+        return open_search_log(cfg, run_dir, setup, resume, devices)
+
+    @staticmethod
+    def final_attrs(outcome: SearchOutcome | None) -> dict[str, Any]:
+        """The root attrs the search's end writes: its final genotype (none on a failure or an interruption)."""
+        return {"final_genotype": None if outcome is None or outcome.interrupted else outcome.genotype}
+
+    def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None) -> None:
+        self.cfg, self.channel, self.setup, self.log = cfg, channel, setup, log
+        self.plan: RunPlan = setup.plan
+        self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
+        self.charging = setup.ledger if setup.private else None
+        self.server = search_server(setup.model, cfg.search, setup.selector.select, self.plan.steps_per_epoch,
+                                    adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
+        self.test = setup.test.render(np.arange(len(setup.test.labels)))
         self.acc = _Accumulator()
-        self.buffers = ServerBuffers(server.w.numel(), server.a.numel(),
+        self.buffers = ServerBuffers(self.server.w.numel(), self.server.a.numel(),
                                      second_order=cfg.search.order == "second_order")
         self.selector: Selector | None = None
         self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def load_state_dict(self, checkpoint: dict) -> None:
+        self.acc.load_state_dict(checkpoint["accumulator"])
 
     def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
         """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
@@ -272,6 +345,176 @@ class SearchStage:
             "selection": self.selector.state_dict() if self.selector is not None else None,
             "log_rows": list(self.log.search.row_counts()) if self.log is not None else [0, 0, 0, 0],
         }
+
+    def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> SearchOutcome:
+        """The search's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
+        cfg, channel, server, plan, ledger = self.cfg, self.channel, self.server, self.plan, self.charging
+        val = np.full(3, np.nan, dtype=np.float32)
+        if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
+            val[:] = 0
+            channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
+        outcome = SearchOutcome(
+            mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
+            steps=step, val_acc=ratio(val[1], val[2]), val_loss=ratio(val[0], val[2]),
+            test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(), wall_seconds=0.0,
+            log_path=self.log.path if self.log is not None else None,
+            stop_reason=_stop_reason(plan.stop_reason, stopped, step),
+            w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
+        )
+        outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
+        if ledger is not None:
+            outcome.epsilon, outcome.mu_gdp = ledger.epsilons(), ledger.mu_gdp()
+            outcome.delta = plan.privacy.delta
+            outcome.ledger_state = ledger.state_dict()
+            ledger.close()
+        if self.selector is not None:
+            outcome.selection_state = self.selector.summary()
+        return outcome
+
+
+class AugmentStage:
+    """The augmentation as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: one weight update per
+    iteration (with or without the server's selection), the test evaluation at epoch ends, its metrics row, ε rows
+    at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger, ~0.5 s of CPU on the
+    background thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
+
+    name = "augment"
+    epsilon_each_row = False
+    row_at_control = False
+
+    @staticmethod
+    def plan(cfg: Config, channel: Channel, searched: dict, assignments=None) -> StageSetup:
+        search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None,
+                               local_sizes=gather_inventory(cfg, channel))
+        where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
+        genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
+        # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
+        ledger = None
+        if search_plan.privacy is not None:
+            ledger = FederationLedger(search_plan.privacy)
+            if searched.get("ledger") is not None:
+                ledger.load_state_dict(searched["ledger"])
+        private = ledger is not None and augment_is_private(cfg)
+        params = search_plan.privacy.params if search_plan.privacy is not None else None
+        plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
+        if private:
+            ledger.start_augment(plan.releases)  # a resume then loads the checkpointed ledgers over this
+        test = open_split(cfg, "test")
+        selector, aux = _selector(cfg, "augment", search_plan, searched.get("selection"))
+        network = search_space(cfg.space.kind).build_augment_network(genotype, cfg, seed=cfg.seed,
+                                                                     in_channels=test.in_channels,
+                                                                     num_classes=test.num_classes)
+        return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, network,
+                          genotype, search_plan)
+
+    @staticmethod
+    def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
+        """The search's log, reopened for its ``/augment`` group (created first when the job did not search)."""
+        plan: AugmentPlan = setup.plan
+        path = run_dir / "search.h5"
+        if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
+            log = open_search_log(cfg, run_dir, setup, None, devices)
+            log.search.finish("finished", reason="no search: augment.genotype was given",
+                              final_genotype=plan.genotype.to_string())
+        log = RunLog.reopen(path, augment=True)
+        privacy = None
+        if setup.private:
+            # the pool's rate (its train records'; its validation records' are the same or 0: augment.pool)
+            privacy = StagePrivacy(delta=setup.ledger.plan.delta, releases={"W": plan.releases.release},
+                                   sample_rates={"W": plan.releases.sample_rate_train})
+        log.begin_augment(genotype=plan.genotype.to_string(), params=setup.model.num_params(),
+                          private=setup.private, privacy=privacy, parties=len(plan.assignments),
+                          privacy_guarantee=setup.guarantee, selection=selection_schema(cfg, setup.selector))
+        if resume is not None:
+            log.augment.truncate(*resume["log_rows"])
+        return log
+
+    @staticmethod
+    def final_attrs(outcome: AugmentOutcome | None) -> dict[str, Any]:
+        """The ``/augment`` attrs its end writes: the final test accuracy (NaN on a failure)."""
+        return {"test_acc": math.nan if outcome is None else outcome.test_acc}
+
+    def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None) -> None:
+        self.cfg, self.channel, self.setup, self.log = cfg, channel, setup, log
+        self.plan: AugmentPlan = setup.plan
+        self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
+        self.ledger = setup.ledger  # checkpointed as it is (under dpfnas: the search's, continued)
+        self.charging = setup.ledger if setup.private else None  # the ledger the augment releases are charged on
+        self.server = augment_server(setup.model, cfg.augment, setup.selector.select, self.plan.steps,
+                                     adadp_settings(cfg, private=setup.private) if cfg.augment.optimizer == "adadp"
+                                     else None)
+        self.test = setup.test.render(np.arange(len(setup.test.labels)))
+        self.test_loss = self.test_acc = math.nan
+        self.stats = np.zeros(4)
+        self.buffers = ServerBuffers(self.server.w.numel(), None)
+        self.selector: Selector | None = None
+        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def load_state_dict(self, checkpoint: dict) -> None:
+        self.stats = np.asarray(checkpoint["stats"], dtype=np.float64)
+        self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
+
+    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
+        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
+        self.selector, self.aux = selector, (x_aux, y_aux)
+        self.buffers = ServerBuffers(self.server.w.numel(), None, gathered_parties=self.channel.parties)
+
+    def iterate(self, step: int, epoch: int, control: int) -> None:
+        self.server.begin_step(step)
+        out = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
+                               aux=self.aux)
+        if self.selector is not None and self.log is not None:
+            self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
+        self.stats += out.train
+
+    def charge(self) -> None:
+        self.charging.record_augment_step()
+
+    def evaluate(self) -> np.ndarray:
+        test = self.server.evaluate(*self.test)
+        self.test_loss, self.test_acc = ratio(test[0], test[2]), ratio(test[1], test[2])
+        return test
+
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
+        # Under DP the parties send no statistics: counts stay 0 and the train columns are NaN.
+        lr, adadp_err = self.server.log_values()
+        row = {
+            "step": step, "epoch": epoch,
+            "train_loss": ratio(self.stats[0], self.stats[2]), "train_acc": ratio(self.stats[1], self.stats[2]),
+            "test_loss": ratio(test[0], test[2]) if test is not None else math.nan,
+            "test_acc": ratio(test[1], test[2]) if test is not None else math.nan,
+            "lr": lr, "adadp_err": adadp_err,
+        }
+        self.stats[:] = 0
+        return row
+
+    def log_privacy(self, row: EpsilonRow) -> None:
+        self.log.augment.append_privacy(row.step, row.augment_steps, row.epsilon, row.mu_gdp)
+
+    def checkpoint(self, step: int) -> dict:
+        return {
+            "stage": self.name, "step": step, "plan_steps": self.plan.steps,
+            "genotype": self.plan.genotype.to_string(), "config": self.cfg.to_yaml(),
+            "server": self.server.state_dict(), "ledger": self.ledger.state_dict() if self.ledger is not None else None,
+            "stats": self.stats.tolist(), "test_acc": self.test_acc, "test_loss": self.test_loss,
+            "selection": self.selector.state_dict() if self.selector is not None else None,
+            "log_rows": list(self.log.augment.row_counts()) if self.log is not None else [0, 0, 0],
+        }
+
+    def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> AugmentOutcome:
+        """The augmentation's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
+        plan = self.plan
+        outcome = AugmentOutcome(
+            genotype=plan.genotype.to_string(), params=self.setup.model.num_params(),
+            epochs=math.ceil(plan.steps / plan.steps_per_epoch), steps=step, test_acc=self.test_acc,
+            test_loss=self.test_loss, wall_seconds=0.0, private=self.setup.private, mode=self.cfg.mode,
+            stop_reason=_stop_reason(plan.stop_reason, stopped, step),
+            interrupted=stopped is not None, log_path=self.log.path if self.log is not None else None,
+        )
+        if self.ledger is not None:
+            outcome.epsilon, outcome.delta = self.ledger.epsilons(), self.ledger.plan.delta
+            self.ledger.close()
+        return outcome
 
 
 class _Accumulator:

@@ -29,7 +29,7 @@ Progress = Callable[[int, int, dict[str, float]], None]
 
 class ServerStage(Protocol):
     """What the loop asks of a stage on rank 0 (:class:`mpi_fnas.federation.serve.SearchStage`,
-    :class:`mpi_fnas.federation.augment.serve.AugmentStage`)."""
+    :class:`mpi_fnas.federation.serve.AugmentStage`)."""
 
     name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
     steps: int
