@@ -79,7 +79,7 @@ def run_job(plan, search_steps: int, augment: AugmentReleases, augment_steps: in
         ledger.record_step()
     ledger.start_augment(augment)
     for _ in range(augment_steps):
-        ledger.record_augment_step()
+        ledger.record_step("augment")
     return ledger
 
 
@@ -113,8 +113,8 @@ def test_composed_epsilon_after_search_and_augment_equals_dp_accounting(pool):
     ledger = run_job(plan, search_steps, releases(pool, 40), 0)
     ledger.charge_replays(1, 3)  # party 2 replays 3 search steps
     for _ in range(augment_steps):
-        ledger.record_augment_step()
-    ledger.charge_augment_replays(0, 2)  # party 1 replays 2 augment steps
+        ledger.record_step("augment")
+    ledger.charge_replays(0, 2, stage="augment")  # party 1 replays 2 augment steps
     search, augment = [search_steps, search_steps + 3], [augment_steps + 2, augment_steps]
 
     expected = direct_party_epsilons(pool, search, augment)
@@ -145,16 +145,16 @@ def test_augment_charges_need_start_augment_and_fixed_rates():
     plan = plan_privacy(TRAIN, VAL, dp_params(), planned_steps=10)
     ledger = FederationLedger(plan)
     with pytest.raises(RuntimeError, match="start_augment"):
-        ledger.record_augment_step()
+        ledger.record_step("augment")
     ledger.start_augment(releases("all", 10))
-    ledger.record_augment_step()
+    ledger.record_step("augment")
     ledger.start_augment(releases("all", 10, sigma=2.0))  # a re-planned σ_aug: allowed, the past keeps its σ
     with pytest.raises(ValueError, match="rates changed"):
         ledger.start_augment(releases("train", 10))
     with pytest.raises(ValueError, match="party index"):
-        ledger.charge_augment_replays(2, 1)
+        ledger.charge_replays(2, 1, stage="augment")
     with pytest.raises(ValueError, match="non-negative"):
-        ledger.charge_augment_replays(0, -1)
+        ledger.charge_replays(0, -1, stage="augment")
     ledger.charge_sent([1, 3], stage="augment")  # party 2 sent two augment steps the ledger never recorded
     assert ledger.augment_steps().tolist() == [1, 3] and ledger.charged_steps().tolist() == [0, 0]
 
@@ -260,7 +260,7 @@ def test_plan_augment_calibrates_sigma_to_what_the_search_left(pool):
     sigma = planned.noise_multiplier
     ledger.start_augment(planned)
     for _ in range(planned.steps):
-        ledger.record_augment_step()
+        ledger.record_step("augment")
     worst = ledger.epsilons().max()
     assert target - 0.01 <= worst <= target
     search = [30, 34]
@@ -308,7 +308,7 @@ def test_state_round_trip_with_augment_charges_and_replays():
     plan = plan_privacy(TRAIN, VAL, dp_params(), planned_steps=100)
     ledger = run_job(plan, 12, releases("train", 40), 7)  # pool "train": the val ledgers hold no augment release
     ledger.charge_replays(0, 2)
-    ledger.charge_augment_replays(1, 3)
+    ledger.charge_replays(1, 3, stage="augment")
     state = json.loads(json.dumps(ledger.state_dict()))
     assert state["augment"]["steps"] == [7, 10] and state["augment"]["replays"] == [0, 3]
     assert state["replays"] == [2, 0]
@@ -320,7 +320,7 @@ def test_state_round_trip_with_augment_charges_and_replays():
     assert np.array_equal(restored.epsilons(), ledger.epsilons())
     assert restored.state_dict() == ledger.state_dict()
     assert restored.augment.sample_rate_train.tolist() == ledger.augment.sample_rate_train.tolist()
-    restored.record_augment_step()  # continues from the restored releases
+    restored.record_step("augment")  # continues from the restored releases
     assert restored.augment_steps().tolist() == [8, 11]
 
     before_augment = FederationLedger(plan)  # a state written before the augment existed loads as "none yet"

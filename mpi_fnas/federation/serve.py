@@ -468,7 +468,7 @@ class AugmentStage:
         self.stats += out.train
 
     def charge(self) -> None:
-        self.charging.record_augment_step()
+        self.charging.record_step("augment")
 
     def evaluate(self) -> np.ndarray:
         test = self.server.evaluate(*self.test)

@@ -30,6 +30,9 @@ import numpy as np
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
 
+Stage = Literal["search", "augment"]
+STAGES: tuple[Stage, ...] = ("search", "augment")
+
 
 @dataclass(frozen=True)
 class EpsilonRow:
@@ -45,7 +48,7 @@ class EpsilonRow:
 class FederationLedger:
     """Two ledgers per party (train → W releases, validation → A releases), stepped together.
 
-    After the search, ``start_augment`` then ``record_augment_step`` charge the augment stage's releases on the
+    After the search, ``start_augment`` then ``record_step("augment")`` charge the augment stage's releases on the
     same ledgers (each at its shard's augment rate; a rate 0 charges nothing), so every ε is the composition of
     both stages. ``charged_steps()`` keeps counting the search releases only; ``augment_steps()`` the augment's.
 
@@ -61,55 +64,60 @@ class FederationLedger:
         k = len(plan.delta)
         self.train = [PrivacyLedger() for _ in range(k)]
         self.val = [PrivacyLedger() for _ in range(k)]
-        self._replays = np.zeros(k, dtype=np.int64)  # extra releases charged by charge_replays, per party
-        # The ledgers hold both stages' releases; these count each stage's, per party.
-        self._search_steps = np.zeros(k, dtype=np.int64)
+        # The ledgers hold both stages' releases; these count each stage's iterations and replays, per party.
+        self._steps = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
+        self._replays = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
         self.augment: AugmentReleases | None = None  # set by start_augment
-        self._augment_steps = np.zeros(k, dtype=np.int64)
-        self._augment_replays = np.zeros(k, dtype=np.int64)
         self._pending: deque[Future[EpsilonRow]] = deque()
         self._worker: _Worker | None = None
         self._last_submitted: tuple[np.ndarray, np.ndarray] | None = None  # the counts of the last row submitted
 
     # -- recording -----------------------------------------------------------------------------------------------
-    def record_step(self) -> None:
-        """One iteration: every party released ``plan.w_releases_per_step`` G_k (train; 2 under ADADP) and one H_k
-        (validation). ``charged_steps()`` counts iterations."""
+    def record_step(self, stage: Stage = "search") -> None:
+        """One iteration of `stage` by every party: a search iteration releases ``plan.w_releases_per_step`` G_k
+        (train; 2 under ADADP) and one H_k (validation); an augment iteration ``augment.releases_per_step``
+        gradients of the party's pool (2 under ADADP; :meth:`start_augment` first). The counts are iterations."""
         for k in range(len(self.train)):
-            self._charge(k, 1)
+            self._charge(k, 1, stage)
 
-    def charge_replays(self, party: int, steps: int) -> None:
-        """Charge ``steps`` extra releases to ``party`` (index 0..K-1) on BOTH its train and validation ledgers.
+    def charge_replays(self, party: int, steps: int, *, stage: Stage = "search") -> None:
+        """Charge ``steps`` extra iterations of `stage` to ``party`` (index 0..K-1).
 
         After a crash and ``--resume``, a party may already have sent releases for steps after the last
         checkpoint. Those steps run again, and each is a second release on the same shards with the same (σ, q)
         and fresh noise: a further composition the guarantee must pay for, not a repeat it may skip.
         """
-        self._check_replay(party, steps)
-        self._charge(party, int(steps))
-        self._replays[party] += int(steps)
+        if not 0 <= party < len(self.train):
+            raise ValueError(f"party index must be in 0..{len(self.train) - 1}, got {party}")
+        if int(steps) != steps or steps < 0:
+            raise ValueError(f"replayed steps must be a non-negative integer, got {steps}")
+        self._charge(party, int(steps), stage)
+        self._replays[stage][party] += int(steps)
 
-    def charge_sent(self, sent_steps: Sequence[int], *, stage: Literal["search", "augment"] = "search") -> None:
+    def charge_sent(self, sent_steps: Sequence[int], *, stage: Stage = "search") -> None:
         """Charge every party the ``stage`` iterations it says it sent beyond what the ledger counts.
 
         ``sent_steps[k]`` is party k+1's own count (from its journal, written before each send): after a crash
         and ``--resume`` the steps past the last checkpoint run again, and each is a further release.
         """
-        charged = self.charged_steps() if stage == "search" else self.augment_steps()
-        charge = self.charge_replays if stage == "search" else self.charge_augment_replays
-        for k, (sent, counted) in enumerate(zip(sent_steps, charged, strict=True)):
+        for k, (sent, counted) in enumerate(zip(sent_steps, self._steps[stage], strict=True)):
             if sent > counted:
-                charge(k, int(sent) - int(counted))
+                self.charge_replays(k, int(sent) - int(counted), stage=stage)
 
     def charged_steps(self) -> np.ndarray:
-        """(K,) int64: search releases charged per shard so far, per party (its iterations plus its replays).
+        """(K,) int64: search iterations charged so far, per party (its iterations plus its replays).
 
         The log's ``/privacy/charged_steps``: augment releases are not in it (see :meth:`augment_steps`).
         """
-        return self._search_steps.copy()
+        return self._steps["search"].copy()
+
+    def augment_steps(self) -> np.ndarray:
+        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
+        ``augment.releases_per_step`` releases)."""
+        return self._steps["augment"].copy()
 
     def start_augment(self, releases: AugmentReleases) -> None:
-        """From now on, ``record_augment_step`` charges ``releases`` (σ_aug and each party's two augment rates).
+        """From now on, ``record_step("augment")`` charges ``releases`` (σ_aug and each party's two augment rates).
 
         May be called again (a resume, a re-planned σ_aug): releases already charged keep the σ they were
         charged with. The rates, public facts of the pool, may not change once augment releases were charged.
@@ -117,30 +125,13 @@ class FederationLedger:
         if releases.sample_rate_train.shape != (len(self.train),):
             raise ValueError(f"the augment releases cover {len(releases.sample_rate_train)} parties, the ledger "
                              f"{len(self.train)}")
-        if self.augment is not None and self._augment_steps.any():
+        if self.augment is not None and self._steps["augment"].any():
             if not (np.array_equal(self.augment.sample_rate_train, releases.sample_rate_train)
                     and np.array_equal(self.augment.sample_rate_val, releases.sample_rate_val)):
                 raise ValueError("the augment sample rates changed after augment releases were charged")
             if self.augment.releases_per_step != releases.releases_per_step:
                 raise ValueError("the augment releases per step changed after augment releases were charged")
         self.augment = releases
-
-    def record_augment_step(self) -> None:
-        """One augment iteration: every party released ``augment.releases_per_step`` gradients of its pool (2 under
-        ADADP). ``augment_steps()`` counts iterations."""
-        for k in range(len(self.train)):
-            self._charge_augment(k, 1)
-
-    def charge_augment_replays(self, party: int, steps: int) -> None:
-        """Charge ``steps`` replayed augment iterations to ``party`` (index 0..K-1), like :meth:`charge_replays`."""
-        self._check_replay(party, steps)
-        self._charge_augment(party, int(steps))
-        self._augment_replays[party] += int(steps)
-
-    def augment_steps(self) -> np.ndarray:
-        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
-        ``augment.releases_per_step`` releases)."""
-        return self._augment_steps.copy()
 
     # -- privacy (caller's thread) -------------------------------------------------------------------------------
     def epsilons(self) -> np.ndarray:
@@ -217,11 +208,12 @@ class FederationLedger:
         ``augment`` (once started): the releases being charged, and per party how many were charged and how
         many of those were replays.
         """
-        state: dict[str, Any] = {"train": [t.state_dict() for t in self.train],
-                                 "val": [v.state_dict() for v in self.val], "replays": self._replays.tolist()}
+        state: dict[str, Any] = {"train": [ledger.state_dict() for ledger in self.train],
+                                 "val": [ledger.state_dict() for ledger in self.val],
+                                 "replays": self._replays["search"].tolist()}
         if self.augment is not None:
-            state["augment"] = {"releases": self.augment.state_dict(), "steps": self._augment_steps.tolist(),
-                                "replays": self._augment_replays.tolist()}
+            state["augment"] = {"releases": self.augment.state_dict(), "steps": self._steps["augment"].tolist(),
+                                "replays": self._replays["augment"].tolist()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -231,12 +223,12 @@ class FederationLedger:
             ledger.load_state_dict(saved)
         zeros = [0] * len(self.train)
         # A state written before replays were charged has none, one written before the augment no augment.
-        self._replays = self._counts(state.get("replays", zeros), "replay")
-        saved_augment = state.get("augment")
-        self.augment = None if saved_augment is None else AugmentReleases.from_state_dict(saved_augment["releases"])
-        self._augment_steps = self._counts(zeros if saved_augment is None else saved_augment["steps"], "augment step")
-        self._augment_replays = self._counts(zeros if saved_augment is None else saved_augment["replays"],
-                                             "augment replay")
+        self._replays["search"] = self._counts(state.get("replays", zeros), "replay")
+        saved_augment = state.get("augment") or {"steps": zeros, "replays": zeros}
+        self.augment = AugmentReleases.from_state_dict(saved_augment["releases"]) if "releases" in saved_augment \
+            else None
+        self._steps["augment"] = self._counts(saved_augment["steps"], "augment step")
+        self._replays["augment"] = self._counts(saved_augment["replays"], "augment replay")
         if self.augment is not None and self.augment.sample_rate_train.shape != (len(self.train),):
             raise ValueError("privacy ledger state: the augment releases cover a different number of parties")
         # What the ledgers hold minus the augment releases each one was charged is the search's release count:
@@ -248,39 +240,32 @@ class FederationLedger:
         if (np.any(search_train != search_val) or np.any(search_train < 0)
                 or np.any(releases_train % self.plan.w_releases_per_step)):
             raise ValueError("privacy ledger state: a party's train and validation ledgers disagree on the step count")
-        self._search_steps = search_train
+        self._steps["search"] = search_train
 
     # -- internals -----------------------------------------------------------------------------------------------
-    def _charge(self, party: int, steps: int) -> None:
-        self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
-                               sample_rate=float(self.plan.sample_rate_train[party]),
-                               num_steps=steps * self.plan.w_releases_per_step)
-        self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
-                             sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
-        self._search_steps[party] += steps
-
-    def _charge_augment(self, party: int, steps: int) -> None:
-        if self.augment is None:
+    def _charge(self, party: int, steps: int, stage: Stage) -> None:
+        if stage == "search":
+            self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
+                                   sample_rate=float(self.plan.sample_rate_train[party]),
+                                   num_steps=steps * self.plan.w_releases_per_step)
+            self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
+                                 sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
+        elif self.augment is None:
             raise RuntimeError("augment releases charged before start_augment")
-        for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
-                             (self.val[party], float(self.augment.sample_rate_val[party]))):
-            if rate > 0:  # a shard outside the pool is never touched: nothing to pay
-                ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
-                            num_steps=steps * self.augment.releases_per_step)
-        self._augment_steps[party] += steps
+        else:
+            for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
+                                 (self.val[party], float(self.augment.sample_rate_val[party]))):
+                if rate > 0:  # a shard outside the pool is never touched: nothing to pay
+                    ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
+                                num_steps=steps * self.augment.releases_per_step)
+        self._steps[stage][party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
         """(K,) augment releases each party's ``shard`` ledger holds (0 where its rate is 0)."""
         if self.augment is None:
             return np.zeros(len(self.train), dtype=np.int64)
         rates = self.augment.sample_rate_train if shard == "train" else self.augment.sample_rate_val
-        return np.where(rates > 0, self._augment_steps * self.augment.releases_per_step, 0)
-
-    def _check_replay(self, party: int, steps: int) -> None:
-        if not 0 <= party < len(self.train):
-            raise ValueError(f"party index must be in 0..{len(self.train) - 1}, got {party}")
-        if int(steps) != steps or steps < 0:
-            raise ValueError(f"replayed steps must be a non-negative integer, got {steps}")
+        return np.where(rates > 0, self._steps["augment"] * self.augment.releases_per_step, 0)
 
     def _counts(self, saved: Any, what: str) -> np.ndarray:
         counts = np.asarray(saved, dtype=np.int64)
