@@ -1,17 +1,19 @@
-"""Everything a DP party hands to MPI is a noised release or data-independent; no stream key ever leaves it,
-in either search space (``space.kind`` darts and dpnas), and under SecProbe's selection, where the releases go by
-Gather instead of Reduce and one party holds noise examples.
+"""Everything a DP party hands to MPI is a noised release or data-independent; no stream key ever leaves it, in
+both stages (the search and the augmentation), in either search space (``space.kind`` darts and dpnas), and under
+SecProbe's selection, where the releases go by Gather instead of Reduce and one party holds noise examples.
 
 Each party's Channel records every call that can send something (``reduce_sum``, ``gather_objects``,
 ``notify_failure``, and the object/buffer collectives, whose payload a party does not send); ``party_release`` is
 wrapped to record its output and, independently, the clipped sum it must contain. The run checkpoints every 2
 steps, so the checkpoint path is spied too. Then, on every party:
-  * it sent exactly 2 buffers per step (G_k, H_k) and nothing else (no statistics, no final evaluation);
+  * it sent exactly its releases of each step (the search: G_k and H_k; the augmentation: its weight release) and
+    nothing else (no statistics, no final evaluation);
   * each buffer's gradient part is bit-for-bit the output of a ``party_release`` call, with a zero tail;
   * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
   * every object it sent is made of short strings, ints and None (its device, its sent-steps count, checkpoint
     acknowledgements): no tensor, no bytes, no stream state;
-and on the server: its checkpoint holds no party state, while each party's own directory does.
+and on the server: its checkpoint holds no party state, while each party's own directory does, and the log's
+release constants are the configured public ones.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.job import run_job
 from mpi_fnas.federation.search import run_search
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
@@ -119,48 +122,76 @@ ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10}
 #: holds noise examples. A party must hand the Gather exactly what it would Reduce (also used by the augment spy).
 SELECTING = ["federation.selection=secprobe", "federation.select=1", "federation.selection_epsilon=1.0",
              "federation.aux_size=16", "federation.unreliable_parties=1", "federation.corruption=0.5"]
-#: The cases: each space, and DARTS under SecProbe.
-CASES = {"darts": SPACES["darts"], "dpnas": SPACES["dpnas"], "darts-secprobe": [*SPACES["darts"], *SELECTING]}
+GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
+            "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
+#: Each stage's run: its settings, its checkpoint's keys, a party's own state file at step 2, the releases a party
+#: makes per step, and their clips ("selection" in a checkpoint: the server's own selector, never a party's state).
+STAGES = {
+    "search": {
+        "settings": [f"search.batch_size={B}", "search.epochs=1", f"search.steps_per_epoch={STEPS}",
+                     f"privacy.noise_multiplier_w={SIGMA}", f"privacy.noise_multiplier_a={SIGMA}",
+                     f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}"],
+        "checkpoint": ["format_version", "stage", "step", "plan_steps", "config", "server", "selection",
+                       "shard_sizes", "ledger", "accumulator", "log_rows"],
+        "party_state": "state-2.pt", "clips": (CLIP_W, CLIP_A),
+    },
+    "augment": {
+        "settings": [f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
+                     f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4",
+                     f"augment.noise_multiplier={SIGMA}", f"augment.clip={CLIP_W}"],
+        "checkpoint": ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "selection",
+                       "ledger", "stats", "test_acc", "test_loss", "log_rows"],
+        "party_state": "augment-state-2.pt", "clips": (CLIP_W,),
+    },
+}
+#: The cases (stage, settings): the search in each space and in DARTS under SecProbe; the augmentation (of a given
+#: genotype, no search) with every release reduced and under SecProbe.
+CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas"]),
+         "darts-secprobe": ("search", [*SPACES["darts"], *SELECTING]),
+         "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING)}
 
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
-    space, selecting = case.split("-")[0], case.endswith("secprobe")
+    stage, settings = CASES[case]
+    run, selecting = STAGES[stage], case.endswith("secprobe")
     releases: list[dict] = []
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     cfg = load_config(None, [
-        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
-        *CASES[case], f"search.batch_size={B}", "search.epochs=1",
-        f"search.steps_per_epoch={STEPS}", f"privacy.noise_multiplier_w={SIGMA}",
-        f"privacy.noise_multiplier_a={SIGMA}", f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}",
-        "runtime.progress=off", "checkpoint.every_steps=2",
+        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *settings,
+        *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
     ])
     world = MPI.COMM_WORLD
-    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-") if world.Get_rank() == 0 else None, root=0))
+    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix=f"spy-{case}-") if world.Get_rank() == 0 else None, root=0))
     channel = RecordingChannel(world)
-    run_search(cfg, channel, run_dir)
+    if stage == "search":
+        run_search(cfg, channel, run_dir)
+    else:
+        run_job(cfg, channel, run_dir, stage="augment")
     world.Barrier()
     if channel.is_server:
-        # "selection": the server's own selector (its score window, draw count and coins), never a party's state
-        check_checkpoint_holds_no_party_state(run_dir, ["format_version", "stage", "step", "plan_steps", "config",
-                                                        "server", "selection", "shard_sizes", "ledger", "accumulator",
-                                                        "log_rows"],
-                                              party_state="state-2.pt")
+        state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
+        assert (state["stage"], state["step"]) == (stage, 2)
         # the log's release constants are the configured public ones (never a realised batch size)
-        privacy = read_run(run_dir / "search.h5")["privacy"]
-        assert (privacy["expected_batch_size_w"], privacy["expected_batch_size_a"]) == (B, B)
-        assert (privacy["clip_w"], privacy["clip_a"], privacy["noise_multiplier_w"]) == (CLIP_W, CLIP_A, SIGMA)
+        log = read_run(run_dir / "search.h5")
+        if stage == "search":
+            privacy = log["privacy"]
+            assert (privacy["expected_batch_size_w"], privacy["expected_batch_size_a"]) == (B, B)
+            assert (privacy["clip_w"], privacy["clip_a"], privacy["noise_multiplier_w"]) == (CLIP_W, CLIP_A, SIGMA)
+        else:
+            privacy = log["augment"]["privacy"]
+            assert (privacy["expected_batch_size"], privacy["clip"], privacy["noise_multiplier"]) == (B, CLIP_W, SIGMA)
         return
 
     check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
 
-    assert len(channel.sent) == 2 * STEPS  # G_k and H_k per step, nothing else
-    assert len(releases) == 2 * STEPS
-    # the H releases are this space's alpha (the parametrisation really ran the space it names)
-    assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[space]}
-    check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=(CLIP_W, CLIP_A))
+    per_step = len(run["clips"])
+    assert len(channel.sent) == per_step * STEPS == len(releases)  # the step's releases, nothing else
+    if stage == "search":  # the H releases are this space's alpha (the parametrisation ran the space it names)
+        assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[case.split("-")[0]]}
+    check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
 
 
 def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
