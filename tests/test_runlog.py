@@ -1,17 +1,16 @@
 """Tests of the HDF5 run log (mpi_fnas.runlog): schema, SWMR live reading, failure, resume, truncation, and the
-liveness record that turns a killed writer's ``running`` into ``failed``."""
+liveness record that turns a killed writer's ``running`` into ``failed``.
+
+What the two stages share -- one ``StageLog`` writes the search (the root group) and the augment stage
+(``/augment``) alike -- is tested once, parametrized over ``stage``; what only the search does (its schema,
+``create``, the epoch-end rows) stands alone here, and what only the augment stage does in test_runlog_augment.py.
+"""
 
 from __future__ import annotations
 
-import json
 import os
-import queue
-import signal
 import socket
-import subprocess
-import sys
 import textwrap
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -19,73 +18,54 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from runlog_helpers import (
+    EDGES,
+    KILLED_WRITER_ROWS,
+    METRIC_NAMES,
+    OPS,
+    PARTIES,
+    PREFIX,
+    STAGES,
+    STEP_NOUN,
+    LineReader,
+    cost,
+    create_log,
+    end,
+    metric_row,
+    open_stage,
+    python_child,
+    record,
+    reopen_log,
+    resume,
+    rows,
+    search_privacy,
+    search_row,
+    sigkill,
+    softmax_rows,
+    start_writer,
+)
 
 import mpi_fnas
-from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import (
     HEARTBEAT_SECONDS,
     RELEASE_FIELDS,
     SEARCH_METRICS,
     RunLog,
-    StagePrivacy,
     liveness,
     read_run,
     writer,
 )
 from mpi_fnas.runlog import reader as reader_module
 
-EDGES, OPS = 14, 8
-PARTIES = 3
-METRICS = SEARCH_METRICS
-REPO_ROOT = Path(__file__).resolve().parents[1]
-
-
-def _privacy(parties: int = PARTIES) -> StagePrivacy:
-    """The search's releases: W with σ 1.0 and clip 0.01, A with a σ per party and clip 0.1."""
-    return StagePrivacy(
-        delta=[1e-5] * parties,
-        releases={"W": Release(noise_multiplier=1.0, clip=0.01, expected_batch_size=16.0),
-                  "A": Release(noise_multiplier=np.linspace(1.0, 1.5, parties), clip=0.1, expected_batch_size=16.0)},
-        sample_rates={"W": np.linspace(0.01, 0.03, parties), "A": np.linspace(0.02, 0.04, parties)},
-        accountant="pld",
-    )
-
-
-def _create(path: Path, *, mode: str = "fnas", genotype_length: int = 64, **overrides) -> RunLog:
-    arguments = dict(
-        mode=mode,
-        parties=PARTIES,
-        config_text="search:\n  epochs: 2\n",
-        metric_names=METRICS,
-        alpha_shape=(EDGES, OPS),
-        genotype_length=genotype_length,
-        privacy_guarantee="holds" if mode == "dpfnas" else f"none: mode {mode} makes no privacy claim",
-        privacy=_privacy() if mode == "dpfnas" else None,
-    )
-    arguments.update(overrides)
-    return RunLog.create(path, **arguments)
-
-
-def _softmax_rows(seed: int) -> np.ndarray:
-    """(EDGES, OPS) float32 weights that are a distribution per edge, distinct per seed."""
-    logits = np.random.default_rng(seed).normal(size=(EDGES, OPS))
-    weights = np.exp(logits)
-    return (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
-
-
-def _metric_row(step: int) -> dict[str, float]:
-    return {"step": step, "epoch": step // 2, "train_loss": 2.0 - 0.1 * step, "val_acc": 0.1 * step}
-
-
-# ---------------------------------------------------------------------- schema
+# ---------------------------------------------------------------------- the search's schema and create
 
 
 def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cuda:0", "cuda:1", "cuda:0"]})
+    runlog = create_log(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cuda:0", "cuda:1", "cuda:0"]})
     for step in range(3):
-        runlog.search.append_metrics(_metric_row(step))
-    runlog.search.append_epoch(_softmax_rows(0), _softmax_rows(1), "normal=[sep_conv_3x3]")
+        runlog.search.append_metrics(search_row(step))
+    runlog.search.append_epoch(softmax_rows(0), softmax_rows(1), "normal=[sep_conv_3x3]")
     runlog.search.append_privacy(3, np.array([3, 4, 3]), np.array([0.5, 0.6, 0.7]), np.array([0.05, 0.06, 0.07]))
     runlog.search.finish(
         "finished",
@@ -115,8 +95,8 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert datetime.fromisoformat(root["created"]).tzinfo is not None
 
         assert set(f) == {"metrics", "alphas", "genotype", "cost", "privacy", "ranks", "writer"}
-        assert list(f["metrics"]) == list(METRICS)  # caller's column order survives
-        for name in METRICS:
+        assert list(f["metrics"]) == list(SEARCH_METRICS)  # caller's column order survives
+        for name in SEARCH_METRICS:
             dataset = f["metrics"][name]
             assert dataset.dtype == np.float64 and dataset.shape == (3,), name
             assert dataset.maxshape == (None,) and dataset.chunks is not None, name
@@ -127,7 +107,7 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
             dataset = f["alphas"][cell]
             assert dataset.dtype == np.float32 and dataset.shape == (1, EDGES, OPS)
             assert dataset.maxshape == (None, EDGES, OPS) and dataset.chunks is not None
-            np.testing.assert_array_equal(dataset[0], _softmax_rows(seed))
+            np.testing.assert_array_equal(dataset[0], softmax_rows(seed))
 
         genotype = f["genotype"]
         assert genotype.dtype == np.dtype("S64") and genotype.maxshape == (None,)
@@ -170,84 +150,94 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert record["heartbeat"][()] >= record["started"][()] > 0
 
 
-def test_privacy_group_only_when_requested(tmp_path: Path) -> None:
-    runlog = _create(tmp_path / "fnas.h5", mode="fnas")
-    with pytest.raises(RuntimeError, match="has no privacy ledger"):
-        runlog.search.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES), np.zeros(PARTIES))
-    runlog.search.finish("finished", reason="completed")
-    fnas = read_run(tmp_path / "fnas.h5")
-    assert fnas["privacy"] is None and fnas["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
-    with h5py.File(tmp_path / "fnas.h5", "r") as f:
-        assert "privacy" not in f
-
+def test_create_refuses_a_bad_mode_or_privacy_schema(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="mode must be one of"):
+        create_log(tmp_path / "bad_mode.h5", mode="dp")
+    assert not (tmp_path / "bad_mode.h5").exists()
     # A DP run without a ledger, or a ledger on a non-DP run, is a configuration mistake.
     with pytest.raises(ValueError, match="privacy schema is required"):
-        _create(tmp_path / "dp_without.h5", mode="dpfnas", privacy=None)
+        create_log(tmp_path / "dp_without.h5", mode="dpfnas", privacy=None)
     with pytest.raises(ValueError, match="privacy schema is required"):
-        _create(tmp_path / "fnas_with.h5", mode="fnas", privacy=_privacy())
+        create_log(tmp_path / "fnas_with.h5", mode="fnas", privacy=search_privacy())
     with pytest.raises(ValueError, match=r"delta must have shape \(3,\)"):
-        _create(tmp_path / "bad_delta.h5", mode="dpfnas", privacy=_privacy(parties=2))
-
-    dp = _create(tmp_path / "dp.h5", mode="dpfnas")
-    with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
-        dp.search.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES + 1), np.zeros(PARTIES))
-    with pytest.raises(ValueError, match=r"charged_steps must have shape \(3,\)"):
-        dp.search.append_privacy(1, 1, np.zeros(PARTIES), np.zeros(PARTIES))  # a scalar would be broadcast silently
-    dp.search.append_privacy(1, np.ones(PARTIES), np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is legitimate
-    dp.search.finish("finished", reason="completed")
-    dp_privacy = read_run(tmp_path / "dp.h5")["privacy"]
-    assert dp_privacy["epsilon"].shape == (1, PARTIES) and dp_privacy["charged_steps"].tolist() == [[1, 1, 1]]
-
-
-def test_status_and_mode_are_validated(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="mode must be one of"):
-        _create(tmp_path / "bad_mode.h5", mode="dp")
-    assert not (tmp_path / "bad_mode.h5").exists()
-
-    path = tmp_path / "search.h5"
-    runlog = _create(path)
-    runlog.search.append_metrics(_metric_row(0))
-    for status in ("done", "running", "Finished"):
-        with pytest.raises(ValueError, match="final status must be one of"):
-            runlog.search.finish(status, reason="x")
-    # A rejected finish leaves the log open and running.
-    runlog.search.append_metrics(_metric_row(1))
-    assert read_run(path)["status"] == "running"
-    runlog.search.finish("interrupted", reason="SIGUSR1")
-    assert read_run(path)["status"] == "interrupted"
+        create_log(tmp_path / "bad_delta.h5", mode="dpfnas", privacy=search_privacy(parties=2))
 
 
 def test_create_never_overwrites_an_existing_log(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    first = _create(path)
-    first.search.append_metrics(_metric_row(0))
+    first = create_log(path)
+    first.search.append_metrics(search_row(0))
     first.search.finish("finished", reason="completed")
     with pytest.raises(FileExistsError):
-        _create(path)
+        create_log(path)
     assert read_run(path)["metrics"]["step"].tolist() == [0.0]
 
 
-# ---------------------------------------------------------------------- appending
+# ---------------------------------------------------------------------- appending (either stage)
 
 
-def test_missing_metrics_are_nan_and_unknown_names_write_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_missing_metrics_are_nan_and_unknown_names_write_nothing(tmp_path: Path, stage: str) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path)
-    runlog.search.append_metrics({"step": 0, "train_loss": 1.5})
-    with pytest.raises(KeyError, match="train_los"):
-        runlog.search.append_metrics({"step": 1, "train_los": 1.0})
-    assert runlog.search.row_counts()[0] == 1  # metrics
-    runlog.search.finish("finished", reason="completed")
-    run = read_run(path)
-    assert {name: values.shape for name, values in run["metrics"].items()} == {name: (1,) for name in METRICS}
-    assert run["metrics"]["train_loss"][0] == 1.5
-    assert np.isnan(run["metrics"]["val_acc"][0]) and np.isnan(run["metrics"]["test_acc"][0])
+    log = open_stage(path, stage).stage(stage)
+    row = {"step": 0, "epoch": 0, "train_loss": 1.5}
+    log.append_metrics(row)
+    with pytest.raises(KeyError, match=r"unknown metric name\(s\) \['train_los'\]"):
+        log.append_metrics({"step": 1, "epoch": 0, "train_los": 1.0})
+    assert log.row_counts() == rows(stage, metrics=1)
+    log.finish("finished", reason="completed")
+    metrics = record(read_run(path), stage)["metrics"]
+    assert {name: values.shape for name, values in metrics.items()} == dict.fromkeys(METRIC_NAMES[stage], (1,))
+    assert metrics["train_loss"][0] == 1.5
+    missing = [name for name in metrics if name not in row]
+    assert "test_acc" in missing and all(np.isnan(metrics[name][0]) for name in missing), missing
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_stage_without_privacy_has_no_ledger_and_no_selection(tmp_path: Path, stage: str) -> None:
+    path = tmp_path / "search.h5"
+    log = open_stage(path, stage).stage(stage)
+    with pytest.raises(RuntimeError, match=f"the {stage} stage of this run log has no privacy ledger"):
+        log.append_privacy(1, np.ones(PARTIES, np.int64), np.zeros(PARTIES), np.zeros(PARTIES))
+    with pytest.raises(RuntimeError, match=f"the {stage} stage of this run log has no selection"):
+        log.append_selection(1, np.ones(PARTIES, bool), np.zeros(PARTIES), 0.0)
+    assert log.row_counts() == rows(stage)
+    log.finish("finished", reason="completed")
+    stage_run = record(read_run(path), stage)
+    assert stage_run["metrics"]["step"].tolist() == []  # the refused appends wrote nothing
+    assert stage_run["privacy"] is None and stage_run["selection"] is None
+    assert stage_run["privacy_guarantee"] == "none: mode fnas makes no privacy claim"
+    with h5py.File(path, "r") as f:
+        assert f"{PREFIX[stage]}privacy" not in f
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_append_privacy_refuses_wrong_shapes_and_takes_infinite_epsilon(tmp_path: Path, stage: str) -> None:
+    path = tmp_path / "search.h5"
+    log = open_stage(path, stage, private=True).stage(stage)
+    with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
+        log.append_privacy(1, np.ones(PARTIES), np.zeros(PARTIES + 1), np.zeros(PARTIES))
+    with pytest.raises(ValueError, match=r"epsilon must have shape \(3,\)"):
+        log.append_privacy(1, np.ones(PARTIES), 0.5, np.zeros(PARTIES))  # a scalar would be broadcast silently
+    with pytest.raises(ValueError, match=r"charged_steps must have shape \(3,\)"):
+        log.append_privacy(1, 1, np.zeros(PARTIES), np.zeros(PARTIES))
+    assert log.row_counts() == rows(stage)
+    log.append_privacy(10, np.ones(PARTIES), np.full(PARTIES, np.inf), np.zeros(PARTIES))  # ε = inf is legitimate
+    log.append_privacy(20, np.full(PARTIES, 2), np.array([1.0, 1.1, np.inf]), np.zeros(PARTIES))
+    log.finish("finished", reason="completed")
+    privacy = record(read_run(path), stage)["privacy"]
+    assert privacy["epsilon"].shape == (2, PARTIES) and privacy["charged_steps"].tolist() == [[1, 1, 1], [2, 2, 2]]
+    assert privacy["steps"].tolist() == [10, 20]
+    assert privacy["epsilon"].tolist() == [[np.inf] * PARTIES, [1.0, 1.1, np.inf]]
+
+
+# ---------------------------------------------------------------------- the search's epoch-end rows
 
 
 def test_genotype_too_long_raises_and_writes_nothing(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, genotype_length=8)
-    alphas = _softmax_rows(0)
+    runlog = create_log(path, genotype_length=8)
+    alphas = softmax_rows(0)
     runlog.search.append_epoch(alphas, alphas, "a" * 8)  # exactly the limit fits
     with pytest.raises(ValueError, match="9 bytes"):
         runlog.search.append_epoch(alphas, alphas, "a" * 9)
@@ -260,15 +250,40 @@ def test_genotype_too_long_raises_and_writes_nothing(tmp_path: Path) -> None:
     assert run["alphas"]["normal"].shape == (2, EDGES, OPS)
 
 
-def test_alphas_must_be_softmax_weights_of_the_declared_shape(tmp_path: Path) -> None:
-    runlog = _create(tmp_path / "search.h5")
+def test_alphas_must_be_softmax_weights_and_a_failed_search_keeps_its_epochs(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    runlog = create_log(path)
     raw_alphas = 1e-3 * np.random.default_rng(0).random(size=(EDGES, OPS))  # DARTS init scale, not softmax
     with pytest.raises(ValueError, match="sum to 1"):
-        runlog.search.append_epoch(raw_alphas, _softmax_rows(1), "g")
+        runlog.search.append_epoch(raw_alphas, softmax_rows(1), "g")
     with pytest.raises(ValueError, match="shape"):
-        runlog.search.append_epoch(_softmax_rows(0)[:, :7], _softmax_rows(1), "g")
+        runlog.search.append_epoch(softmax_rows(0)[:, :7], softmax_rows(1), "g")
     assert runlog.search.row_counts()[1] == 0  # epochs
+    runlog.search.append_epoch(softmax_rows(0), softmax_rows(1), "partial")
     runlog.search.finish("failed", reason="test")
+    assert read_run(path)["genotypes"] == ["partial"]
+
+
+def test_the_augment_stage_has_no_epoch_rows(tmp_path: Path) -> None:
+    log = open_stage(tmp_path / "search.h5", "augment").stage("augment")
+    with pytest.raises(RuntimeError, match="the augment stage has no epoch-end rows"):
+        log.append_epoch(softmax_rows(0), softmax_rows(1), "g")
+
+
+def test_truncate_drops_the_searchs_epochs_too(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    runlog = create_log(path)
+    for epoch in range(3):
+        runlog.search.append_metrics(search_row(epoch))
+        runlog.search.append_epoch(softmax_rows(epoch), softmax_rows(epoch + 10), f"g{epoch}")
+    runlog.search.truncate(2, 1)  # a checkpoint older than the ledger and the selection: their counts are 0
+    assert runlog.search.row_counts() == (2, 1, 0, 0)
+    runlog.search.append_epoch(softmax_rows(7), softmax_rows(8), "g-new")
+    runlog.search.finish("finished", reason="completed")
+    run = read_run(path)
+    assert run["metrics"]["step"].tolist() == [0.0, 1.0]
+    assert run["genotypes"] == ["g0", "g-new"]
+    np.testing.assert_array_equal(run["alphas"]["normal"][1], softmax_rows(7))
 
 
 # ---------------------------------------------------------------------- live reading (SWMR)
@@ -314,41 +329,19 @@ _READER = textwrap.dedent(
 )
 
 
-class _LineReader:
-    """Reads a child's stdout lines on a thread so the test can wait with a timeout instead of hanging."""
-
-    def __init__(self, process: subprocess.Popen) -> None:
-        self._lines: queue.Queue[str] = queue.Queue()
-        self._thread = threading.Thread(target=self._pump, args=(process,), daemon=True)
-        self._thread.start()
-
-    def _pump(self, process: subprocess.Popen) -> None:
-        for line in process.stdout:
-            self._lines.put(line)
-
-    def json(self, timeout: float = 30.0) -> dict:
-        return json.loads(self._lines.get(timeout=timeout))
-
-
-def _python_child(script: str, path: Path) -> subprocess.Popen:
-    """A python subprocess running `script` on the log at `path`, talking over pipes."""
-    return subprocess.Popen([sys.executable, "-c", script, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=REPO_ROOT)
-
-
 def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path)
-    reader = _python_child(_READER, path)
+    runlog = create_log(path)
+    reader = python_child(_READER, path)
     try:
-        lines = _LineReader(reader)
+        lines = LineReader(reader)
         assert lines.json() == {"opened": True, "status": "running"}
         reports_before_finish = []
         total_rows = 6
         for step in range(total_rows):
-            runlog.search.append_metrics(_metric_row(step))
+            runlog.search.append_metrics(search_row(step))
             if step % 2 == 1:
-                runlog.search.append_epoch(_softmax_rows(step), _softmax_rows(step + 1), f"genotype-{step}")
+                runlog.search.append_epoch(softmax_rows(step), softmax_rows(step + 1), f"genotype-{step}")
             epochs = (step + 1) // 2
             reader.stdin.write(f"expect {step + 1} {epochs}\n")
             reader.stdin.flush()
@@ -360,9 +353,7 @@ def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path)
         after = lines.json()
         reader.wait(timeout=30)
     finally:
-        if reader.poll() is None:
-            reader.kill()
-            reader.wait()
+        end(reader)
     assert reader.returncode == 0, reader.stderr.read()
 
     # While the writer was still appending, the reader saw every row appear, one at a time.
@@ -376,222 +367,262 @@ def test_concurrent_swmr_reader_sees_rows_while_the_run_is_going(tmp_path: Path)
     assert (after["status"], after["reason"]) == ("finished", "completed")
 
 
-# ---------------------------------------------------------------------- failure, resume, truncation
+# ---------------------------------------------------------------------- failure, resume, truncation (either stage)
 
 
-def test_failure_keeps_rows_and_sets_status(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_refused_finish_leaves_the_stage_running(tmp_path: Path, stage: str) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path)
-    for step in range(4):
-        runlog.search.append_metrics(_metric_row(step))
-    runlog.search.append_epoch(_softmax_rows(0), _softmax_rows(1), "partial")
-    runlog.search.finish("failed", reason="RuntimeError: party 3 diverged")
-    run = read_run(path)
-    assert (run["status"], run["stale"]) == ("failed", False)  # a recorded failure, not a dead writer
-    assert run["reason"] == "RuntimeError: party 3 diverged"
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0]
-    assert run["genotypes"] == ["partial"]
+    log = open_stage(path, stage, steps=1).stage(stage)
+    for status in ("done", "running", "Finished"):
+        with pytest.raises(ValueError, match="final status must be one of"):
+            log.finish(status, reason="x")
+    with pytest.raises(KeyError, match="unknown cost field"):
+        log.finish("finished", reason="x", cost={"seconds": 1.0})
+    log.append_metrics(metric_row(stage, 1))  # still running and writable
+    assert record(read_run(path), stage)["status"] == "running"
+    log.finish("interrupted", reason="SIGUSR1")
+    stage_run = record(read_run(path), stage)
+    assert (stage_run["status"], stage_run["reason"]) == ("interrupted", "SIGUSR1")
+    assert stage_run["metrics"]["step"].tolist() == [0, 1]
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_failed_stage_keeps_its_rows_and_the_first_outcome_wins(tmp_path: Path, stage: str) -> None:
+    path = tmp_path / "search.h5"
+    runlog = open_stage(path, stage, steps=4)
+    log = runlog.stage(stage)
+    first = cost(50.0, 4, 3, 0.04, 0.1)
+    log.finish("failed", reason="RuntimeError: party 3 diverged", cost=first)
+    failed = record(read_run(path), stage)
+    assert (failed["status"], failed["stale"]) == ("failed", False)  # a recorded failure, not a dead writer
+    assert failed["reason"] == "RuntimeError: party 3 diverged"
+    assert failed["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert failed["cost"] == first
 
     # finish is idempotent: the first outcome wins, a later call changes nothing.
-    runlog.search.finish("finished", reason="completed")
-    after_second_finish = read_run(path)
+    log.finish("finished", reason="completed", cost=cost(1.0, 1, 1, 1.0, 1.0))
+    after_second_finish = record(read_run(path), stage)
     assert after_second_finish["status"] == "failed"
     assert after_second_finish["reason"] == "RuntimeError: party 3 diverged"
+    assert after_second_finish["cost"] == first
+    with pytest.raises(RuntimeError, match="closed"):
+        log.append_metrics(metric_row(stage, 4))
+    runlog.close()
+    runlog.close()
 
 
-def test_reopen_continues_rows_and_adds_up_cost(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_resumed_stage_continues_its_rows_and_adds_up_cost(tmp_path: Path, stage: str) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, mode="dpfnas", rank_attrs={"devices": ["cpu", "cpu", "cpu", "cpu"]})
-    for step in range(3):
-        runlog.search.append_metrics(_metric_row(step))
-    runlog.search.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
-    runlog.search.finish(
-        "interrupted",
-        reason="SIGUSR1",
-        cost={"wall_seconds": 10.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.5},
-    )
+    log = open_stage(path, stage, private=True, steps=3).stage(stage)
+    log.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
+    log.finish("interrupted", reason="SIGUSR1", cost=cost(10.0, 4, 0, 0.0, 0.5))
 
-    resumed = RunLog.reopen(path, rank_attrs={"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
-    assert resumed.search.row_counts() == (3, 0, 1, 0)
-    live = read_run(path)
+    resumed = reopen_log(path, stage)
+    assert resumed.stage(stage).row_counts() == rows(stage, metrics=3, privacy=1)
+    log = resume(resumed, stage, private=True)
+    live = record(read_run(path), stage)
     assert (live["status"], live["reason"], live["attempts"]) == ("running", "", 2)
-    assert live["ranks"] == {"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]}
     for step in range(3, 5):
-        resumed.search.append_metrics(_metric_row(step))
-    resumed.search.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
-    resumed.search.finish(
-        "finished",
-        reason="completed",
-        cost={"wall_seconds": 5.0, "ranks": 4, "gpus": 3, "gpu_hours": 0.004, "cpu_core_hours": 0.25},
-    )
+        log.append_metrics(metric_row(stage, step))
+    log.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
+    log.finish("finished", reason="completed", cost=cost(5.0, 4, 3, 0.004, 0.25))
 
-    run = read_run(path)
-    assert run["status"] == "finished"
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert run["metrics"]["train_loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
-    assert run["privacy"]["steps"].tolist() == [3, 5]
-    assert run["privacy"]["charged_steps"].tolist() == [[3, 3, 3], [6, 6, 6]]  # 5 steps + 1 replayed
-    assert run["cost"]["wall_seconds"] == pytest.approx(15.0)
-    assert run["cost"]["cpu_core_hours"] == pytest.approx(0.75)
-    assert run["cost"]["gpu_hours"] == pytest.approx(0.004)
-    assert (run["cost"]["ranks"], run["cost"]["gpus"]) == (4, 3)  # layout of the latest attempt
+    stage_run = record(read_run(path), stage)
+    assert stage_run["status"] == "finished"
+    assert stage_run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert stage_run["metrics"]["train_loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
+    assert stage_run["privacy"]["steps"].tolist() == [3, 5]
+    assert stage_run["privacy"]["charged_steps"].tolist() == [[3, 3, 3], [6, 6, 6]]  # 5 steps + 1 replayed
+    # wall_seconds, gpu_hours and cpu_core_hours add up over the attempts; ranks and gpus are the latest attempt's
+    assert stage_run["cost"] == pytest.approx(cost(15.0, 4, 3, 0.004, 0.75))
 
 
-def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path) -> None:
+def test_reopen_replaces_the_rank_attrs(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path)
-    for step in range(2):
-        runlog.search.append_metrics(_metric_row(step))
+    runlog = create_log(path, rank_attrs={"devices": ["cpu", "cpu", "cpu", "cpu"]})
     runlog.search.finish("interrupted", reason="SIGUSR1")
-    # What a crash between two datasets of one append leaves behind: one column a row longer.
-    with h5py.File(path, "r+", libver="latest") as f:
-        f["metrics/step"].resize((3,))
-        f["metrics/step"][2] = 2.0
-    assert read_run(path)["metrics"]["step"].tolist() == [0.0, 1.0]
+    resumed = RunLog.reopen(path, rank_attrs={"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]})
+    assert read_run(path)["ranks"] == {"devices": ["cpu", "cuda:0", "cuda:0", "cuda:1"]}
+    resumed.search.finish("finished", reason="completed")
 
-    resumed = RunLog.reopen(path)
-    assert resumed.search.row_counts()[0] == 2  # metrics
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_row_caught_mid_append_is_hidden_and_trimmed_on_reopen(tmp_path: Path, stage: str) -> None:
+    path, prefix, names = tmp_path / "search.h5", PREFIX[stage], METRIC_NAMES[stage]
+    log = open_stage(path, stage, private=True, steps=2).stage(stage)
+    log.append_privacy(2, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.7), np.zeros(PARTIES))
+    log.finish("interrupted", reason="SIGUSR1")
+    # What a crash between two datasets of one append leaves behind: one column of each family a row longer.
+    with h5py.File(path, "r+", libver="latest") as f:
+        f[f"{prefix}metrics/step"].resize((3,))
+        f[f"{prefix}metrics/step"][2] = 2
+        f[f"{prefix}privacy/steps"].resize((2,))
+        f[f"{prefix}privacy/steps"][1] = 3
+    hidden = record(read_run(path), stage)
+    assert {name: len(values) for name, values in hidden["metrics"].items()} == dict.fromkeys(names, 2)
+    assert hidden["metrics"]["step"].tolist() == [0.0, 1.0] and hidden["privacy"]["steps"].tolist() == [2]
+
+    resumed = reopen_log(path, stage)
+    assert resumed.stage(stage).row_counts() == rows(stage, metrics=2, privacy=1)
     # The file itself is consistent again, also for plain h5py readers that do not use read_run.
     with h5py.File(path, "r", libver="latest", swmr=True) as f:
-        assert {f["metrics"][name].shape for name in METRICS} == {(2,)}
-    resumed.search.append_metrics(_metric_row(7))
-    resumed.search.finish("finished", reason="completed")
+        assert {f[f"{prefix}metrics"][name].shape for name in names} == {(2,)}
+        assert f[f"{prefix}privacy/steps"].shape == (1,)
+    log = resume(resumed, stage, private=True)
+    log.append_metrics(metric_row(stage, 7))
+    log.append_privacy(9, np.zeros(PARTIES, np.int64), np.full(PARTIES, 0.9), np.zeros(PARTIES))
+    log.finish("finished", reason="completed")
     with h5py.File(path, "r") as f:
-        assert {f["metrics"][name].shape for name in METRICS} == {(3,)}
-        assert f["metrics/step"][:].tolist() == [0.0, 1.0, 7.0]
+        assert {f[f"{prefix}metrics"][name].shape for name in names} == {(3,)}
+        assert f[f"{prefix}metrics/step"][:].tolist() == [0.0, 1.0, 7.0]
+    stage_run = record(read_run(path), stage)
+    assert stage_run["metrics"]["step"].tolist() == [0, 1, 7] and stage_run["privacy"]["steps"].tolist() == [2, 9]
 
 
-def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_truncate_drops_rows_after_the_checkpoint(tmp_path: Path, stage: str) -> None:
     path = tmp_path / "search.h5"
-    runlog = _create(path, mode="dpfnas")
-    for step in range(5):
-        runlog.search.append_metrics(_metric_row(step))
-    for epoch in range(3):
-        runlog.search.append_epoch(_softmax_rows(epoch), _softmax_rows(epoch + 10), f"g{epoch}")
+    log = open_stage(path, stage, private=True, steps=5).stage(stage)
     for row in range(4):
-        runlog.search.append_privacy(
+        log.append_privacy(
             row + 1, np.full(PARTIES, row + 1), np.full(PARTIES, 0.1 * row), np.full(PARTIES, 0.01 * row)
         )
-    checkpoint = (3, 1, 2, 0)
+    written, checkpoint = rows(stage, metrics=5, privacy=4), rows(stage, metrics=3, privacy=2)
 
     with pytest.raises(ValueError, match="metrics=6"):
-        runlog.search.truncate(6, 1, 2)
+        log.truncate(*rows(stage, metrics=6, privacy=2))
     with pytest.raises(ValueError, match="privacy=-1"):
-        runlog.search.truncate(3, 1, -1)
-    assert runlog.search.row_counts() == (5, 3, 4, 0)  # a rejected truncate changes nothing
+        log.truncate(*rows(stage, metrics=3, privacy=-1))
+    with pytest.raises(ValueError, match=f"truncate takes at most {len(written)} counts"):
+        log.truncate(*checkpoint, 0)
+    assert log.row_counts() == written  # a rejected truncate changes nothing
 
-    runlog.search.truncate(*checkpoint)
-    assert runlog.search.row_counts() == checkpoint
-    runlog.search.append_metrics(_metric_row(30))
-    runlog.search.append_epoch(_softmax_rows(7), _softmax_rows(8), "g-new")
-    runlog.search.append_privacy(9, np.full(PARTIES, 9), np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
-    runlog.search.finish("finished", reason="completed")
+    log.truncate(*checkpoint)
+    assert log.row_counts() == checkpoint
+    log.append_metrics(metric_row(stage, 30))
+    log.append_privacy(9, np.full(PARTIES, 9), np.full(PARTIES, 0.9), np.full(PARTIES, 0.09))
+    log.finish("finished", reason="completed")
 
-    run = read_run(path)
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 30.0]
-    assert all(values.shape == (4,) for values in run["metrics"].values())
-    assert run["genotypes"] == ["g0", "g-new"]
-    np.testing.assert_array_equal(run["alphas"]["normal"][1], _softmax_rows(7))
-    assert run["privacy"]["steps"].tolist() == [1, 2, 9]
-    assert run["privacy"]["charged_steps"][:, 0].tolist() == [1, 2, 9]
-    np.testing.assert_allclose(run["privacy"]["epsilon"][:, 0], [0.0, 0.1, 0.9])
+    stage_run = record(read_run(path), stage)
+    assert stage_run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 30.0]
+    assert all(values.shape == (4,) for values in stage_run["metrics"].values())
+    assert stage_run["privacy"]["steps"].tolist() == [1, 2, 9]
+    assert stage_run["privacy"]["charged_steps"][:, 0].tolist() == [1, 2, 9]
+    np.testing.assert_allclose(stage_run["privacy"]["epsilon"][:, 0], [0.0, 0.1, 0.9])
 
 
 # ---------------------------------------------------------------------- a writer that dies says so
 
-# A real writer process: logs 5 metric rows, 2 epochs and 2 ledger rows, heartbeats, reports its PID, then
-# waits (alive) until the test kills it.
-_WRITER = textwrap.dedent(
-    """
-    import json, os, sys
-    import numpy as np
-    from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy
-    from mpi_fnas.privacy.release import Release
 
-    release = Release(noise_multiplier=1.0, clip=0.1, expected_batch_size=8.0)
-    privacy = StagePrivacy(delta=[1e-5, 1e-5], releases={"W": release, "A": release},
-                           sample_rates={"W": [0.1, 0.1], "A": [0.1, 0.1]}, accountant="pld")
-    runlog = RunLog.create(sys.argv[1], mode="dpfnas", parties=2, config_text="x: 1",
-                           metric_names=SEARCH_METRICS, alpha_shape=(2, 3), genotype_length=16,
-                           privacy_guarantee="holds", privacy=privacy)
-    for step in range(5):
-        runlog.search.append_metrics({"step": step, "train_loss": 1.0 / (step + 1)})
-        runlog.heartbeat()
-        if step % 2 == 1:
-            runlog.search.append_epoch(np.full((2, 3), 1 / 3), np.full((2, 3), 1 / 3), f"g{step}")
-            runlog.search.append_privacy(step + 1, np.array([step + 1, step + 2]), np.full(2, 0.1 * step),
-                                         np.full(2, 0.01))
-    print(json.dumps({"pid": os.getpid()}), flush=True)
-    sys.stdin.readline()  # alive until killed (or told to go)
-    """
-)
+def _assert_the_killed_writers_rows(run: dict, stage: str) -> None:
+    """Every row the writer of ``start_writer`` logged in `stage`; for the augment stage also the search's outcome,
+    which that writer recorded before it began the augment and which its death leaves as it was."""
+    stage_run = record(run, stage)
+    assert stage_run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
+    assert stage_run["metrics"]["train_loss"].tolist() == pytest.approx([2.0, 1.9, 1.8, 1.7, 1.6])
+    assert stage_run["privacy"]["steps"].tolist() == [2, 4]
+    assert stage_run["privacy"]["charged_steps"].tolist() == [[2, 3, 4], [4, 5, 6]]
+    if stage == "search":
+        assert run["last_step"] == 4
+        assert run["genotypes"] == ["g1", "g3"] and run["alphas"]["normal"].shape == (2, EDGES, OPS)
+    else:
+        assert (run["status"], run["reason"], run["stale"]) == ("finished", "completed", False)
 
 
-def _start_writer(path: Path) -> tuple[subprocess.Popen, int]:
-    """A writer subprocess that has logged everything and is now idle; returns it and its PID."""
-    process = _python_child(_WRITER, path)
-    try:
-        pid = _LineReader(process).json(timeout=60)["pid"]
-    except BaseException:
-        process.kill()
-        process.wait()
-        raise
-    assert pid == process.pid
-    return process, pid
-
-
-def _sigkill(process: subprocess.Popen, pid: int, *, reap: bool) -> None:
-    """SIGKILL the writer by PID, as mpirun does; without reap it is left a zombie (exited, not yet waited for)."""
-    os.kill(pid, signal.SIGKILL)
-    os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)  # wait for the death, but keep the zombie
-    if reap:
-        process.wait(timeout=30)
-
-
-def _assert_every_row_of_the_killed_writer(run: dict) -> None:
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert run["metrics"]["train_loss"].tolist() == pytest.approx([1.0, 1 / 2, 1 / 3, 1 / 4, 1 / 5])
-    assert run["genotypes"] == ["g1", "g3"] and run["alphas"]["normal"].shape == (2, 2, 3)
-    assert run["privacy"]["steps"].tolist() == [2, 4]
-    assert run["privacy"]["charged_steps"].tolist() == [[2, 3], [4, 5]]
-
-
-def test_a_killed_writer_is_reported_failed_with_every_row(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stage", STAGES)
+def test_a_killed_writer_is_reported_failed_with_every_row(tmp_path: Path, stage: str) -> None:
     path = tmp_path / "search.h5"
-    process, pid = _start_writer(path)
+    process, pid = start_writer(path, stage)
     try:
         live = read_run(path)
         # A live writer on this machine is never failed, however old its heartbeat (stale_after=0).
         silent = read_run(path, stale_after=0.0)
-        _sigkill(process, pid, reap=False)
+        sigkill(process, pid, reap=False)
         zombie = read_run(path)
         process.wait(timeout=30)
         dead = read_run(path)
     finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        end(process)
 
-    assert (live["status"], live["reason"], live["stale"]) == ("running", "", False)
+    live_stage = record(live, stage)
+    assert (live_stage["status"], live_stage["reason"], live_stage["stale"]) == ("running", "", False)
     assert live["writer"]["pid"] == pid and live["writer"]["host"] == socket.gethostname()
-    assert (silent["status"], silent["stale"]) == ("running", False)
+    assert (record(silent, stage)["status"], record(silent, stage)["stale"]) == ("running", False)
+    for run in (live, silent, zombie, dead):
+        _assert_the_killed_writers_rows(run, stage)
     for run in (zombie, dead):
-        assert (run["status"], run["stale"], run["last_step"]) == ("failed", True, 4)
-        assert run["reason"] == f"writer died: process {pid} on {socket.gethostname()} is gone; last logged step 4"
-        _assert_every_row_of_the_killed_writer(run)
+        assert (record(run, stage)["status"], record(run, stage)["stale"]) == ("failed", True)
+        assert record(run, stage)["reason"] == (
+            f"writer died: process {pid} on {socket.gethostname()} is gone; last logged {STEP_NOUN[stage]} 4"
+        )
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_without_a_pid_check_the_heartbeat_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stage: str) -> None:
+    """A reader on another machine (simulated: no machine scope) can only judge the heartbeat's age."""
+    path = tmp_path / "search.h5"
+    process, pid = start_writer(path, stage)
+    sigkill(process, pid, reap=True)
+    monkeypatch.setattr(liveness, "machine_scope", lambda: "")
+    recent = record(read_run(path, stale_after=3600.0), stage)
+    assert (recent["status"], recent["stale"]) == ("running", False)  # silent for < 1 h: may be alive
+    stale = read_run(path, stale_after=0.0)
+    stale_stage = record(stale, stage)
+    assert (stale_stage["status"], stale_stage["stale"]) == ("failed", True)
+    assert stale_stage["reason"].startswith(f"writer stopped heartbeating: process {pid} on {socket.gethostname()}")
+    assert stale_stage["reason"].endswith(f"(stale after 0 s); last logged {STEP_NOUN[stage]} 4")
+    _assert_the_killed_writers_rows(stale, stage)
+
+
+@pytest.mark.parametrize("stage", STAGES)
+def test_reopen_refuses_a_live_writer_and_salvages_a_killed_one(tmp_path: Path, stage: str) -> None:
+    path = tmp_path / "search.h5"
+    process, pid = start_writer(path, stage)
+    try:
+        with pytest.raises(RuntimeError, match=f"still being written by process {pid}"):
+            reopen_log(path, stage)
+        sigkill(process, pid, reap=True)
+    finally:
+        end(process)
+    killed_writer = read_run(path)["writer"]
+
+    resumed = reopen_log(path, stage)  # salvages the file the killed writer left open
+    assert resumed.stage(stage).row_counts() == KILLED_WRITER_ROWS[stage]
+    log = resume(resumed, stage, private=True)
+    live = read_run(path)
+    live_stage = record(live, stage)
+    assert (live_stage["status"], live_stage["stale"], live_stage["attempts"]) == ("running", False, 2)
+    assert live["writer"]["pid"] == os.getpid() != killed_writer["pid"]  # owner reset
+    assert live["writer"]["started"] >= killed_writer["started"]
+    assert live["writer"]["heartbeat"] >= killed_writer["heartbeat"]
+    log.append_metrics(metric_row(stage, 5))
+    log.append_privacy(6, np.array([6, 7, 8]), np.full(PARTIES, 0.6), np.full(PARTIES, 0.01))
+    log.finish("finished", reason="completed")
+    run = read_run(path)
+    stage_run = record(run, stage)
+    assert (stage_run["status"], stage_run["stale"], stage_run["attempts"]) == ("finished", False, 2)
+    assert stage_run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    assert stage_run["privacy"]["charged_steps"].tolist() == [[2, 3, 4], [4, 5, 6], [6, 7, 8]]
+    if stage == "search":
+        assert run["last_step"] == 5
+    else:  # the augment's attempts are its own: the search's record stays as the search finished it
+        assert (run["status"], run["attempts"]) == ("finished", 1)
+    assert sorted(os.listdir(tmp_path)) == ["search.h5"]  # the salvage copy replaced the original
 
 
 def test_a_cut_log_is_refused_quickly_not_retried_for_minutes(tmp_path: Path) -> None:
     """A copy cut short (an interrupted transfer, a full disk): a SWMR open alone would retry its unreadable
     metadata for minutes. Both a finished log and a killed writer's are refused within the wait."""
     finished = tmp_path / "finished.h5"
-    runlog = _create(finished)
+    runlog = create_log(finished)
     for step in range(4):
-        runlog.search.append_metrics(_metric_row(step))
+        runlog.search.append_metrics(search_row(step))
     runlog.search.finish("finished", reason="completed")
     killed = tmp_path / "killed.h5"
-    process, pid = _start_writer(killed)
-    _sigkill(process, pid, reap=True)
+    process, pid = start_writer(killed, "search")
+    sigkill(process, pid, reap=True)
     for path in (finished, killed):
         data = path.read_bytes()
         cut = tmp_path / f"cut-{path.name}"
@@ -607,8 +638,8 @@ def test_a_read_that_fails_half_way_is_retried_within_the_wait(tmp_path: Path, m
     """A SWMR reader can meet metadata a live writer is still extending (seen in CI while --follow watched a run:
     "address of object past end of allocation"): read_run reads again, and raises only once its wait is over."""
     path = tmp_path / "search.h5"
-    runlog = _create(path)
-    runlog.search.append_metrics(_metric_row(0))
+    runlog = create_log(path)
+    runlog.search.append_metrics(search_row(0))
     runlog.search.finish("finished", reason="completed")
     real, failures = reader_module.stage_families, []
 
@@ -632,8 +663,8 @@ def test_a_read_that_fails_half_way_is_retried_within_the_wait(tmp_path: Path, m
 def test_plain_h5py_opens_a_dead_writers_log_only_with_swmr(tmp_path: Path) -> None:
     """Pins the recipe of docs/hdf5.md ("Reading a run whose writer died") on this machine's HDF5."""
     path = tmp_path / "search.h5"
-    process, pid = _start_writer(path)
-    _sigkill(process, pid, reap=True)
+    process, pid = start_writer(path, "search")
+    sigkill(process, pid, reap=True)
     for options in ({}, {"locking": False}, {"libver": "latest"}):
         with pytest.raises(OSError, match="already open for write"):
             h5py.File(path, "r", **options)
@@ -641,51 +672,6 @@ def test_plain_h5py_opens_a_dead_writers_log_only_with_swmr(tmp_path: Path) -> N
         assert f.attrs["status"] == "running"  # what the file itself says; read_run judges the writer
         assert f["metrics/step"][:].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]
         assert f["writer/pid"][()] == pid
-
-
-def test_without_a_pid_check_the_heartbeat_decides(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A reader on another machine (simulated: no machine scope) can only judge the heartbeat's age."""
-    path = tmp_path / "search.h5"
-    process, pid = _start_writer(path)
-    _sigkill(process, pid, reap=True)
-    monkeypatch.setattr(liveness, "machine_scope", lambda: "")
-    recent = read_run(path, stale_after=3600.0)
-    assert (recent["status"], recent["stale"]) == ("running", False)  # silent for < 1 h: may be alive
-    stale = read_run(path, stale_after=0.0)
-    assert (stale["status"], stale["stale"]) == ("failed", True)
-    assert stale["reason"].startswith(f"writer stopped heartbeating: process {pid} on {socket.gethostname()}")
-    assert stale["reason"].endswith("(stale after 0 s); last logged step 4")
-    _assert_every_row_of_the_killed_writer(stale)
-
-
-def test_reopen_refuses_a_live_writer_and_salvages_a_killed_one(tmp_path: Path) -> None:
-    path = tmp_path / "search.h5"
-    process, pid = _start_writer(path)
-    try:
-        with pytest.raises(RuntimeError, match=f"still being written by process {pid}"):
-            RunLog.reopen(path)
-        _sigkill(process, pid, reap=True)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    killed_writer = read_run(path)["writer"]
-
-    resumed = RunLog.reopen(path)
-    assert resumed.search.row_counts() == (5, 2, 2, 0)
-    live = read_run(path)
-    assert (live["status"], live["stale"], live["attempts"]) == ("running", False, 2)
-    assert live["writer"]["pid"] == os.getpid() != killed_writer["pid"]  # owner reset
-    assert live["writer"]["started"] >= killed_writer["started"]
-    assert live["writer"]["heartbeat"] >= killed_writer["heartbeat"]
-    resumed.search.append_metrics({"step": 5, "train_loss": 0.1})
-    resumed.search.append_privacy(6, np.array([6, 7]), np.full(2, 0.6), np.full(2, 0.01))
-    resumed.search.finish("finished", reason="completed")
-    run = read_run(path)
-    assert (run["status"], run["stale"], run["last_step"]) == ("finished", False, 5)
-    assert run["metrics"]["step"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
-    assert run["privacy"]["charged_steps"].tolist() == [[2, 3], [4, 5], [6, 7]]
-    assert sorted(os.listdir(tmp_path)) == ["search.h5"]  # the salvage copy replaced the original
 
 
 class _FakeClock:
@@ -705,7 +691,7 @@ def test_heartbeat_is_throttled_and_appends_count(tmp_path: Path, monkeypatch: p
     clock = _FakeClock()
     monkeypatch.setattr(writer, "time", clock)
     path = tmp_path / "search.h5"
-    runlog = _create(path)
+    runlog = create_log(path)
     created = read_run(path)["writer"]["heartbeat"]  # real wall time, written by create
 
     clock.now += HEARTBEAT_SECONDS / 2
@@ -715,7 +701,7 @@ def test_heartbeat_is_throttled_and_appends_count(tmp_path: Path, monkeypatch: p
     runlog.heartbeat()
     assert read_run(path)["writer"]["heartbeat"] == clock.now
     clock.now += HEARTBEAT_SECONDS
-    runlog.search.append_metrics(_metric_row(0))
+    runlog.search.append_metrics(search_row(0))
     assert read_run(path)["writer"]["heartbeat"] == clock.now
     runlog.search.finish("finished", reason="completed")
 
