@@ -85,16 +85,27 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Party
     return stopped
 
 
-class SearchSide:
+class StageSide:
+    """What the two sides share: the config, the weight releases per iteration (2 under ADADP) and the stage's
+    epoch length (known once the assignment arrives)."""
+
+    def __init__(self, cfg: Config, optimizer: str) -> None:
+        self.cfg = cfg
+        self.rounds = w_rounds(optimizer)
+        self.steps_per_epoch = 1
+
+    def finish(self, party: Party, channel: Channel) -> None:
+        """After the last step: nothing unless the stage says (the server evaluates on its own test split)."""
+
+
+class SearchSide(StageSide):
     """The search on a party: the supernet on its train shard (W) and validation shard (A)."""
 
     name = "search"
     assignment = Assignment
 
     def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.rounds = w_rounds(cfg.search.w_optimizer)
-        self.steps_per_epoch = 1
+        super().__init__(cfg, cfg.search.w_optimizer)
 
     def build(self, cfg: Config, got: Assignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)
@@ -119,16 +130,14 @@ class SearchSide:
             channel.reduce_sum(party.evaluate_val())
 
 
-class AugmentSide:
+class AugmentSide(StageSide):
     """The augmentation on a party: the found cell's network on its pool, every example augmented on its own."""
 
     name = "augment"
     assignment = AugmentAssignment
 
     def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.rounds = w_rounds(cfg.augment.optimizer)
-        self.steps_per_epoch = 1
+        super().__init__(cfg, cfg.augment.optimizer)
 
     def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)
@@ -147,9 +156,6 @@ class AugmentSide:
     def step(self, party: Party, step: int) -> dict[str, Any]:
         party.model.drop_path_prob = drop_path_probability(self.cfg.augment, step, self.steps_per_epoch)
         return {"w_rounds": self.rounds}
-
-    def finish(self, party: Party, channel: Channel) -> None:
-        """Nothing: the server evaluates the network on its own test split."""
 
 
 def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str) -> tuple[torch.Tensor, torch.Tensor]:

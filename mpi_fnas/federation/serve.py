@@ -47,7 +47,7 @@ from mpi_fnas.federation.plan import (
     plan_run,
 )
 from mpi_fnas.federation.selection import Selector, selection_stream
-from mpi_fnas.federation.server import augment_server, search_server
+from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.privacy.accountant import PrivacyLedger
@@ -252,7 +252,57 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
     )
 
 
-class SearchStage:
+class ServedStage:
+    """What both stage definitions share on rank 0: the planned steps, the ledger the releases are charged on, the
+    server's selection, the selection and ε rows of the stage's log group, and the checkpoint's common keys."""
+
+    name: str
+
+    def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None, server: Server) -> None:
+        self.cfg, self.channel, self.setup, self.server = cfg, channel, setup, server
+        self.log = log.stage(self.name) if log is not None else None
+        self.log_path = log.path if log is not None else None
+        self.plan = setup.plan
+        self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
+        self.charging = setup.ledger if setup.private else None  # the ledger this stage's releases are charged on
+        self.test = setup.test.render(np.arange(len(setup.test.labels)))
+        self.a_size = server.a.numel() if server.a is not None else None
+        self.buffers = ServerBuffers(server.w.numel(), self.a_size, second_order=cfg.search.order == "second_order"
+                                     and self.a_size is not None)
+        self.selector: Selector | None = None
+        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+
+    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
+        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
+        self.selector, self.aux = selector, (x_aux, y_aux)
+        self.buffers = ServerBuffers(self.server.w.numel(), self.a_size, gathered_parties=self.channel.parties)
+
+    def exchange(self, step: int, control: int, **how: Any) -> StepStats:
+        """One iteration of Algorithm 1 on rank 0 (its selection row logged)."""
+        self.server.begin_step(step)
+        stats = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
+                                 aux=self.aux, **how)
+        if self.selector is not None and self.log is not None:
+            self.log.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+        return stats
+
+    def charge(self) -> None:
+        self.charging.record_step(self.name)
+
+    def log_privacy(self, row: EpsilonRow) -> None:
+        steps = row.charged_steps if self.name == "search" else row.augment_steps
+        self.log.append_privacy(row.step, steps, row.epsilon, row.mu_gdp)
+
+    def checkpoint(self, step: int) -> dict:
+        """The keys both stages' checkpoints hold; each stage adds its own."""
+        ledger = self.setup.ledger  # under dpfnas: the search's, continued (saved even where this stage charges none)
+        return {"stage": self.name, "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
+                "server": self.server.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None,
+                "selection": self.selector.state_dict() if self.selector is not None else None,
+                "log_rows": list(self.log.row_counts()) if self.log is not None else None}
+
+
+class SearchStage(ServedStage):
     """The search as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: Algorithm 1's iteration on
     rank 0 (with or without the server's selection), the epoch rows (alphas, genotype), the metrics row (timings
     NaN under DP: a step's duration tracks its realised Poisson batch size) and the checkpoint."""
@@ -282,46 +332,24 @@ class SearchStage:
         return {"final_genotype": None if outcome is None or outcome.interrupted else outcome.genotype}
 
     def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None) -> None:
-        self.cfg, self.channel, self.setup, self.log = cfg, channel, setup, log
-        self.plan: RunPlan = setup.plan
-        self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
-        self.charging = setup.ledger if setup.private else None
-        self.server = search_server(setup.model, cfg.search, setup.selector.select, self.plan.steps_per_epoch,
-                                    adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None)
-        self.test = setup.test.render(np.arange(len(setup.test.labels)))
+        super().__init__(cfg, channel, setup, log,
+                         search_server(setup.model, cfg.search, setup.selector.select, setup.plan.steps_per_epoch,
+                                       adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None))
         self.acc = _Accumulator()
-        self.buffers = ServerBuffers(self.server.w.numel(), self.server.a.numel(),
-                                     second_order=cfg.search.order == "second_order")
-        self.selector: Selector | None = None
-        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def load_state_dict(self, checkpoint: dict) -> None:
         self.acc.load_state_dict(checkpoint["accumulator"])
 
-    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
-        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
-        self.selector, self.aux = selector, (x_aux, y_aux)
-        self.buffers = ServerBuffers(self.server.w.numel(), self.server.a.numel(),
-                                     gathered_parties=self.channel.parties)
-
     def iterate(self, step: int, epoch: int, control: int) -> None:
         t0, c0 = time.perf_counter(), self.channel.comm_seconds
-        self.server.begin_step(step)
-        stats = server_iteration(self.server, self.channel, self.buffers, control,
-                                 train_a=epoch >= self.cfg.search.warmup_epochs,  # the warm-up trains W only
-                                 selector=self.selector, aux=self.aux)
-        if self.selector is not None and self.log is not None:
-            self.log.search.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
+        stats = self.exchange(step, control, train_a=epoch >= self.cfg.search.warmup_epochs)  # warm-up: W only
         self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
-
-    def charge(self) -> None:
-        self.charging.record_step()
 
     def evaluate(self) -> np.ndarray:
         test = self.server.evaluate(*self.test)
         if self.log is not None:
             soft = self.server.alpha_softmax()
-            self.log.search.append_epoch(soft["normal"], soft["reduce"], self.server.genotype().to_string())
+            self.log.append_epoch(soft["normal"], soft["reduce"], self.server.genotype().to_string())
         return test
 
     def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
@@ -333,18 +361,11 @@ class SearchStage:
             row["test_loss"], row["test_acc"] = ratio(test[0], test[2]), ratio(test[1], test[2])
         return row
 
-    def log_privacy(self, row: EpsilonRow) -> None:
-        self.log.search.append_privacy(row.step, row.charged_steps, row.epsilon, row.mu_gdp)
-
     def checkpoint(self, step: int) -> dict:
-        return {
-            "stage": "search", "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
-            "server": self.server.state_dict(), "shard_sizes": self.plan.shard_sizes,
-            "ledger": self.charging.state_dict() if self.charging is not None else None,
-            "accumulator": self.acc.state_dict(),
-            "selection": self.selector.state_dict() if self.selector is not None else None,
-            "log_rows": list(self.log.search.row_counts()) if self.log is not None else [0, 0, 0, 0],
-        }
+        state = super().checkpoint(step)
+        state.update(shard_sizes=self.plan.shard_sizes, accumulator=self.acc.state_dict(),
+                     log_rows=state["log_rows"] or [0, 0, 0, 0])
+        return state
 
     def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> SearchOutcome:
         """The search's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
@@ -357,7 +378,7 @@ class SearchStage:
             mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
             steps=step, val_acc=ratio(val[1], val[2]), val_loss=ratio(val[0], val[2]),
             test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(), wall_seconds=0.0,
-            log_path=self.log.path if self.log is not None else None,
+            log_path=self.log_path,
             stop_reason=_stop_reason(plan.stop_reason, stopped, step),
             w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
         )
@@ -372,7 +393,7 @@ class SearchStage:
         return outcome
 
 
-class AugmentStage:
+class AugmentStage(ServedStage):
     """The augmentation as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: one weight update per
     iteration (with or without the server's selection), the test evaluation at epoch ends, its metrics row, ε rows
     at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger, ~0.5 s of CPU on the
@@ -435,40 +456,19 @@ class AugmentStage:
         return {"test_acc": math.nan if outcome is None else outcome.test_acc}
 
     def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None) -> None:
-        self.cfg, self.channel, self.setup, self.log = cfg, channel, setup, log
-        self.plan: AugmentPlan = setup.plan
-        self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
-        self.ledger = setup.ledger  # checkpointed as it is (under dpfnas: the search's, continued)
-        self.charging = setup.ledger if setup.private else None  # the ledger the augment releases are charged on
-        self.server = augment_server(setup.model, cfg.augment, setup.selector.select, self.plan.steps,
-                                     adadp_settings(cfg, private=setup.private) if cfg.augment.optimizer == "adadp"
-                                     else None)
-        self.test = setup.test.render(np.arange(len(setup.test.labels)))
+        super().__init__(cfg, channel, setup, log,
+                         augment_server(setup.model, cfg.augment, setup.selector.select, setup.plan.steps,
+                                        adadp_settings(cfg, private=setup.private)
+                                        if cfg.augment.optimizer == "adadp" else None))
         self.test_loss = self.test_acc = math.nan
         self.stats = np.zeros(4)
-        self.buffers = ServerBuffers(self.server.w.numel(), None)
-        self.selector: Selector | None = None
-        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     def load_state_dict(self, checkpoint: dict) -> None:
         self.stats = np.asarray(checkpoint["stats"], dtype=np.float64)
         self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
 
-    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
-        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
-        self.selector, self.aux = selector, (x_aux, y_aux)
-        self.buffers = ServerBuffers(self.server.w.numel(), None, gathered_parties=self.channel.parties)
-
     def iterate(self, step: int, epoch: int, control: int) -> None:
-        self.server.begin_step(step)
-        out = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
-                               aux=self.aux)
-        if self.selector is not None and self.log is not None:
-            self.log.augment.append_selection(step, out.chosen, out.score, self.selector.epsilon_spent())
-        self.stats += out.train
-
-    def charge(self) -> None:
-        self.charging.record_step("augment")
+        self.stats += self.exchange(step, control).train
 
     def evaluate(self) -> np.ndarray:
         test = self.server.evaluate(*self.test)
@@ -488,32 +488,25 @@ class AugmentStage:
         self.stats[:] = 0
         return row
 
-    def log_privacy(self, row: EpsilonRow) -> None:
-        self.log.augment.append_privacy(row.step, row.augment_steps, row.epsilon, row.mu_gdp)
-
     def checkpoint(self, step: int) -> dict:
-        return {
-            "stage": self.name, "step": step, "plan_steps": self.plan.steps,
-            "genotype": self.plan.genotype.to_string(), "config": self.cfg.to_yaml(),
-            "server": self.server.state_dict(), "ledger": self.ledger.state_dict() if self.ledger is not None else None,
-            "stats": self.stats.tolist(), "test_acc": self.test_acc, "test_loss": self.test_loss,
-            "selection": self.selector.state_dict() if self.selector is not None else None,
-            "log_rows": list(self.log.augment.row_counts()) if self.log is not None else [0, 0, 0],
-        }
+        state = super().checkpoint(step)
+        state.update(genotype=self.plan.genotype.to_string(), stats=self.stats.tolist(), test_acc=self.test_acc,
+                     test_loss=self.test_loss)
+        return state
 
     def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> AugmentOutcome:
         """The augmentation's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
-        plan = self.plan
+        plan, ledger = self.plan, self.setup.ledger
         outcome = AugmentOutcome(
             genotype=plan.genotype.to_string(), params=self.setup.model.num_params(),
             epochs=math.ceil(plan.steps / plan.steps_per_epoch), steps=step, test_acc=self.test_acc,
             test_loss=self.test_loss, wall_seconds=0.0, private=self.setup.private, mode=self.cfg.mode,
-            stop_reason=_stop_reason(plan.stop_reason, stopped, step),
-            interrupted=stopped is not None, log_path=self.log.path if self.log is not None else None,
+            stop_reason=_stop_reason(plan.stop_reason, stopped, step), interrupted=stopped is not None,
+            log_path=self.log_path,
         )
-        if self.ledger is not None:
-            outcome.epsilon, outcome.delta = self.ledger.epsilons(), self.ledger.plan.delta
-            self.ledger.close()
+        if ledger is not None:
+            outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
+            ledger.close()
         return outcome
 
 
