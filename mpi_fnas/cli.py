@@ -8,6 +8,7 @@
   a decision that will not come;
 * the failure policy (:func:`run_guarded`): any exception on any rank ends the whole job quickly with a non-zero
   exit; a DP party sends the server only a generic reason and keeps the details in its own ``error.log``;
+* a series of jobs in one MPI job (:func:`run_series`: ``sweep``, ``baseline``), set up under that policy;
 * signals (:class:`StopRequest`): SIGTERM, SIGUSR1 and SIGINT ask for a checkpoint at the next step boundary.
 """
 
@@ -49,6 +50,15 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verbose", action="store_true", help="print the resolved config at the start")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks for bad input too")
     parser.add_argument("--version", action="version", version=f"mpi_fnas {__version__}")
+
+
+def command_parser(module: str, description: str, epilog: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``: `description`, `epilog` with its line breaks kept, and the options every
+    entry point takes (:func:`add_config_arguments`)."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description, epilog=epilog,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    return parser
 
 
 def load_config_args(args: argparse.Namespace) -> tuple[Config | None, ConfigError | None]:
@@ -210,6 +220,40 @@ def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: 
         sys.stderr.flush()
         channel.notify_failure(message)
     channel.abort(EXIT_FAILURE)
+
+
+# -- commands that run a series of jobs -----------------------------------------------------------------------------
+def run_series(cfg: Config | None, config_error: ConfigError | None, setup: Callable[[Channel], tuple[Any, ...]],
+               run: Callable[..., int], *, debug: bool) -> int:
+    """The MPI part of a command that runs a series of jobs in one MPI job (``mpi_fnas.sweep``,
+    ``mpi_fnas.baseline``); returns the exit code.
+
+    Starts MPI with `cfg`'s thread limits and installs the :class:`StopRequest`. Under :func:`run_guarded` (bad input
+    ends every rank with exit 2), `config_error`, the bad input found before MPI, is raised, else ``setup(channel)``
+    returns what every rank agreed on: the resolved config first, then anything else the series needs. Then
+    ``run(channel, stop, config, *rest)`` runs with the channel's timeout from that config; further stop signals are
+    ignored once it returns.
+    """
+    from mpi_fnas.federation.comm import Channel
+
+    channel = Channel(start_mpi(cfg))
+    stop = StopRequest.install()
+    state: dict[str, tuple[Any, ...]] = {}
+
+    def guarded_setup() -> int:
+        if config_error is not None:
+            raise config_error
+        state["setup"] = setup(channel)
+        return EXIT_OK
+
+    code = run_guarded(channel, guarded_setup, debug=debug)
+    if code != EXIT_OK:
+        return code
+    resolved, *rest = state["setup"]
+    channel.timeout = resolved.runtime.comm_timeout
+    code = run(channel, stop, resolved, *rest)
+    stop.disarm()
+    return code
 
 
 # -- signals --------------------------------------------------------------------------------------------------------

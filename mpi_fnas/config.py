@@ -682,34 +682,42 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     """
     text, where = None, ""
     if path is not None:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"--config: no such file: {p}") from None
-        except OSError as exc:
-            raise ConfigError(f"--config: cannot read {p}: {exc.strerror}") from None
-        where = str(p)
+        text, where = read_config_file(path), str(Path(path))
     return config_from_text(text, overrides, where=where)
+
+
+def read_config_file(path: str | Path) -> str:
+    """The text of the config file `path`; ConfigError (one line) when it is missing or cannot be read."""
+    p = Path(path)
+    try:
+        return p.read_text()
+    except FileNotFoundError:
+        raise ConfigError(f"--config: no such file: {p}") from None
+    except OSError as exc:
+        raise ConfigError(f"--config: cannot read {p}: {exc.strerror}") from None
+
+
+def yaml_mapping(text: str, where: str = "") -> dict[str, Any]:
+    """The top-level mapping of config YAML `text` ({} for an empty document); ConfigError (one line naming
+    `where`, the file, or "text") when it is not valid YAML or not a mapping."""
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise ConfigError(f"--config: {where or 'text'} is not valid YAML{at}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"--config: {where or 'text'} must contain a mapping at the top level")
+    return loaded
 
 
 def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = (), *, where: str = "",
                      stored: bool = False) -> Config:
     """Like :func:`load_config` for YAML text. With `stored` the text is a resolved config this program wrote
     earlier (in a log, a checkpoint, ``searched.pt``), possibly by an older version: its REMOVED_KEYS are dropped."""
-    tree: dict[str, Any] = {}
-    if text is not None:
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
-            raise ConfigError(f"--config: {where or 'text'} is not valid YAML{at}") from None
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"--config: {where or 'text'} must contain a mapping at the top level")
-        tree = loaded
+    tree = yaml_mapping(text, where) if text is not None else {}
     if stored:
         _drop_removed(tree)
     for item in overrides:

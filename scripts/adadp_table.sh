@@ -22,9 +22,7 @@
 # Environment: PYTHON, MPIRUN (default: the project's .venv), EPOCHS (default 6), JOBS (runs at a time, default 2;
 # each run has 3 ranks, 2 of them busy).
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
-mpirun=${MPIRUN:-$here/.venv/bin/mpirun}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # python, mpirun, DPNASNET, table_args, run_once, run_in_background
 epochs=${EPOCHS:-6}
 jobs=${JOBS:-2}
 seeds=(0 1 2)
@@ -95,29 +93,17 @@ print(max(grid, key=lambda lr: scores[lr]))
 EOF
 }
 
-if [ "${1:-}" = "--summarize" ]; then summarize "${2:?usage: adadp_table.sh --summarize OUT_DIR}"; exit 0; fi
-out=${1:-runs/adadp-table}
-mkdir -p "$out"
+table_args adadp_table.sh runs/adadp-table "$@"
 
-# The DPNAS paper's CIFAR-10 cell (Fig. 4c) as the authors released it (the same string as scripts/dpnas_tables.sh).
-dpnasnet="dpnas=conv_3x3_selu@0|max_pool_3x3@0,conv_3x3_selu@1|conv_3x3_tanh@0,max_pool_3x3@1,none@2|\
-conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,conv_3x3_tanh@2,max_pool_3x3@3,\
-conv_3x3_tanh@4"
 # 2 parties of 2,000 examples each (train and validation shards pooled), expected batch 64 per party: 32 weight
 # releases per epoch, so EPOCHS=6 gives SGD 192 iterations and ADADP 96.
 common=(space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16 mode=dpfnas
-        federation.parties=2 data.train_size=4000 augment.genotype="$dpnasnet" augment.epochs="$epochs"
+        federation.parties=2 data.train_size=4000 augment.genotype="$DPNASNET" augment.epochs="$epochs"
         augment.batch_size=64 augment.clip=1.0 augment.momentum=0 augment.weight_decay=0 augment.grad_clip=0
         privacy.delta=1.0e-5 runtime.threads_per_rank=1 runtime.progress=off checkpoint.every_steps=0)
 
-run() {  # run ARM SEED KEY=VALUE...
-  local dir=$out/$1-seed$2; local seed=$2; shift 2
-  if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
-  rm -rf "$dir"
-  local sets=(--set seed="$seed"); for kv in "${common[@]}" "$@"; do sets+=(--set "$kv"); done
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-  ( if "$mpirun" -n 3 "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1; then touch "$dir.done"
-    else echo "FAILED (exit $?): $dir, see $dir.out"; fi ) &
+run() {  # run ARM SEED KEY=VALUE...: one training (3 ranks) in the background
+  run_in_background "$out/$1-seed$2" 3 seed="$2" "${common[@]}" "${@:3}"
 }
 
 for s in "${seeds[@]}"; do

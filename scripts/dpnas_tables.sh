@@ -20,9 +20,7 @@
 # Environment: PYTHON, MPIRUN (default: the project's .venv), SEEDS (default "0 1 2"), JOBS (runs at a time,
 # default 2), EPSILON (default 3).
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
-mpirun=${MPIRUN:-$here/.venv/bin/mpirun}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # python, mpirun, DPNASNET, table_args, run_once, run_in_background
 read -r -a seeds <<< "${SEEDS:-0 1 2}"
 jobs=${JOBS:-2}
 epsilon=${EPSILON:-3}
@@ -180,14 +178,8 @@ for mode in searches:
 EOF
 }
 
-if [ "${1:-}" = "--summarize" ]; then summarize "${2:?usage: dpnas_tables.sh --summarize OUT_DIR}"; exit 0; fi
-out=${1:-runs/dpnas-tables}
-mkdir -p "$out"
+table_args dpnas_tables.sh runs/dpnas-tables "$@"
 
-# The paper's CIFAR-10 cell (Fig. 4c) as the authors released it, in our string form (docs/dpnas.md).
-dpnasnet="dpnas=conv_3x3_selu@0|max_pool_3x3@0,conv_3x3_selu@1|conv_3x3_tanh@0,max_pool_3x3@1,none@2|\
-conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,conv_3x3_tanh@2,max_pool_3x3@3,\
-conv_3x3_tanh@4"
 space=(space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16
        runtime.threads_per_rank=1 runtime.progress=off checkpoint.every_steps=0)
 # Training under DP, one party: plain DP-SGD on 8,000 examples (its train and validation shards), expected batch 256,
@@ -201,13 +193,7 @@ search=("${space[@]}" data.train_size=32000 federation.parties=4 search.epochs=6
         search.batch_size=16 search.a_lr=0.01 augment.epochs=0 privacy.delta=1.0e-5)
 
 run() {  # run DIR RANKS KEY=VALUE...: one job in the background (at most $jobs at a time)
-  local dir=$out/$1; local ranks=$2; shift 2
-  if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
-  local sets=(); for kv in "$@"; do sets+=(--set "$kv"); done
-  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
-  rm -rf "$dir"  # what an interrupted attempt left
-  ( if "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1; then
-      touch "$dir.done"; else echo "FAILED (exit $?): $dir, see $dir.out"; fi ) &
+  run_in_background "$out/$1" "${@:2}"
 }
 
 for s in "${seeds[@]}"; do   # experiment 2's searches first: their cells are trained below
@@ -216,10 +202,10 @@ done
 for s in "${seeds[@]}"; do   # experiment 1
   for act in selu relu tanh sigmoid linear hardtanh; do
     run "act-$act-seed$s" 2 "${train[@]}" seed="$s" \
-      augment.genotype="$(sed -E "s/conv_3x3_[a-z]+/conv_3x3_$act/g" <<< "$dpnasnet")"
+      augment.genotype="$(sed -E "s/conv_3x3_[a-z]+/conv_3x3_$act/g" <<< "$DPNASNET")"
   done
-  run "cell-dpnasnet-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="$dpnasnet"
-  run "pool-avg-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="${dpnasnet//max_pool_3x3/avg_pool_3x3}"
+  run "cell-dpnasnet-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="$DPNASNET"
+  run "pool-avg-seed$s" 2 "${train[@]}" seed="$s" augment.genotype="${DPNASNET//max_pool_3x3/avg_pool_3x3}"
 done
 wait
 for s in "${seeds[@]}"; do   # experiment 2's trainings: the found cells, as experiment 1 trains

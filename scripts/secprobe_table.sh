@@ -18,9 +18,7 @@
 # (default: the project's .venv); EXTRA: more KEY=VALUE settings for every run (e.g. a tiny config for a smoke
 # test). One run at a time: 9 ranks already oversubscribe a 2-core machine.
 set -euo pipefail
-here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-python=${PYTHON:-$here/.venv/bin/python}
-mpirun=${MPIRUN:-$here/.venv/bin/mpirun}
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"  # python, mpirun, DPNASNET, table_args, run_once, run_in_background
 read -r -a seeds <<< "${SEEDS:-0 1 2}"
 read -r -a fractions <<< "${PS:-0 0.2 0.4 0.6}"
 read -r -a arms <<< "${ARMS:-all random secprobe-eps0.1 secprobe-eps1 secprobe-eps10 oracle}"
@@ -87,30 +85,19 @@ for (fraction, arm), rows in sorted(cells.items()):
 PY
 }
 
-if [ "${1:-}" = "--summarize" ]; then summarize "${2:?usage: secprobe_table.sh --summarize OUT_DIR}"; exit 0; fi
-out=${1:-runs/secprobe-table}
-mkdir -p "$out"
+table_args secprobe_table.sh runs/secprobe-table "$@"
 
-# The DPNAS paper's CIFAR-10 cell (Fig. 4c) as released, in our string form (scripts/dpnas_tables.sh, docs/dpnas.md).
-dpnasnet="dpnas=conv_3x3_selu@0|max_pool_3x3@0,conv_3x3_selu@1|conv_3x3_tanh@0,max_pool_3x3@1,none@2|\
-conv_3x3_selu@0,none@1,none@2,skip_connect@3|conv_3x3_selu@0,conv_3x3_selu@1,conv_3x3_tanh@2,max_pool_3x3@3,\
-conv_3x3_tanh@4"
 # Sized so that the network learns within a run and the 72 runs take about an hour on a 2-core VM (docs/secprobe.md,
 # the measured run): synthetic-shapes 16x16, 8 parties of 1,000 examples (their train and validation shards), DP
 # releases of expected batch 64 per party, AUGMENT_EPOCHS (4) epochs of 16 iterations, an aux set of 50 examples.
 train=(mode=dpfnas space.kind=dpnas space.nodes=5 "space.stage_channels=[8, 16, 32]" data.image_size=16
-       data.train_size=8000 data.test_size=1000 federation.parties=8 augment.genotype="$dpnasnet"
+       data.train_size=8000 data.test_size=1000 federation.parties=8 augment.genotype="$DPNASNET"
        augment.epochs="${AUGMENT_EPOCHS:-4}" augment.batch_size=64 augment.lr=0.5 augment.weight_decay=0
        augment.clip=1.0 federation.aux_size=50 runtime.threads_per_rank=1 runtime.progress=off
        checkpoint.every_steps=0)
 
-run() {  # run NAME KEY=VALUE...
-  local dir=$out/$1; shift
-  if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
-  rm -rf "$dir"  # what an interrupted attempt left
-  local sets=(); for kv in "$@" "${extra[@]}"; do [ -n "$kv" ] && sets+=(--set "$kv"); done
-  if "$mpirun" -n 9 "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}" > "$dir.out" 2>&1; then
-    touch "$dir.done"; else echo "FAILED (exit $?): $dir, see $dir.out"; fi
+run() {  # run NAME KEY=VALUE...: one run (9 ranks), in the foreground
+  run_once "$out/$1" 9 "${@:2}" "${extra[@]}"
 }
 
 for s in "${seeds[@]}"; do

@@ -1,5 +1,6 @@
-"""Shared test setup: one torch thread per process (parallel MPI ranks on a 2-core box must not thrash), and the
-helpers that launch real `mpirun` jobs of the command line in subprocesses."""
+"""Shared test setup: one torch thread per process (parallel MPI ranks on a 2-core box must not thrash), the
+helpers that launch real `mpirun` jobs of the command line in subprocesses, and :func:`perturb_others` for the
+per-example checks of both search spaces."""
 
 from __future__ import annotations
 
@@ -27,6 +28,14 @@ TINY = [
 ]
 #: Environment variables of the failure-injection hooks; never inherited by a launch unless given.
 INJECTION_ENV = ("MPI_FNAS_STOP_AFTER", "MPI_FNAS_INJECT_FAULT", "MPI_FNAS_INJECT_SLEEP")
+
+
+def perturb_others(x: torch.Tensor) -> torch.Tensor:
+    """A copy of the batch `x` whose examples after the first are redrawn (global RNG) with another scale and mean:
+    example 0's output or gradient must not change if nothing mixes examples."""
+    changed = x.clone()
+    changed[1:] = 3.0 * torch.randn_like(x[1:]) + 1.0
+    return changed
 
 
 def _env(extra: dict | None) -> dict:

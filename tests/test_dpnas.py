@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import perturb_others
 from torch import nn
 
 from mpi_fnas.config import ConfigError, load_config
@@ -142,12 +143,6 @@ def test_derived_cell_builds_exactly_the_kept_edges() -> None:
 # ---------------------------------------------------------------------------------------------- per-example gradients
 
 
-def _perturb_others(x: torch.Tensor) -> torch.Tensor:
-    changed = x.clone()
-    changed[1:] = 3.0 * torch.randn_like(x[1:]) + 1.0
-    return changed
-
-
 @pytest.mark.parametrize("train", [True, False])
 def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
     torch.manual_seed(3)
@@ -155,7 +150,7 @@ def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
     for net in (DpnasSearchNetwork((4, 8), 10, nodes=3), DpnasNetwork(MIXED, (4, 8), 10)):
         net.train(train)
         with torch.no_grad():
-            assert (net(x)[0] - net(_perturb_others(x))[0]).abs().max().item() < 1e-5
+            assert (net(x)[0] - net(perturb_others(x))[0]).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("which", ["supernet W", "supernet A", "derived"])
@@ -172,7 +167,7 @@ def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str) 
         assert hooks_supported(net, params)
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])
     first = per_sample_gradients(net, params, x, y, method=method)
-    again = per_sample_gradients(net, params, _perturb_others(x), y, method=method)
+    again = per_sample_gradients(net, params, perturb_others(x), y, method=method)
     assert torch.allclose(first[0], again[0], atol=1e-6)
     assert not torch.allclose(first[1], again[1], atol=1e-4)  # the others' did change: the check is not vacuous
     net.zero_grad()

@@ -289,22 +289,28 @@ def assert_iid_normal(samples: torch.Tensor, std: float) -> None:
     assert stats.kstest(x / std, "norm").pvalue > ALPHA
 
 
+def weights_release(model: SearchNetwork, inputs: torch.Tensor, targets: torch.Tensor, clip: float, sigma: float,
+                    expected_batch: float, stream: Keystream) -> torch.Tensor:
+    """party_release of all of `model`'s weights W on (inputs, targets), its noise from `stream`."""
+    return party_release(
+        model,
+        dict(model.named_weights()),
+        inputs,
+        targets,
+        clip_bound=clip,
+        noise_multiplier=sigma,
+        expected_batch_size=expected_batch,
+        noise_stream=stream,
+    )
+
+
 def test_release_noise_has_configured_std_and_zero_mean():
     torch.manual_seed(0)
     model = SearchNetwork(8, 10, 3, nodes=2, norm="groupnorm")  # ~10^5 weights: ~10^5 noise samples
     params = dict(model.named_weights())
     inputs, targets = image_batch(10, 16, 10)
     clip, sigma, expected_batch = 0.01, 1.3, 64.0
-    release = party_release(
-        model,
-        params,
-        inputs,
-        targets,
-        clip_bound=clip,
-        noise_multiplier=sigma,
-        expected_batch_size=expected_batch,
-        noise_stream=Keystream.from_os(),
-    )
+    release = weights_release(model, inputs, targets, clip, sigma, expected_batch, Keystream.from_os())
     signal = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip) / expected_batch
     assert release.shape == signal.shape and release.shape[0] > 50_000
     assert_iid_normal(release - signal, sigma * clip / expected_batch)
@@ -316,16 +322,7 @@ def test_release_divides_by_expected_not_realised_batch_size():
     params = dict(model.named_weights())
     inputs, targets = image_batch(5, 16, 10)
     clip, sigma, expected_batch = 0.05, 0.7, 64.0
-    release = party_release(
-        model,
-        params,
-        inputs,
-        targets,
-        clip_bound=clip,
-        noise_multiplier=sigma,
-        expected_batch_size=expected_batch,
-        noise_stream=Keystream.from_labels("test", 9),
-    )
+    release = weights_release(model, inputs, targets, clip, sigma, expected_batch, Keystream.from_labels("test", 9))
     noise = gaussian_noise(release.numel(), std=sigma * clip, stream=Keystream.from_labels("test", 9))
     total = clipped_sum(per_sample_gradients(model, params, inputs, targets), clip)
     assert torch.allclose(release * expected_batch - noise, total, atol=1e-6)
@@ -335,18 +332,9 @@ def test_release_divides_by_expected_not_realised_batch_size():
 
 def test_empty_batch_release_is_pure_noise_over_expected_batch():
     model = small_search_network()
-    params = dict(model.named_weights())
     clip, sigma, expected_batch = 0.01, 1.0, 32.0
-    release = party_release(
-        model,
-        params,
-        torch.zeros(0, 3, 16, 16),
-        torch.zeros(0, dtype=torch.int64),
-        clip_bound=clip,
-        noise_multiplier=sigma,
-        expected_batch_size=expected_batch,
-        noise_stream=Keystream.from_labels("test", 4),
-    )
+    release = weights_release(model, torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.int64), clip, sigma,
+                              expected_batch, Keystream.from_labels("test", 4))
     noise = gaussian_noise(release.numel(), std=sigma * clip, stream=Keystream.from_labels("test", 4))
     assert torch.equal(release, noise / expected_batch)
     assert_iid_normal(release, sigma * clip / expected_batch)
@@ -473,16 +461,7 @@ def test_release_refuses_batchnorm_model():
     model = small_search_network(norm="batchnorm")
     inputs, targets = image_batch(4, 16, 10)
     with pytest.raises(PrivacyError, match=r"space\.norm: groupnorm"):
-        party_release(
-            model,
-            dict(model.named_weights()),
-            inputs,
-            targets,
-            clip_bound=0.01,
-            noise_multiplier=1.0,
-            expected_batch_size=4.0,
-            noise_stream=Keystream.from_os(),
-        )
+        weights_release(model, inputs, targets, 0.01, 1.0, 4.0, Keystream.from_os())
 
 
 # -- validators -----------------------------------------------------------------------------------------------

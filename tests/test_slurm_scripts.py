@@ -372,21 +372,24 @@ def job_output(slurm_cluster, job: int) -> str:  # noqa: F811
     return path.read_text() if path.exists() else "<no output file>"
 
 
+def submit_and_wait(slurm_cluster, stand_in, cwd: Path, script: str,  # noqa: F811
+                    **extra: str | None) -> tuple[int, dict[str, str]]:
+    """Submit slurm/`script` from `cwd` in the stand-in's environment changed by `extra`, and wait for it to end;
+    returns (job id, its scontrol record)."""
+    env, _, _ = stand_in
+    job = slurm_cluster.sbatch("--wait", str(SLURM_DIR / script), env=env(slurm_cluster, **extra), cwd=cwd)
+    return job, slurm_cluster.job_info(job)
+
+
 slurm = pytest.mark.slurm
 
 
 @slurm
 def test_dpfnas_8_starts_nine_ranks_with_eight_gpus(slurm_cluster, stand_in, tmp_path):  # noqa: F811
-    env, records, config = stand_in
+    _, records, config = stand_in
     submit_dir = tmp_path / "submit"
     submit_dir.mkdir()
-    job = slurm_cluster.sbatch(
-        "--wait",
-        str(SLURM_DIR / "dpfnas_8.sh"),
-        env=env(slurm_cluster, EXTRA_ARGS="--set search.epochs=1"),
-        cwd=submit_dir,
-    )
-    info = slurm_cluster.job_info(job)
+    job, info = submit_and_wait(slurm_cluster, stand_in, submit_dir, "dpfnas_8.sh", EXTRA_ARGS="--set search.epochs=1")
     assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
     ranks = load_records(records, job, 0)
     assert [r["rank"] for r in ranks] == list(range(9))
@@ -405,16 +408,34 @@ def test_dpfnas_8_starts_nine_ranks_with_eight_gpus(slurm_cluster, stand_in, tmp
     assert (submit_dir / f"slurm-dpfnas_8-{job}.out").exists()
 
 
-@slurm
-def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in, tmp_path):  # noqa: F811
-    env, records, config = stand_in
+def submit_checkpointing_job(slurm_cluster, stand_in, tmp_path: Path, script: str,  # noqa: F811
+                             ranks: int) -> tuple[int, Path]:
+    """Submit slurm/`script` (RUN_DIR tmp_path/run) with a stand-in run that checkpoints and exits 75 when asked to
+    stop; returns (job id, run dir) once all `ranks` ranks of its first attempt are running."""
+    env, records, _ = stand_in
     run_dir = tmp_path / "run"
     job = slurm_cluster.sbatch(
-        str(SLURM_DIR / "dpfnas_8.sh"),
+        str(SLURM_DIR / script),
         env=env(slurm_cluster, RUN_DIR=str(run_dir), FAKE_RUN_BEHAVIOUR="checkpoint-on-signal"),
         cwd=tmp_path,
     )
-    wait_for_records(records, job, 0, 9)
+    wait_for_records(records, job, 0, ranks)
+    return job, run_dir
+
+
+def completed_after_one_requeue(slurm_cluster, job: int) -> str:  # noqa: F811
+    """Waits for `job` to end, checks that it completed after exactly one requeue, and returns its output."""
+    info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+    output = job_output(slurm_cluster, job)
+    assert info["JobState"] == "COMPLETED", output
+    assert info["Restarts"] == "1", info
+    return output
+
+
+@slurm
+def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in, tmp_path):  # noqa: F811
+    _, records, config = stand_in
+    job, run_dir = submit_checkpointing_job(slurm_cluster, stand_in, tmp_path, "dpfnas_8.sh", 9)
     # What an attempt SIGKILLed inside MPI leaves behind: segments named by this job's steps 0 and 1 (the run's
     # step in a first and in a restarted attempt). The restart must remove them, and nothing else.
     stale = [mpich_segment(f"{job}.0"), mpich_segment(f"{job}.1", node=1)]
@@ -424,16 +445,13 @@ def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in
             path.write_bytes(b"stale")
         # What --signal=B:USR1@120 does before the time limit: SIGUSR1 to the batch shell only.
         slurm_cluster.run("scancel", "--batch", "--signal=USR1", str(job))
-        info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
+        output = completed_after_one_requeue(slurm_cluster, job)
         assert [p.exists() for p in stale] == [False, False]
         assert unrelated.exists()
     finally:
         for path in [*stale, unrelated]:
             path.unlink(missing_ok=True)
-    output = job_output(slurm_cluster, job)
     assert "removing stale MPICH segments" in output, output
-    assert info["JobState"] == "COMPLETED", output
-    assert info["Restarts"] == "1", info
     first = load_records(records, job, 0)
     assert [r["signals"] for r in first] == [["SIGUSR1"]] * 9, output  # every rank got it, through srun
     assert all("--out" in r["argv"] for r in first)
@@ -454,19 +472,10 @@ def test_scontrol_requeue_from_outside_is_not_requeued_twice(slurm_cluster, stan
     """`scontrol requeue` (or preemption in REQUEUE mode) sends SIGTERM to the whole job and has already requeued
     it: the run still checkpoints (exit 75), the script's own requeue is refused, and the script must see that
     the job is requeued instead of reporting a failure; the job comes back exactly once."""
-    env, records, _ = stand_in
-    run_dir = tmp_path / "run"
-    job = slurm_cluster.sbatch(
-        str(SLURM_DIR / "fnas_2.sh"),
-        env=env(slurm_cluster, RUN_DIR=str(run_dir), FAKE_RUN_BEHAVIOUR="checkpoint-on-signal"),
-        cwd=tmp_path,
-    )
-    wait_for_records(records, job, 0, 3)
+    _, records, _ = stand_in
+    job, run_dir = submit_checkpointing_job(slurm_cluster, stand_in, tmp_path, "fnas_2.sh", 3)
     slurm_cluster.run("scontrol", "requeue", str(job))
-    info = slurm_cluster.wait_for_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, timeout=120)
-    output = job_output(slurm_cluster, job)
-    assert info["JobState"] == "COMPLETED", output
-    assert info["Restarts"] == "1", info
+    output = completed_after_one_requeue(slurm_cluster, job)
     assert all(r["signals"] for r in load_records(records, job, 0)), output  # every rank was asked to stop
     assert (run_dir / "checkpoint.pt").exists()
     assert f"job {job} was already requeued by Slurm (restart 1)" in output, output
@@ -478,14 +487,12 @@ def test_scontrol_requeue_from_outside_is_not_requeued_twice(slurm_cluster, stan
 def test_checkpoint_in_run_dir_means_resume_and_relative_config_resolves(slurm_cluster, stand_in, tmp_path):  # noqa: F811
     """A fresh job (no restart) whose RUN_DIR already holds a checkpoint resumes it; the wrapper's default
     relative CONFIG, absent from the submit dir, resolves to the repository's file."""
-    env, records, _ = stand_in
+    _, records, _ = stand_in
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "checkpoint.pt").write_text("earlier attempt")
-    job = slurm_cluster.sbatch(
-        "--wait", str(SLURM_DIR / "fnas_1.sh"), env=env(slurm_cluster, CONFIG=None, RUN_DIR=str(run_dir)), cwd=tmp_path
-    )
-    assert slurm_cluster.job_info(job)["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
+    job, info = submit_and_wait(slurm_cluster, stand_in, tmp_path, "fnas_1.sh", CONFIG=None, RUN_DIR=str(run_dir))
+    assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
     ranks = load_records(records, job, 0)
     assert len(ranks) == 2
     for record in ranks:
@@ -517,11 +524,8 @@ def test_relative_submission_with_chdir_finds_the_repository(slurm_cluster, stan
 
 @slurm
 def test_failure_exit_code_is_kept_and_not_requeued(slurm_cluster, stand_in, tmp_path):  # noqa: F811
-    env, records, _ = stand_in
-    job = slurm_cluster.sbatch(
-        "--wait", str(SLURM_DIR / "fnas_1.sh"), env=env(slurm_cluster, FAKE_RUN_BEHAVIOUR="exit:3"), cwd=tmp_path
-    )
-    info = slurm_cluster.job_info(job)
+    _, records, _ = stand_in
+    job, info = submit_and_wait(slurm_cluster, stand_in, tmp_path, "fnas_1.sh", FAKE_RUN_BEHAVIOUR="exit:3")
     assert info["JobState"] == "FAILED", info
     assert info["ExitCode"] == "3:0", info
     assert info["Restarts"] == "0", info
@@ -530,11 +534,8 @@ def test_failure_exit_code_is_kept_and_not_requeued(slurm_cluster, stand_in, tmp
 
 @slurm
 def test_mpirun_launcher_inside_the_allocation(slurm_cluster, stand_in, tmp_path):  # noqa: F811
-    env, records, _ = stand_in
-    job = slurm_cluster.sbatch(
-        "--wait", str(SLURM_DIR / "fnas_2.sh"), env=env(slurm_cluster, MPI_FNAS_LAUNCHER="mpirun"), cwd=tmp_path
-    )
-    info = slurm_cluster.job_info(job)
+    _, records, _ = stand_in
+    job, info = submit_and_wait(slurm_cluster, stand_in, tmp_path, "fnas_2.sh", MPI_FNAS_LAUNCHER="mpirun")
     assert info["JobState"] == "COMPLETED", job_output(slurm_cluster, job)
     ranks = load_records(records, job, 0)
     assert [r["env"]["PMI_RANK"] for r in ranks] == ["0", "1", "2"]

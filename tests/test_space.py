@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import perturb_others
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
@@ -228,18 +229,12 @@ def test_construction_is_deterministic_under_manual_seed() -> None:
 # ---------------------------------------------------------------------------------------------- per-sample
 
 
-def _perturb_others(x: torch.Tensor) -> torch.Tensor:
-    changed = x.clone()
-    changed[1:] = 3.0 * torch.randn_like(x[1:]) + 1.0
-    return changed
-
-
 @pytest.mark.parametrize("train", [True, False])
 def test_groupnorm_has_no_cross_sample_dependence_but_batchnorm_has(train: bool) -> None:
     """The property per-example DP relies on: example i's output does not depend on other examples."""
     torch.manual_seed(4)
     x = torch.randn(4, 3, 16, 16)
-    changed = _perturb_others(x)
+    changed = perturb_others(x)
     for norm in ("groupnorm", "batchnorm"):
         torch.manual_seed(4)
         net = SearchNetwork(4, 10, 3, nodes=2, norm=norm).train(train)

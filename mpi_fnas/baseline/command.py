@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base
@@ -22,6 +23,9 @@ from mpi_fnas.baseline.results import (
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
 
+if TYPE_CHECKING:
+    from mpi_fnas.federation.comm import Channel
+
 _EPILOG = """\
 for every seed: the searched arm (the config's search, then the augmentation of the cell it found) and --random R
   cells drawn uniformly from the same space (public draw from the seed, logged), each trained by the same
@@ -36,13 +40,9 @@ exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (th
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m mpi_fnas.baseline",
-        description="Does the search beat random? The searched cell against R random cells of the same space, "
-        "trained by the same augmentation at the same total ε, over several seeds, in one MPI job.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cli.add_config_arguments(parser)
+    parser = cli.command_parser(
+        "mpi_fnas.baseline", "Does the search beat random? The searched cell against R random cells of the same "
+        "space, trained by the same augmentation at the same total ε, over several seeds, in one MPI job.", _EPILOG)
     parser.add_argument("--random", type=int, required=True, metavar="R",
                         help="random cells per seed (NAS practice: at least 8)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="seeds (at least 3 to "
@@ -60,29 +60,16 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:
             config_error = exc
 
-    from mpi_fnas.federation.comm import Channel
-
-    channel = Channel(cli.start_mpi(base))
-    stop = cli.StopRequest.install()
-    state: dict = {}
-
-    def setup() -> int:
-        if config_error is not None:
-            raise config_error
+    def setup(channel: Channel) -> tuple[Config, Path]:
         cli.require_parties(channel, "mpi_fnas.baseline", "mpirun -n 9 python -m mpi_fnas.baseline --random 8 "
                             "--seeds 0 1 2")
         text, path = cli.decide_on_root(channel, lambda: (base.to_yaml(), str(_decide_dir(base, args))))
-        state["base"], state["out"] = config_from_text(text, stored=True), Path(path)
-        check_world(state["base"], channel.size)
-        return cli.EXIT_OK
+        resolved = config_from_text(text, stored=True)
+        check_world(resolved, channel.size)
+        return resolved, Path(path)
 
-    code = cli.run_guarded(channel, setup, debug=args.debug)
-    if code != cli.EXIT_OK:
-        return code
-    channel.timeout = state["base"].runtime.comm_timeout
-    code = _run_baseline(state["base"], channel, state["out"], args, stop)
-    stop.disarm()
-    return code
+    return cli.run_series(base, config_error, setup, debug=args.debug,
+                          run=lambda channel, stop, resolved, out: _run_baseline(resolved, channel, out, args, stop))
 
 
 def _check_arguments(base: Config, args: argparse.Namespace) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -385,24 +385,24 @@ def _cell_title(cell: str, panels: int) -> str:
     return "the cell of every stage" if panels == 1 and cell == "normal" else f"{cell} cell"
 
 
-def _darts_edge_labels(edges: int) -> list[str]:
-    """``"<input> → <node>"`` per alpha row (node i has inputs 0 .. i + 1: see mpi_fnas.space.genotype)."""
+def _edge_labels(edges: int, inputs: Callable[[int], list[str]]) -> list[str]:
+    """``"<input> → <node>"`` per alpha row, node by node; `inputs(node)` names that node's inputs in row order."""
     labels = []
     node = 0
     while len(labels) < edges:
-        labels += [f"{state_name(j)} → {node}" for j in range(node + 2)]
+        labels += [f"{name} → {node}" for name in inputs(node)]
         node += 1
     return labels[:edges]
+
+
+def _darts_edge_labels(edges: int) -> list[str]:
+    """The labels of `edges` DARTS alpha rows (node i has inputs 0 .. i + 1: see mpi_fnas.space.genotype)."""
+    return _edge_labels(edges, lambda node: [state_name(j) for j in range(node + 2)])
 
 
 def _dpnas_edge_labels(edges: int) -> list[str]:
-    """``"<input> → <node>"`` per alpha row (node i has inputs in, 0 .. i - 1: see mpi_fnas.space.dpnas.genotype)."""
-    labels = []
-    node = 0
-    while len(labels) < edges:
-        labels += [f"{'in' if j == 0 else j - 1} → {node}" for j in range(node + 1)]
-        node += 1
-    return labels[:edges]
+    """The labels of `edges` DPNAS alpha rows (node i has inputs in, 0 .. i - 1: see mpi_fnas.space.dpnas.genotype)."""
+    return _edge_labels(edges, lambda node: ["in", *(str(j) for j in range(node))])
 
 
 #: Alpha-row labels per space kind.

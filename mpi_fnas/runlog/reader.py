@@ -108,13 +108,8 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         "ranks": {key: _plain(value) for key, value in handle["ranks"].attrs.items()},
         "unreliable": np.asarray(root["unreliable"], dtype=bool) if "unreliable" in root else None,
         "corruption": float(root["corruption"]) if "corruption" in root else 0.0,
-        "privacy": None,
-        "selection": None,
+        **_read_privacy_and_selection(handle, SEARCH_LAYOUT, privacy_sets, selection_sets),
     }
-    if "privacy" in handle:
-        result["privacy"] = _read_privacy(handle["privacy"], SEARCH_LAYOUT, privacy_sets)
-    if SELECTION_GROUP in handle:
-        result["selection"] = _read_selection(handle[SELECTION_GROUP], selection_sets)
     result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
     return result, writer
 
@@ -157,14 +152,20 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         "attempts": int(attrs["attempts"]),
         "metrics": metrics,
         "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
-        "privacy": None,
-        "selection": None,
+        **_read_privacy_and_selection(group, AUGMENT_LAYOUT, privacy_sets, selection_sets),
     }
-    if "privacy" in group:
-        augment["privacy"] = _read_privacy(group["privacy"], AUGMENT_LAYOUT, privacy_sets)
-    if SELECTION_GROUP in group:
-        augment["selection"] = _read_selection(group[SELECTION_GROUP], selection_sets)
     return augment
+
+
+def _read_privacy_and_selection(group: h5py.Group, layout: StageLayout, privacy_sets: list[h5py.Dataset],
+                                selection_sets: list[h5py.Dataset]) -> dict[str, Any]:
+    """A stage's ``privacy`` and ``selection`` entries, each None where its group (the root's for the search,
+    ``/augment``'s) has no such subgroup."""
+    return {
+        "privacy": _read_privacy(group["privacy"], layout, privacy_sets) if "privacy" in group else None,
+        "selection": (_read_selection(group[SELECTION_GROUP], selection_sets) if SELECTION_GROUP in group
+                      else None),
+    }
 
 
 def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Dataset]) -> dict[str, Any]:

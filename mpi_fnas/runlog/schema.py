@@ -232,13 +232,22 @@ def build_skeleton(
     for key, value in rank_values.items():
         ranks.attrs[key] = value
 
-    if privacy is not None:
-        privacy_group(handle, SEARCH_LAYOUT, privacy, parties)
+    _privacy_and_selection(handle, SEARCH_LAYOUT, privacy, selection, parties)
 
+
+def _privacy_and_selection(parent: h5py.Group, layout: StageLayout, privacy: Mapping[str, Any] | None,
+                           selection: SelectionSchema | None, parties: int) -> None:
+    """A stage's ``parent/privacy`` when `privacy` is given, and its ``parent/selection`` when `selection` is
+    (refused without privacy: its ε rows live in ``parent/privacy``); `parent` is the root (search) or
+    ``/augment``."""
+    if privacy is not None:
+        privacy_group(parent, layout, privacy, parties)
     if selection is not None:
         if privacy is None:
-            raise ValueError("a selection needs a privacy ledger (/privacy/selection_epsilon)")
-        _selection_group(handle, selection, parties)
+            where = parent.name.rstrip("/")
+            what = "an augment selection" if where else "a selection"
+            raise ValueError(f"{what} needs a privacy ledger ({where}/privacy/{SELECTION_EPSILON})")
+        _selection_group(parent, selection, parties)
 
 
 def _selection_group(parent: h5py.Group, selection: SelectionSchema, parties: int) -> None:
@@ -288,14 +297,7 @@ def build_augment(
             _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
 
     _empty_cost(group.create_group("cost"))
-
-    if privacy is not None:
-        privacy_group(group, AUGMENT_LAYOUT, privacy, parties)
-
-    if selection is not None:
-        if privacy is None:
-            raise ValueError("an augment selection needs a privacy ledger (/augment/privacy/selection_epsilon)")
-        _selection_group(group, selection, parties)
+    _privacy_and_selection(group, AUGMENT_LAYOUT, privacy, selection, parties)
 
 
 def privacy_arrays(layout: StageLayout, privacy: StagePrivacy, parties: int) -> dict[str, Any]:

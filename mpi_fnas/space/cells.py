@@ -91,6 +91,11 @@ class SearchCell(nn.Module):
             for _, j in edge_endpoints(nodes)
         )
 
+    @property
+    def out_channels_multiplier(self) -> int:
+        """Output channels per cell channel: the number of concatenated states (every intermediate node)."""
+        return self.nodes
+
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         expected = (num_edges(self.nodes), self.num_ops)
         if tuple(weights.shape) != expected:

@@ -24,7 +24,7 @@ from torch import nn
 
 from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype
 from mpi_fnas.space.ops import PRIMITIVES, make_norm, make_op
-from mpi_fnas.space.scaffold import cell_inputs, check_sizes, reduction_layers, stem
+from mpi_fnas.space.scaffold import CellNetwork, cell_inputs, check_sizes
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.privacy.keystream import Keystream
@@ -166,7 +166,7 @@ class AuxiliaryHead(nn.Module):
         return self.classifier(self.features(x).flatten(1))
 
 
-class AugmentNetwork(nn.Module):
+class AugmentNetwork(CellNetwork):
     """DARTS evaluation network: stem, ``layers`` ``DerivedCell``s, global average pooling, linear classifier.
 
     Cells at ``layers // 3`` and ``2 * layers // 3`` are reduction cells (the supernet's rule). With
@@ -190,48 +190,23 @@ class AugmentNetwork(nn.Module):
         norm: str = "groupnorm",
         auxiliary: bool = False,
     ) -> None:
-        super().__init__()
         if not isinstance(genotype, Genotype):
             raise TypeError(f"AugmentNetwork: genotype must be a Genotype, got {type(genotype).__name__}")
         check_sizes("AugmentNetwork", channels=channels, num_classes=num_classes, layers=layers,
                     stem_multiplier=stem_multiplier, in_channels=in_channels)
 
+        super().__init__(channels, num_classes, layers, in_channels, stem_multiplier, norm,
+                         lambda *place: DerivedCell(genotype, *place, norm))
         self.genotype = genotype
-        self.channels = channels
-        self.num_classes = num_classes
-        self.layers = layers
-        self.in_channels = in_channels
-        self.norm = norm
-        self.reduction_layers = reduction_layers(layers)
         self.aux_layer = 2 * layers // 3 if auxiliary else None
         self.drop_path_prob: float = 0.0
         self.mask_stream: Keystream | None = None
-
-        stem_channels = stem_multiplier * channels
-        self.stem = stem(in_channels, stem_channels, norm)
-        c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
-        reduction_prev = False
-        aux_channels = 0
-        self.cells = nn.ModuleList()
-        for layer in range(layers):
-            reduction = layer in self.reduction_layers
-            if reduction:
-                c_cell *= 2
-            cell = DerivedCell(genotype, c_prev_prev, c_prev, c_cell, reduction, reduction_prev, norm)
-            self.cells.append(cell)
-            reduction_prev = reduction
-            c_prev_prev, c_prev = c_prev, cell.out_channels_multiplier * c_cell
-            if layer == self.aux_layer:
-                aux_channels = c_prev
-        self.classifier = nn.Linear(c_prev, num_classes)
         # Created last so that, for a given seed, the main network's initial weights do not depend on `auxiliary`.
-        self.auxiliary_head = AuxiliaryHead(aux_channels, num_classes, norm) if auxiliary else None
+        self.auxiliary_head = (AuxiliaryHead(self.cell_channels[self.aux_layer], num_classes, norm)
+                               if self.aux_layer is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"AugmentNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
+        self.check_input(x)
         if not 0.0 <= self.drop_path_prob < 1.0:
             raise ValueError(f"AugmentNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")
         drop_prob = float(self.drop_path_prob) if self.training else 0.0

@@ -11,14 +11,14 @@ from torch import nn
 from mpi_fnas.space.cells import SearchCell
 from mpi_fnas.space.genotype import Genotype, derive_genotype, num_edges
 from mpi_fnas.space.ops import PRIMITIVES
-from mpi_fnas.space.scaffold import check_sizes, reduction_layers, stem
+from mpi_fnas.space.scaffold import CellNetwork, check_sizes
 
 __all__ = ["SearchNetwork", "num_edges"]
 
 ALPHA_INIT_SCALE = 1e-3  # DARTS: near-uniform op weights at the start of the search
 
 
-class SearchNetwork(nn.Module):
+class SearchNetwork(CellNetwork):
     """DARTS search network: stem, ``layers`` search cells, global average pooling, linear classifier.
 
     Cells at ``layers // 3`` and ``2 * layers // 3`` are reduction cells (halve H and W, double the channels);
@@ -44,7 +44,6 @@ class SearchNetwork(nn.Module):
         norm: str = "batchnorm",
         primitives: Sequence[str] = PRIMITIVES,
     ) -> None:
-        super().__init__()
         check_sizes("SearchNetwork", channels=channels, num_classes=num_classes, layers=layers, nodes=nodes,
                     stem_multiplier=stem_multiplier, in_channels=in_channels)
         primitives = tuple(primitives)
@@ -58,30 +57,10 @@ class SearchNetwork(nn.Module):
         if all(p == "none" for p in primitives):
             raise ValueError("SearchNetwork: primitives need at least one op other than 'none'")
 
-        self.channels = channels
-        self.num_classes = num_classes
-        self.layers = layers
+        super().__init__(channels, num_classes, layers, in_channels, stem_multiplier, norm,
+                         lambda *place: SearchCell(nodes, *place, norm, primitives))
         self.nodes = nodes
-        self.in_channels = in_channels
-        self.norm = norm
         self.primitives = primitives
-        self.reduction_layers = reduction_layers(layers)
-
-        stem_channels = stem_multiplier * channels
-        self.stem = stem(in_channels, stem_channels, norm)
-        c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
-        reduction_prev = False
-        self.cells = nn.ModuleList()
-        for layer in range(layers):
-            reduction = layer in self.reduction_layers
-            if reduction:
-                c_cell *= 2
-            self.cells.append(
-                SearchCell(nodes, c_prev_prev, c_prev, c_cell, reduction, reduction_prev, norm, primitives)
-            )
-            reduction_prev = reduction
-            c_prev_prev, c_prev = c_prev, nodes * c_cell
-        self.classifier = nn.Linear(c_prev, num_classes)
 
         # Created last so that, for a given seed, weight initialisation does not depend on the alpha shape.
         shape = (num_edges(nodes), len(primitives))
@@ -90,10 +69,7 @@ class SearchNetwork(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (N, in_channels, H, W) -> logits (N, num_classes)."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(
-                f"SearchNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
-            )
+        self.check_input(x)
         # One softmax per cell type per forward, shared by all cells of that type.
         weights_normal = F.softmax(self.alpha_normal, dim=-1)
         weights_reduce = F.softmax(self.alpha_reduce, dim=-1)

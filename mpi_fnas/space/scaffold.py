@@ -1,5 +1,6 @@
 """What the supernet and the augment network share around their cells: size checks, the stem, where the
-reduction cells sit, and how a cell brings its two inputs to one shape.
+reduction cells sit, how the cells are stacked (:class:`CellNetwork`, their common base), and how a cell brings its
+two inputs to one shape.
 
 One definition, so that the network a search ran on and the network its genotype is trained in cannot drift
 apart (same stem, same reduction positions, same input preprocessing up to ``affine``).
@@ -7,11 +8,14 @@ apart (same stem, same reduction positions, same input preprocessing up to ``aff
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+import torch
 from torch import nn
 
 from mpi_fnas.space.ops import FactorizedReduce, ReLUConvBN, make_norm
 
-__all__ = ["cell_inputs", "check_sizes", "reduction_layers", "stem"]
+__all__ = ["CellNetwork", "cell_inputs", "cell_stack", "check_sizes", "reduction_layers", "stem"]
 
 
 def check_sizes(owner: str, **sizes: int) -> None:
@@ -36,6 +40,32 @@ def stem(in_channels: int, stem_channels: int, norm: str) -> nn.Sequential:
     )
 
 
+def cell_stack(layers: int, stem_channels: int, channels: int,
+               make_cell: Callable[[int, int, int, bool, bool], nn.Module]) -> tuple[nn.ModuleList, list[int]]:
+    """The `layers` cells of a DARTS network after a stem of `stem_channels`, and each cell's output channels.
+
+    Cell by cell, ``make_cell(c_prev_prev, c_prev, cell_channels, reduction, reduction_prev)`` builds the next
+    cell from the output channels of the two before it (the stem's for the first), its own channels (`channels`,
+    doubled at each reduction cell of :func:`reduction_layers`) and whether it and the previous cell reduce; a cell
+    outputs ``cell.out_channels_multiplier * cell_channels`` channels.
+    """
+    reductions = reduction_layers(layers)
+    c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
+    reduction_prev = False
+    cells = nn.ModuleList()
+    out_channels = []
+    for layer in range(layers):
+        reduction = layer in reductions
+        if reduction:
+            c_cell *= 2
+        cell = make_cell(c_prev_prev, c_prev, c_cell, reduction, reduction_prev)
+        cells.append(cell)
+        reduction_prev = reduction
+        c_prev_prev, c_prev = c_prev, cell.out_channels_multiplier * c_cell
+        out_channels.append(c_prev)
+    return cells, out_channels
+
+
 def cell_inputs(c_prev_prev: int, c_prev: int, channels: int, reduction_prev: bool, norm: str,
                 affine: bool) -> tuple[nn.Module, nn.Module]:
     """(preprocess0, preprocess1): both cell inputs to ``channels`` at the resolution of ``s1``.
@@ -49,3 +79,31 @@ def cell_inputs(c_prev_prev: int, c_prev: int, channels: int, reduction_prev: bo
     else:
         preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=affine)
     return preprocess0, ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=affine)
+
+
+class CellNetwork(nn.Module):
+    """A DARTS network around its cells: stem, ``layers`` cells of :func:`cell_stack` (built by `make_cell`),
+    global average pooling, linear classifier; it records the sizes it was built with. The supernet and the augment
+    network add their cells' inputs (alphas, drop-path) and their forward."""
+
+    def __init__(self, channels: int, num_classes: int, layers: int, in_channels: int, stem_multiplier: int,
+                 norm: str, make_cell: Callable[[int, int, int, bool, bool], nn.Module]) -> None:
+        super().__init__()
+        self.channels = channels
+        self.num_classes = num_classes
+        self.layers = layers
+        self.in_channels = in_channels
+        self.norm = norm
+        self.reduction_layers = reduction_layers(layers)
+        stem_channels = stem_multiplier * channels
+        self.stem = stem(in_channels, stem_channels, norm)
+        # The cells, and each one's output channels.
+        self.cells, self.cell_channels = cell_stack(layers, stem_channels, channels, make_cell)
+        self.classifier = nn.Linear(self.cell_channels[-1], num_classes)
+
+    def check_input(self, x: torch.Tensor) -> None:
+        """ValueError unless `x` is a batch of images (N, in_channels, H, W)."""
+        if x.dim() != 4 or x.shape[1] != self.in_channels:
+            raise ValueError(
+                f"{type(self).__name__} input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}"
+            )

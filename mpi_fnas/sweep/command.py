@@ -7,6 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -23,6 +24,9 @@ from mpi_fnas.sweep.points import (
 )
 from mpi_fnas.sweep.results import PointResult, read_point
 from mpi_fnas.sweep.summary import POINTS_CSV, SUMMARY_CSV, format_table, summarize, summarize_dir, write_results
+
+if TYPE_CHECKING:
+    from mpi_fnas.federation.comm import Channel
 
 _EPILOG = """\
 the sweep config is a run config (see python -m mpi_fnas.run --help for its keys) plus an optional section
@@ -45,13 +49,10 @@ exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (cu
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m mpi_fnas.sweep",
-        description="DP-FNAS noise sweep (paper Table 2): one run per (noise variance, seed), all inside one MPI "
-        "job. Rank 0 is the parameter server; ranks 1..K are the parties.",
-        epilog=_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    cli.add_config_arguments(parser)  # --config takes an optional sweep: section; --set sweep.seeds=[0,1,2] works
+    # --config takes an optional sweep: section; --set sweep.seeds=[0,1,2] works
+    parser = cli.command_parser(
+        "mpi_fnas.sweep", "DP-FNAS noise sweep (paper Table 2): one run per (noise variance, seed), all inside one "
+        "MPI job. Rank 0 is the parameter server; ranks 1..K are the parties.", _EPILOG)
     parser.add_argument("--out", metavar="DIR", help="sweep directory (default runs/<name>-sweep-<timestamp>)")
     parser.add_argument("--summarize", metavar="DIR", help="print and write the table of an existing sweep "
                         "directory, then exit (no MPI)")
@@ -73,33 +74,21 @@ def main(argv: list[str] | None = None) -> int:
         print(sweep_yaml(base, spec), end="")
         return cli.EXIT_OK
 
-    from mpi_fnas.federation.comm import Channel
-
-    channel = Channel(cli.start_mpi(base))
-    stop = cli.StopRequest.install()
-    state: dict = {}
-
-    def setup() -> int:
-        if config_error is not None:
-            raise config_error
+    def setup(channel: Channel) -> tuple[Config, SweepSpec, Path]:
         cli.require_parties(channel, "mpi_fnas.sweep",
                             "mpirun -n 5 python -m mpi_fnas.sweep --config configs/dpfnas_noise_sweep.yaml")
         text, path = cli.decide_on_root(channel, lambda: (sweep_yaml(base, spec), str(_decide_dir(base, spec,
                                                                                                    args.out))))
         tree = yaml.safe_load(text)
-        state["spec"] = parse_sweep_section(tree.pop(SWEEP_KEY))
-        state["base"] = config_from_text(yaml.safe_dump(tree, sort_keys=False))
-        state["out"] = Path(path)
-        check_world(state["base"], channel.size)
-        return cli.EXIT_OK
+        resolved_spec = parse_sweep_section(tree.pop(SWEEP_KEY))
+        resolved = config_from_text(yaml.safe_dump(tree, sort_keys=False))
+        check_world(resolved, channel.size)
+        return resolved, resolved_spec, Path(path)
 
-    code = cli.run_guarded(channel, setup, debug=args.debug)
-    if code != cli.EXIT_OK:
-        return code
-    channel.timeout = state["base"].runtime.comm_timeout
-    code = _run_sweep(state["base"], state["spec"], channel, state["out"], args, stop)
-    stop.disarm()
-    return code
+    def run(channel: Channel, stop: cli.StopRequest, resolved: Config, resolved_spec: SweepSpec, out: Path) -> int:
+        return _run_sweep(resolved, resolved_spec, channel, out, args, stop)
+
+    return cli.run_series(base, config_error, setup, run, debug=args.debug)
 
 
 def _summarize_command(args: argparse.Namespace) -> int:

@@ -13,7 +13,15 @@ from typing import Any
 
 import yaml
 
-from mpi_fnas.config import Config, ConfigError, config_from_text, parse_override, validate
+from mpi_fnas.config import (
+    Config,
+    ConfigError,
+    config_from_text,
+    parse_override,
+    read_config_file,
+    validate,
+    yaml_mapping,
+)
 
 SWEEP_KEY = "sweep"
 PAPER_VARIANCES = (0.5, 1.0, 2.0, 5.0, 8.0, 10.0)  # Table 2
@@ -112,7 +120,7 @@ def load_sweep(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[
     points could not run as a noise sweep."""
     tree: dict[str, Any] = {}
     if path is not None:
-        tree = _read_yaml_mapping(Path(path))
+        tree = yaml_mapping(read_config_file(path), str(Path(path)))
     section = tree.pop(SWEEP_KEY, None)
     run_overrides = []
     for item in overrides:
@@ -139,27 +147,6 @@ def load_sweep(path: str | Path | None, overrides: Sequence[str] = ()) -> tuple[
     for point in spec.points():  # all points must be valid before the first one runs
         point_config(base, point)
     return base, spec
-
-
-def _read_yaml_mapping(path: Path) -> dict[str, Any]:
-    # The same messages as mpi_fnas.config.load_config, which cannot read the file itself (the sweep key).
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"--config: no such file: {path}") from None
-    except OSError as exc:
-        raise ConfigError(f"--config: cannot read {path}: {exc.strerror}") from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        at = f" at line {mark.line + 1}" if mark is not None else ""
-        raise ConfigError(f"--config: {path} is not valid YAML{at}") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ConfigError(f"--config: {path} must contain a mapping at the top level")
-    return loaded
 
 
 def sweep_yaml(base: Config, spec: SweepSpec) -> str:
