@@ -15,7 +15,10 @@ import pytest
 from conftest import TINY, mpirun, mpirun_together
 
 from mpi_fnas.checkpoint import load_checkpoint
+from mpi_fnas.config import load_config
 from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.plan import SetupError
+from mpi_fnas.federation.serve import AugmentStage
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
@@ -248,3 +251,23 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     assert (log["augment"]["privacy"]["epsilon"][-1] > log["privacy"]["epsilon"][-1]).all()  # continued ledgers
     again = launch("--augment", str(searched), "--set", "augment.epochs=1")
     assert again.returncode == 2 and "already augmented" in again.stderr
+
+
+class _Parties:
+    """What rank 0's planning asks of a channel under a central partition: the number of parties."""
+
+    parties = 2
+
+
+def test_the_augmentation_refuses_shards_other_than_the_searchs():
+    cfg = load_config(None, ["data.train_size=256", "data.test_size=16", "data.image_size=8", "mode=dpfnas",
+                             "augment.epochs=1"])
+    searched = {"genotype": DARTS_V2.to_string(), "ledger": None, "selection": None}
+    setup = AugmentStage.plan(cfg, _Parties(), searched)  # an older searched.pt: no shard sizes to check
+    sizes = setup.search_plan.shard_sizes
+    setup = AugmentStage.plan(cfg, _Parties(), {**searched, "shard_sizes": sizes})
+    assert setup.search_plan.shard_sizes == sizes and setup.private
+    moved = [[sizes[0][0] + 1, sizes[0][1] - 1], *sizes[1:]]  # one example moved from a party's val to its train
+    with pytest.raises(SetupError, match=r"^--augment: the parties' shards differ from the search's") as err:
+        AugmentStage.plan(cfg, _Parties(), {**searched, "shard_sizes": moved})
+    assert "\n" not in str(err.value)

@@ -6,7 +6,9 @@
   search finished), or ``augment.genotype`` (no search at all).
 
 ``searched.pt`` is the search's result as rank 0 owns it: the genotype, the privacy ledgers at the end of the
-search and the count of the selection's draws on the aux set (public counts). The augmentation starts from it, in
+search, the count of the selection's draws on the aux set and the parties' shard sizes (public counts; the
+augmentation refuses shards of other sizes, whose rates the ledgers were not charged at). The augmentation starts
+from it, in
 the same job or in a later one, so both stages' releases compose in one ledger per party and dataset, and both
 stages' draws in one selection ε.
 """
@@ -40,7 +42,8 @@ class JobOutcome:
 
 
 def searched_state(run_dir: Path) -> dict | None:
-    """The search result saved in `run_dir` (``genotype``, ``ledger``, ``selection``, ``config``), or None."""
+    """The search result saved in `run_dir` (``genotype``, ``ledger``, ``selection``, ``shard_sizes``, ``config``),
+    or None. An older ``searched.pt`` has no ``shard_sizes``: its augmentation is not checked against them."""
     path = Path(run_dir) / SEARCHED_NAME
     return atomic_load(path) if path.exists() else None
 
@@ -66,7 +69,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         if search.interrupted:
             return JobOutcome(search, None)
         searched = {"genotype": search.genotype, "ledger": search.ledger_state, "selection": search.selection_state,
-                    "config": cfg.to_yaml()}
+                    "shard_sizes": search.shard_sizes, "config": cfg.to_yaml()}
         atomic_save(run_dir / SEARCHED_NAME, searched)
         resume = None
     else:

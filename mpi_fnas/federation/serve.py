@@ -81,6 +81,7 @@ class SearchOutcome:
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
     ledger_state: dict | None = None  # the privacy ledgers at the end (DP only): the augmentation continues them
+    shard_sizes: list[list[int]] | None = None  # [[N_k^train, N_k^val], ...]: the augmentation must find the same
     selection_state: dict | None = None  # the selection's draws (Selector.summary): the augmentation continues them
     alpha_entropy: float = float("nan")  # mean softmax entropy of A's edges / log(ops): 1 = uniform, not moved
     alpha_margin: float = float("nan")  # mean p_top − p_second over A's edges: 0 = uniform
@@ -383,6 +384,7 @@ class SearchStage(ServedStage):
             w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
         )
         outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
+        outcome.shard_sizes = plan.shard_sizes
         if ledger is not None:
             outcome.epsilon, outcome.mu_gdp = ledger.epsilons(), ledger.mu_gdp()
             outcome.delta = plan.privacy.delta
@@ -407,6 +409,12 @@ class AugmentStage(ServedStage):
     def plan(cfg: Config, channel: Channel, searched: dict, assignments=None) -> StageSetup:
         search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None,
                                local_sizes=gather_inventory(cfg, channel))
+        if searched.get("shard_sizes") not in (None, search_plan.shard_sizes):
+            # The search's ledgers were charged at the rates of its shards; a pool of other shards would be
+            # charged at rates that are not its own (a party's folder changed between the two jobs, say).
+            raise SetupError("--augment: the parties' shards differ from the search's (shard sizes "
+                             f"{search_plan.shard_sizes}, the search had {searched['shard_sizes']}): the ledgers it "
+                             "left cannot be continued; augment with the data the search used")
         where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
         genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
