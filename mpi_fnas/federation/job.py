@@ -18,13 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.participate import AugmentSide, SearchSide, participate
-from mpi_fnas.federation.serve import AugmentOutcome, SearchOutcome, serve
-from mpi_fnas.federation.server_loop import Progress
+from mpi_fnas.federation.stage import Progress
+
+if TYPE_CHECKING:
+    from mpi_fnas.federation.serve import AugmentOutcome, SearchOutcome
 
 SEARCHED_NAME = "searched.pt"
 
@@ -61,6 +64,9 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg)):
             return True
         return participate(cfg, channel, run_dir, AugmentSide(cfg)) if augment else False
+
+    # Rank 0's side alone needs its planner, ledgers and log (dp_accounting, scipy, h5py): a party never imports it.
+    from mpi_fnas.federation.serve import serve
 
     search = None
     if stage == "search":

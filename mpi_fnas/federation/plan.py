@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,10 +25,11 @@ from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.ledger import FederationLedger
-from mpi_fnas.privacy.planning import plan_augment, plan_privacy
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, augment_sample_rates
 from mpi_fnas.space import search_space
+
+if TYPE_CHECKING:
+    from mpi_fnas.privacy.ledger import FederationLedger
 
 
 class SetupError(ConfigError):
@@ -187,6 +188,10 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
     reason = "completed"
     if cfg.mode == "dpfnas":
         try:
+            # Imported here: parties import this module for their assignments, and the planner's accountant
+            # (dp_accounting, scipy: ~1 s and ~60 MB a rank) is rank 0's alone.
+            from mpi_fnas.privacy.planning import plan_privacy
+
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
                 DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
@@ -276,6 +281,8 @@ def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
     if demand is not None:
         assert ledger is not None and params is not None
         try:
+            from mpi_fnas.privacy.planning import plan_augment  # rank 0's alone (see plan_run)
+
             releases = plan_augment(ledger, demand, params)
         except ValueError as exc:
             raise SetupError(f"privacy: {exc}") from None

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.participate import SearchSide, participate
 from mpi_fnas.federation.plan import Assignment
-from mpi_fnas.federation.serve import SearchOutcome, serve
+
+if TYPE_CHECKING:
+    from mpi_fnas.federation.serve import SearchOutcome
 
 
 def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
@@ -31,6 +34,8 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
     and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
     """
     if channel.is_server:
+        from mpi_fnas.federation.serve import serve  # rank 0's alone (see mpi_fnas.federation.job.run_job)
+
         return serve("search", cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
                      stop_requested=stop_requested)
     return participate(cfg, channel, run_dir, SearchSide(cfg))

@@ -20,11 +20,17 @@ import numpy as np
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.stage import CONTINUE, STOP, StepControl, charge_in_flight, in_flight_after, settle_privacy
+from mpi_fnas.federation.stage import (
+    CONTINUE,
+    STOP,
+    Progress,
+    StepControl,
+    charge_in_flight,
+    in_flight_after,
+    settle_privacy,
+)
 from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import RunLog, StageLog
-
-Progress = Callable[[int, int, dict[str, float]], None]
 
 
 class ServerStage(Protocol):

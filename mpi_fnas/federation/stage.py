@@ -15,14 +15,18 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+if TYPE_CHECKING:  # the ledger (dp_accounting) is rank 0's; parties import this module too
+    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 
 CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 
 STOP_ENV = "MPI_FNAS_STOP_AFTER"
 FAULT_ENV = "MPI_FNAS_INJECT_FAULT"
 SLEEP_ENV = "MPI_FNAS_INJECT_SLEEP"
+#: Rank 0's display of a stage: progress(step, steps, row) after each logged row.
+Progress = Callable[[int, int, dict[str, float]], None]
 SETTLE_SECONDS = 10.0  # how long a failing stage may spend logging its last ε rows before the job is torn down
 
 
