@@ -159,6 +159,33 @@ def test_augment_charges_need_start_augment_and_fixed_rates():
     assert ledger.augment_steps().tolist() == [1, 3] and ledger.charged_steps().tolist() == [0, 0]
 
 
+@pytest.mark.parametrize(("change", "match"), [
+    ({"sample_rate_val": [0.1]}, "two \\(K,\\) arrays"),
+    ({"sample_rate_train": [0.1, 1.5]}, r"in \[0, 1\]"),
+    ({"noise_multiplier": float("inf")}, "positive and finite"),
+    ({"clip": 0.0}, "clip and batch size must be > 0"),
+    ({"steps": 2.5}, "non-negative integer"),
+    ({"releases_per_step": 0}, "integer >= 1"),
+])
+def test_augment_release_constants_are_refused_when_they_cannot_be_public_facts(change, match):
+    good = releases("all", 10)
+    with pytest.raises(ValueError, match=match):
+        replace(good, **change)
+
+
+def test_the_ledger_refuses_augment_releases_or_a_state_of_another_party_count():
+    ledger = FederationLedger(plan_privacy(TRAIN, VAL, dp_params(), planned_steps=10))
+    one_party = AugmentReleases(SIGMA_AUG, 1.0, B_AUG, [0.1], [0.1], 10)
+    with pytest.raises(ValueError, match="cover 1 parties, the ledger 2"):
+        ledger.start_augment(one_party)
+    state = ledger.state_dict()
+    state["augment"] = {"releases": one_party.state_dict(), "steps": [0, 0], "replays": [0, 0]}
+    with pytest.raises(ValueError, match="a different number of parties"):
+        FederationLedger(ledger.plan).load_state_dict(state)
+    with pytest.raises(ValueError, match="invalid augment step counts"):
+        FederationLedger(ledger.plan).load_state_dict({**state, "augment": {**state["augment"], "steps": [0]}})
+
+
 # -- planning the whole job -----------------------------------------------------------------------------------------
 
 
