@@ -160,13 +160,16 @@ def test_a_dp_party_failure_sends_only_a_generic_reason(tmp_path):
     assert "injected fault" not in log["reason"] and "injected fault" not in out.stderr
     assert "injected fault at step 3" in (party_dir(run, 2) / "error.log").read_text()
     # The ε the failed run reports covers every release a party may have sent: steps 1 and 2 completed, and party 1
-    # sent step 3 before party 2 failed in it. That in-flight step is charged even though no resume follows.
+    # sent step 3 before party 2 failed in it. That in-flight step is charged even though no resume follows; so is
+    # step 4 when the notice reached rank 0 inside step 3 (before it knew its broadcast of 3 was out: an upper
+    # bound), or step 3 as the one after step 2 when it came while step 2's broadcast was still going out.
     privacy = log["privacy"]
-    assert log["metrics"]["step"][-1] == 2 and privacy["steps"][-1] == 3, (privacy["steps"], log["metrics"]["step"])
+    charged = int(privacy["steps"][-1])
+    assert log["metrics"]["step"][-1] in (1, 2) and charged in (3, 4), (privacy["steps"], log["metrics"]["step"])
     assert PartyStore(party_dir(run, 1)).sent_steps == 3
-    np.testing.assert_array_equal(privacy["charged_steps"][-1], [3, 3])
+    np.testing.assert_array_equal(privacy["charged_steps"][-1], [charged, charged])
     for party in (0, 1):
-        assert math.isclose(privacy["epsilon"][-1][party], independent_epsilon(log, party, 3), rel_tol=1e-9)
+        assert math.isclose(privacy["epsilon"][-1][party], independent_epsilon(log, party, charged), rel_tol=1e-9)
 
 
 @pytest.mark.parametrize("delta", ["0.01", "0.5"])

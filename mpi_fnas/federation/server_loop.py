@@ -75,6 +75,7 @@ class ServerLoop:
         self.epsilon_so_far = math.nan
         self.recorded_step = 0  # the last iteration the ledger has recorded (a failure's last ε row is labelled so)
         self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
+        self.in_flight_after_broadcast: int | None = None  # the next one, while this step's broadcast may be out
         self.test = np.full(3, np.nan)  # the last epoch end's [loss_sum, correct, count]
 
     def run(self, first: int) -> tuple[int, str | None]:
@@ -86,11 +87,14 @@ class ServerLoop:
         for step in range(first, stage.steps + 1):
             epoch = (step - 1) // stage.steps_per_epoch
             control, signal_name = self.control.at(step)
+            # Until iterate returns, rank 0 cannot tell whether its broadcast of this step (the iteration's last
+            # collective) has reached a party that then sent step + 1: a failure in between charges both.
+            self.in_flight_step, self.in_flight_after_broadcast = step, in_flight_after(step, stage.steps, control)
             stage.iterate(step, epoch, control)
             if stage.charging is not None:
                 stage.charge()
             self.recorded_step = step
-            self.in_flight_step = in_flight_after(step, stage.steps, control)
+            self.in_flight_step, self.in_flight_after_broadcast = self.in_flight_after_broadcast, None
             epoch_end = step % stage.steps_per_epoch == 0 or step == stage.steps
             if epoch_end:
                 self.test = stage.evaluate()
@@ -113,8 +117,10 @@ class ServerLoop:
         ledger = self.stage.charging
         if ledger is None:
             return
-        # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5).
+        # The step the parties were in may have been sent by some of them: charge it (docs/privacy.md §2.5), and
+        # the next one when the failure came before this step's broadcast was known to be complete.
         last = charge_in_flight(self.stage.charge, self.recorded_step, self.in_flight_step)
+        last = charge_in_flight(self.stage.charge, last, self.in_flight_after_broadcast)
         settle_privacy(ledger, last, self.stage.log_privacy if self.log is not None else None)
 
     def _log_row(self, step: int, epoch: int, test: np.ndarray | None, *, epsilon: bool) -> None:
