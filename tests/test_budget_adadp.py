@@ -62,7 +62,7 @@ def ledger_after(stage: str, iterations: int, releases_per_step: int, pool: str 
 
 def iterations(ledger: FederationLedger, stage: str) -> list[int]:
     """The iterations of `stage` the ledger counts per party (what the log records)."""
-    return (ledger.charged_steps() if stage == "search" else ledger.augment_steps()).tolist()
+    return ledger.charged_steps(stage).tolist()
 
 
 def shard_releases(ledger: FederationLedger) -> tuple[list[int], list[int]]:

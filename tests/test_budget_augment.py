@@ -127,7 +127,7 @@ def test_composed_epsilon_after_search_and_augment_equals_dp_accounting(pool):
         assert train > direct_shard_epsilon([(SIGMA_W, q_tr, search[k])])
     # The log's /privacy/charged_steps keeps counting the search's releases only.
     assert ledger.charged_steps().tolist() == search
-    assert ledger.augment_steps().tolist() == augment
+    assert ledger.charged_steps("augment").tolist() == augment
     if pool == "train":  # validation records are never touched: their ledger holds the search's A releases only
         assert [v.steps for v in ledger.val] == search
         assert [t.steps for t in ledger.train] == [s + a for s, a in zip(search, augment, strict=True)]
@@ -156,7 +156,7 @@ def test_augment_charges_need_start_augment_and_fixed_rates():
     with pytest.raises(ValueError, match="non-negative"):
         ledger.charge_replays(0, -1, stage="augment")
     ledger.charge_sent([1, 3], stage="augment")  # party 2 sent two augment steps the ledger never recorded
-    assert ledger.augment_steps().tolist() == [1, 3] and ledger.charged_steps().tolist() == [0, 0]
+    assert ledger.charged_steps("augment").tolist() == [1, 3] and ledger.charged_steps().tolist() == [0, 0]
 
 
 @pytest.mark.parametrize(("change", "match"), [
@@ -343,12 +343,12 @@ def test_state_round_trip_with_augment_charges_and_replays():
     restored = FederationLedger(plan)
     restored.load_state_dict(state)
     assert restored.charged_steps().tolist() == ledger.charged_steps().tolist() == [14, 12]
-    assert restored.augment_steps().tolist() == [7, 10]
+    assert restored.charged_steps("augment").tolist() == [7, 10]
     assert np.array_equal(restored.epsilons(), ledger.epsilons())
     assert restored.state_dict() == ledger.state_dict()
     assert restored.augment.sample_rate_train.tolist() == ledger.augment.sample_rate_train.tolist()
     restored.record_step("augment")  # continues from the restored releases
-    assert restored.augment_steps().tolist() == [8, 11]
+    assert restored.charged_steps("augment").tolist() == [8, 11]
 
     before_augment = FederationLedger(plan)  # a state written before the augment existed loads as "none yet"
     for _ in range(5):
@@ -356,7 +356,7 @@ def test_state_round_trip_with_augment_charges_and_replays():
     old = before_augment.state_dict()
     assert "augment" not in old
     restored.load_state_dict(old)
-    assert restored.augment is None and restored.augment_steps().tolist() == [0, 0]
+    assert restored.augment is None and restored.charged_steps("augment").tolist() == [0, 0]
     assert restored.charged_steps().tolist() == [5, 5]
 
     corrupt = json.loads(json.dumps(state))

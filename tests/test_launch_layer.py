@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from mpi_fnas import cli
@@ -87,3 +91,21 @@ def test_a_plain_party_failure_sends_its_reason():
     with pytest.raises(SystemExit):
         cli.run_guarded(channel, lambda: (_ for _ in ()).throw(RuntimeError("boom")))
     assert channel.notices == ["RuntimeError: boom"]
+
+
+#: What a party rank imports (the job command, both stages' party sides) and what only rank 0 needs.
+PARTY_IMPORTS = "mpi_fnas.run, mpi_fnas.federation.job, mpi_fnas.federation.search, mpi_fnas.federation.participate"
+RANK0_ONLY = ("dp_accounting", "scipy", "h5py")  # the accountant, the planner's optimiser, the log
+
+
+def imported_after(modules: str) -> dict[str, bool]:
+    """In a fresh interpreter: whether each RANK0_ONLY package is loaded after importing `modules`."""
+    script = f"import json, sys; import {modules}; print(json.dumps({{m: m in sys.modules for m in {RANK0_ONLY!r}}}))"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(done.stdout)
+
+
+def test_a_party_rank_does_not_import_rank_0s_accountant_planner_or_log():
+    # ~1.2 s of start-up and ~80 MB a party rank; rank 0's side (serve) does load them, so the check can see them.
+    assert imported_after(PARTY_IMPORTS) == {name: False for name in RANK0_ONLY}
+    assert imported_after("mpi_fnas.federation.serve") == {name: True for name in RANK0_ONLY}

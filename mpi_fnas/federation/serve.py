@@ -120,7 +120,6 @@ class StageSetup:
     aux: tuple[torch.Tensor | None, torch.Tensor | None]  # the server's aux set (secprobe), else (None, None)
     test: Any  # the test split (rank 0 evaluates on it)
     model: torch.nn.Module  # the network the stage trains (the supernet; the augmentation's network of its cell)
-    genotype: Any = None  # the augmentation's cell
     search_plan: RunPlan | None = None  # the augmentation's: the search's partition (its log when it did not search)
 
 
@@ -133,7 +132,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     see :func:`mpi_fnas.federation.job.searched_state`). `assignments` (search): replaces the planned partition.
     `resume`: the stage's own checkpoint to continue from. See :func:`mpi_fnas.federation.job.run_job`.
     """
-    definition = SearchStage if name == "search" else AugmentStage
+    definition = STAGES[name]
     start = time.perf_counter()
     try:
         setup = definition.plan(cfg, channel, searched or {}, assignments)
@@ -434,7 +433,7 @@ class AugmentStage(ServedStage):
                                                                      in_channels=test.in_channels,
                                                                      num_classes=test.num_classes)
         return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, network,
-                          genotype, search_plan)
+                          search_plan)
 
     @staticmethod
     def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
@@ -516,6 +515,10 @@ class AugmentStage(ServedStage):
             outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
             ledger.close()
         return outcome
+
+
+#: The stage definitions :func:`serve` runs, by name.
+STAGES: dict[str, type[SearchStage] | type[AugmentStage]] = {"search": SearchStage, "augment": AugmentStage}
 
 
 class _Accumulator:

@@ -28,24 +28,4 @@ def __getattr__(name: str) -> Any:
     return getattr(import_module(f"{__name__}.{_EXPORTS[name]}"), name)
 
 
-__all__ = [
-    "AuditResult",
-    "DPParams",
-    "PrivacyError",
-    "PrivacyLedger",
-    "audit_mechanism",
-    "calibrate_noise_multiplier",
-    "check_dp_search_options",
-    "check_model_for_dp",
-    "clip_per_sample",
-    "clipped_sum",
-    "default_delta",
-    "gaussian_noise",
-    "gdp_epsilon",
-    "party_epsilon",
-    "party_release",
-    "per_example_cross_entropy",
-    "per_sample_gradients",
-    "poisson_sample",
-    "privatize_per_sample_gradients",
-]
+__all__ = sorted(_EXPORTS)

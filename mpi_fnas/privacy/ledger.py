@@ -50,7 +50,8 @@ class FederationLedger:
 
     After the search, ``start_augment`` then ``record_step("augment")`` charge the augment stage's releases on the
     same ledgers (each at its shard's augment rate; a rate 0 charges nothing), so every ε is the composition of
-    both stages. ``charged_steps()`` keeps counting the search releases only; ``augment_steps()`` the augment's.
+    both stages. ``charged_steps()`` keeps counting the search releases only; ``charged_steps("augment")`` the
+    augment's.
 
     ``epsilons()`` / ``mu_gdp()`` compute on the caller's thread (a new step count costs ~0.25 s per distinct
     party). For the log, ``submit(step)`` instead snapshots the counts and computes the same numbers on one
@@ -104,17 +105,11 @@ class FederationLedger:
             if sent > counted:
                 self.charge_replays(k, int(sent) - int(counted), stage=stage)
 
-    def charged_steps(self) -> np.ndarray:
-        """(K,) int64: search iterations charged so far, per party (its iterations plus its replays).
-
-        The log's ``/privacy/charged_steps``: augment releases are not in it (see :meth:`augment_steps`).
-        """
-        return self._steps["search"].copy()
-
-    def augment_steps(self) -> np.ndarray:
-        """(K,) int64: augment iterations charged so far, per party (its iterations plus their replays; each pays
-        ``augment.releases_per_step`` releases)."""
-        return self._steps["augment"].copy()
+    def charged_steps(self, stage: Stage = "search") -> np.ndarray:
+        """(K,) int64: iterations of `stage` charged so far, per party (its iterations plus its replays; each pays
+        the stage's releases per iteration). The search's are the log's ``/privacy/charged_steps``, the
+        augmentation's its ``/augment/privacy/charged_steps``: neither counts the other stage's."""
+        return self._steps[stage].copy()
 
     def start_augment(self, releases: AugmentReleases) -> None:
         """From now on, ``record_step("augment")`` charges ``releases`` (σ_aug and each party's two augment rates).
@@ -147,7 +142,7 @@ class FederationLedger:
         """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
         if self._worker is None:
             self._worker = _Worker()
-        charged, augment = self.charged_steps(), self.augment_steps()
+        charged, augment = self.charged_steps(), self.charged_steps("augment")
         self._last_submitted = (charged, augment)
         self._pending.append(self._worker.submit(_row, int(step), charged, self._parties(), augment))
 
@@ -172,7 +167,7 @@ class FederationLedger:
         happened to have finished. Rows that do not finish in time, or whose computation fails, are dropped with
         everything after them: the run is ending, and a resume charges everything anyway.
         """
-        counts = (self.charged_steps(), self.augment_steps())
+        counts = (self.charged_steps(), self.charged_steps("augment"))
         if self._last_submitted is None or not all(
                 np.array_equal(a, b) for a, b in zip(counts, self._last_submitted, strict=True)):
             self.submit(step)

@@ -34,7 +34,6 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
-from mpi_fnas.federation.search import run_search
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.runlog import read_run
@@ -130,7 +129,7 @@ STAGES = {
     "search": {
         "settings": [f"search.batch_size={B}", "search.epochs=1", f"search.steps_per_epoch={STEPS}",
                      f"privacy.noise_multiplier_w={SIGMA}", f"privacy.noise_multiplier_a={SIGMA}",
-                     f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}"],
+                     f"privacy.clip_w={CLIP_W}", f"privacy.clip_a={CLIP_A}", "augment.epochs=0"],
         "checkpoint": ["format_version", "stage", "step", "plan_steps", "config", "server", "selection",
                        "shard_sizes", "ledger", "accumulator", "log_rows"],
         "party_state": "state-2.pt", "clips": (CLIP_W, CLIP_A),
@@ -166,10 +165,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
     world = MPI.COMM_WORLD
     run_dir = Path(world.bcast(tempfile.mkdtemp(prefix=f"spy-{case}-") if world.Get_rank() == 0 else None, root=0))
     channel = RecordingChannel(world)
-    if stage == "search":
-        run_search(cfg, channel, run_dir)
-    else:
-        run_job(cfg, channel, run_dir, stage="augment")
+    run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
     world.Barrier()
     if channel.is_server:
         state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
@@ -180,6 +176,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
             privacy = log["privacy"]
             assert (privacy["expected_batch_size_w"], privacy["expected_batch_size_a"]) == (B, B)
             assert (privacy["clip_w"], privacy["clip_a"], privacy["noise_multiplier_w"]) == (CLIP_W, CLIP_A, SIGMA)
+            check_searched_holds_only_public_facts(run_dir, privacy)
         else:
             privacy = log["augment"]["privacy"]
             assert (privacy["expected_batch_size"], privacy["clip"], privacy["noise_multiplier"]) == (B, CLIP_W, SIGMA)
@@ -192,6 +189,19 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
     if stage == "search":  # the H releases are this space's alpha (the parametrisation ran the space it names)
         assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[case.split("-")[0]]}
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
+
+
+def check_searched_holds_only_public_facts(run_dir: Path, privacy: dict) -> None:
+    """``searched.pt``, which anyone holding the run directory reads, holds the genotype, the config, public counts
+    and the shard sizes, and the sizes tell nothing the log's public sample rates (B/N) do not already tell."""
+    searched = torch.load(run_dir / "searched.pt", weights_only=True)
+    assert sorted(searched) == ["config", "format_version", "genotype", "ledger", "selection", "shard_sizes"]
+    sizes = np.asarray(searched["shard_sizes"], dtype=np.float64)  # [[N_k^train, N_k^val], ...]
+    np.testing.assert_allclose(B / sizes, np.stack([privacy["sample_rate_train"], privacy["sample_rate_val"]], 1))
+    assert plain_data(searched["shard_sizes"])
+    # the selection's public count of draws on the server's aux set, at the configured ε_EM and K′
+    assert searched["selection"] is None or set(searched["selection"]) == {"draws", "epsilon", "select"}
+    assert not any("key" in text or "stream" in text for text in map(str, searched["ledger"]))
 
 
 def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
