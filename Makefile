@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.mpi_fnas-installed
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints.txt scripts/install.sh
+$(STAMP): pyproject.toml constraints.txt constraints-cpu.txt scripts/install.sh
 	bash scripts/install.sh $(VENV)
 
 run: $(STAMP)

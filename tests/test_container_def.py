@@ -95,6 +95,7 @@ def test_post_installs_through_the_shared_script_non_editable():
     assert len(calls) == 1, calls
     call = calls[0]
     assert re.search(r"(^|\s)MPI_FNAS_EDITABLE=0\s", call), call
+    assert re.search(r"(^|\s)MPI_FNAS_TORCH=cuda\s", call), call  # clusters' GPUs: never the CPU-only build
     assert re.search(r"/opt/mpi_fnas/scripts/install\.sh\s+/opt/venv\s*$", call), call
     assert "pip install" not in SECTIONS["post"]  # no second install path next to the shared script
 

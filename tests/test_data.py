@@ -5,6 +5,7 @@ from __future__ import annotations
 import pickle
 import shutil
 import struct
+import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -330,64 +331,74 @@ def test_cifar_missing_folder_and_missing_file(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------------
-# data.download (no network here: torchvision's downloader is replaced, or pointed at a local file / dead port)
+# data.download (no network here: the fetch is replaced, or pointed at a local server / dead port)
 
 
-class _FakeDownloader:
-    """Stands in for ``torchvision.datasets.utils.download_and_extract_archive``; records its arguments."""
+def _cifar_archive(folder: Path, source: Path) -> tuple[Path, np.ndarray, np.ndarray]:
+    """A ``cifar-10-python.tar.gz`` of the py2 fixture in `folder`: (archive, train labels, test labels)."""
+    _, train_labels, _, test_labels = _write_cifar(source, "py2")
+    archive = folder / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(source / "cifar-10-batches-py", arcname="cifar-10-batches-py")
+    return archive, train_labels, test_labels
 
-    def __init__(self, error: Exception | None = None) -> None:
+
+class _FakeFetch:
+    """Stands in for ``mpi_fnas.data.cifar10.fetch_archive``: records its arguments, then writes the fixture's
+    archive where the real one would land (or raises `error`)."""
+
+    def __init__(self, source: Path, error: Exception | None = None) -> None:
         self.calls: list[dict[str, object]] = []
-        self.error = error
+        self.source, self.error = source, error
 
-    def __call__(self, url: str, download_root: str, extract_root: str | None = None, filename: str | None = None,
-                 md5: str | None = None, remove_finished: bool = False) -> None:
-        self.calls.append({"url": url, "download_root": download_root, "extract_root": extract_root,
-                           "filename": filename, "md5": md5})
+    def __call__(self, url: str, path: Path, md5: str) -> None:
+        self.calls.append({"url": url, "path": path, "md5": md5})
         if self.error is not None:
             raise self.error
-        # What extracting the real archive leaves behind (extraction overwrites an existing folder).
-        shutil.rmtree(Path(download_root) / "cifar-10-batches-py", ignore_errors=True)
-        _write_cifar(Path(download_root), "py2")
+        built, _, _ = _cifar_archive(self.source, self.source / f"fixture-{len(self.calls)}")
+        shutil.copy(built, path)
 
 
 def test_download_fetches_into_root_when_files_are_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
-    from torchvision.datasets import CIFAR10
+    from mpi_fnas.data import cifar10
 
-    fake = _FakeDownloader()
-    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", fake)
+    fake = _FakeFetch(tmp_path)
+    monkeypatch.setattr(cifar10, "fetch_archive", fake)
     root = tmp_path / "nested" / "data"  # not there yet: created
     data = open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
     assert len(data) == 5 * _PER_TRAIN_BATCH
-    assert fake.calls == [{"url": CIFAR10.url, "download_root": str(root), "extract_root": None,
-                           "filename": "cifar-10-python.tar.gz", "md5": CIFAR10.tgz_md5}]
+    assert fake.calls == [{"url": "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+                           "path": root / "cifar-10-python.tar.gz", "md5": "c58f30108f718f92721af3b95e74349a"}]
     # Present now: neither split downloads again (a cluster node without network may run with download: true).
     assert len(open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)) == 4
     assert len(fake.calls) == 1
-    # A missing file of the other split is enough to fetch the archive again (extraction restores it).
+    # A missing file of the other split is enough to fetch the archive again (the one in root fails the real MD5).
     (root / "cifar-10-batches-py" / "test_batch").unlink()
     open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
-    assert len(fake.calls) == 2
+    assert len(fake.calls) == 2 and (root / "cifar-10-batches-py" / "test_batch").is_file()
 
 
 def test_no_download_unless_asked_and_never_for_synthetic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
-    fake = _FakeDownloader()
-    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", fake)
+    from mpi_fnas.data import cifar10
+
+    fake = _FakeFetch(tmp_path / "fixture")
+    monkeypatch.setattr(cifar10, "fetch_archive", fake)
+    root = tmp_path / "root"
+    root.mkdir()
     with pytest.raises(DatasetNotFoundError, match=r"data\.download: true"):
-        open_dataset("cifar10", "train", root=tmp_path, image_size=32, size=None, seed=0)
-    data = open_dataset("synthetic-shapes", "test", root=tmp_path, image_size=16, size=5, seed=0, download=True)
+        open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0)
+    data = open_dataset("synthetic-shapes", "test", root=root, image_size=16, size=5, seed=0, download=True)
     assert len(data) == 5
-    assert fake.calls == [] and list(tmp_path.iterdir()) == []
+    assert fake.calls == [] and list(root.iterdir()) == []
 
 
 def test_offline_download_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    pytest.importorskip("torchvision")
     import urllib.error
 
+    from mpi_fnas.data import cifar10
+
     offline = urllib.error.URLError(OSError(-3, "Temporary failure in name resolution"))
-    monkeypatch.setattr("torchvision.datasets.utils.download_and_extract_archive", _FakeDownloader(offline))
+    monkeypatch.setattr(cifar10, "fetch_archive", _FakeFetch(tmp_path, offline))
     with pytest.raises(DatasetNotFoundError) as info:
         open_dataset("cifar10", "train", root=tmp_path / "data", image_size=32, size=None, seed=0, download=True)
     message = str(info.value)
@@ -399,15 +410,18 @@ def test_offline_download_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.
 
 
 @pytest.fixture
-def local_http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A plain HTTP server on 127.0.0.1 serving a temporary folder: (base URL, folder). Stopped afterwards."""
+def local_http_server(tmp_path: Path) -> Iterator[tuple[str, Path, list[str]]]:
+    """A plain HTTP server on 127.0.0.1 serving a temporary folder: (base URL, folder, paths requested so far).
+    Stopped afterwards."""
     import functools
     import threading
     from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 
+    requested: list[str] = []
+
     class QuietHandler(SimpleHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # keep pytest's output clean
-            pass
+            requested.append(self.path)
 
     served = tmp_path / "served"
     served.mkdir()
@@ -415,52 +429,53 @@ def local_http_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", served
+        yield f"http://127.0.0.1:{server.server_address[1]}", served, requested
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
 
 
-def test_download_through_the_real_torchvision_downloader(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_http_server: tuple[str, Path]
+def test_download_over_http_checks_md5_and_extracts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_http_server: tuple[str, Path, list[str]]
 ) -> None:
-    """torchvision's own download, MD5 check and extraction, with the archive served from 127.0.0.1."""
-    pytest.importorskip("torchvision")
+    """The real fetch, MD5 check and extraction, with the archive served from 127.0.0.1."""
     import hashlib
     import socket
-    import tarfile
 
-    from torchvision.datasets import CIFAR10
+    from mpi_fnas.data import cifar10
 
-    base_url, served = local_http_server
-    _, train_labels, _, test_labels = _write_cifar(tmp_path / "source", "py2")
-    archive = served / "cifar-10-python.tar.gz"
-    with tarfile.open(archive, "w:gz") as tar:
-        tar.add(tmp_path / "source" / "cifar-10-batches-py", arcname="cifar-10-batches-py")
-    monkeypatch.setattr(CIFAR10, "url", f"{base_url}/cifar-10-python.tar.gz")
-    monkeypatch.setattr(CIFAR10, "tgz_md5", hashlib.md5(archive.read_bytes()).hexdigest())
+    base_url, served, requested = local_http_server
+    archive, train_labels, test_labels = _cifar_archive(served, tmp_path / "source")
+    monkeypatch.setattr(cifar10, "ARCHIVE_URL", f"{base_url}/cifar-10-python.tar.gz")
+    monkeypatch.setattr(cifar10, "ARCHIVE_MD5", hashlib.md5(archive.read_bytes()).hexdigest())
 
     root = tmp_path / "data"
     train = open_dataset("cifar10", "train", root=root, image_size=32, size=None, seed=0, download=True)
     assert np.array_equal(train.labels, train_labels)
     test = open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0)
     assert np.array_equal(test.labels, test_labels)
+    assert len(requested) == 1 and not list(root.glob("*.part"))
 
-    # A corrupted download fails torchvision's MD5 check: one line, not a traceback.
+    # An archive already in root with the right MD5 is extracted again, not fetched again.
+    (root / "cifar-10-batches-py" / "batches.meta").unlink()
+    open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)
+    assert len(requested) == 1 and (root / "cifar-10-batches-py" / "batches.meta").is_file()
+
+    # A corrupted download fails the MD5 check: one line, not a traceback, and nothing left that looks complete.
     (root / "cifar-10-python.tar.gz").unlink()
     (root / "cifar-10-batches-py" / "batches.meta").unlink()
     archive.write_bytes(b"truncated")
-    with pytest.raises(DatasetNotFoundError, match=r"^CIFAR-10 download into .* failed \(RuntimeError: ") as info:
+    with pytest.raises(DatasetNotFoundError, match=r"^CIFAR-10 download into .* failed \(RuntimeError: .*MD5") as info:
         open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)
     assert "\n" not in str(info.value)
+    assert not (root / "cifar-10-python.tar.gz").exists() and not list(root.glob("*.part"))
 
     # Nobody listening (a port just released by the OS) stands for "no network".
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         dead_port = probe.getsockname()[1]
-    monkeypatch.setattr(CIFAR10, "url", f"http://127.0.0.1:{dead_port}/cifar-10-python.tar.gz")
-    (root / "cifar-10-python.tar.gz").unlink()
+    monkeypatch.setattr(cifar10, "ARCHIVE_URL", f"http://127.0.0.1:{dead_port}/cifar-10-python.tar.gz")
     with pytest.raises(DatasetNotFoundError, match=r"^CIFAR-10 download into .* failed \(URLError: ") as info:
         open_dataset("cifar10", "test", root=root, image_size=32, size=None, seed=0, download=True)
     assert "\n" not in str(info.value) and "Connection refused" in str(info.value)
