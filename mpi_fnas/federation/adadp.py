@@ -57,10 +57,8 @@ def step_factor(err: float, settings: AdadpSettings) -> float:
 
 
 class AdadpStep:
-    """The server's ADADP state: the step size η, and W and W_full between the two halves of a step.
-
-    ``half(w, g1)`` returns W_half; ``finish(w_half, g2)`` returns the next W and updates η. ``lr_used`` and
-    ``err`` describe the last finished step (for the log; NaN before the first).
+    """The server's ADADP state: the step size η, and W and W_full between the two halves of a step (:meth:`half`,
+    then :meth:`finish`); ``lr_used`` and ``err`` describe the last finished step (for the log; NaN before the first).
     """
 
     def __init__(self, settings: AdadpSettings, lr: float) -> None:
@@ -68,8 +66,7 @@ class AdadpStep:
             raise ValueError(f"the ADADP initial step size must be > 0, got {lr}")
         self.settings = settings
         self.lr = float(lr)
-        self.lr_used = math.nan
-        self.err = math.nan
+        self.lr_used = self.err = math.nan
         self._start: np.ndarray | None = None
         self._full: np.ndarray | None = None
 

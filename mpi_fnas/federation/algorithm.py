@@ -33,9 +33,8 @@ where to stop without another collective.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,28 +43,9 @@ from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.stage import CONTINUE
 
-
-class IterationServer(Protocol):
-    """What rank 0's half of an iteration asks of the server state (:class:`~.server.Server`)."""
-
-    w_buffer: np.ndarray  # (num_w,) float32, the global W
-    a_buffer: np.ndarray | None  # (num_a,) float32, the global A; None when the stage has no A
-
-    def w_updates(self) -> list[Callable[[np.ndarray], None]]: ...  # one per W round: the step from Σ G_k
-    def step_a(self, summed: np.ndarray) -> None: ...
-    def aggregate(self, summed: np.ndarray) -> np.ndarray: ...
-    def probe_accuracy(self, grad: np.ndarray, x, y) -> float: ...
-
-
-class IterationParty(Protocol):
-    """What a party's half asks of the party (:class:`~.party.Party`); the A methods only when the stage has A."""
-
-    def w_release(self) -> np.ndarray: ...
-    def load_w(self, flat: np.ndarray) -> None: ...
-    def a_release(self) -> np.ndarray: ...
-    def load_a(self, flat: np.ndarray) -> None: ...
-    def val_gradients(self) -> np.ndarray: ...
-    def a_release_second_order(self, v: np.ndarray, xi: float) -> np.ndarray: ...
+if TYPE_CHECKING:  # each side's state: autograd, which this MPI module never calls itself
+    from mpi_fnas.federation.party import Party
+    from mpi_fnas.federation.server import Server
 
 
 @dataclass
@@ -80,9 +60,8 @@ class StepStats:
 
 
 class Exchange:
-    """Rank 0's buffers of one vector (n,), allocated once: its zero contribution and receive buffer (n + STATS),
-    the rows of a gather (K, n + STATS) when the server selects, and its broadcast (the vector, then the control
-    word)."""
+    """Rank 0's buffers of one vector (n,), allocated once: its zero contribution and receive buffer (n + STATS), the
+    rows of a gather (K, n + STATS) when the server selects, and its broadcast (the vector, then the control word)."""
 
     def __init__(self, n: int, gathered_parties: int | None) -> None:
         self.zero = np.zeros(n + STATS, dtype=np.float32)
@@ -113,7 +92,7 @@ def sum_rows(parts: np.ndarray, chosen: np.ndarray, out: np.ndarray) -> None:
 class _Selection:
     """The server's choice of K′ parties in one iteration, made at the first gathered W round."""
 
-    def __init__(self, selector: Selector | None, server: IterationServer, aux: tuple) -> None:
+    def __init__(self, selector: Selector | None, server: Server, aux: tuple) -> None:
         self.selector, self.server, self.aux = selector, server, aux
         self.chosen: np.ndarray | None = None
         self.score: np.ndarray | None = None
@@ -139,7 +118,7 @@ def _broadcast(channel: Channel, ex: Exchange, vector: np.ndarray, control: int)
     channel.bcast(ex.send)
 
 
-def server_iteration(server: IterationServer, channel: Channel, buf: ServerBuffers, control: int = CONTINUE, *,
+def server_iteration(server: Server, channel: Channel, buf: ServerBuffers, control: int = CONTINUE, *,
                      train_a: bool = True, selector: Selector | None = None, aux: tuple = (None, None)) -> StepStats:
     """Rank 0's half of one iteration; `control` rides on its last broadcast. `selector` (with `buf` built for
     gathering): sum only the K′ parties it chooses (`aux`: the server's aux set, used when it scores)."""
@@ -173,15 +152,12 @@ class PartyBuffers:
         self.v = np.zeros(num_w, dtype=np.float32)
 
 
-def party_iteration(party: IterationParty, channel: Channel, buf: PartyBuffers, *, w_rounds: int = 1,
-                    gathered: bool = False, train_a: bool = True, second_order: bool = False,
-                    xi: float = 0.0) -> int:
+def party_iteration(party: Party, channel: Channel, buf: PartyBuffers, *, w_rounds: int = 1, gathered: bool = False,
+                    train_a: bool = True, second_order: bool = False, xi: float = 0.0) -> int:
     """Party k's half of one iteration; returns the control word of the server's last broadcast.
 
-    `w_rounds`: 2 under ADADP (G1 at W, then G2 at the broadcast W_half on a fresh batch), else 1. `gathered`:
-    the server gathers the releases (a selection) instead of reducing them; the party sends the same buffers
-    either way. `train_a`: false during the warm-up, where the party computes and sends no H_k. `xi`: the
-    server's W learning rate of this step, for the second-order term (the parties follow the public schedule).
+    `w_rounds`: 2 under ADADP, else 1; `gathered`: the server gathers the releases (a selection); `train_a`: false
+    in the warm-up; `xi`: the server's W learning rate of this step (the public schedule's), for Eq. 5.
     """
     send = channel.gather if gathered else channel.reduce_sum
     for _ in range(w_rounds):

@@ -98,12 +98,9 @@ class Channel:
     """
 
     def __init__(self, comm: MPI.Comm, timeout: float = 1800.0) -> None:
-        self.comm = comm
-        self.rank = comm.Get_rank()
-        self.size = comm.Get_size()
-        self.timeout = timeout
+        self.comm, self.timeout = comm, timeout
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.comm_seconds = 0.0  # wall time spent inside collectives on this rank (cumulative)
-        # Sleep cap of _wait: max(max_pause, pause_fraction × seconds already waited).
         self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
         self.pause_fraction = SERVER_PAUSE_FRACTION if self.rank == SERVER else PARTY_PAUSE_FRACTION
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
@@ -131,15 +128,16 @@ class Channel:
         """
         _check_buffer(send)
         if not self.is_server:
-            request = self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)
-            self._wait(_Requests([request]), "reduce")
+            self._wait(_Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "reduce")
             return
         if recv is None:
             raise ValueError("the server must pass a receive buffer")
         _check_buffer(recv)
         if recv.size != send.size:
             raise ValueError(f"reduce: receive buffer has {recv.size} floats, send buffer {send.size}")
-        parts = self._receive_parts(send.size)
+        parts = self._parts.get(send.size)
+        if parts is None:
+            parts = self._parts[send.size] = np.zeros((self.size - 1, send.size), dtype=np.float32)
         pending = _Requests([self.comm.Irecv(parts[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
         self._wait(pending, "reduce")
         pending.check_floats(send.size)
@@ -224,12 +222,6 @@ class Channel:
         self._wait(incoming, what)
         return incoming.value()
 
-    def _receive_parts(self, n: int) -> np.ndarray:
-        parts = self._parts.get(n)
-        if parts is None:
-            parts = self._parts[n] = np.zeros((self.size - 1, n), dtype=np.float32)
-        return parts
-
     # -- failure handling --------------------------------------------------------------------------------------
     def notify_failure(self, message: str, grace: float | None = None) -> None:
         """Best effort: tell the server this party failed (the caller then aborts the job).
@@ -271,8 +263,7 @@ class Channel:
             self._abandoned.append(pending)
             raise RuntimeError(f"{what}: an earlier exchange on this channel failed; the job must be aborted")
         start = time.perf_counter()
-        polls = 0
-        pause = FIRST_PAUSE
+        polls, pause = 0, FIRST_PAUSE
         try:
             while not pending.test():
                 polls += 1
@@ -325,8 +316,7 @@ class _IncomingObject(_Pending):
     """One pickled object from `source`: probed first, so the receive buffer has exactly the message's size."""
 
     def __init__(self, comm: MPI.Comm, source: int) -> None:
-        self.comm = comm
-        self.source = source
+        self.comm, self.source = comm, source
         self.payload: bytearray | None = None
         self.request: MPI.Request | None = None
 

@@ -21,16 +21,10 @@ def numel(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.numel() for t in tensors)
 
 
-def flatten(tensors: Sequence[torch.Tensor], out: np.ndarray | None = None) -> np.ndarray:
-    """Concatenate `tensors` (any device) into a float32 host vector of length ``numel(tensors)``."""
-    n = numel(tensors)
-    if out is None:
-        out = np.empty(n, dtype=np.float32)
-    elif out.shape != (n,):
-        raise ValueError(f"output buffer has shape {out.shape}, expected ({n},)")
+def flatten(tensors: Sequence[torch.Tensor]) -> np.ndarray:
+    """Concatenate `tensors` (any device) into a new float32 host vector of length ``numel(tensors)``."""
     flat = torch.cat([t.detach().reshape(-1) for t in tensors]) if tensors else torch.zeros(0)
-    out[:] = flat.to(device="cpu", dtype=torch.float32).numpy()
-    return out
+    return flat.to(device="cpu", dtype=torch.float32).numpy()
 
 
 def assign(tensors: Sequence[torch.Tensor], flat: np.ndarray | torch.Tensor) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
@@ -24,11 +24,10 @@ from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
 
+if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
+    from mpi_fnas.federation.party import Party
+
 AssignmentT = TypeVar("AssignmentT")
-
-
-class StatefulParty(Protocol):
-    def state_dict(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -76,23 +75,22 @@ def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> Non
     channel.gather_objects({"device": str(device), "sent_steps": sent_steps})
 
 
-def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, journal: bool,
-                party: StatefulParty, randomness: str, iterate: Callable[[int], int]) -> bool:
+def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,
+                iterate: Callable[[int], int]) -> bool:
     """Run steps `first`..`last` of `stage` on this party; True when the server stopped the run (interrupted).
 
-    `iterate(step)` runs one iteration and returns rank 0's control word. `journal`: count each step's sends on
-    the party's own disk before they leave it (DP releases). At a checkpoint the party saves its own state
-    (`party.state_dict()`, tagged with its `randomness` source) in `store`.
+    `iterate(step)` runs one iteration and returns rank 0's control word. A DP party counts each step's sends in
+    `store` before they leave it; at a checkpoint it saves its own state there, tagged with its randomness source.
     """
     injected = Injections(channel.rank, stage)
     for step in range(first, last + 1):
         injected.at(step)
-        if journal and store is not None:
+        if party.private and store is not None:
             store.record_send()  # before anything of this step leaves the party
         control = iterate(step)
         if control != CONTINUE:
             if store is not None:
-                store.save_party(step, randomness, party.state_dict())
+                store.save_party(step, party.randomness.source, party.state_dict())
             channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
             if control == STOP:
                 channel.barrier()  # wait for the server to finish its checkpoint and the log

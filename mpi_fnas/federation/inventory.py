@@ -31,14 +31,10 @@ class LocalInventory:
     in_channels: int
 
 
-def is_local(cfg: Config) -> bool:
-    return cfg.data.partition == "local"
-
-
 # -- a party ---------------------------------------------------------------------------------------------------------
 def report_inventory(cfg: Config, channel: Channel) -> None:
     """Party: send rank 0 the inventory of its own folder, or the one-line reason it cannot be used."""
-    if not is_local(cfg):
+    if cfg.data.partition != "local":
         return
     try:
         data = open_dataset(cfg.data.dataset, "train", root=cfg.data.root, image_size=cfg.data.image_size,
@@ -57,7 +53,7 @@ def gather_inventory(cfg: Config, channel: Channel) -> list[int] | None:
     The gather comes first, whatever happens next: every party is in it. Raises SetupError (one line) for a
     party's unusable folder, an unusable test folder or a disagreement; the caller then refuses the setup.
     """
-    if not is_local(cfg):
+    if cfg.data.partition != "local":
         return None
     reports = channel.gather_objects(None)[1:]
     test = open_split(cfg, "test")

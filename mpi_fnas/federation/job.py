@@ -8,9 +8,8 @@
 ``searched.pt`` is the search's result as rank 0 owns it: the genotype, the privacy ledgers at the end of the
 search, the count of the selection's draws on the aux set and the parties' shard sizes (public counts; the
 augmentation refuses shards of other sizes, whose rates the ledgers were not charged at). The augmentation starts
-from it, in
-the same job or in a later one, so both stages' releases compose in one ledger per party and dataset, and both
-stages' draws in one selection ε.
+from it, in the same job or in a later one, so both stages' releases compose in one ledger per party and dataset,
+and both stages' draws in one selection ε.
 """
 
 from __future__ import annotations
@@ -82,6 +81,5 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         searched = searched_state(run_dir) or {"genotype": None, "ledger": None}
     if not augment:
         return JobOutcome(search, None)
-    outcome = serve("augment", cfg, channel, run_dir, searched=searched, resume=resume, progress=progress("augment"),
-                    stop_requested=stop_requested)
-    return JobOutcome(search, outcome)
+    return JobOutcome(search, serve("augment", cfg, channel, run_dir, searched=searched, resume=resume,
+                                    progress=progress("augment"), stop_requested=stop_requested))

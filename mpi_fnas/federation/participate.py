@@ -18,7 +18,7 @@ party holds its corrupted shards here too (:func:`own_examples`).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,22 +40,7 @@ from mpi_fnas.federation.schedules import drop_path_probability, search_learning
 from mpi_fnas.space import search_space
 
 
-class PartySide(Protocol):
-    """A stage on a party: its assignment's type, its party, and what step `step` asks of it."""
-
-    name: str
-    assignment: type
-
-    def build(self, cfg: Config, got: Any, rank: int, device: torch.device) -> Party: ...
-
-    def step(self, party: Party, step: int) -> dict[str, Any]:
-        """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""
-
-    def finish(self, party: Party, channel: Channel) -> None:
-        """After the last step (not after a stop): the stage's closing exchange, if any."""
-
-
-def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: PartySide) -> bool:
+def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide) -> bool:
     """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted."""
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
@@ -79,23 +64,32 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Party
         return party_iteration(party, channel, buf, gathered=got.gathered, **side.step(party, step))
 
     stopped = party_steps(channel, stage=side.name, first=got.checkpoint_step + 1, last=got.steps, store=store,
-                          journal=party.private, party=party, randomness=party.randomness.source, iterate=iterate)
+                          party=party, iterate=iterate)
     if not stopped:
         side.finish(party, channel)
     return stopped
 
 
 class StageSide:
-    """What the two sides share: the config, the weight releases per iteration (2 under ADADP) and the stage's
-    epoch length (known once the assignment arrives)."""
+    """A stage on a party: its assignment's type, its party, and what each step asks of it. Both sides share the
+    config, the weight releases per iteration (2 under ADADP) and the epoch length (known from the assignment)."""
+
+    name: str
+    assignment: type
 
     def __init__(self, cfg: Config, optimizer: str) -> None:
         self.cfg = cfg
         self.rounds = w_rounds(optimizer)
         self.steps_per_epoch = 1
 
+    def build(self, cfg: Config, got: Any, rank: int, device: torch.device) -> Party:
+        """The stage's party of `rank` on `device`, from its assignment `got` (each side says how)."""
+
+    def step(self, party: Party, step: int) -> dict[str, Any]:
+        """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""
+
     def finish(self, party: Party, channel: Channel) -> None:
-        """After the last step: nothing unless the stage says (the server evaluates on its own test split)."""
+        """After the last step (not after a stop): the stage's closing exchange, if any (none by default)."""
 
 
 class SearchSide(StageSide):

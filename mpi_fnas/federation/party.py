@@ -60,10 +60,8 @@ class Shard:
 
 
 class BatchStream:
-    """Shuffled mini-batches of a shard, reshuffled whenever fewer than `batch_size` unseen examples remain.
-
-    A batch size at least the shard size gives the whole shard every time (full-batch gradients).
-    """
+    """Shuffled mini-batches of a shard, reshuffled whenever fewer than `batch_size` unseen examples remain; a batch
+    size at least the shard size gives the whole shard every time (full-batch gradients)."""
 
     def __init__(self, size: int, batch_size: int, stream: Keystream) -> None:
         if size < 1:
@@ -113,12 +111,10 @@ class Party:
         what: the config key of the batch size, for error messages.
     """
 
-    def __init__(
-        self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
-        a_shard: Shard | None = None, releases: dict[str, Release] | None = None, transform: Transform | None = None,
-        loss_fn: LossFn = per_example_cross_entropy, method: Method = "auto", dp_randomness: str | None = None,
-        what: str = "search.batch_size",
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
+                 a_shard: Shard | None = None, releases: dict[str, Release] | None = None,
+                 transform: Transform | None = None, loss_fn: LossFn = per_example_cross_entropy,
+                 method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size") -> None:
         self.model = model
         self.w_params = list(model.weights())
         self.a_params = list(model.alphas()) if a_shard is not None else []
@@ -185,17 +181,11 @@ class Party:
 
         Under DP: the clipped, noised release of W gradients on a Poisson batch of the W shard (STATS zero).
         """
-        self.model.train()
         if self.releases is not None:
-            return self._private_release(self.releases["W"], self.train, self._w_examples, self._named_w,
-                                         self.w_out, loss_fn=self.loss_fn, method=self.method)
-        start = time.perf_counter()
-        idx = self.train_stream.next()
-        x, y = self._w_examples(idx)
-        self._train_batch = (x, y)
-        outputs = self.model(x)
-        (grad,), loss_sum, correct = self._gradients(outputs, self.loss_fn(outputs, y).mean(), y, [self.w_params])
-        self._store(self.w_out, grad, loss_sum, correct, len(idx), start)
+            return self._private_release("W", self.train, self._w_examples, self._named_w, self.w_out,
+                                         loss_fn=self.loss_fn, method=self.method)
+        self._train_batch = self._exact_release(self.train_stream, self._w_examples, self.w_params, self.w_out,
+                                                lambda outputs, y: self.loss_fn(outputs, y).mean())
         return self.w_out
 
     def a_release(self) -> np.ndarray:
@@ -203,13 +193,9 @@ class Party:
 
         Under DP: the clipped, noised release of A gradients on a Poisson batch of the validation shard.
         """
-        self.model.train()
         if self.releases is not None:
-            return self._private_release(self.releases["A"], self.val, self.val.examples, self._named_a, self.a_out)
-        start = time.perf_counter()
-        idx = self.val_stream.next()
-        (grad,), loss, correct = self._batch_gradients(*self.val.examples(idx), [self.a_params])
-        self._store(self.a_out, grad, loss, correct, len(idx), start)
+            return self._private_release("A", self.val, self.val.examples, self._named_a, self.a_out)
+        self._exact_release(self.val_stream, self.val.examples, self.a_params, self.a_out)
         return self.a_out
 
     def val_gradients(self) -> np.ndarray:
@@ -270,40 +256,44 @@ class Party:
             raise PrivacyError(f"a DP party does not release {what}: it is neither clipped per example nor noised, "
                                "so the accountant would not cover it (docs/privacy.md)")
 
-    def _private_release(self, release: Release, shard: Shard, examples: Callable, params: dict[str, torch.Tensor],
+    def _private_release(self, name: str, shard: Shard, examples: Callable, params: dict[str, torch.Tensor],
                          out: np.ndarray, **how) -> np.ndarray:
         """Algorithm 1 inside the party: Poisson batch → per-example clip → sum → + N(0, (σR)²) → ÷ B.
 
         Nothing data-dependent leaves besides the release: the STATS tail is zero (loss, accuracy, even the
         realised batch size and compute time would be unaccounted releases).
         """
-        vector = release.make(self.model, params, len(shard), examples, self.randomness.sampling,
-                              self.randomness.noise, **how)
+        self.model.train()
+        vector = self.releases[name].make(self.model, params, len(shard), examples, self.randomness.sampling,
+                                          self.randomness.noise, **how)
         out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0
         return out
+
+    def _exact_release(self, stream: BatchStream, examples: Callable, params: list[torch.Tensor], out: np.ndarray,
+                       loss: Callable = F.cross_entropy) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gradient of the batch's mean `loss` w.r.t. `params` on the next batch of `stream`, then STATS, into
+        `out`; returns the batch (x, y)."""
+        start = time.perf_counter()
+        idx = stream.next()
+        x, y = examples(idx)
+        (grad,), loss_sum, correct = self._batch_gradients(x, y, [params], loss)
+        self._store(out, grad, loss_sum, correct, len(idx), start)
+        return x, y
 
     def _named(self, params: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """{name: parameter} in the order of `params`: the wire order the server expects."""
         names = {id(p): name for name, p in self.model.named_parameters()}
         return {names[id(p)]: p for p in params}
 
-    def _batch_gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]]
-                         ) -> tuple[list[torch.Tensor], float, float]:
-        """Flat gradients of the batch's mean cross-entropy w.r.t. each group, the loss sum and #correct."""
+    def _batch_gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]],
+                         loss: Callable = F.cross_entropy) -> tuple[list[torch.Tensor], float, float]:
+        """Flat gradients of the batch's mean `loss` w.r.t. each group, the batch's cross-entropy sum and #correct.
+        Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels)."""
         self.model.train()
-        logits = self.model(x)
-        return self._gradients(logits, F.cross_entropy(logits, y), y, groups)
-
-    @staticmethod
-    def _gradients(outputs: torch.Tensor | tuple, loss: torch.Tensor, y: torch.Tensor,
-                   groups: list[list[torch.Tensor]]) -> tuple[list[torch.Tensor], float, float]:
-        """Flat gradients of `loss` w.r.t. each parameter group, the batch's cross-entropy sum and #correct.
-
-        Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels).
-        """
+        outputs = self.model(x)
         params = [p for group in groups for p in group]
-        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        grads = torch.autograd.grad(loss(outputs, y), params, allow_unused=True)
         flat, offset = [], 0
         for group in groups:
             chunk = grads[offset : offset + len(group)]
@@ -316,8 +306,7 @@ class Party:
         return flat, float(F.cross_entropy(logits, y, reduction="sum")), correct
 
     @staticmethod
-    def _store(out: np.ndarray, grad: torch.Tensor, loss_sum: float, correct: float, count: int,
-               start: float) -> None:
+    def _store(out: np.ndarray, grad: torch.Tensor, loss_sum: float, correct: float, count: int, start: float) -> None:
         out[:-STATS] = grad.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = (loss_sum, correct, count, time.perf_counter() - start)
 
@@ -343,9 +332,6 @@ def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, r
         return augment_images(x, stream=randomness.sampling, cutout=augment.cutout,
                               crop_padding=augment.crop_padding, flip=augment.flip), y
 
-    def loss(outputs: torch.Tensor | tuple[torch.Tensor, torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
-        return augment_loss(outputs, targets, augment.auxiliary_weight)
-
     return Party(model, pool, augment.batch_size, randomness, releases={"W": release} if release is not None else None,
-                 transform=transform, loss_fn=loss, method="hooks",  # one batched forward: a mask per example
-                 dp_randomness=dp_randomness, what="augment.batch_size")
+                 transform=transform, loss_fn=lambda outputs, y: augment_loss(outputs, y, augment.auxiliary_weight),
+                 method="hooks", dp_randomness=dp_randomness, what="augment.batch_size")

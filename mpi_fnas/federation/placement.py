@@ -29,14 +29,8 @@ if TYPE_CHECKING:  # mpi4py is only needed by node_local_rank; keep the pure rul
 PREFERENCES = ("auto", "cpu", "cuda")
 
 
-def select_device(
-    rank: int,
-    *,
-    local_rank: int | None,
-    visible_gpus: int,
-    server_uses_gpu: bool = False,
-    preference: str = "auto",
-) -> str:
+def select_device(rank: int, *, local_rank: int | None, visible_gpus: int, server_uses_gpu: bool = False,
+                  preference: str = "auto") -> str:
     """The torch device string ("cpu" or "cuda:N") for world rank `rank`.
 
     Args:
@@ -58,10 +52,7 @@ def select_device(
         raise ValueError(f"local_rank must be >= 0, got {local_rank}")
     if visible_gpus < 0:
         raise ValueError(f"visible_gpus must be >= 0, got {visible_gpus}")
-
-    if preference == "cpu":
-        return "cpu"
-    if rank == 0 and not server_uses_gpu:
+    if preference == "cpu" or (rank == 0 and not server_uses_gpu):
         return "cpu"
     if visible_gpus == 0:
         if preference == "cuda":
@@ -84,11 +75,8 @@ def node_local_rank(comm: MPI.Comm) -> int:
 
     rank, size = comm.Get_rank(), comm.Get_size()
     localid = os.environ.get("SLURM_LOCALID", "")
-    srun_task = (
-        localid.isdigit()
-        and os.environ.get("SLURM_PROCID") == str(rank)
-        and os.environ.get("SLURM_STEP_NUM_TASKS") == str(size)
-    )
+    srun_task = (localid.isdigit() and os.environ.get("SLURM_PROCID") == str(rank)
+                 and os.environ.get("SLURM_STEP_NUM_TASKS") == str(size))
     if comm.allreduce(srun_task, op=MPI.LAND):
         return int(localid)
     # key=rank keeps world order inside the node, so local ranks are consecutive like SLURM_LOCALID's.
@@ -108,10 +96,5 @@ def visible_gpu_count() -> int:
 
 def device_for_rank(comm: MPI.Comm, *, server_uses_gpu: bool = False, preference: str = "auto") -> str:
     """:func:`select_device` for the calling rank of `comm` (collective: every rank must call it)."""
-    return select_device(
-        comm.Get_rank(),
-        local_rank=node_local_rank(comm),
-        visible_gpus=visible_gpu_count(),
-        server_uses_gpu=server_uses_gpu,
-        preference=preference,
-    )
+    return select_device(comm.Get_rank(), local_rank=node_local_rank(comm), visible_gpus=visible_gpu_count(),
+                         server_uses_gpu=server_uses_gpu, preference=preference)

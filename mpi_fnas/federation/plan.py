@@ -14,6 +14,8 @@ privacy ledgers of the search continue.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +36,15 @@ if TYPE_CHECKING:
 
 class SetupError(ConfigError):
     """Bad input discovered during setup (missing dataset, impossible partition or budget): exit code 2."""
+
+
+@contextmanager
+def _setup_errors(prefix: str = "", errors: tuple[type[Exception], ...] = (ValueError,)) -> Iterator[None]:
+    """Re-raise one of ``errors`` raised in the block as a one-line SetupError, its message after ``prefix``."""
+    try:
+        yield
+    except errors as exc:
+        raise SetupError(f"{prefix}{exc}") from None
 
 
 @dataclass
@@ -73,19 +84,16 @@ class RunPlan:
 
 
 def open_split(cfg: Config, split: str, *, download: bool = False, party: int | None = None):
-    """The dataset object for `split` ("train" or "test"); raises SetupError (one line) when it cannot be found or
-    used.
+    """The dataset object for `split` ("train" or "test"); SetupError (one line) when it is missing or unusable.
 
     `download` (rank 0 only, which opens the train split before any party does): fetch a missing CIFAR-10.
     `party`: the party opening it; with ``data.partition: local`` its train split is its own folder.
     """
     size = cfg.data.train_size if split == "train" else cfg.data.test_size
     own = party if cfg.data.partition == "local" else None
-    try:
+    with _setup_errors(errors=(DatasetNotFoundError, ValueError)):
         return open_dataset(cfg.data.dataset, split, root=cfg.data.root, image_size=cfg.data.image_size,
                             size=size, seed=cfg.seed, download=download, party=own)
-    except (DatasetNotFoundError, ValueError) as exc:  # a missing or unusable dataset: bad input
-        raise SetupError(str(exc)) from None
 
 
 def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = None) -> list[Assignment]:
@@ -105,17 +113,13 @@ def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = 
         raise SetupError(f"data.dataset imagefolder: {cfg.data.root}/train and {cfg.data.root}/test have different "
                          "class sub-folders; they must have the same")
     labels = train.labels
-    try:
+    with _setup_errors():
         labels = labels[: party_positions(cfg, len(labels))]  # the held-out aux slice goes to no party
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
     train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
-    try:
+    with _setup_errors("data.partition: "):
         kw = {"dirichlet_alpha": cfg.data.dirichlet_alpha, "classes_per_party": cfg.data.classes_per_party}
         train_parts = partition_indices(labels[train_idx], parties, cfg.data.partition, cfg.seed, **kw)
         val_parts = partition_indices(labels[val_idx], parties, cfg.data.partition, cfg.seed + 1, **kw)
-    except ValueError as exc:
-        raise SetupError(f"data.partition: {exc}") from None
     return _assignments(cfg, [train_idx[tp] for tp in train_parts], [val_idx[vp] for vp in val_parts])
 
 
@@ -127,9 +131,8 @@ def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.
     # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
     steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
     unreliable = unreliable_parties(len(train_parts), cfg.federation.unreliable_parties, cfg.seed)
-    gathered = cfg.federation.selection != "all"
     return [Assignment(tp, vp, steps, unreliable=bool(bad), corruption=cfg.federation.corruption if bad else 0.0,
-                       gathered=gathered)
+                       gathered=cfg.federation.selection != "all")
             for tp, vp, bad in zip(train_parts, val_parts, unreliable, strict=True)]
 
 
@@ -141,10 +144,8 @@ def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray
 
 
 def augment_steps(cfg: Config, pool_sizes: list[int]) -> tuple[int, int]:
-    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool.
-
-    As in the search, ``augment.steps_per_epoch`` counts weight releases (batches); an ADADP iteration makes two.
-    """
+    """(steps per epoch, planned steps) of the augmentation: an epoch is one pass over the mean party's pool, and
+    ``augment.steps_per_epoch`` counts weight releases (batches) as in the search: an ADADP iteration makes two."""
     per_epoch = cfg.augment.steps_per_epoch or max(1, math.ceil(float(np.mean(pool_sizes)) / cfg.augment.batch_size))
     per_epoch = math.ceil(per_epoch / w_rounds(cfg.augment.optimizer))
     return per_epoch, cfg.augment.epochs * per_epoch
@@ -159,12 +160,10 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
     """The augmentation's DP releases as configured (σ, clip, B, rates, planned steps), or None."""
     if not augment_is_private(cfg) or cfg.augment.epochs == 0:
         return None
-    try:
+    with _setup_errors("augment: "):
         q_tr, q_val = augment_sample_rates([len(a.train_indices) for a in assignments],
                                            [len(a.val_indices) for a in assignments], cfg.augment.batch_size,
                                            cfg.augment.pool)
-    except ValueError as exc:
-        raise SetupError(f"augment: {exc}") from None
     return AugmentReleases(
         noise_multiplier=cfg.augment.noise_multiplier, clip=cfg.augment.clip,
         expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
@@ -175,19 +174,16 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
 
 def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = None, *,
              search: bool = True, local_sizes: list[int] | None = None) -> RunPlan:
-    """The whole plan: partition (unless given), step count, and under DP the privacy plan.
-
-    The privacy plan covers the whole job: the search (none without `search`, when ``augment.genotype`` is given)
-    and the augmentation planned after it (docs/privacy.md, "Privacy across the search and the augmentation").
-    """
+    """The whole plan: partition (unless given), step count, and under DP the privacy plan of the whole job: the
+    search (none without `search`, when ``augment.genotype`` is given) and the augmentation planned after it
+    (docs/privacy.md, "Privacy across the search and the augmentation")."""
     if assignments is None:
         assignments = plan_assignments(cfg, parties, local_sizes)
     steps_per_epoch = assignments[0].steps_per_epoch
     steps = cfg.search.epochs * steps_per_epoch if search else 0
-    privacy = None
-    reason = "completed"
+    privacy, reason = None, "completed"
     if cfg.mode == "dpfnas":
-        try:
+        with _setup_errors("privacy: "):
             # Imported here: parties import this module for their assignments, and the planner's accountant
             # (dp_accounting, scipy: ~1 s and ~60 MB a rank) is rank 0's alone.
             from mpi_fnas.privacy.planning import plan_privacy
@@ -197,8 +193,6 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
                 DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
                 augment=augment_demand(cfg, assignments), w_releases_per_step=w_rounds(cfg.search.w_optimizer),
             )
-        except ValueError as exc:
-            raise SetupError(f"privacy: {exc}") from None
         steps, reason = privacy.steps, privacy.stop_reason
     for a in assignments:
         a.steps = steps
@@ -212,12 +206,11 @@ def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
         if checkpoint["plan_steps"] != plan.steps or checkpoint["genotype"] != plan.genotype.to_string():
             raise SetupError("--resume: the augmentation checkpoint was written by a run with a different plan "
                              f"({checkpoint['plan_steps']} steps, genotype {checkpoint['genotype']})")
-    else:
-        if checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
-            raise SetupError("--resume: the checkpoint was written by a run with a different plan "
-                             f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
-        if [list(s) for s in checkpoint["shard_sizes"]] != plan.shard_sizes:
-            raise SetupError("--resume: the data partition differs from the checkpointed run's")
+    elif checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
+        raise SetupError("--resume: the checkpoint was written by a run with a different plan "
+                         f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
+    elif [list(s) for s in checkpoint["shard_sizes"]] != plan.shard_sizes:
+        raise SetupError("--resume: the data partition differs from the checkpointed run's")
     for assignment in plan.assignments:
         assignment.checkpoint_step = int(checkpoint["step"])
 
@@ -258,34 +251,27 @@ def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
     """A genotype string of space `kind` (its genotype's ``to_string``) that a network can be built from; SetupError
     naming `where` when it does not parse or cannot be trained (a DPNAS cell cut off from its input)."""
     space = search_space(kind)
-    try:
+    with _setup_errors(f"{where}: "):
         genotype = space.parse_genotype(text)
         space.check_trainable(genotype)
-    except ValueError as exc:
-        raise SetupError(f"{where}: {exc}") from None
     return genotype
 
 
 def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
                        ledger: FederationLedger | None, params: DPParams | None) -> AugmentPlan:
-    """The augmentation's plan, its privacy planned against what the search has spent (``ledger``).
-
-    Under DP the ledger holds every release the search made (replays included), so ``privacy.target_epsilon`` and
-    ``privacy.max_epsilon`` bound the whole job: see docs/privacy.md, "Privacy across the search and the
-    augmentation".
-    """
+    """The augmentation's plan, its privacy planned against what the search has spent (``ledger``: under DP, every
+    release the search made, replays included), so ``privacy.target_epsilon`` and ``privacy.max_epsilon`` bound
+    the whole job: see docs/privacy.md, "Privacy across the search and the augmentation"."""
     party_pools = augment_pools(cfg, search)
     per_epoch, steps = augment_steps(cfg, [len(p) for p in party_pools])
     releases, reason = None, "completed"
     demand = augment_demand(cfg, search)
     if demand is not None:
         assert ledger is not None and params is not None
-        try:
+        with _setup_errors("privacy: "):
             from mpi_fnas.privacy.planning import plan_augment  # rank 0's alone (see plan_run)
 
             releases = plan_augment(ledger, demand, params)
-        except ValueError as exc:
-            raise SetupError(f"privacy: {exc}") from None
         steps, reason = releases.steps, releases.stop_reason
     assignments = [
         AugmentAssignment(pool, genotype.to_string(), per_epoch, steps, releases,

@@ -15,15 +15,14 @@ from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.participate import SearchSide, participate
 from mpi_fnas.federation.plan import Assignment
+from mpi_fnas.federation.stage import Progress
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.serve import SearchOutcome
 
 
-def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *,
-               assignments: list[Assignment] | None = None,
-               progress: Callable[[int, int, dict[str, float]], None] | None = None,
-               resume: dict | None = None,
+def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments: list[Assignment] | None = None,
+               progress: Progress | None = None, resume: dict | None = None,
                stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome | bool:
     """Run the whole search on every rank.
 

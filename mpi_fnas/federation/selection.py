@@ -30,9 +30,8 @@ from mpi_fnas.privacy.keystream import Keystream
 
 
 def selection_stream(cfg: Config, stage: str) -> Keystream:
-    """The stream of the server's draws in `stage` ("search" or "augment"): secret (keyed from the OS), except
-    with ``privacy.reproducible_noise`` (tests and debugging: the run's ε is void anyway, and so is the
-    selection's)."""
+    """The stream of the server's draws in `stage` ("search" or "augment"): secret, except with
+    ``privacy.reproducible_noise`` (:func:`~mpi_fnas.federation.randomness.server_stream`)."""
     return server_stream(cfg.privacy.reproducible_noise, seed=cfg.seed, stage=stage)
 
 
@@ -49,8 +48,7 @@ class Selector:
 
     def __init__(self, fed: FederationConfig, parties: int, rng: Keystream,
                  unreliable: np.ndarray | None = None) -> None:
-        self.mode = fed.selection
-        self.parties = parties
+        self.mode, self.parties = fed.selection, parties
         self.reliable = np.ones(parties, dtype=bool) if unreliable is None else ~np.asarray(unreliable, dtype=bool)
         if self.mode == "oracle":
             self.select = int(self.reliable.sum())

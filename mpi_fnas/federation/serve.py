@@ -1,15 +1,15 @@
 """Rank 0's side of a stage (the search or the augmentation): plan it, hand out, iterate, log, checkpoint, report.
 
-One entry, :func:`serve`, runs either stage in the same order: plan (:mod:`mpi_fnas.federation.plan`) and scatter
-each party its assignment (or the setup error, so no party waits for a decision that never comes); agree on
-devices; charge the iterations a party sent beyond the ledger's count (replays after a crash); open the stage's log
-group; broadcast the initial weights; run :class:`~mpi_fnas.federation.server_loop.ServerLoop` over the stage's
-iterations (:mod:`mpi_fnas.federation.algorithm`); finish the log with the outcome, or with the failure.
+One entry, :func:`serve`, runs either stage in the same order: plan (:mod:`mpi_fnas.federation.plan`) and hand out
+the assignments (:mod:`mpi_fnas.federation.handshake`); charge the iterations a party sent beyond the ledger's count
+(replays after a crash); open the stage's log group; broadcast the initial weights; run
+:class:`~mpi_fnas.federation.server_loop.ServerLoop`; finish the log with the outcome, or with the failure.
 
-The two stage definitions say what differs: :class:`SearchStage` (W and A of the supernet, the epoch rows of the
-alphas, a search plan made here) and :class:`AugmentStage` (the derived network's weights, planned against what the
-search spent). Under dpfnas the privacy ledgers are the search's, continued: every augment release is charged on
-the ledgers of the records it may touch, so an augment ε is the composition of both stages per party.
+:class:`ServedStage` holds what both stages share; :class:`SearchStage` (W and A of the supernet, the epoch rows of
+the alphas, a search plan made here) and :class:`AugmentStage` (the derived network's weights, planned against what
+the search spent) say what differs. Under dpfnas the privacy ledgers are the search's, continued: every augment
+release is charged on the ledgers of the records it may touch, so an augment ε is the composition of both stages per
+party.
 
 What rank 0 writes is public by construction: the weights, its optimizers, the test-split metrics it computes
 itself, and ε, which depends only on public quantities and is computed by the ledger's worker thread while the
@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,31 +56,35 @@ from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.space import search_space
 
-TIMING_COLUMNS = ("step_seconds", "comm_seconds", "party_seconds")
 
-
-@dataclass
-class SearchOutcome:
-    """Rank 0's result of a search."""
+@dataclass(kw_only=True)
+class StageOutcome:
+    """Rank 0's result of a stage: what the search's and the augmentation's share."""
 
     mode: str
-    parties: int
+    genotype: str
     epochs: int
     steps: int
-    val_acc: float  # NaN under DP (not released)
-    val_loss: float
     test_acc: float
-    genotype: str
-    wall_seconds: float
-    log_path: Path | None
     stop_reason: str
-    w: np.ndarray = field(repr=False)
-    a: np.ndarray = field(repr=False)
+    log_path: Path | None = None
+    wall_seconds: float = 0.0
     interrupted: bool = False  # stopped by a signal after writing a checkpoint
-    epsilon: np.ndarray | None = None  # (K,) tight ε per party (DP only)
-    mu_gdp: np.ndarray | None = None
+    epsilon: np.ndarray | None = None  # (K,) tight ε per party (DP only); the augmentation's composes both stages
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
+
+
+@dataclass(kw_only=True)
+class SearchOutcome(StageOutcome):
+    """Rank 0's result of a search."""
+
+    parties: int
+    val_acc: float  # NaN under DP (not released)
+    val_loss: float
+    w: np.ndarray = field(repr=False)
+    a: np.ndarray = field(repr=False)
+    mu_gdp: np.ndarray | None = None
     ledger_state: dict | None = None  # the privacy ledgers at the end (DP only): the augmentation continues them
     shard_sizes: list[list[int]] | None = None  # [[N_k^train, N_k^val], ...]: the augmentation must find the same
     selection_state: dict | None = None  # the selection's draws (Selector.summary): the augmentation continues them
@@ -87,25 +92,13 @@ class SearchOutcome:
     alpha_margin: float = float("nan")  # mean p_top − p_second over A's edges: 0 = uniform
 
 
-@dataclass
-class AugmentOutcome:
+@dataclass(kw_only=True)
+class AugmentOutcome(StageOutcome):
     """Rank 0's result of the augmentation."""
 
-    genotype: str
     params: int  # parameters of the network without the auxiliary head (Table 1's "Params")
-    epochs: int
-    steps: int
-    test_acc: float
     test_loss: float
-    wall_seconds: float
-    stop_reason: str
     private: bool  # the releases were DP (dpfnas with augment.private)
-    mode: str
-    interrupted: bool = False
-    epsilon: np.ndarray | None = None  # (K,) ε of search + augmentation composed (DP only)
-    delta: np.ndarray | None = None
-    privacy_guarantee: str = "holds"
-    log_path: Path | None = None
 
 
 @dataclass
@@ -120,12 +113,12 @@ class StageSetup:
     aux: tuple[torch.Tensor | None, torch.Tensor | None]  # the server's aux set (secprobe), else (None, None)
     test: Any  # the test split (rank 0 evaluates on it)
     model: torch.nn.Module  # the network the stage trains (the supernet; the augmentation's network of its cell)
-    search_plan: RunPlan | None = None  # the augmentation's: the search's partition (its log when it did not search)
+    search_plan: RunPlan  # the search's partition (the augmentation's: its log when it did not search)
 
 
 def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, searched: dict | None = None,
           assignments=None, resume: dict | None = None, progress: Progress | None = None,
-          stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome | AugmentOutcome:
+          stop_requested: Callable[[], str | None] = lambda: None) -> StageOutcome:
     """Run rank 0's side of the stage `name` ("search" or "augment") to its end and return its outcome.
 
     `searched` (augment): the search's result (``genotype``, its final ``ledger`` state or None, ``selection``;
@@ -159,8 +152,6 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         for buffer in (stage.server.w_buffer, stage.server.a_buffer):
             if buffer is not None:
                 channel.bcast(buffer)
-        if setup.plan.assignments[0].gathered:
-            stage.selecting(setup.selector, *setup.aux)
         loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
         step, stopped = loop.run(int(resume["step"]) + 1 if resume is not None else 1)
         outcome = stage.outcome(step, stopped, loop.test)
@@ -209,32 +200,36 @@ def selection_schema(cfg: Config, selector: Selector) -> SelectionSchema | None:
                            delta=selector.delta)
 
 
-def _stop_reason(planned: str, stopped: str | None, step: int) -> str:
-    """Why a stage's loop ended: the plan's reason, or the signal (`stopped`) that interrupted it at `step`."""
-    return planned if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}"
+def _rates(name: str, sums: np.ndarray | None) -> dict[str, float]:
+    """``<name>_loss`` and ``<name>_acc`` of the sums [loss_sum, correct, count, …] (NaN without sums or examples)."""
+    loss, correct, count = sums[:3] if sums is not None else (math.nan,) * 3
+    return {f"{name}_loss": ratio(loss, count), f"{name}_acc": ratio(correct, count)}
 
 
-def _selector(cfg: Config, stage: str, plan: RunPlan, earlier: dict | None) -> tuple[Selector, tuple]:
-    """The stage's selector, continuing an earlier stage's draws (`earlier`: its ``Selector.summary``), and the aux
-    set it scores on ((None, None) unless secprobe). SetupError when the earlier stage drew at another ε_EM or K′."""
-    selector = Selector(cfg.federation, len(plan.assignments), selection_stream(cfg, stage), plan.unreliable)
+def _setup(cfg: Config, name: str, plan: RunPlan | AugmentPlan, ledger: FederationLedger | None, private: bool,
+           search_plan: RunPlan, earlier: dict | None, build: Callable[..., torch.nn.Module]) -> StageSetup:
+    """The stage's setup around its `plan`: the test split, the network ``build(in_channels=, num_classes=)``, and
+    the selector continuing an earlier stage's draws (`earlier`: its ``Selector.summary``) with the aux set it
+    scores on ((None, None) unless secprobe). SetupError when the earlier stage drew at another ε_EM or K′."""
+    test = open_split(cfg, "test")
+    selector = Selector(cfg.federation, len(search_plan.assignments), selection_stream(cfg, name),
+                        search_plan.unreliable)
     try:
         selector.continue_after(earlier)
     except ValueError as exc:
         raise SetupError(str(exc)) from None
-    if not selector.scores_needed:
-        return selector, (None, None)
-    return selector, open_aux_set(cfg, open_split(cfg, "train"))
+    aux = open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed else (None, None)
+    model = build(in_channels=test.in_channels, num_classes=test.num_classes)
+    return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, model, search_plan)
 
 
-def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
-                    devices: list[str]) -> RunLog:
+def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
     """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
     if resume is not None:
         log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
         log.search.truncate(*resume["log_rows"])
         return log
-    plan = setup.search_plan or setup.plan
+    plan = setup.search_plan
     space = search_space(cfg.space.kind)
     normal_shape, reduce_shape = space.alpha_shapes(cfg.space)
     privacy = None
@@ -253,10 +248,15 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
 
 
 class ServedStage:
-    """What both stage definitions share on rank 0: the planned steps, the ledger the releases are charged on, the
-    server's selection, the selection and ε rows of the stage's log group, and the checkpoint's common keys."""
+    """A stage on rank 0, as :class:`~mpi_fnas.federation.server_loop.ServerLoop` runs it, and what both stage
+    definitions share: the planned steps, the ledger the releases are charged on, the server's selection, the
+    accumulated statistics and rows of the stage's log group, the checkpoint's common keys and the outcome's."""
 
-    name: str
+    name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
+    epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
+    row_at_control: bool  # a log row at checkpoint and stop steps as well
+    lr_column: str  # the metrics column of W's learning rate
+    warmup_epochs = 0  # epochs whose iterations train W only
 
     def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None, server: Server) -> None:
         self.cfg, self.channel, self.setup, self.server = cfg, channel, setup, server
@@ -264,67 +264,94 @@ class ServedStage:
         self.log_path = log.path if log is not None else None
         self.plan = setup.plan
         self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
-        self.charging = setup.ledger if setup.private else None  # the ledger this stage's releases are charged on
+        self.charging = setup.ledger if setup.private else None  # the ledger of this stage's releases (None: not DP)
         self.test = setup.test.render(np.arange(len(setup.test.labels)))
-        self.a_size = server.a.numel() if server.a is not None else None
-        self.buffers = ServerBuffers(server.w.numel(), self.a_size, second_order=cfg.search.order == "second_order"
-                                     and self.a_size is not None)
-        self.selector: Selector | None = None
-        self.aux: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
+        self.test_loss = self.test_acc = math.nan  # of the last evaluation
+        self.acc = _Accumulator()
+        # With the server's selection (federation.selection random, secprobe or oracle) it gathers every release.
+        gathered = self.plan.assignments[0].gathered
+        self.selector = setup.selector if gathered else None
+        self.aux = setup.aux if gathered else (None, None)
+        a_size = server.a.numel() if server.a is not None else None
+        self.buffers = ServerBuffers(server.w.numel(), a_size, gathered_parties=channel.parties if gathered else None,
+                                     second_order=cfg.search.order == "second_order" and a_size is not None)
 
-    def selecting(self, selector: Selector, x_aux: torch.Tensor | None, y_aux: torch.Tensor | None) -> None:
-        """Run the iterations with the server's selection (federation.selection random, secprobe or oracle)."""
-        self.selector, self.aux = selector, (x_aux, y_aux)
-        self.buffers = ServerBuffers(self.server.w.numel(), self.a_size, gathered_parties=self.channel.parties)
-
-    def exchange(self, step: int, control: int, **how: Any) -> StepStats:
-        """One iteration of Algorithm 1 on rank 0 (its selection row logged)."""
+    def iterate(self, step: int, epoch: int, control: int) -> None:
+        """One iteration of Algorithm 1 on rank 0 (its selection row logged), ending with the broadcast that carries
+        `control`; its statistics go to the accumulator."""
+        t0, c0 = time.perf_counter(), self.channel.comm_seconds
         self.server.begin_step(step)
         stats = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
-                                 aux=self.aux, **how)
+                                 aux=self.aux, train_a=epoch >= self.warmup_epochs)
         if self.selector is not None and self.log is not None:
             self.log.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
-        return stats
+        self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
 
     def charge(self) -> None:
+        """Charge one iteration's releases of every party on ``charging``."""
         self.charging.record_step(self.name)
 
+    def evaluate(self) -> np.ndarray:
+        """At an epoch end: [loss_sum, correct, count] on the server's test split (and the stage's epoch rows)."""
+        test = self.server.evaluate(*self.test)
+        self.test_loss, self.test_acc = ratio(test[0], test[2]), ratio(test[1], test[2])
+        return test
+
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
+        """The metrics row of `step` (the accumulator restarts after it)."""
+        # Under DP the parties send no statistics: counts stay 0 and the train (and val) columns are NaN.
+        row = {"step": step, "epoch": epoch, **_rates("train", self.acc.train), **_rates("test", test)}
+        row[self.lr_column], row["adadp_err"] = self.server.log_values()
+        self.acc = _Accumulator()
+        return row
+
     def log_privacy(self, row: EpsilonRow) -> None:
+        """Write one ε row of the ledger to the stage's log."""
         steps = row.charged_steps if self.name == "search" else row.augment_steps
         self.log.append_privacy(row.step, steps, row.epsilon, row.mu_gdp)
 
     def checkpoint(self, step: int) -> dict:
-        """The keys both stages' checkpoints hold; each stage adds its own."""
+        """Rank 0's whole state at `step`, as ``checkpoint.pt`` holds it: here the keys of both stages."""
         ledger = self.setup.ledger  # under dpfnas: the search's, continued (saved even where this stage charges none)
         return {"stage": self.name, "step": step, "plan_steps": self.plan.steps, "config": self.cfg.to_yaml(),
                 "server": self.server.state_dict(), "ledger": ledger.state_dict() if ledger is not None else None,
                 "selection": self.selector.state_dict() if self.selector is not None else None,
                 "log_rows": list(self.log.row_counts()) if self.log is not None else None}
 
+    def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> StageOutcome:
+        """The stage's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None;
+        `test`: the last evaluation's [loss_sum, correct, count])."""
+        plan, ledger = self.plan, self.setup.ledger
+        stop_reason = plan.stop_reason if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}"
+        outcome = self.result(stopped, test, mode=self.cfg.mode, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
+                              steps=step, stop_reason=stop_reason, interrupted=stopped is not None,
+                              log_path=self.log_path)
+        if ledger is not None:
+            outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
+            ledger.close()
+        return outcome
+
+    def result(self, stopped: str | None, test: np.ndarray, **common: Any) -> StageOutcome:
+        """The stage's outcome with the `common` fields (its ε is added after)."""
+        raise NotImplementedError
+
 
 class SearchStage(ServedStage):
-    """The search as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: Algorithm 1's iteration on
-    rank 0 (with or without the server's selection), the epoch rows (alphas, genotype), the metrics row (timings
-    NaN under DP: a step's duration tracks its realised Poisson batch size) and the checkpoint."""
+    """The search as a stage of :class:`~mpi_fnas.federation.server_loop.ServerLoop`: W and A of the supernet, the
+    epoch rows (alphas, genotype), the validation and timing columns (no timings under DP) and the accumulator."""
 
     name = "search"
+    lr_column = "w_lr"
     epsilon_each_row = True
     row_at_control = True
+    open_log = staticmethod(open_search_log)
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
-        test = open_split(cfg, "test")
         ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
-        selector, aux = _selector(cfg, "search", plan, None)
-        supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
-                                                               num_classes=test.num_classes)
-        return StageSetup(plan, ledger, ledger is not None, guarantee(cfg, ledger is not None, ledger), selector, aux,
-                          test, supernet)
-
-    @staticmethod
-    def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
-        return open_search_log(cfg, run_dir, setup, resume, devices)
+        return _setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
+                      partial(search_space(cfg.space.kind).build_supernet, cfg.space, seed=cfg.seed))
 
     @staticmethod
     def final_attrs(outcome: SearchOutcome | None) -> dict[str, Any]:
@@ -335,62 +362,46 @@ class SearchStage(ServedStage):
         super().__init__(cfg, channel, setup, log,
                          search_server(setup.model, cfg.search, setup.selector.select, setup.plan.steps_per_epoch,
                                        adadp_settings(cfg) if cfg.search.w_optimizer == "adadp" else None))
-        self.acc = _Accumulator()
+        self.warmup_epochs = cfg.search.warmup_epochs
 
     def load_state_dict(self, checkpoint: dict) -> None:
-        self.acc.load_state_dict(checkpoint["accumulator"])
-
-    def iterate(self, step: int, epoch: int, control: int) -> None:
-        t0, c0 = time.perf_counter(), self.channel.comm_seconds
-        stats = self.exchange(step, control, train_a=epoch >= self.cfg.search.warmup_epochs)  # warm-up: W only
-        self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
+        self.acc = _Accumulator.from_state(checkpoint["accumulator"])
 
     def evaluate(self) -> np.ndarray:
-        test = self.server.evaluate(*self.test)
+        test = super().evaluate()
         if self.log is not None:
             soft = self.server.alpha_softmax()
             self.log.append_epoch(soft["normal"], soft["reduce"], self.server.genotype().to_string())
         return test
 
     def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
-        row = self.acc.row(step, epoch, self.channel.parties, *self.server.log_values())
+        acc = self.acc  # the row's steps (the base row starts a new accumulator)
+        timings = {"step_seconds": acc.wall / acc.steps, "comm_seconds": acc.comm / acc.steps,
+                   "party_seconds": (acc.train[3] + acc.val[3]) / self.channel.parties / acc.steps
+                   if acc.train[2] > 0 else math.nan}
         if self.charging is not None:  # a step's duration tracks its realised Poisson batch size: not released
-            for column in TIMING_COLUMNS:
-                row[column] = math.nan
-        if test is not None:
-            row["test_loss"], row["test_acc"] = ratio(test[0], test[2]), ratio(test[1], test[2])
-        return row
+            timings = dict.fromkeys(timings, math.nan)
+        return {**super().row(step, epoch, test), **_rates("val", acc.val), **timings}
 
     def checkpoint(self, step: int) -> dict:
         state = super().checkpoint(step)
-        state.update(shard_sizes=self.plan.shard_sizes, accumulator=self.acc.state_dict(),
-                     log_rows=state["log_rows"] or [0, 0, 0, 0])
-        return state
+        return {**state, "shard_sizes": self.plan.shard_sizes, "accumulator": self.acc.state_dict(),
+                "log_rows": state["log_rows"] or [0, 0, 0, 0]}
 
-    def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> SearchOutcome:
-        """The search's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
-        cfg, channel, server, plan, ledger = self.cfg, self.channel, self.server, self.plan, self.charging
+    def result(self, stopped: str | None, test: np.ndarray, **common: Any) -> SearchOutcome:
+        server, ledger = self.server, self.charging
         val = np.full(3, np.nan, dtype=np.float32)
         if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
             val[:] = 0
-            channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
-        outcome = SearchOutcome(
-            mode=cfg.mode, parties=channel.parties, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
-            steps=step, val_acc=ratio(val[1], val[2]), val_loss=ratio(val[0], val[2]),
-            test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(), wall_seconds=0.0,
-            log_path=self.log_path,
-            stop_reason=_stop_reason(plan.stop_reason, stopped, step),
-            w=server.w_buffer.copy(), a=server.a_buffer.copy(), interrupted=stopped is not None,
-        )
+            self.channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
+        outcome = SearchOutcome(parties=self.channel.parties, **_rates("val", val), test_acc=ratio(test[1], test[2]),
+                                genotype=server.genotype().to_string(), w=server.w_buffer.copy(),
+                                a=server.a_buffer.copy(), shard_sizes=self.plan.shard_sizes,
+                                selection_state=self.selector.summary() if self.selector is not None else None,
+                                **common)
         outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
-        outcome.shard_sizes = plan.shard_sizes
         if ledger is not None:
-            outcome.epsilon, outcome.mu_gdp = ledger.epsilons(), ledger.mu_gdp()
-            outcome.delta = plan.privacy.delta
-            outcome.ledger_state = ledger.state_dict()
-            ledger.close()
-        if self.selector is not None:
-            outcome.selection_state = self.selector.summary()
+            outcome.mu_gdp, outcome.ledger_state = ledger.mu_gdp(), ledger.state_dict()
         return outcome
 
 
@@ -401,6 +412,7 @@ class AugmentStage(ServedStage):
     background thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
 
     name = "augment"
+    lr_column = "lr"
     epsilon_each_row = False
     row_at_control = False
 
@@ -427,13 +439,8 @@ class AugmentStage(ServedStage):
         plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
         if private:
             ledger.start_augment(plan.releases)  # a resume then loads the checkpointed ledgers over this
-        test = open_split(cfg, "test")
-        selector, aux = _selector(cfg, "augment", search_plan, searched.get("selection"))
-        network = search_space(cfg.space.kind).build_augment_network(genotype, cfg, seed=cfg.seed,
-                                                                     in_channels=test.in_channels,
-                                                                     num_classes=test.num_classes)
-        return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, network,
-                          search_plan)
+        return _setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
+                      partial(search_space(cfg.space.kind).build_augment_network, genotype, cfg, seed=cfg.seed))
 
     @staticmethod
     def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
@@ -445,11 +452,9 @@ class AugmentStage(ServedStage):
             log.search.finish("finished", reason="no search: augment.genotype was given",
                               final_genotype=plan.genotype.to_string())
         log = RunLog.reopen(path, augment=True)
-        privacy = None
-        if setup.private:
-            # the pool's rate (its train records'; its validation records' are the same or 0: augment.pool)
-            privacy = StagePrivacy(delta=setup.ledger.plan.delta, releases={"W": plan.releases.release},
-                                   sample_rates={"W": plan.releases.sample_rate_train})
+        # the pool's rate (its train records'; its validation records' are the same or 0: augment.pool)
+        privacy = StagePrivacy(delta=setup.ledger.plan.delta, releases={"W": plan.releases.release},
+                               sample_rates={"W": plan.releases.sample_rate_train}) if setup.private else None
         log.begin_augment(genotype=plan.genotype.to_string(), params=setup.model.num_params(),
                           private=setup.private, privacy=privacy, parties=len(plan.assignments),
                           privacy_guarantee=setup.guarantee, selection=selection_schema(cfg, setup.selector))
@@ -467,72 +472,34 @@ class AugmentStage(ServedStage):
                          augment_server(setup.model, cfg.augment, setup.selector.select, setup.plan.steps,
                                         adadp_settings(cfg, private=setup.private)
                                         if cfg.augment.optimizer == "adadp" else None))
-        self.test_loss = self.test_acc = math.nan
-        self.stats = np.zeros(4)
 
     def load_state_dict(self, checkpoint: dict) -> None:
-        self.stats = np.asarray(checkpoint["stats"], dtype=np.float64)
+        self.acc = _Accumulator(train=np.asarray(checkpoint["stats"], dtype=np.float64))
         self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
 
-    def iterate(self, step: int, epoch: int, control: int) -> None:
-        self.stats += self.exchange(step, control).train
-
-    def evaluate(self) -> np.ndarray:
-        test = self.server.evaluate(*self.test)
-        self.test_loss, self.test_acc = ratio(test[0], test[2]), ratio(test[1], test[2])
-        return test
-
-    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
-        # Under DP the parties send no statistics: counts stay 0 and the train columns are NaN.
-        lr, adadp_err = self.server.log_values()
-        row = {
-            "step": step, "epoch": epoch,
-            "train_loss": ratio(self.stats[0], self.stats[2]), "train_acc": ratio(self.stats[1], self.stats[2]),
-            "test_loss": ratio(test[0], test[2]) if test is not None else math.nan,
-            "test_acc": ratio(test[1], test[2]) if test is not None else math.nan,
-            "lr": lr, "adadp_err": adadp_err,
-        }
-        self.stats[:] = 0
-        return row
-
     def checkpoint(self, step: int) -> dict:
-        state = super().checkpoint(step)
-        state.update(genotype=self.plan.genotype.to_string(), stats=self.stats.tolist(), test_acc=self.test_acc,
-                     test_loss=self.test_loss)
-        return state
+        return {**super().checkpoint(step), "genotype": self.plan.genotype.to_string(),
+                "stats": self.acc.train.tolist(), "test_acc": self.test_acc, "test_loss": self.test_loss}
 
-    def outcome(self, step: int, stopped: str | None, test: np.ndarray) -> AugmentOutcome:
-        """The augmentation's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None)."""
-        plan, ledger = self.plan, self.setup.ledger
-        outcome = AugmentOutcome(
-            genotype=plan.genotype.to_string(), params=self.setup.model.num_params(),
-            epochs=math.ceil(plan.steps / plan.steps_per_epoch), steps=step, test_acc=self.test_acc,
-            test_loss=self.test_loss, wall_seconds=0.0, private=self.setup.private, mode=self.cfg.mode,
-            stop_reason=_stop_reason(plan.stop_reason, stopped, step), interrupted=stopped is not None,
-            log_path=self.log_path,
-        )
-        if ledger is not None:
-            outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
-            ledger.close()
-        return outcome
+    def result(self, stopped: str | None, test: np.ndarray, **common: Any) -> AugmentOutcome:
+        return AugmentOutcome(genotype=self.plan.genotype.to_string(), params=self.setup.model.num_params(),
+                              test_acc=self.test_acc, test_loss=self.test_loss, private=self.setup.private, **common)
 
 
 #: The stage definitions :func:`serve` runs, by name.
 STAGES: dict[str, type[SearchStage] | type[AugmentStage]] = {"search": SearchStage, "augment": AugmentStage}
 
 
+@dataclass
 class _Accumulator:
-    """Sums StepStats between two logged rows."""
+    """Sums StepStats between two logged rows: [loss_sum, correct, count, compute_seconds] of the W rounds (train)
+    and of the A round (val), the steps, and rank 0's wall and communication seconds."""
 
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.train = np.zeros(4)
-        self.val = np.zeros(4)
-        self.steps = 0
-        self.wall = 0.0
-        self.comm = 0.0
+    train: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    val: np.ndarray = field(default_factory=lambda: np.zeros(4))
+    steps: int = 0
+    wall: float = 0.0
+    comm: float = 0.0
 
     def add(self, stats: StepStats, wall: float, comm: float) -> None:
         self.train += stats.train
@@ -541,24 +508,11 @@ class _Accumulator:
         self.wall += wall
         self.comm += comm
 
-    def row(self, step: int, epoch: int, parties: int, w_lr: float, adadp_err: float) -> dict[str, float]:
-        # Under DP the parties send no statistics: counts are 0 and the loss/accuracy columns are NaN.
-        row = {
-            "step": step, "epoch": epoch,
-            "train_loss": ratio(self.train[0], self.train[2]), "train_acc": ratio(self.train[1], self.train[2]),
-            "val_loss": ratio(self.val[0], self.val[2]), "val_acc": ratio(self.val[1], self.val[2]),
-            "step_seconds": self.wall / self.steps, "comm_seconds": self.comm / self.steps,
-            "party_seconds": (self.train[3] + self.val[3]) / parties / self.steps if self.train[2] > 0
-            else float("nan"),
-            "w_lr": w_lr, "adadp_err": adadp_err,
-        }
-        self.reset()
-        return row
-
     def state_dict(self) -> dict:
         return {"train": self.train.tolist(), "val": self.val.tolist(), "steps": self.steps, "wall": self.wall,
                 "comm": self.comm}
 
-    def load_state_dict(self, state: dict) -> None:
-        self.train, self.val = np.array(state["train"]), np.array(state["val"])
-        self.steps, self.wall, self.comm = int(state["steps"]), float(state["wall"]), float(state["comm"])
+    @classmethod
+    def from_state(cls, state: dict) -> _Accumulator:
+        return cls(np.array(state["train"]), np.array(state["val"]), int(state["steps"]), float(state["wall"]),
+                   float(state["comm"]))

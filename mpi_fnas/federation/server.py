@@ -6,8 +6,8 @@ travels; SGD with momentum and weight decay and Adam are element-wise, so this e
 The numpy views ``w_buffer`` / ``a_buffer`` share memory with the tensors. With ADADP the W update is the
 step-size rule of :mod:`mpi_fnas.federation.adadp` (two rounds per iteration) instead of the SGD step.
 
-The stage says the rest (:mod:`mpi_fnas.federation.serve`): the update
-rule of W, its public per-step schedule, and A's optimizer in the search.
+The stage says the rest (:mod:`mpi_fnas.federation.serve`): W's update rule, its public per-step schedule, and
+A's optimizer in the search.
 """
 
 from __future__ import annotations
@@ -62,14 +62,10 @@ class Server:
                  a_optimizer: Callable[[nn.Parameter], torch.optim.Optimizer] | None = None) -> None:
         self.model, self.rule, self.parties = model, rule, parties
         self.w = nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
-        self.w_opt = torch.optim.SGD([self.w], lr=rule.lr, momentum=rule.momentum,
-                                     weight_decay=rule.weight_decay)
+        self.w_opt = torch.optim.SGD([self.w], lr=rule.lr, momentum=rule.momentum, weight_decay=rule.weight_decay)
         self.adadp = AdadpStep(adadp, rule.lr) if adadp is not None else None
-        self.a: nn.Parameter | None = None
-        self.a_opt: torch.optim.Optimizer | None = None
-        if a_optimizer is not None:
-            self.a = nn.Parameter(torch.from_numpy(flatten(list(model.alphas()))))
-            self.a_opt = a_optimizer(self.a)
+        self.a = nn.Parameter(torch.from_numpy(flatten(list(model.alphas())))) if a_optimizer is not None else None
+        self.a_opt = a_optimizer(self.a) if a_optimizer is not None else None
 
     @property
     def w_buffer(self) -> np.ndarray:
@@ -115,21 +111,19 @@ class Server:
     def adadp_half_step(self, summed_grad: np.ndarray) -> None:
         """ADADP, first W round: W ← W_half = W − (η/2)·G1, the point of the parties' second release."""
         assert self.adadp is not None
-        self._set_w(self.adadp.half(self.w_buffer, self._adadp_gradient(summed_grad)))
+        self._adadp_step(self.adadp.half, summed_grad)
 
     def adadp_full_step(self, summed_grad: np.ndarray) -> None:
         """ADADP, second W round: W ← the next iterate from G2 at W_half; η adapts (docs/adadp.md)."""
         assert self.adadp is not None
-        self._set_w(self.adadp.finish(self.w_buffer, self._adadp_gradient(summed_grad)))
+        self._adadp_step(self.adadp.finish, summed_grad)
 
-    def _adadp_gradient(self, summed_grad: np.ndarray) -> np.ndarray:
-        """The aggregated W gradient at the current W (n,) float32, norm-clipped, plus weight decay·W."""
-        return adadp_gradient(self.aggregate(summed_grad), self.w_buffer, clip=self.rule.grad_clip,
+    def _adadp_step(self, step: Callable[[np.ndarray, np.ndarray], np.ndarray], summed_grad: np.ndarray) -> None:
+        """W ← step(W, g), g the aggregated W gradient at the current W (n,) float32, norm-clipped, + weight decay·W."""
+        grad = adadp_gradient(self.aggregate(summed_grad), self.w_buffer, clip=self.rule.grad_clip,
                               weight_decay=self.rule.weight_decay)
-
-    def _set_w(self, flat: np.ndarray) -> None:
         with torch.no_grad():
-            self.w.copy_(torch.from_numpy(flat))
+            self.w.copy_(torch.from_numpy(step(self.w_buffer, grad)))
 
     def step_a(self, summed_grad: np.ndarray) -> None:
         """A ← its optimizer's step on the aggregated party architecture gradients."""

@@ -1,5 +1,6 @@
-"""Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage says what an iteration,
-an evaluation, a log row and a checkpoint are; the loop decides when each happens. No autograd here.
+"""Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage
+(:class:`~mpi_fnas.federation.serve.ServedStage`) says what an iteration, an evaluation, a log row and a checkpoint
+are; the loop decides when each happens. No autograd here.
 
 Per step: the control word (continue, checkpoint, or stop on a signal), the stage's iteration, the charge of its
 releases on the privacy ledger, the step the parties may be in next (charged if the run fails:
@@ -13,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,47 +27,18 @@ from mpi_fnas.federation.stage import (
     Progress,
     StepControl,
     charge_in_flight,
-    in_flight_after,
     settle_privacy,
 )
-from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import RunLog, StageLog
 
-
-class ServerStage(Protocol):
-    """What the loop asks of a stage on rank 0 (:class:`mpi_fnas.federation.serve.SearchStage`,
-    :class:`mpi_fnas.federation.serve.AugmentStage`)."""
-
-    name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
-    steps: int
-    steps_per_epoch: int
-    charging: FederationLedger | None  # the ledger this stage's releases are charged on; None: not private
-    epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
-    row_at_control: bool  # a log row at checkpoint and stop steps as well
-
-    def iterate(self, step: int, epoch: int, control: int) -> None:
-        """One iteration on rank 0 (its collectives), ending with the broadcast that carries `control`."""
-
-    def charge(self) -> None:
-        """Charge one iteration's releases of every party on ``charging``."""
-
-    def evaluate(self) -> np.ndarray:
-        """At an epoch end: [loss_sum, correct, count] on the server's test split (and the stage's epoch rows)."""
-
-    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
-        """The metrics row of `step` (the stage's accumulators restart after it)."""
-
-    def log_privacy(self, row: EpsilonRow) -> None:
-        """Write one ε row of the ledger to the stage's log."""
-
-    def checkpoint(self, step: int) -> dict:
-        """Rank 0's whole state at `step`, as ``checkpoint.pt`` holds it."""
+if TYPE_CHECKING:  # the stages (their definitions import this loop)
+    from mpi_fnas.federation.serve import ServedStage
 
 
 class ServerLoop:
     """The iterations of one stage on rank 0, with their logging, privacy rows and checkpoints."""
 
-    def __init__(self, stage: ServerStage, cfg: Config, channel: Channel, log: RunLog | None,
+    def __init__(self, stage: ServedStage, cfg: Config, channel: Channel, log: RunLog | None,
                  progress: Progress | None, run_dir: Path | None, stop_requested: Callable[[], str | None]) -> None:
         self.stage, self.cfg, self.channel, self.progress, self.run_dir = stage, cfg, channel, progress, run_dir
         self.log: StageLog | None = log.stage(stage.name) if log is not None else None
@@ -87,9 +59,10 @@ class ServerLoop:
         for step in range(first, stage.steps + 1):
             epoch = (step - 1) // stage.steps_per_epoch
             control, signal_name = self.control.at(step)
-            # Until iterate returns, rank 0 cannot tell whether its broadcast of this step (the iteration's last
-            # collective) has reached a party that then sent step + 1: a failure in between charges both.
-            self.in_flight_step, self.in_flight_after_broadcast = step, in_flight_after(step, stage.steps, control)
+            # Until iterate returns, rank 0 cannot tell whether this step's broadcast (its last collective) has
+            # reached a party that then sent step + 1 (none after the last step or a STOP): a failure then charges both.
+            self.in_flight_step = step
+            self.in_flight_after_broadcast = step + 1 if step < stage.steps and control != STOP else None
             stage.iterate(step, epoch, control)
             if stage.charging is not None:
                 stage.charge()

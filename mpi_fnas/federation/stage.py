@@ -44,7 +44,6 @@ class StepControl:
     def __init__(self, stage: str, steps: int, every_steps: int, stop_requested: Callable[[], str | None]) -> None:
         self.steps, self.every_steps, self.stop_requested = steps, every_steps, stop_requested
         self.stop_after = _stage_step(os.environ.get(STOP_ENV, ""), stage)
-        self.stage = stage
 
     def at(self, step: int) -> tuple[int, str | None]:
         """(control word, the reason to stop or None) for `step`. The last step never stops: it finishes."""
@@ -60,12 +59,6 @@ def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]
     """This attempt's cost. Core-hours count one core a rank."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
             "cpu_core_hours": wall_seconds * ranks / 3600.0}
-
-
-def in_flight_after(step: int, steps: int, control: int) -> int | None:
-    """The iteration the parties start once rank 0's last broadcast of `step` (carrying `control`) reaches them:
-    step + 1, or None after the last step or a STOP (they send nothing more)."""
-    return step + 1 if step < steps and control != STOP else None
 
 
 def charge_in_flight(record_step: Callable[[], None], recorded: int, in_flight: int | None) -> int:
@@ -98,26 +91,22 @@ def settle_privacy(ledger: FederationLedger, step: int, write: Callable[[Epsilon
         ledger.close(timeout=0.0)
 
 
-
 class Injections:
     """Fault and delay injection for the failure tests, for one party and one stage."""
 
     def __init__(self, rank: int, stage: str = "search") -> None:
+        self.stage = stage
         self.fault_step = self.sleep_step = -1
         self.sleep_seconds = 0.0
         fault = os.environ.get(FAULT_ENV, "")
-        if fault:
-            rank_text, _, step_text = fault.partition(":")
-            if int(rank_text) == rank:
-                self.fault_step = _stage_step(step_text, stage)
+        fault_rank, _, step_text = fault.partition(":")
+        if fault and int(fault_rank) == rank:
+            self.fault_step = _stage_step(step_text, stage)
         sleep = os.environ.get(SLEEP_ENV, "")
-        if sleep:
-            rank_text, _, rest = sleep.partition(":")
+        sleep_rank, _, rest = sleep.partition(":")
+        if sleep and int(sleep_rank) == rank:
             step_text, _, seconds = rest.rpartition(":")
-            if int(rank_text) == rank:
-                self.sleep_step = _stage_step(step_text, stage)
-                self.sleep_seconds = float(seconds)
-        self.stage = stage
+            self.sleep_step, self.sleep_seconds = _stage_step(step_text, stage), float(seconds)
 
     def at(self, step: int) -> None:
         if step == self.fault_step:

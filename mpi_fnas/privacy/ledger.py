@@ -1,17 +1,11 @@
 """The runtime privacy ledger of a federation: every release every party has made, per party and per dataset
 (its train and its validation shard), and the ε it has cost.
 
-During the run :class:`FederationLedger` records every iteration for every party (the releases its plan says an
-iteration makes), charges the releases a party replays after a resume, and reports, per party, the tight PLD ε
-(the headline) and Theorem 3.1's μ-GDP (a CLT approximation, logged for comparison only). A party's guarantee is
-the larger of its two ledgers', since its train and validation shards are disjoint (Theorem 3.1). ε depends on
-public counts only, so the ledger can compute the log's ε on a background thread (:meth:`FederationLedger.submit`)
-while the parties train.
-
-The augment stage (training the found architecture on the same parties) releases one DP gradient per party and
-iteration (two under ADADP), Poisson-sampled from a pool of the party's records: each record's shard ledger pays
-for it at that record's rate, so the party's ε stays the larger of its two *composed* ledgers'. What the run will
-release is planned before it, in :mod:`mpi_fnas.privacy.planning`.
+:class:`FederationLedger` records every iteration of every party (the releases its plan says one makes) and the
+releases a party replays after a resume, and reports per party the tight PLD ε (the headline) and Theorem 3.1's
+μ-GDP (a CLT approximation, logged for comparison only). A party's guarantee is the larger of its two ledgers',
+since its train and validation shards are disjoint (Theorem 3.1). What the run will release is planned before it,
+in :mod:`mpi_fnas.privacy.planning`.
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,15 +44,14 @@ class FederationLedger:
     """Two ledgers per party (train → W releases, validation → A releases), stepped together.
 
     After the search, ``start_augment`` then ``record_step("augment")`` charge the augment stage's releases on the
-    same ledgers (each at its shard's augment rate; a rate 0 charges nothing), so every ε is the composition of
-    both stages. ``charged_steps()`` keeps counting the search releases only; ``charged_steps("augment")`` the
-    augment's.
+    same ledgers: they sample a pool of the party's records, so each shard's ledger pays at its records' rate
+    (nothing for a shard outside the pool), and the party's ε stays the larger of its two *composed* ledgers'.
+    ``charged_steps(stage)`` counts each stage's iterations apart.
 
-    ``epsilons()`` / ``mu_gdp()`` compute on the caller's thread (a new step count costs ~0.25 s per distinct
-    party). For the log, ``submit(step)`` instead snapshots the counts and computes the same numbers on one
-    background thread; ``ready()`` hands back the finished rows without blocking, ``drain()`` waits for the rest,
-    ``close()`` stops the thread; ``settle(step, timeout=)`` (a failing run) adds a row for what was charged since
-    the last one and returns what finishes in time. Both paths run the same code on the same counts, so they agree.
+    ε depends on public counts only: ``epsilons()`` / ``mu_gdp()`` compute it on the caller's thread (a new step
+    count costs ~0.25 s per distinct party), ``submit(step)`` on one background thread while the parties train,
+    its rows handed back by ``ready()``, ``drain()`` and ``settle()``. Both paths run the same code on the same
+    counts, so they agree.
     """
 
     def __init__(self, plan: PrivacyPlan) -> None:
@@ -71,7 +65,7 @@ class FederationLedger:
         self.augment: AugmentReleases | None = None  # set by start_augment
         self._pending: deque[Future[EpsilonRow]] = deque()
         self._worker: _Worker | None = None
-        self._last_submitted: tuple[np.ndarray, np.ndarray] | None = None  # the counts of the last row submitted
+        self._last_submitted: tuple[list[int], list[int]] | None = None  # the counts of the last row submitted
 
     # -- recording -----------------------------------------------------------------------------------------------
     def record_step(self, stage: Stage = "search") -> None:
@@ -96,11 +90,9 @@ class FederationLedger:
         self._replays[stage][party] += int(steps)
 
     def charge_sent(self, sent_steps: Sequence[int], *, stage: Stage = "search") -> None:
-        """Charge every party the ``stage`` iterations it says it sent beyond what the ledger counts.
+        """Charge every party, as replays, the ``stage`` iterations it says it sent beyond what the ledger counts.
 
-        ``sent_steps[k]`` is party k+1's own count (from its journal, written before each send): after a crash
-        and ``--resume`` the steps past the last checkpoint run again, and each is a further release.
-        """
+        ``sent_steps[k]`` is party k+1's own count, from its journal (written before each send)."""
         for k, (sent, counted) in enumerate(zip(sent_steps, self._steps[stage], strict=True)):
             if sent > counted:
                 self.charge_replays(k, int(sent) - int(counted), stage=stage)
@@ -142,9 +134,11 @@ class FederationLedger:
         """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
         if self._worker is None:
             self._worker = _Worker()
+        step, parties = int(step), self._parties()
         charged, augment = self.charged_steps(), self.charged_steps("augment")
-        self._last_submitted = (charged, augment)
-        self._pending.append(self._worker.submit(_row, int(step), charged, self._parties(), augment))
+        self._last_submitted = (charged.tolist(), augment.tolist())
+        self._pending.append(self._worker.submit(
+            lambda: EpsilonRow(step, charged, _epsilons(parties), _mu_gdp(parties), augment)))
 
     def ready(self) -> list[EpsilonRow]:
         """The finished rows, in submission order, without blocking (a failed computation raises here)."""
@@ -167,25 +161,19 @@ class FederationLedger:
         happened to have finished. Rows that do not finish in time, or whose computation fails, are dropped with
         everything after them: the run is ending, and a resume charges everything anyway.
         """
-        counts = (self.charged_steps(), self.charged_steps("augment"))
-        if self._last_submitted is None or not all(
-                np.array_equal(a, b) for a, b in zip(counts, self._last_submitted, strict=True)):
+        if self._last_submitted != (self._steps["search"].tolist(), self._steps["augment"].tolist()):
             self.submit(step)
         deadline, rows = time.monotonic() + timeout, []
-        try:
+        with suppress(Exception):  # a timeout or a failed computation: keep the rows before it
             while self._pending:
                 rows.append(self._pending[0].result(timeout=max(0.0, deadline - time.monotonic())))
                 self._pending.popleft()
-        except Exception:  # a timeout or a failed computation: keep the rows before it
-            pass
         self.close(timeout=max(0.0, deadline - time.monotonic()))
         return rows
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop the background thread: rows not yet started are dropped (``drain()`` first to keep them).
-
-        With ``timeout``, waits at most that long for a computation in progress (the thread is a daemon).
-        """
+        """Stop the background thread, dropping rows not yet started (``drain()`` first to keep them); with
+        ``timeout``, wait at most that long for a computation in progress (the thread is a daemon)."""
         for future in self._pending:
             future.cancel()
         self._pending.clear()
@@ -198,11 +186,8 @@ class FederationLedger:
         return self.train[0].description()
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain-Python state; the ledgers hold every charged release, ``replays`` how many were replays.
-
-        ``augment`` (once started): the releases being charged, and per party how many were charged and how
-        many of those were replays.
-        """
+        """Plain-Python state: the ledgers hold every charged release, ``replays`` how many were replays;
+        ``augment`` (once started) the releases being charged and per party the iterations charged and replayed."""
         state: dict[str, Any] = {"train": [ledger.state_dict() for ledger in self.train],
                                  "val": [ledger.state_dict() for ledger in self.val],
                                  "replays": self._replays["search"].tolist()}
@@ -212,10 +197,9 @@ class FederationLedger:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        for ledger, saved in zip(self.train, state["train"], strict=True):
-            ledger.load_state_dict(saved)
-        for ledger, saved in zip(self.val, state["val"], strict=True):
-            ledger.load_state_dict(saved)
+        for ledgers, key in ((self.train, "train"), (self.val, "val")):
+            for ledger, saved in zip(ledgers, state[key], strict=True):
+                ledger.load_state_dict(saved)
         zeros = [0] * len(self.train)
         # A state written before replays were charged has none, one written before the augment no augment.
         self._replays["search"] = self._counts(state.get("replays", zeros), "replay")
@@ -286,26 +270,16 @@ class _Party:
     delta: float
     interval: float
 
-    def ledgers(self) -> tuple[PrivacyLedger, PrivacyLedger]:
-        return _ledger(self.train_runs, self.interval), _ledger(self.val_runs, self.interval)
+    def ledgers(self) -> tuple[PrivacyLedger, ...]:
+        return tuple(PrivacyLedger.from_runs(runs, self.interval) for runs in (self.train_runs, self.val_runs))
 
 
 def _runs(ledger: PrivacyLedger) -> Runs:
     return tuple((float(s), float(q), int(c)) for s, q, c in ledger.state_dict()["runs"])
 
 
-def _ledger(runs: Runs, interval: float) -> PrivacyLedger:
-    ledger = PrivacyLedger(value_discretization_interval=interval)
-    for noise_multiplier, sample_rate, count in runs:
-        ledger.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=count)
-    return ledger
-
-
 def _epsilons(parties: tuple[_Party, ...]) -> np.ndarray:
-    computed: dict[_Party, float] = {}
-    for party in parties:
-        if party not in computed:
-            computed[party] = party_epsilon(*party.ledgers(), party.delta)
+    computed = {party: party_epsilon(*party.ledgers(), party.delta) for party in dict.fromkeys(parties)}  # once each
     return np.array([computed[party] for party in parties], dtype=np.float64)
 
 
@@ -313,22 +287,17 @@ def _mu_gdp(parties: tuple[_Party, ...]) -> np.ndarray:
     return np.array([max(ledger.mu_gdp() for ledger in party.ledgers()) for party in parties], dtype=np.float64)
 
 
-def _row(step: int, charged_steps: np.ndarray, parties: tuple[_Party, ...], augment_steps: np.ndarray) -> EpsilonRow:
-    return EpsilonRow(step, charged_steps, _epsilons(parties), _mu_gdp(parties), augment_steps)
-
-
 class _Worker:
     """One daemon thread running submitted calls in order. Daemon: a crashing run does not wait for it."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...]] | None] = (
-            queue.SimpleQueue())
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="privacy-epsilon", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
         future: Future[Any] = Future()
-        self._queue.put((future, fn, args))
+        self._queue.put((future, fn))
         return future
 
     def close(self, timeout: float | None = None) -> None:
@@ -337,10 +306,10 @@ class _Worker:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            future, fn, args = item
+            future, fn = item
             if not future.set_running_or_notify_cancel():  # cancelled by close()
                 continue
             try:
-                future.set_result(fn(*args))
+                future.set_result(fn())
             except BaseException as exc:  # handed to whoever reads the row
                 future.set_exception(exc)

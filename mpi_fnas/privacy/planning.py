@@ -1,9 +1,8 @@
 """Planning a run's privacy, on rank 0 before any release, from public facts only (shard sizes, B, σ, T): what
 the run will release and at what cost. The runtime ledger that charges the releases is :mod:`mpi_fnas.privacy.ledger`.
 
-* sample rates q = B / N per shard;
-* δ per party: ``privacy.delta``, refused unless below 1/N_k, or by default min(1e-5, 1/(10·N_k)), where N_k is
-  the party's LARGER shard (each ledger needs δ below 1 over its own shard's size: see :func:`party_deltas`);
+* sample rates q = B / N per shard; δ per party (:func:`party_deltas`: ``privacy.delta`` or min(1e-5, 1/(10·N_k)),
+  N_k the party's LARGER shard);
 * with ``privacy.target_epsilon``: one σ for W and A (and the augmentation's, planned in the same job; or the
   search its ``privacy.search_share`` of the target and the augmentation the rest), calibrated so the worst party
   ends the job at the target;
@@ -15,8 +14,9 @@ plans the augment alone against what a ledger has already spent.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import numpy as np
 from scipy import optimize
@@ -45,48 +45,42 @@ def plan_privacy(
     """Plan the DP parameters of a run (see the module docstring). Raises ValueError on impossible settings.
 
     ``w_releases_per_step``: W releases each iteration makes on the train shard (2 under ADADP); every ε, σ and
-    step limit below counts them, so ``planned_steps`` iterations charge the train ledger that many times over.
-
-    ``augment``: the augment stage planned in the same job (its ``steps`` = the planned augment iterations, its
-    σ used unless ``target_epsilon`` calibrates it). The budget then covers the whole job: ``target_epsilon``
-    calibrates ONE σ for σ_W = σ_A = σ_aug so the worst party's composed ε after both stages meets the target;
-    ``max_epsilon`` shortens both stages to the same fraction of their planned steps. The plan's ``augment`` is
-    the augment stage as planned. Without ``augment`` the search alone is planned, as before.
+    step limit counts them. ``augment``: the augment stage planned in the same job (``steps`` its planned
+    iterations, its σ kept unless ``target_epsilon`` calibrates it); the budget then covers both stages, and
+    ``max_epsilon`` cuts both to the same fraction of their steps. The plan's ``augment`` is that stage as planned.
     """
     expected_batch_size = params.expected_batch_size
-    delta, target_epsilon, max_epsilon = params.delta, params.target_epsilon, params.max_epsilon
-    n_tr = np.asarray(train_sizes, dtype=np.float64)
-    n_val = np.asarray(val_sizes, dtype=np.float64)
+    n_tr, n_val = np.asarray(train_sizes, dtype=np.float64), np.asarray(val_sizes, dtype=np.float64)
     if np.any(n_tr < expected_batch_size) or np.any(n_val < expected_batch_size):
         smallest = int(min(n_tr.min(), n_val.min()))
         raise ValueError(f"search.batch_size {expected_batch_size:g} exceeds the smallest party shard ({smallest} "
                          "examples): the Poisson rate B/N must not exceed 1")
-    q_tr = expected_batch_size / n_tr
-    q_val = expected_batch_size / n_val
-    deltas = party_deltas(train_sizes, val_sizes, delta)
+    q_tr, q_val = expected_batch_size / n_tr, expected_batch_size / n_val
+    deltas = party_deltas(train_sizes, val_sizes, params.delta)
     r = int(w_releases_per_step)
     if r < 1:
         raise ValueError(f"W releases per step must be >= 1, got {w_releases_per_step}")
     if augment is not None:
-        return replace(_plan_job(q_tr, q_val, deltas, params, planned_steps, augment, r), w_releases_per_step=r)
+        return _plan_job(q_tr, q_val, deltas, params, planned_steps, augment, r)
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
-    if target_epsilon is not None:
+    if params.target_epsilon is not None:
         # The worst party has the largest rate and the smallest δ: calibrating there bounds everyone.
         worst_q = float(max(q_tr.max(), q_val.max()))
         # r·T releases at the worst rate bound both ledgers (the validation one has T): exact when q_tr binds.
-        sigma_w = sigma_a = calibrate_noise_multiplier(target_epsilon, float(deltas.min()), worst_q,
+        sigma_w = sigma_a = calibrate_noise_multiplier(params.target_epsilon, float(deltas.min()), worst_q,
                                                        planned_steps * r)
     steps, reason = planned_steps, "completed"
-    if max_epsilon is not None:
-        steps = _steps_within(max_epsilon, q_tr, q_val, deltas, sigma_w, sigma_a, planned_steps, r)
+    if params.max_epsilon is not None:
+        shards = _job_shards(q_tr, q_val, deltas, None, r, (sigma_w, sigma_a))
+        steps = _steps_within(params.max_epsilon, shards, planned_steps)
         if steps < planned_steps:
-            reason = f"max_epsilon reached: {max_epsilon:g} allows {steps} of {planned_steps} steps"
+            reason = f"max_epsilon reached: {params.max_epsilon:g} allows {steps} of {planned_steps} steps"
     return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason,
                        w_releases_per_step=r)
 
 
 def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: DPParams, search_steps: int,
-              augment: AugmentReleases, w_releases_per_step: int = 1) -> PrivacyPlan:
+              augment: AugmentReleases, w_releases_per_step: int) -> PrivacyPlan:
     """plan_privacy of a job that runs the search and then the augment (rates and δ already checked)."""
     if augment.sample_rate_train.shape != q_tr.shape:
         raise ValueError(f"the augment releases cover {len(augment.sample_rate_train)} parties, the search "
@@ -94,24 +88,19 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
     target_epsilon, max_epsilon = params.target_epsilon, params.max_epsilon
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     sigma_aug, augment_steps = float(augment.noise_multiplier), augment.steps
+    shards = partial(_job_shards, q_tr, q_val, deltas, augment, w_releases_per_step)
     if target_epsilon is not None and params.search_share is not None and search_steps > 0:
         # The search alone to its share of the target (σ_W = σ_A), then σ_aug to the whole target after it.
-        shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
-        sigma_w = sigma_a = _calibrate(shards, search_steps, 0, params.search_share * target_epsilon, start=1.0,
-                                       interval=DEFAULT_VALUE_DISCRETIZATION)
-        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), None, augment, w_releases_per_step)
-        sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon, start=1.0,
-                               interval=DEFAULT_VALUE_DISCRETIZATION)
+        sigma_w = sigma_a = _calibrate(shards(), search_steps, 0, params.search_share * target_epsilon)
+        sigma_aug = _calibrate(shards((sigma_w, sigma_a)), search_steps, augment_steps, target_epsilon)
     elif target_epsilon is not None:
         # One σ for the three releases, the variable of every shard (None), solved on the exact composition.
-        shards = _job_shards(q_tr, q_val, deltas, None, None, augment, w_releases_per_step)
-        sigma_w = sigma_a = sigma_aug = _calibrate(shards, search_steps, augment_steps, target_epsilon,
-                                                   start=1.0, interval=DEFAULT_VALUE_DISCRETIZATION)
+        sigma_w = sigma_a = sigma_aug = _calibrate(shards(), search_steps, augment_steps, target_epsilon)
     steps, reason, augment_reason = search_steps, "completed", augment.stop_reason
     if max_epsilon is not None:
-        shards = _job_shards(q_tr, q_val, deltas, (sigma_w, sigma_a), sigma_aug, augment, w_releases_per_step)
         pairs, fractions = _proportional_pairs(search_steps, augment_steps)
-        chosen = _largest_within(shards, pairs, max_epsilon, DEFAULT_VALUE_DISCRETIZATION)
+        chosen = _largest_within(shards((sigma_w, sigma_a), sigma_aug), pairs, max_epsilon,
+                                 DEFAULT_VALUE_DISCRETIZATION)
         if chosen < len(pairs) - 1:
             steps, augment_steps = (int(n) for n in pairs[chosen])
             both = f"(search and augment cut to the same fraction of their steps, {fractions[chosen]:.4g})"
@@ -119,22 +108,21 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
             augment_reason = (f"max_epsilon reached: {max_epsilon:g} allows {augment_steps} of {augment.steps} "
                               f"augment steps {both}")
     planned = replace(augment, noise_multiplier=sigma_aug, steps=augment_steps, stop_reason=augment_reason)
-    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason, planned)
+    return PrivacyPlan(params.with_noise(sigma_w, sigma_a), q_tr, q_val, deltas, steps, reason, planned,
+                       w_releases_per_step)
 
 
 def plan_augment(ledger: FederationLedger, releases: AugmentReleases, params: DPParams) -> AugmentReleases:
     """Plan the augment stage alone, after ``ledger`` has spent what it holds (the search, its replays...).
 
-    ``releases.steps`` are the augment iterations still to come. With ``params.target_epsilon`` (the budget of
-    the whole job): σ_aug calibrated so the worst party's composed ε, the ledger's releases plus the augment's,
-    ends at the target; refused (ValueError, one line) when a party already spent the target. With
-    ``params.max_epsilon``: the largest number of augment steps ≤ ``releases.steps`` keeping every party within
-    it (possibly 0; ``stop_reason`` says why). With neither, ``releases`` is returned unchanged.
-    """
-    parties = len(ledger.train)
-    if releases.sample_rate_train.shape != (parties,):
+    ``releases.steps``: the augment iterations still to come. ``params.target_epsilon`` (the whole job's budget):
+    σ_aug calibrated so the worst party's composed ε (the ledger's releases, then the augment's) ends at it;
+    refused (ValueError, one line) if a party already spent it. ``params.max_epsilon``: the most augment steps ≤
+    ``releases.steps`` keeping every party within it (possibly 0; ``stop_reason`` says why). With neither,
+    ``releases`` is returned unchanged."""
+    if releases.sample_rate_train.shape != (len(ledger.train),):
         raise ValueError(f"the augment releases cover {len(releases.sample_rate_train)} parties, the ledger "
-                         f"{parties}")
+                         f"{len(ledger.train)}")
     target_epsilon, max_epsilon = params.target_epsilon, params.max_epsilon
     if target_epsilon is None and max_epsilon is None:
         return releases
@@ -146,10 +134,9 @@ def plan_augment(ledger: FederationLedger, releases: AugmentReleases, params: DP
             raise ValueError(f"privacy.target_epsilon {target_epsilon:g} is already spent: party {worst + 1} is at "
                              f"ε = {spent[worst]:.4g} before the augment, so no augment release fits in the budget")
         if releases.steps > 0:
-            shards = _ledger_shards(ledger, None, releases)
             try:
-                sigma = _calibrate(shards, 0, releases.steps, target_epsilon, start=releases.noise_multiplier,
-                                   interval=interval)
+                sigma = _calibrate(_ledger_shards(ledger, None, releases), 0, releases.steps, target_epsilon,
+                                   start=releases.noise_multiplier, interval=interval)
             except ValueError as exc:
                 raise ValueError(f"privacy.target_epsilon {target_epsilon:g}: party {worst + 1} is at ε = "
                                  f"{spent[worst]:.4g} before the augment, and {exc}") from None
@@ -161,7 +148,7 @@ def plan_augment(ledger: FederationLedger, releases: AugmentReleases, params: DP
                 f"max_epsilon reached before the augment: party {worst + 1} is at ε = {spent[worst]:.4g} > "
                 f"{max_epsilon:g}, so 0 of {planned} augment steps"))
         shards = _ledger_shards(ledger, releases.noise_multiplier, releases)
-        pairs = np.stack([np.zeros(planned + 1, dtype=np.int64), np.arange(planned + 1, dtype=np.int64)], axis=1)
+        pairs = _proportional_pairs(0, planned)[0]  # (0, T_a) for T_a = 0..planned: the augment alone
         steps = int(pairs[_largest_within(shards, pairs, max_epsilon, interval)][1])
         if steps < planned:
             releases = replace(releases, steps=steps, stop_reason=(
@@ -175,8 +162,7 @@ def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: fl
 
     N_k is the party's larger shard. Each ledger's δ must be below 1 over the size of the shard it covers (the
     mechanism that publishes each record with probability δ is (0, δ)-DP; see ``default_delta``), and one δ
-    covers both of a party's ledgers, so the larger shard binds. Raises ValueError, one line naming the party.
-    """
+    covers both of a party's ledgers, so the larger shard binds. Raises ValueError, one line naming the party."""
     largest = np.maximum(np.asarray(train_sizes, dtype=np.int64), np.asarray(val_sizes, dtype=np.int64))
     if delta is None:
         return np.array([default_delta(int(n)) for n in largest], dtype=np.float64)
@@ -189,32 +175,14 @@ def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: fl
     return np.full(len(largest), float(delta))
 
 
-def _worst_epsilon(steps: int, q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, sigma_w: float,
-                   sigma_a: float, w_releases_per_step: int = 1) -> float:
-    if steps == 0:
-        return 0.0
-    worst = 0.0
-    for key in sorted(set(zip(q_tr.tolist(), q_val.tolist(), deltas.tolist(), strict=True))):  # identical parties once
-        qt, qv, d = key
-        for sigma, q, count in ((sigma_w, qt, steps * w_releases_per_step), (sigma_a, qv, steps)):
-            ledger = PrivacyLedger()
-            ledger.step(noise_multiplier=sigma, sample_rate=q, num_steps=count)
-            worst = max(worst, ledger.get_epsilon(d))
-    return worst
+def _steps_within(budget: float, shards: set[_Shard], planned: int) -> int:
+    """The largest T ≤ planned search steps whose worst ε over every shard (the ledger's grid) is ≤ budget.
 
+    ε grows with T: a binary search. Every shard is searched, not only the non-dominated ones: no slack needed."""
+    def within(steps: int) -> bool:
+        return _worst(shards, steps, 0, None, DEFAULT_VALUE_DISCRETIZATION) <= budget
 
-def _steps_within(budget: float, q_tr, q_val, deltas, sigma_w, sigma_a, planned: int, w_releases: int = 1) -> int:
-    """The largest T ≤ planned whose worst-party ε ≤ budget (ε grows with T: binary search)."""
-    if _worst_epsilon(planned, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
-        return planned
-    lo, hi = 0, planned  # ε(lo) ≤ budget < ε(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _worst_epsilon(mid, q_tr, q_val, deltas, sigma_w, sigma_a, w_releases) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    return planned if within(planned) else _bisect(within, 0, planned)
 
 
 # -- planning both stages: shards, σ calibration, step budgets ----------------------------------------------------
@@ -233,7 +201,6 @@ _MAX_SIGMA = 1024.0
 #: a dominated shard's ε came out above its dominator's only when their rates differed by ~1e-10 relative, and
 #: then by < 1e-9. The slack keeps every party's reported ε within the budget, not just the searched ones'.
 _DOMINATION_SLACK = 1e-8
-
 
 
 @dataclass(frozen=True)
@@ -262,12 +229,9 @@ class _Shard:
         A higher rate, less noise, more releases or a smaller δ never lower ε: each is a post-processing
         argument (a rate-q' sample is a rate-q sample thinned; more noise is added noise; a release dropped).
         """
-        return (self.delta <= other.delta
-                and _runs_dominate(self.spent, other.spent)
-                and _release_dominates(self.search, other.search)
-                and (self.search_releases >= other.search_releases or other.search[1] == 0.0)
-                and _release_dominates(self.augment, other.augment)
-                and (self.augment_releases >= other.augment_releases or other.augment[1] == 0.0))
+        return (self.delta <= other.delta and _runs_dominate(self.spent, other.spent)
+                and _release_dominates(self.search, self.search_releases, other.search, other.search_releases)
+                and _release_dominates(self.augment, self.augment_releases, other.augment, other.augment_releases))
 
 
 def _runs_dominate(mine: Runs, other: Runs) -> bool:
@@ -290,11 +254,13 @@ def _runs_dominate(mine: Runs, other: Runs) -> bool:
     return True
 
 
-def _release_dominates(mine: tuple[float | None, float], other: tuple[float | None, float]) -> bool:
+def _release_dominates(mine: tuple[float | None, float], my_count: int, other: tuple[float | None, float],
+                       other_count: int) -> bool:
+    """Whether ``my_count`` releases (σ, q) per iteration dominate ``other_count`` of ``other`` (q = 0: none)."""
     (my_sigma, my_rate), (other_sigma, other_rate) = mine, other
     if other_rate == 0.0:
         return True
-    if my_rate < other_rate:
+    if my_rate < other_rate or my_count < other_count:
         return False
     if my_sigma is None or other_sigma is None:
         return my_sigma is None and other_sigma is None
@@ -303,38 +269,32 @@ def _release_dominates(mine: tuple[float | None, float], other: tuple[float | No
 
 def _canonical_runs(runs: Sequence[Sequence[float]]) -> Runs:
     """Runs merged by (σ, q), sorted, without q = 0: composition is commutative, so equal ledgers compare equal."""
-    counts: dict[tuple[float, float], int] = {}
-    for s, q, n in runs:
-        if q > 0 and n > 0:
-            counts[(float(s), float(q))] = counts.get((float(s), float(q)), 0) + int(n)
-    return tuple(sorted((s, q, n) for (s, q), n in counts.items()))
+    return PrivacyLedger.from_runs(tuple(runs)).runs()
 
 
-def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, search_sigmas: tuple[float, float] | None,
-                augment_sigma: float | None, augment: AugmentReleases, w_releases_per_step: int = 1) -> set[_Shard]:
+def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, augment: AugmentReleases | None,
+                w_releases_per_step: int, search_sigmas: tuple[float, float] | None = None,
+                augment_sigma: float | None = None) -> set[_Shard]:
     """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate).
 
     The train shard pays ``w_releases_per_step`` W releases per search iteration, the validation shard one."""
     sigma_w, sigma_a = search_sigmas if search_sigmas is not None else (None, None)
-    shards = set()
-    for k, delta in enumerate(deltas.tolist()):
-        shards.add(_Shard((), (sigma_w, float(q_tr[k])), (augment_sigma, float(augment.sample_rate_train[k])), delta,
-                          w_releases_per_step, augment.releases_per_step))
-        shards.add(_Shard((), (sigma_a, float(q_val[k])), (augment_sigma, float(augment.sample_rate_val[k])), delta,
-                          1, augment.releases_per_step))
-    return shards
+    if augment is None:  # the search alone: an augment stage that touches no shard
+        augment = AugmentReleases(1.0, 1.0, 1.0, np.zeros_like(q_tr), np.zeros_like(q_val), steps=0)
+    return {_Shard((), (sigma, float(q[k])), (augment_sigma, float(augment_q[k])), delta, releases,
+                   augment.releases_per_step)
+            for k, delta in enumerate(deltas.tolist())
+            for sigma, q, augment_q, releases in ((sigma_w, q_tr, augment.sample_rate_train, w_releases_per_step),
+                                                  (sigma_a, q_val, augment.sample_rate_val, 1))}
 
 
 def _ledger_shards(ledger: FederationLedger, augment_sigma: float | None, augment: AugmentReleases) -> set[_Shard]:
     """Every party's two shards as ``ledger`` holds them, followed by the augment releases (no search left)."""
-    shards = set()
-    for k, delta in enumerate(ledger.plan.delta.tolist()):
-        for shard_ledger, rate in ((ledger.train[k], augment.sample_rate_train[k]),
-                                   (ledger.val[k], augment.sample_rate_val[k])):
-            spent = shard_ledger.runs()
-            shards.add(_Shard(spent, (None, 0.0), (augment_sigma, float(rate)), delta,
-                              augment_releases=augment.releases_per_step))
-    return shards
+    return {_Shard(shard_ledger.runs(), (None, 0.0), (augment_sigma, float(rate)), delta,
+                   augment_releases=augment.releases_per_step)
+            for k, delta in enumerate(ledger.plan.delta.tolist())
+            for shard_ledger, rate in ((ledger.train[k], augment.sample_rate_train[k]),
+                                       (ledger.val[k], augment.sample_rate_val[k]))}
 
 
 def _front(shards: set[_Shard]) -> list[_Shard]:
@@ -343,20 +303,18 @@ def _front(shards: set[_Shard]) -> list[_Shard]:
     return [s for s in ordered if not any(o != s and o.dominates(s) for o in ordered)]
 
 
-def _worst(shards: Sequence[_Shard], search_steps: int, augment_steps: int, sigma: float | None,
+def _worst(shards: Iterable[_Shard], search_steps: int, augment_steps: int, sigma: float | None,
            interval: float) -> float:
     """The largest composed PLD ε over ``shards`` (each at its own δ)."""
     worst = 0.0
-    for shard in shards:
-        ledger = PrivacyLedger(value_discretization_interval=interval)  # cached per (runs, δ, grid) below it
-        for s, q, n in shard.runs(search_steps, augment_steps, sigma):
-            ledger.step(noise_multiplier=s, sample_rate=q, num_steps=n)
+    for shard in shards:  # (the accountant caches ε per (runs, δ, grid): equal runs cost once)
+        ledger = PrivacyLedger.from_runs(shard.runs(search_steps, augment_steps, sigma), interval)
         worst = max(worst, ledger.get_epsilon(shard.delta))
     return worst
 
 
-def _calibrate(shards: set[_Shard], search_steps: int, augment_steps: int, target: float, *, start: float,
-               interval: float) -> float:
+def _calibrate(shards: set[_Shard], search_steps: int, augment_steps: int, target: float, *, start: float = 1.0,
+               interval: float = DEFAULT_VALUE_DISCRETIZATION) -> float:
     """The smallest σ (within _SIGMA_TOLERANCE) whose worst composed ε is ≤ ``target``; never one above it.
 
     Over the non-dominated shards: a coarse-grid pass finds σ roughly, a fine-grid pass (the ledger's grid,
@@ -430,9 +388,8 @@ def _proportional_pairs(search_steps: int, augment_steps: int) -> tuple[np.ndarr
 def _largest_within(shards: set[_Shard], pairs: np.ndarray, budget: float, interval: float) -> int:
     """The largest index i such that every shard's ε after ``pairs[i]`` (search, augment) steps is ≤ budget.
 
-    ``pairs`` grow in both coordinates, so ε grows with i; ``pairs[0]`` must be within the budget. Over the
-    non-dominated shards: a coarse-grid binary search, then a fine-grid gallop from its answer (the fine grid,
-    the ledger's, alone decides).
+    ``pairs`` grow in both coordinates, so ε grows with i; ``pairs[0]`` must be within the budget. As in
+    :func:`_calibrate`: a coarse-grid binary search, then a fine-grid gallop from its answer.
     """
     front, slackened = _front(shards), budget * (1.0 - _DOMINATION_SLACK)
 

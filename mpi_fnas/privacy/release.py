@@ -5,13 +5,12 @@ the expected batch B (every release divides by it, never by the realised batch) 
 iteration makes (``per_step``: 2 weight releases under ADADP). Everything else reads them from it:
 
 * a party makes the release through :meth:`Release.make` (Poisson batch at rate B / N of its shard, per-example
-  gradients, clip, sum, Gaussian noise from its secret stream, ÷ B: :func:`~mpi_fnas.privacy.mechanism.party_release`);
+  gradients, clip, sum, Gaussian noise from its secret stream, ÷ B: :func:`~mpi_fnas.privacy.mechanism.party_release`;
+  no MPI here: the caller sends the vector it returns);
 * the run's plan gives each stage its releases (the search: ``W`` and ``A``, from
   :meth:`mpi_fnas.privacy.params.DPParams.search_releases` in :class:`PrivacyPlan`; the augmentation: its
   weights' release, :attr:`AugmentReleases.release`), the ledger (:mod:`mpi_fnas.privacy.ledger`) charges them and
   the planner (:mod:`mpi_fnas.privacy.planning`) sizes them.
-
-No MPI here: the caller sends the vector :meth:`Release.make` returns.
 """
 
 from __future__ import annotations
@@ -75,11 +74,10 @@ AugmentPool = Literal["all", "train"]
 class AugmentReleases:
     """Public constants of the augment stage's releases. Arrays are (K,), party k at index k - 1.
 
-    Each augment iteration, every party releases ``releases_per_step`` gradients of its pool (1; 2 under
-    ``augment.optimizer: adadp``, each on a fresh batch): Poisson-sampled, clipped per example at ``clip``, noise
-    ``noise_multiplier · clip``, divided by ``expected_batch_size``. A record of party k's train shard is sampled
-    with rate ``sample_rate_train[k]``, one of its validation shard with ``sample_rate_val[k]`` (0: the pool leaves
-    that shard out, and its ledger is not charged).
+    Each augment iteration, every party makes ``releases_per_step`` releases (:attr:`release`) of its pool (2 under
+    ``augment.optimizer: adadp``, each on a fresh Poisson batch). A record of party k's train shard is sampled with
+    rate ``sample_rate_train[k]``, one of its validation shard with ``sample_rate_val[k]`` (0: the pool leaves that
+    shard out, and its ledger is not charged).
     """
 
     noise_multiplier: float
@@ -98,7 +96,7 @@ class AugmentReleases:
         if rate_train.ndim != 1 or rate_train.shape != rate_val.shape:
             raise ValueError(f"augment sample rates must be two (K,) arrays, got shapes {rate_train.shape} and "
                              f"{rate_val.shape}")
-        if np.any(~((rate_train >= 0) & (rate_train <= 1))) or np.any(~((rate_val >= 0) & (rate_val <= 1))):
+        if not all(np.all((rates >= 0) & (rates <= 1)) for rates in (rate_train, rate_val)):
             raise ValueError("augment sample rates must be in [0, 1]")
         if not (self.noise_multiplier > 0 and np.isfinite(self.noise_multiplier)):
             raise ValueError(f"augment noise multiplier must be positive and finite, got {self.noise_multiplier}")
@@ -109,10 +107,9 @@ class AugmentReleases:
             raise ValueError(f"augment steps must be a non-negative integer, got {self.steps}")
         if int(self.releases_per_step) != self.releases_per_step or self.releases_per_step < 1:
             raise ValueError(f"augment releases per step must be an integer >= 1, got {self.releases_per_step}")
-        object.__setattr__(self, "sample_rate_train", rate_train)
-        object.__setattr__(self, "sample_rate_val", rate_val)
-        object.__setattr__(self, "steps", int(self.steps))
-        object.__setattr__(self, "releases_per_step", int(self.releases_per_step))
+        for name, value in (("sample_rate_train", rate_train), ("sample_rate_val", rate_val),
+                            ("steps", int(self.steps)), ("releases_per_step", int(self.releases_per_step))):
+            object.__setattr__(self, name, value)
 
     @property
     def release(self) -> Release:
@@ -133,10 +130,8 @@ class AugmentReleases:
 
 @dataclass(frozen=True)
 class PrivacyPlan:
-    """Public constants of a DP run. Arrays are (K,), party k at index k - 1.
-
-    ``params`` is what every party receives (σ calibrated here under ``target_epsilon``).
-    """
+    """Public constants of a DP run. Arrays are (K,), party k at index k - 1. ``params`` is what every party
+    receives (σ calibrated by the planner under ``target_epsilon``)."""
 
     params: DPParams
     sample_rate_train: np.ndarray
@@ -162,14 +157,11 @@ def augment_sample_rates(
     rate B / (N_tr + N_val). ``pool="train"``: only the train shard, rate B / N_tr; validation records have rate 0
     (never touched). Raises ValueError, one line, when B exceeds a party's pool.
     """
-    n_tr = np.asarray(train_sizes, dtype=np.float64)
-    n_val = np.asarray(val_sizes, dtype=np.float64)
-    if pool == "all":
-        n_pool = n_tr + n_val
-    elif pool == "train":
-        n_pool = n_tr
-    else:
+    if pool not in ("all", "train"):
         raise ValueError(f"augment pool must be 'all' or 'train', got {pool!r}")
+    n_pool = np.asarray(train_sizes, dtype=np.float64)
+    if pool == "all":
+        n_pool = n_pool + np.asarray(val_sizes, dtype=np.float64)
     if not expected_batch_size > 0:
         raise ValueError(f"augment batch size must be > 0, got {expected_batch_size:g}")
     if np.any(n_pool < expected_batch_size):

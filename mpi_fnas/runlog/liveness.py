@@ -28,6 +28,9 @@ import numpy as np
 WRITER_GROUP = "writer"
 HOST_BYTES = 255  # HOST_NAME_MAX is 64 on Linux; FQDNs may be longer
 PROCESS_BYTES = 128  # "<boot id (36)>/pid:[<inode>]/<ticks>"
+# /writer's datasets, one scalar per WriterRecord field.
+_RECORD_DTYPES = {"host": f"S{HOST_BYTES}", "pid": np.int64, "process": f"S{PROCESS_BYTES}", "started": np.float64,
+                  "heartbeat": np.float64}
 
 
 @dataclass(frozen=True)
@@ -87,17 +90,12 @@ def store_writer_record(handle: h5py.File, record: WriterRecord) -> None:
     """Write ``record`` into ``/writer``, creating the group first if needed (only outside SWMR mode)."""
     if WRITER_GROUP not in handle:
         group = handle.create_group(WRITER_GROUP)
-        group.create_dataset("host", shape=(), dtype=f"S{HOST_BYTES}")
-        group.create_dataset("pid", shape=(), dtype=np.int64)
-        group.create_dataset("process", shape=(), dtype=f"S{PROCESS_BYTES}")
-        group.create_dataset("started", shape=(), dtype=np.float64)
-        group.create_dataset("heartbeat", shape=(), dtype=np.float64)
+        for name, dtype in _RECORD_DTYPES.items():
+            group.create_dataset(name, shape=(), dtype=dtype)
     group = handle[WRITER_GROUP]
-    group["host"][()] = record.host.encode("utf-8")[:HOST_BYTES]
-    group["pid"][()] = record.pid
-    group["process"][()] = record.process.encode("utf-8")[:PROCESS_BYTES]
-    group["started"][()] = record.started
-    group["heartbeat"][()] = record.heartbeat
+    for name, dtype in _RECORD_DTYPES.items():
+        value = getattr(record, name)  # text is cut to its dataset's bytes
+        group[name][()] = value.encode("utf-8")[: np.dtype(dtype).itemsize] if isinstance(value, str) else value
 
 
 def read_writer_record(handle: h5py.File) -> WriterRecord:
@@ -134,8 +132,6 @@ def writer_gone_reason(record: WriterRecord, *, now: float, stale_after: float) 
         return f"writer died: process {record.pid} on {record.host} is gone"
     silence = now - record.heartbeat
     if silence > stale_after:
-        return (
-            f"writer stopped heartbeating: process {record.pid} on {record.host} last heartbeat "
-            f"{silence:.0f} s ago (stale after {stale_after:g} s)"
-        )
+        return (f"writer stopped heartbeating: process {record.pid} on {record.host} last heartbeat "
+                f"{silence:.0f} s ago (stale after {stale_after:g} s)")
     return None

@@ -17,9 +17,7 @@ from mpi_fnas.runlog.schema import (
     AUGMENT_LAYOUT,
     COST_FIELDS,
     SEARCH_LAYOUT,
-    SELECTION_EPSILON,
     SELECTION_GROUP,
-    SELECTION_GROWING,
     StageLayout,
     common_length,
     stage_families,
@@ -38,17 +36,15 @@ def read_run(
     Returns a dict: status, reason, mode, space, parties, config, privacy_guarantee, version, created, final_genotype,
     attempts (root attrs); stale (bool), last_step (int | None), writer (the ``/writer`` record as a dict);
     metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32; "reduce" has 0 edges
-    under space dpnas};
-    genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; privacy None or a dict with
-    delta (K,), accountant, steps (rows,), charged_steps (rows, K), epsilon (rows, K), mu_gdp (rows, K),
-    sample_rate_train (K,), sample_rate_val (K,) and each release's ``RELEASE_FIELDS`` as ``<field>_w`` and
-    ``<field>_a`` (e.g. noise_multiplier_w, clip_a);
-    augment None (no augment stage) or a dict with status, reason, stale, genotype, params, test_acc,
-    test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step,
-    epoch int64, the rest float64}, cost {field: value}, privacy None or {sample_rate (K,), the release's
-    ``RELEASE_FIELDS`` by their own names, delta (K,), steps (rows,), charged_steps (rows, K), epsilon (rows, K),
-    mu_gdp (rows, K)}, selection None or the ``/augment/selection`` dict (as ``selection``). A dataset an older
-    log never wrote is absent (docs/hdf5.md says which).
+    under space dpnas}; genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; unreliable (K,)
+    bool or None; corruption; privacy None or a dict with delta (K,), accountant, steps (rows,), charged_steps
+    (rows, K), epsilon (rows, K), mu_gdp (rows, K), sample_rate_train (K,), sample_rate_val (K,) and each release's
+    ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a); selection None or the
+    ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, genotype,
+    params, test_acc, test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,)
+    array; step, epoch int64, the rest float64}, cost, privacy (as the search's, with sample_rate (K,) and the
+    release's ``RELEASE_FIELDS`` by their own names; no accountant) and selection. A dataset an older log never
+    wrote is absent (docs/hdf5.md says which).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
@@ -78,18 +74,8 @@ def read_run(
 def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
     """The log's contents as read_run returns them (statuses as stored), and its writer record."""
     root = handle.attrs
-    families = stage_families(handle, SEARCH_LAYOUT)
-    metric_sets, epoch_sets, privacy_sets, selection_sets = (families[name] for name in SEARCH_LAYOUT.families)
-    metric_rows = common_length(metric_sets)
-    epoch_rows = common_length(epoch_sets)
-    metrics = {dataset.name.rsplit("/", 1)[1]: dataset[:metric_rows] for dataset in metric_sets}
-    steps = metrics.get("step", np.empty(0))
     writer = read_writer_record(handle)
-    result: dict[str, Any] = {
-        "status": str(root["status"]),
-        "reason": str(root["reason"]),
-        "stale": False,
-        "last_step": int(steps[-1]) if len(steps) else None,
+    result = _read_stage(handle, SEARCH_LAYOUT, {
         "writer": dataclasses.asdict(writer),
         "mode": str(root["mode"]),
         # Logs written before the DPNAS space record no space: they are DARTS searches.
@@ -101,16 +87,13 @@ def _read_open_log(handle: h5py.File) -> tuple[dict[str, Any], WriterRecord]:
         "created": str(root["created"]),
         "final_genotype": str(root["final_genotype"]),
         "attempts": int(root["attempts"]),
-        "metrics": metrics,
-        "alphas": {"normal": epoch_sets[0][:epoch_rows], "reduce": epoch_sets[1][:epoch_rows]},
-        "genotypes": [row.decode("utf-8") for row in epoch_sets[2][:epoch_rows]],
-        "cost": {name: _plain(handle["cost"].attrs[name]) for name in COST_FIELDS},
-        "ranks": {key: _plain(value) for key, value in handle["ranks"].attrs.items()},
-        "unreliable": np.asarray(root["unreliable"], dtype=bool) if "unreliable" in root else None,
-        "corruption": float(root["corruption"]) if "corruption" in root else 0.0,
-        **_read_privacy_and_selection(handle, SEARCH_LAYOUT, privacy_sets, selection_sets),
-    }
-    result["augment"] = _read_augment(handle) if AUGMENT_GROUP in handle else None
+    })
+    result.update(
+        ranks={key: _plain(value) for key, value in handle["ranks"].attrs.items()},
+        unreliable=np.asarray(root["unreliable"], dtype=bool) if "unreliable" in root else None,
+        corruption=float(root["corruption"]) if "corruption" in root else 0.0,
+        augment=_read_augment(handle) if AUGMENT_GROUP in handle else None,
+    )
     return result, writer
 
 
@@ -131,17 +114,8 @@ def _judge_writer(result: dict[str, Any], writer: WriterRecord, stale_after: flo
 
 def _read_augment(handle: h5py.File) -> dict[str, Any]:
     """``/augment`` as stored (status not yet judged against the writer), with ``last_step`` for the reason."""
-    group = handle[AUGMENT_GROUP]
-    attrs = group.attrs
-    families = stage_families(handle, AUGMENT_LAYOUT)
-    metric_sets, privacy_sets, selection_sets = (families[name] for name in AUGMENT_LAYOUT.families)
-    metrics = _rows(metric_sets, common_length(metric_sets))
-    rows = common_length(metric_sets)
-    augment: dict[str, Any] = {
-        "status": str(attrs["status"]),
-        "reason": str(attrs["reason"]),
-        "stale": False,
-        "last_step": int(metrics["step"][-1]) if rows else None,
+    attrs = handle[AUGMENT_GROUP].attrs
+    return _read_stage(handle, AUGMENT_LAYOUT, {
         "genotype": str(attrs["genotype"]),
         "params": int(attrs["params"]),
         "test_acc": float(attrs["test_acc"]),
@@ -150,22 +124,37 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
         # Logs written before the attribute existed do not say.
         "privacy_guarantee": str(attrs.get("privacy_guarantee", "not recorded")),
         "attempts": int(attrs["attempts"]),
+    })
+
+
+def _read_stage(handle: h5py.File, layout: StageLayout, facts: dict[str, Any]) -> dict[str, Any]:
+    """What read_run returns of every stage, read the same way for the search and ``/augment``: status and reason
+    as stored, ``last_step`` (for the reason of a dead writer), `facts` (its other attrs), its rows (each family
+    cut to its shortest dataset), cost, and privacy and selection (None where the stage has no such group)."""
+    group = handle[layout.group or "/"]
+    families = stage_families(handle, layout)
+    metrics = _rows(families["metrics"])
+    steps = metrics.get("step", ())
+    stage: dict[str, Any] = {
+        "status": str(group.attrs["status"]),
+        "reason": str(group.attrs["reason"]),
+        "stale": False,
+        "last_step": int(steps[-1]) if len(steps) else None,
+        **facts,
         "metrics": metrics,
-        "cost": {name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
-        **_read_privacy_and_selection(group, AUGMENT_LAYOUT, privacy_sets, selection_sets),
     }
-    return augment
-
-
-def _read_privacy_and_selection(group: h5py.Group, layout: StageLayout, privacy_sets: list[h5py.Dataset],
-                                selection_sets: list[h5py.Dataset]) -> dict[str, Any]:
-    """A stage's ``privacy`` and ``selection`` entries, each None where its group (the root's for the search,
-    ``/augment``'s) has no such subgroup."""
-    return {
-        "privacy": _read_privacy(group["privacy"], layout, privacy_sets) if "privacy" in group else None,
-        "selection": (_read_selection(group[SELECTION_GROUP], selection_sets) if SELECTION_GROUP in group
-                      else None),
-    }
+    if layout.epochs:
+        rows = common_length(families["epochs"])
+        normal, reduce, genotypes = (dataset[:rows] for dataset in families["epochs"])
+        stage.update(alphas={"normal": normal, "reduce": reduce}, genotypes=[row.decode("utf-8") for row in genotypes])
+    privacy, selection = group.get("privacy"), group.get(SELECTION_GROUP)
+    stage.update(
+        cost={name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
+        privacy=None if privacy is None else _read_privacy(privacy, layout, families["privacy"]),
+        selection=None if selection is None else {
+            **{name: _plain(value) for name, value in selection.attrs.items()}, **_rows(families["selection"])},
+    )
+    return stage
 
 
 def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Dataset]) -> dict[str, Any]:
@@ -176,22 +165,13 @@ def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Da
     privacy: dict[str, Any] = {name: _plain(group[name][()]) for name in layout.privacy_fixed if name in group}
     if layout.delta_attr:
         privacy.update(delta=np.asarray(group.attrs["delta"]), accountant=str(group.attrs["accountant"]))
-    privacy.update(_rows(datasets, common_length(datasets)))
-    return privacy
+    return privacy | _rows(datasets)
 
 
-def _rows(datasets: list[h5py.Dataset], rows: int) -> dict[str, np.ndarray]:
-    """{name: the first `rows` rows} of a family's datasets."""
-    return {dataset.name.rsplit("/", 1)[1]: dataset[:rows] for dataset in datasets}
-
-
-def _read_selection(group: h5py.Group, datasets: list[h5py.Dataset]) -> dict[str, Any]:
-    """A selection group's attrs and its rows (``SELECTION_GROWING``, then ``SELECTION_EPSILON``)."""
+def _rows(datasets: list[h5py.Dataset]) -> dict[str, np.ndarray]:
+    """{name: rows} of a family's datasets, each cut to the rows all of them have (``common_length``)."""
     rows = common_length(datasets)
-    selection: dict[str, Any] = {name: _plain(value) for name, value in group.attrs.items()}
-    for name, dataset in zip((*SELECTION_GROWING, SELECTION_EPSILON), datasets, strict=True):
-        selection[name] = dataset[:rows]
-    return selection
+    return {dataset.name.rsplit("/", 1)[1]: dataset[:rows] for dataset in datasets}
 
 
 def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:

@@ -23,21 +23,8 @@ from mpi_fnas import __version__
 FINAL_STATUSES = ("finished", "failed", "interrupted")
 
 # The search's metric columns, in the order they are listed in /metrics (one float64 dataset each).
-SEARCH_METRICS = (
-    "step",
-    "epoch",
-    "train_loss",
-    "train_acc",
-    "val_loss",
-    "val_acc",
-    "step_seconds",
-    "comm_seconds",
-    "party_seconds",
-    "w_lr",
-    "adadp_err",
-    "test_loss",
-    "test_acc",
-)
+SEARCH_METRICS = ("step", "epoch", "train_loss", "train_acc", "val_loss", "val_acc", "step_seconds", "comm_seconds",
+                  "party_seconds", "w_lr", "adadp_err", "test_loss", "test_acc")
 
 # Costs of successive attempts (requeues) add up; the layout fields describe the latest attempt.
 COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours")
@@ -158,9 +145,9 @@ def stage_families(handle: h5py.File, layout: StageLayout) -> dict[str, list[h5p
     The datasets of one family always gain a row together. Every family is empty while the stage's group does not
     exist; the privacy family without ``privacy/``, the selection family without ``selection/``.
     """
-    if layout.group and layout.group not in handle:
+    group = handle.get(layout.group or "/")
+    if group is None:
         return {name: [] for name in layout.families}
-    group = handle[layout.group] if layout.group else handle
     metrics, privacy, selection = group["metrics"], group.get("privacy"), group.get(SELECTION_GROUP)
     families = {"metrics": [metrics[name] for name in (layout.metrics if layout.group else metrics)]}
     if layout.epochs:
@@ -176,126 +163,66 @@ def common_length(datasets: Sequence[h5py.Dataset]) -> int:
     return min((int(dataset.shape[0]) for dataset in datasets), default=0)
 
 
-def build_skeleton(
-    handle: h5py.File,
-    *,
-    mode: str,
-    parties: int,
-    config_text: str,
-    privacy_guarantee: str,
-    metric_names: Sequence[str],
-    alpha_shape: tuple[int, int],
-    genotype_length: int,
-    privacy: Mapping[str, Any] | None,
-    rank_values: Mapping[str, Any],
-    unreliable: np.ndarray,
-    corruption: float,
-    selection: SelectionSchema | None = None,
-    space: str = "darts",
-    reduce_alpha_shape: tuple[int, int] | None = None,
-) -> None:
-    """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing
-    datasets with 0 rows. privacy: the search's :func:`privacy_arrays`, or None. unreliable:
-    (K,) bool, corruption: P (root attrs). selection: needs privacy (its ε rows live in ``/privacy``).
-    reduce_alpha_shape: (edges, ops) of ``/alphas/reduce`` when it differs from ``alpha_shape`` (``(0, ops)`` in a
-    space without reduction cell)."""
-    root = handle.attrs
-    root["status"] = "running"
-    root["mode"] = mode
-    root["space"] = space
-    root["parties"] = np.int64(parties)
-    root["config"] = config_text
-    root["privacy_guarantee"] = privacy_guarantee
-    root["version"] = __version__
-    root["created"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    root["reason"] = ""
-    root["final_genotype"] = ""
-    root["attempts"] = np.int64(1)
-    root["unreliable"] = np.asarray(unreliable, dtype=bool)
-    root["corruption"] = np.float64(corruption)
-
-    # track_order keeps the caller's column order when the group is listed (default listing is alphabetical).
-    metrics = handle.create_group("metrics", track_order=True)
-    for name in metric_names:
-        # fill value NaN: a row caught half-written reads as NaN, not as a plausible 0
-        _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
-
+def build_skeleton(handle: h5py.File, *, mode: str, parties: int, config_text: str, privacy_guarantee: str,
+                   metric_names: Sequence[str], alpha_shape: tuple[int, int], genotype_length: int,
+                   privacy: Mapping[str, Any] | None, rank_values: Mapping[str, Any], unreliable: np.ndarray,
+                   corruption: float, selection: SelectionSchema | None = None, space: str = "darts",
+                   reduce_alpha_shape: tuple[int, int] | None = None) -> None:
+    """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing datasets
+    with 0 rows (the arguments as ``RunLog.create`` takes them, checked). privacy: the search's
+    :func:`privacy_arrays`, or None. selection: needs privacy (its ε rows live in ``/privacy``)."""
+    handle.attrs.update({
+        "status": "running", "mode": mode, "space": space, "parties": np.int64(parties), "config": config_text,
+        "privacy_guarantee": privacy_guarantee, "version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "reason": "", "final_genotype": "",
+        "attempts": np.int64(1), "unreliable": np.asarray(unreliable, dtype=bool), "corruption": np.float64(corruption),
+    })
+    _metrics_group(handle, metric_names)
     alphas = handle.create_group("alphas")
     shapes = {"normal": alpha_shape, "reduce": alpha_shape if reduce_alpha_shape is None else reduce_alpha_shape}
     for cell, shape in shapes.items():
         _growing(alphas, cell, tuple(shape), np.float32, 1, math.nan)
     _growing(handle, "genotype", (), f"S{genotype_length}", _EPOCH_CHUNK_ROWS, None)
-
     _empty_cost(handle.create_group("cost"))
-
-    ranks = handle.create_group("ranks")
-    for key, value in rank_values.items():
-        ranks.attrs[key] = value
-
+    handle.create_group("ranks").attrs.update(rank_values)
     _privacy_and_selection(handle, SEARCH_LAYOUT, privacy, selection, parties)
 
 
 def _privacy_and_selection(parent: h5py.Group, layout: StageLayout, privacy: Mapping[str, Any] | None,
                            selection: SelectionSchema | None, parties: int) -> None:
-    """A stage's ``parent/privacy`` when `privacy` is given, and its ``parent/selection`` when `selection` is
-    (refused without privacy: its ε rows live in ``parent/privacy``); `parent` is the root (search) or
-    ``/augment``."""
+    """A stage's ``parent/privacy`` when `privacy` is given, and its ``parent/selection`` (attrs
+    ``SELECTION_ATTRS``, growing ``SELECTION_GROWING``) and ``parent/privacy/selection_epsilon`` when `selection` is
+    (refused without privacy); `parent` is the root (search) or ``/augment``."""
     if privacy is not None:
         privacy_group(parent, layout, privacy, parties)
-    if selection is not None:
-        if privacy is None:
-            where = parent.name.rstrip("/")
-            what = "an augment selection" if where else "a selection"
-            raise ValueError(f"{what} needs a privacy ledger ({where}/privacy/{SELECTION_EPSILON})")
-        _selection_group(parent, selection, parties)
-
-
-def _selection_group(parent: h5py.Group, selection: SelectionSchema, parties: int) -> None:
-    """``parent/selection`` (attrs ``SELECTION_ATTRS``, growing ``SELECTION_GROWING``) and
-    ``parent/privacy/selection_epsilon``; `parent` is the root (search) or ``/augment``."""
+    if selection is None:
+        return
+    if privacy is None:
+        where = parent.name.rstrip("/")
+        what = "an augment selection" if where else "a selection"
+        raise ValueError(f"{what} needs a privacy ledger ({where}/privacy/{SELECTION_EPSILON})")
     chosen = parent.create_group(SELECTION_GROUP, track_order=True)
-    for name in SELECTION_ATTRS:
-        chosen.attrs[name] = getattr(selection, name)
+    chosen.attrs.update({name: getattr(selection, name) for name in SELECTION_ATTRS})
     _growing(chosen, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     _growing(chosen, "chosen", (parties,), np.bool_, _PRIVACY_CHUNK_ROWS, False)
     _growing(chosen, "score", (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
     _growing(parent["privacy"], SELECTION_EPSILON, (), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 
-def build_augment(
-    handle: h5py.File,
-    *,
-    genotype: str,
-    params: int,
-    private: bool,
-    parties: int,
-    privacy: Mapping[str, Any] | None,
-    privacy_guarantee: str,
-    selection: SelectionSchema | None = None,
-) -> None:
-    """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and
-    ``/augment/privacy`` when privacy (the augmentation's :func:`privacy_arrays`) is given.
-    selection: ``/augment/selection`` and ``/augment/privacy/selection_epsilon`` (needs privacy). Only outside SWMR
-    mode."""
+def build_augment(handle: h5py.File, *, genotype: str, params: int, private: bool, parties: int,
+                  privacy: Mapping[str, Any] | None, privacy_guarantee: str,
+                  selection: SelectionSchema | None = None) -> None:
+    """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and its ``privacy`` and
+    ``selection`` as ``build_skeleton`` does the search's (privacy: the augmentation's :func:`privacy_arrays`).
+    Only outside SWMR mode."""
     group = handle.create_group(AUGMENT_GROUP, track_order=True)
-    attrs = group.attrs
-    attrs["status"] = "running"
-    attrs["reason"] = ""
-    attrs["genotype"] = genotype
-    attrs["params"] = np.int64(params)
-    attrs["test_acc"] = np.float64(math.nan)  # NaN until the stage finishes and reports it
-    attrs["test_error"] = np.float64(math.nan)
-    attrs["private"] = np.bool_(private)
-    attrs["privacy_guarantee"] = privacy_guarantee
-    attrs["attempts"] = np.int64(1)
-
-    metrics = group.create_group("metrics", track_order=True)
-    for name in AUGMENT_METRICS:
-        if name in AUGMENT_INT_METRICS:
-            _growing(metrics, name, (), np.int64, _METRIC_CHUNK_ROWS, -1)
-        else:
-            _growing(metrics, name, (), np.float64, _METRIC_CHUNK_ROWS, math.nan)
-
+    group.attrs.update({
+        "status": "running", "reason": "", "genotype": genotype, "params": np.int64(params),
+        # NaN until the stage finishes and reports it
+        "test_acc": np.float64(math.nan), "test_error": np.float64(math.nan),
+        "private": np.bool_(private), "privacy_guarantee": privacy_guarantee, "attempts": np.int64(1),
+    })
+    _metrics_group(group, AUGMENT_METRICS, AUGMENT_INT_METRICS)
     _empty_cost(group.create_group("cost"))
     _privacy_and_selection(group, AUGMENT_LAYOUT, privacy, selection, parties)
 
@@ -333,12 +260,21 @@ def privacy_group(parent: h5py.Group, layout: StageLayout, values: Mapping[str, 
         _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 
+def _metrics_group(parent: h5py.Group, names: Sequence[str], int_names: Sequence[str] = ()) -> None:
+    """``parent/metrics``: one growing dataset per name, int64 for ``int_names`` and float64 for the others."""
+    # track_order keeps the caller's column order when the group is listed (default listing is alphabetical).
+    metrics = parent.create_group("metrics", track_order=True)
+    for name in names:
+        # fill value NaN (-1 for int64 counters): a row caught half-written reads as such, not as a plausible 0
+        exact = name in int_names
+        _growing(metrics, name, (), np.int64 if exact else np.float64, _METRIC_CHUNK_ROWS, -1 if exact else math.nan)
+
+
 def _empty_cost(group: h5py.Group) -> None:
-    """The ``COST_FIELDS`` attrs of a cost group before any attempt has reported: NaN (additive) and 0 (layout)."""
-    for name in COST_ADDITIVE:
-        group.attrs[name] = np.float64(math.nan)  # NaN = no attempt has reported its cost yet
-    for name in COST_LAYOUT:
-        group.attrs[name] = np.int64(0)
+    """The ``COST_FIELDS`` attrs of a cost group before any attempt has reported: NaN (additive: none reported
+    yet) and 0 (layout)."""
+    group.attrs.update({name: np.float64(math.nan) for name in COST_ADDITIVE})
+    group.attrs.update({name: np.int64(0) for name in COST_LAYOUT})
 
 
 def _growing(parent: h5py.Group, name: str, row_shape: tuple[int, ...], dtype: Any, chunk_rows: int, fill: Any) -> None:

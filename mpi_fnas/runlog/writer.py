@@ -20,13 +20,12 @@ Lifecycle of the file:
    without closing (SIGKILL, node loss), HDF5 leaves the superblock marked "open for SWMR write" and refuses
    every write open; the log is then salvaged through a SWMR read open into a fresh file that replaces it
    (all flushed rows survive) -- unless the liveness record shows the previous writer is still alive.
-5. The augment stage (training the derived genotype from scratch) appends to the same file once the search has
-   ended: ``begin_augment`` (after the search's ``finish`` in the same job, or after ``reopen(path,
-   augment=True)`` in a later one) reopens the file outside SWMR mode, creates ``/augment`` -- or, on a resume,
-   counts another attempt -- and returns to SWMR mode with ``log.augment``, which writes exactly as the search's
-   stage does, into ``/augment``; its ``finish`` leaves the search's root attributes and ``/cost`` alone. The
-   heartbeat keeps ``/writer`` fresh meanwhile, so a dead writer turns a ``running`` augment into ``failed`` for
-   readers exactly as it does the search.
+5. The augment stage appends to the same file once the search has ended: ``begin_augment`` (after the search's
+   ``finish`` in the same job, or after ``reopen(path, augment=True)`` in a later one) reopens the file outside
+   SWMR mode, creates ``/augment`` -- or, on a resume, counts another attempt -- and returns to SWMR mode with
+   ``log.augment``, which writes exactly as the search's stage does, into ``/augment``; its ``finish`` leaves the
+   search's root attributes and ``/cost`` alone. The heartbeat keeps ``/writer`` fresh meanwhile, so a dead
+   writer turns a ``running`` augment into ``failed`` for readers exactly as it does the search.
 """
 
 from __future__ import annotations
@@ -44,13 +43,7 @@ import h5py
 import numpy as np
 
 from mpi_fnas.config import MODES
-from mpi_fnas.runlog.liveness import (
-    WRITER_GROUP,
-    alive_here,
-    current_writer,
-    read_writer_record,
-    store_writer_record,
-)
+from mpi_fnas.runlog.liveness import WRITER_GROUP, alive_here, current_writer, read_writer_record, store_writer_record
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
     AUGMENT_LAYOUT,
@@ -81,10 +74,8 @@ _SOFTMAX_SUM_ATOL = 1e-3
 
 class StageLog:
     """The rows and the outcome of one stage (``search``: the root group; ``augment``: ``/augment``), written the
-    same way for both: ``append_metrics``, ``append_privacy``, ``append_selection`` (and the search's
-    ``append_epoch``) grow the stage's families, flushing every row; ``row_counts`` / ``truncate`` restore a
-    checkpoint's rows; ``finish`` records the outcome. Obtain it from :class:`RunLog` (``log.search``,
-    ``log.augment``, ``log.stage(name)``); it writes through the log's one handle.
+    same way for both (module doc); ``row_counts`` / ``truncate`` restore a checkpoint's rows. Obtain it from
+    :class:`RunLog` (``log.search``, ``log.augment``, ``log.stage(name)``); it writes through the log's one handle.
     """
 
     def __init__(self, log: RunLog, layout: StageLayout) -> None:
@@ -135,10 +126,8 @@ class StageLog:
         reduce = _softmax_weights("alphas_reduce", alphas_reduce, reduce_set.shape[1:])
         encoded = genotype.encode("utf-8")
         if len(encoded) > genotypes.dtype.itemsize:
-            raise ValueError(
-                f"genotype is {len(encoded)} bytes in UTF-8 but the log stores at most {genotypes.dtype.itemsize}; "
-                "create the log with a larger genotype_length"
-            )
+            raise ValueError(f"genotype is {len(encoded)} bytes in UTF-8 but the log stores at most "
+                             f"{genotypes.dtype.itemsize}; create the log with a larger genotype_length")
         self._append("epochs", [normal, reduce, encoded])
 
     def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
@@ -146,9 +135,7 @@ class StageLog:
         stage's iterations each party's ledgers have charged (its own plus those replayed after a crash; under
         ADADP each pays two weight releases). epsilon (K,): tight ε per party after everything the job released so
         far (may be inf). mu_gdp (K,): μ of μ-GDP per party (an approximation, not the guarantee)."""
-        self._require_running()
-        if not self._families["privacy"]:
-            raise RuntimeError(f"the {self.name} stage of this run log has no privacy ledger")
+        self._require_running("privacy", "privacy ledger")
         parties = self._log.parties
         values = {"steps": np.int64(_integral("steps", steps)),
                   "charged_steps": per_party("charged_steps", charged_steps, parties, np.int64),
@@ -160,17 +147,21 @@ class StageLog:
         """Append one selection row: steps (the stage's iterations so far), chosen (K,) bool (whose releases were
         averaged), score (K,) the windowed aux-set scores the draw used (NaN unless secprobe), and epsilon, the
         selection's ε on the aux set after this step over every stage's draws (``privacy/selection_epsilon``)."""
-        self._require_running()
-        if not self._families["selection"]:
-            raise RuntimeError(f"the {self.name} stage of this run log has no selection")
+        self._require_running("selection", "selection")
         parties = self._log.parties
         self._append("selection", [np.int64(_integral("steps", steps)), per_party("chosen", chosen, parties, bool),
                                    per_party("score", score, parties, np.float64), np.float64(epsilon)])
 
     def _append(self, family: str, values: Sequence[Any]) -> None:
+        """Write the next row of each dataset of ``family``, flushing each at once (values are converted beforehand,
+        so a bad value cannot leave a half-written row)."""
         index = self.layout.families.index(family)
-        _append_row(self._families[family], self._rows[index], values)
-        self._rows = (*self._rows[:index], self._rows[index] + 1, *self._rows[index + 1:])
+        row = self._rows[index]
+        for dataset, value in zip(self._families[family], values, strict=True):
+            dataset.resize(row + 1, axis=0)
+            dataset[row] = value
+            dataset.flush()
+        self._rows = (*self._rows[:index], row + 1, *self._rows[index + 1:])
         self._log.heartbeat()
 
     # ------------------------------------------------------------------ counts and resume
@@ -217,30 +208,35 @@ class StageLog:
             return
         if status not in FINAL_STATUSES:
             raise ValueError(f"final status must be one of {FINAL_STATUSES}, got {status!r}")
-        _check_cost(cost or {})
+        cost = cost or {}
+        unknown = sorted(set(cost) - set(COST_FIELDS))
+        if unknown:  # refused before anything is written
+            raise KeyError(f"unknown cost field(s) {unknown}; known: {list(COST_FIELDS)}")
         accuracy = None if test_acc is None else float(test_acc)
         if accuracy is not None and not (math.isnan(accuracy) or 0.0 <= accuracy <= 1.0):
             raise ValueError(f"test_acc is a fraction in [0, 1] (or NaN), got {test_acc}")
         self._log._release_handle()
         handle = _open_read_write(self._log.path)
         try:
-            group = handle[self.layout.group] if self.layout.group else handle
-            group.attrs["status"] = status
-            group.attrs["reason"] = reason
+            group = handle[self.layout.group or "/"]
+            group.attrs.update(status=status, reason=reason)
             if final_genotype is not None:
                 group.attrs["final_genotype"] = final_genotype
             if accuracy is not None:
                 group.attrs["test_acc"] = np.float64(accuracy)
                 group.attrs["test_error"] = np.float64(1.0 - accuracy)  # NaN stays NaN
-            _add_cost(group["cost"], cost or {})
+            _add_cost(group["cost"], cost)
         finally:
             handle.close()
         self._state = "ended"
 
-    def _require_running(self) -> None:
+    def _require_running(self, family: str = "", what: str = "") -> None:
+        """Refuse appends to an ended stage, and (given a `family`) to a stage without that family (no `what`)."""
         self._log._require_open()
         if self._state != "running":
             raise RuntimeError(f"the {self.name} stage of this run log has ended; rows can no longer be appended")
+        if family and not self._families[family]:
+            raise RuntimeError(f"the {self.name} stage of this run log has no {what}")
 
 
 class RunLog:
@@ -269,10 +265,19 @@ class RunLog:
             if stage is not None:
                 stage._attach(handle)
 
-    def _reattach(self, edit: Callable[[h5py.File], None]) -> None:
-        """Apply ``edit`` to the file outside SWMR mode, then continue in SWMR-write mode."""
+    def _reattach(self, edit: Callable[[h5py.File], None], augment: StageLog | None = None) -> None:
+        """Apply ``edit`` to the file outside SWMR mode, then continue in SWMR-write mode (with ``augment`` as the
+        augment stage, when given). A refused ``edit`` leaves the log as it was: open in SWMR mode, or closed."""
+        was_open = self._file is not None
         self._release_handle()
-        self._attach(_open_swmr_writer(self._path, edit))
+        try:
+            handle = _open_swmr_writer(self._path, edit)
+        except BaseException:
+            if was_open:
+                self._attach(_open_swmr_writer(self._path, lambda handle: None))
+            raise
+        self.augment = augment or self.augment
+        self._attach(handle)
 
     def stage(self, name: str) -> StageLog:
         """The stage named ``name`` (``search`` or ``augment``); KeyError when this writer has not begun it."""
@@ -308,12 +313,12 @@ class RunLog:
         metric_names: names of the ``/metrics`` datasets (normally ``SEARCH_METRICS``), in column order.
         alpha_shape: (edges, ops) of one cell's softmax weights; reduce_alpha_shape: the reduction cell's when it
         differs (``(0, ops)`` under ``space`` dpnas, which has one cell). space: the search space's kind (root
-        attr). genotype_length: bytes per ``/genotype`` row
-        (UTF-8). privacy_guarantee: ``"holds"``, or one line saying why there is no DP guarantee. privacy:
-        required for mode ``dpfnas`` and refused otherwise, so a DP run always has a ledger. rank_attrs:
-        per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of either indexed by rank). unreliable:
-        (K,) bool, the parties simulated as unreliable (None: none), corruption: their fraction P of noise.
-        selection: the server's selection (``random``/``secprobe``, dpfnas only), or None for ``all``.
+        attr). genotype_length: bytes per ``/genotype`` row (UTF-8). privacy_guarantee: ``"holds"``, or one line
+        saying why there is no DP guarantee. privacy: required for mode ``dpfnas`` and refused otherwise, so a DP
+        run always has a ledger. rank_attrs: per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of
+        either indexed by rank). unreliable: (K,) bool, the parties simulated as unreliable (None: none),
+        corruption: their fraction P of noise. selection: the server's selection (``random``/``secprobe``, dpfnas
+        only), or None for ``all``.
         """
         path = Path(path)
         if mode not in MODES:
@@ -323,22 +328,14 @@ class RunLog:
         handle = h5py.File(path, "x", libver="latest")  # "x": never clobber an earlier run's log
         try:
             build_skeleton(
-                handle,
-                mode=mode,
-                parties=parties,
-                config_text=config_text,
-                privacy_guarantee=privacy_guarantee,
-                metric_names=metric_names,
-                alpha_shape=alpha_shape,
-                reduce_alpha_shape=reduce_alpha_shape,
-                space=space,
+                handle, mode=mode, parties=parties, config_text=config_text, privacy_guarantee=privacy_guarantee,
+                metric_names=metric_names, alpha_shape=alpha_shape, reduce_alpha_shape=reduce_alpha_shape, space=space,
                 genotype_length=genotype_length,
                 privacy=None if privacy is None else privacy_arrays(SEARCH_LAYOUT, privacy, parties),
                 rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},
                 unreliable=np.zeros(parties, dtype=bool) if unreliable is None
                 else per_party("unreliable", unreliable, parties, bool),
-                corruption=float(corruption),
-                selection=selection,
+                corruption=float(corruption), selection=selection,
             )
             store_writer_record(handle, current_writer())
             handle.swmr_mode = True
@@ -351,18 +348,16 @@ class RunLog:
     @classmethod
     def reopen(cls, path: str | Path, *, rank_attrs: Mapping[str, Any] | None = None, augment: bool = False) -> RunLog:
         """Continue an existing log (resume after a requeue): rows are kept, the search's status goes back to
-        ``running``.
+        ``running``, ``attempts`` is incremented, ``reason`` cleared and ``/writer`` taken over by this process.
 
-        ``attempts`` is incremented, ``reason`` cleared and ``/writer`` taken over by this process. Rows of a
-        family left ragged by a crash mid-append are trimmed to the shortest dataset. rank_attrs, when given,
-        replaces the ``/ranks`` attrs (placement may differ after a requeue). A log left open by a dead writer
-        is salvaged (module doc); one whose writer is provably still alive raises RuntimeError.
+        Families left ragged by a crash mid-append are trimmed to their shortest dataset. rank_attrs, when given,
+        replaces the ``/ranks`` attrs (placement may differ after a requeue). A log left open by a dead writer is
+        salvaged (module doc); one whose writer is provably still alive raises RuntimeError.
 
-        augment=True opens the log of an ended search for its augment stage (``--augment RUN_DIR``, or resuming
-        a crashed augment): only ``/writer`` is taken over and ragged rows trimmed; the search's root attrs and
-        ``/ranks`` stay as they are, so rank_attrs is refused (ValueError), and the search stage is ended. Call
-        ``begin_augment`` next. A log whose search is still marked ``running`` raises RuntimeError (resume the
-        search instead).
+        augment=True opens the log of an ended search for its augment stage (``--augment RUN_DIR``, or resuming a
+        crashed augment): only ``/writer`` is taken over and ragged rows trimmed, so rank_attrs is refused
+        (ValueError), and the search stage is ended; call ``begin_augment`` next. A search still marked
+        ``running`` raises RuntimeError (resume it instead).
         """
         path = Path(path)
         if not path.exists():
@@ -371,25 +366,17 @@ class RunLog:
             raise ValueError("reopen(augment=True) keeps the search's /ranks; rank_attrs must be None")
 
         def restart(handle: h5py.File) -> None:
-            if augment:
-                status = str(handle.attrs["status"])
-                if status not in FINAL_STATUSES:
-                    raise RuntimeError(
-                        f"the search in {path} has not ended (status {status!r}); resume it before augmenting"
-                    )
-                _trim_ragged(handle)
-                store_writer_record(handle, current_writer())
-                return
-            handle.attrs["status"] = "running"
-            handle.attrs["reason"] = ""
-            handle.attrs["attempts"] = np.int64(int(handle.attrs["attempts"]) + 1)
+            status = str(handle.attrs["status"])
+            if augment and status not in FINAL_STATUSES:
+                raise RuntimeError(f"the search in {path} has not ended (status {status!r}); "
+                                   "resume it before augmenting")
+            if not augment:
+                _begin_attempt(handle)
             _trim_ragged(handle)
-            if rank_attrs is not None:
-                ranks = handle["ranks"]
-                for key in list(ranks.attrs):
-                    del ranks.attrs[key]
-                for key, value in rank_attrs.items():
-                    ranks.attrs[key] = _attr_value(value)
+            if rank_attrs is not None:  # never with augment
+                ranks = handle["ranks"].attrs
+                ranks.clear()
+                ranks.update({key: _attr_value(value) for key, value in rank_attrs.items()})
             store_writer_record(handle, current_writer())
 
         try:
@@ -401,9 +388,8 @@ class RunLog:
             with h5py.File(path, "r", swmr=True) as previous:
                 writer = read_writer_record(previous)
             if alive_here(writer):
-                raise RuntimeError(
-                    f"run log {path} is still being written by process {writer.pid} on {writer.host}"
-                ) from exc
+                message = f"run log {path} is still being written by process {writer.pid} on {writer.host}"
+                raise RuntimeError(message) from exc
             _logger.warning("run log %s was left open by a writer that died; salvaging it", path)
             _salvage(path)
             handle = _open_swmr_writer(path, restart)
@@ -433,34 +419,24 @@ class RunLog:
 
     # ------------------------------------------------------------------ augment stage
 
-    def begin_augment(
-        self,
-        *,
-        genotype: str,
-        params: int,
-        private: bool,
-        privacy: StagePrivacy | None,
-        parties: int,
-        privacy_guarantee: str,
-        selection: SelectionSchema | None = None,
-    ) -> StageLog:
+    def begin_augment(self, *, genotype: str, params: int, private: bool, privacy: StagePrivacy | None, parties: int,
+                      privacy_guarantee: str, selection: SelectionSchema | None = None) -> StageLog:
         """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties;
         returns its :class:`StageLog` (also ``self.augment``).
 
-        Creates ``/augment`` (and ``/augment/privacy`` when privacy is given) with status ``running`` and
-        attempts 1; if it exists already (resume after a crash or requeue), increments its ``attempts``, sets
-        status ``running``, clears ``reason`` and keeps every row (``truncate`` drops rows written after the
-        checkpoint). Refreshes ``/writer/heartbeat``. The file is reopened outside SWMR mode for this and
-        returns to SWMR-write mode; a SWMR reader attached before keeps reading the search's datasets but must
-        reopen the file to see ``/augment`` (docs/hdf5.md).
+        Creates ``/augment`` (with ``privacy`` and ``selection`` when given) with status ``running`` and attempts 1;
+        on a resume (after a crash or requeue) increments its ``attempts``, sets status ``running``, clears
+        ``reason`` and keeps every row (``truncate`` drops those written after the checkpoint). Refreshes
+        ``/writer/heartbeat``. Runs outside SWMR mode: a SWMR reader attached before keeps reading the search's
+        datasets but must reopen the file to see ``/augment`` (docs/hdf5.md).
 
         genotype: the derived genotype's text. params: exact parameter count of the augment network. private:
-        whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal
-        the search's (the stage runs across the same parties). privacy_guarantee: what the final weights may
-        claim, ``"holds"`` or one line saying why not (e.g. exact gradients under dpfnas: ε covers the search only);
-        rewritten on resume. selection: the server's selection in this stage (``/augment/selection``; needs
-        privacy), or None. The search must have ended first (its ``finish``, or ``reopen(augment=True)``), else
-        RuntimeError. A resume must repeat the stored genotype, params and private (ValueError otherwise).
+        whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal the
+        search's. privacy_guarantee: what the final weights may claim, ``"holds"`` or one line saying why not (e.g.
+        exact gradients under dpfnas: ε covers the search only); rewritten on resume. selection: the server's
+        selection in this stage (needs privacy), or None. The search must have ended first (its ``finish``, or
+        ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and private
+        (ValueError otherwise).
         """
         if self.search._state != "ended":
             raise RuntimeError("the search is still running: finish() it before begin_augment")
@@ -489,23 +465,11 @@ class RunLog:
                         f"{self._path} holds an augment of (genotype, params, private) = {stored}; "
                         "a resumed augment must train the same network"
                     )
-                group.attrs["status"] = "running"
-                group.attrs["reason"] = ""
-                group.attrs["privacy_guarantee"] = privacy_guarantee
-                group.attrs["attempts"] = np.int64(int(group.attrs["attempts"]) + 1)
+                _begin_attempt(group, privacy_guarantee=privacy_guarantee)
                 _trim_ragged(handle)
             handle[WRITER_GROUP]["heartbeat"][()] = time.time()
 
-        was_open = self._file is not None
-        self._release_handle()
-        try:
-            handle = _open_swmr_writer(self._path, start)
-        except BaseException:
-            if was_open:  # a refused begin leaves the log as it was: open, in SWMR mode
-                self._attach(_open_swmr_writer(self._path, lambda handle: None))
-            raise
-        self.augment = StageLog(self, AUGMENT_LAYOUT)
-        self._attach(handle)
+        self._reattach(start, StageLog(self, AUGMENT_LAYOUT))  # a fresh writer: an earlier attempt's stays ended
         return self.augment
 
     # ------------------------------------------------------------------ ending
@@ -541,13 +505,6 @@ def _softmax_weights(name: str, alphas: np.ndarray, shape: tuple[int, ...]) -> n
     return array
 
 
-def _check_cost(cost: Mapping[str, float]) -> None:
-    """Refuse unknown cost fields before anything is written."""
-    unknown = sorted(set(cost) - set(COST_FIELDS))
-    if unknown:
-        raise KeyError(f"unknown cost field(s) {unknown}; known: {list(COST_FIELDS)}")
-
-
 def _add_cost(group: h5py.Group, cost: Mapping[str, float]) -> None:
     """Record one attempt's cost in a cost group (``/cost`` or ``/augment/cost``): the ``COST_ADDITIVE`` fields
     are added to earlier attempts' (NaN = none reported yet), the layout fields replaced by this attempt's."""
@@ -559,13 +516,11 @@ def _add_cost(group: h5py.Group, cost: Mapping[str, float]) -> None:
             group.attrs[name] = np.int64(value)
 
 
-def _append_row(datasets: Sequence[h5py.Dataset], index: int, values: Sequence[Any]) -> None:
-    """Write row ``index`` of each dataset, flushing each at once (values are converted beforehand, so a bad
-    value cannot leave a half-written row)."""
-    for dataset, value in zip(datasets, values, strict=True):
-        dataset.resize(index + 1, axis=0)
-        dataset[index] = value
-        dataset.flush()
+def _begin_attempt(group: h5py.Group, **attrs: Any) -> None:
+    """Mark a stage's group ``running`` again for one more attempt: ``reason`` cleared, ``attrs`` set, ``attempts``
+    incremented."""
+    group.attrs.update({"status": "running", "reason": "", **attrs})
+    group.attrs["attempts"] = np.int64(int(group.attrs["attempts"]) + 1)
 
 
 # ---------------------------------------------------------------------- opening helpers
@@ -606,8 +561,7 @@ def _salvage(path: Path) -> None:
         h5py.File(path, "r", libver="latest", swmr=True) as source,
         h5py.File(temp, "x", libver="latest") as copy,
     ):
-        for key, value in source.attrs.items():
-            copy.attrs[key] = value
+        copy.attrs.update(source.attrs)
         for name in source:
             source.copy(source[name], copy, name=name)
     os.replace(temp, path)
