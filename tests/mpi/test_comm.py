@@ -148,3 +148,17 @@ def test_a_party_sends_only_its_callers_payloads_to_the_server():
         (SERVER, g.tobytes()),  # exactly the contribution: no timing, size or statistic appended
         (SERVER, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),  # exactly the object
     ]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_uint32_sum_reduce_wraps_mod_2_to_the_32():
+    """Secure aggregation (mpi_fnas/secagg) sums masked uint32 uploads with one Reduce: MPICH's SUM on uint32 must
+    wrap mod 2^32 (masks cancel only then), never saturate or widen."""
+    comm = MPI.COMM_WORLD
+    mine = np.array([2**32 - 1, 2**31 + comm.rank, 7], dtype=np.uint32)
+    total = np.zeros(3, dtype=np.uint32) if comm.rank == 0 else None
+    comm.Reduce(mine, total, op=MPI.SUM, root=0)
+    if comm.rank == 0:
+        ranks = range(comm.size)
+        expected = [sum(2**32 - 1 for _ in ranks), sum(2**31 + r for r in ranks), 7 * comm.size]
+        np.testing.assert_array_equal(total, np.array([v % 2**32 for v in expected], dtype=np.uint32))

@@ -1,0 +1,10 @@
+"""Secure aggregation with distributed discrete noise (issue 26; docs/privacy.md): a party's release is encoded to
+integers, noised with its share of the discrete noise and masked pairwise, so that rank 0 learns only the sum.
+
+The building blocks, each MPI-free and autograd-free:
+
+* :mod:`~mpi_fnas.secagg.discrete_gaussian`: the exact discrete Gaussian sampler (Canonne, Kamath & Steinke 2020);
+* :mod:`~mpi_fnas.secagg.encoding`: rotation, scaling, conditional randomized rounding and the modular wrap of
+  Kairouz, Liu & Steinke (ICML 2021), and the server's decoding of the sum;
+* :mod:`~mpi_fnas.secagg.masks`: pairwise masks from X25519 key agreement (Bonawitz et al., CCS 2017).
+"""

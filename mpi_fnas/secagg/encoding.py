@@ -1,0 +1,128 @@
+"""Integer encoding of a party's release for secure aggregation, and rank 0's decoding of the sum (Kairouz, Liu &
+Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation", ICML 2021,
+arXiv 2102.06387, Algorithm 1 and Theorem 1).
+
+Per example (record-level DP: the sensitivity is one example's rounded vector), in this order:
+
+1. **Rotate.** Pad the clipped gradient (‖g‖₂ ≤ c) to D = 2^⌈log₂ d⌉ coordinates and apply the randomized Hadamard
+   transform H·diag(s)/√D (orthonormal; s ∈ {±1}^D public, fresh per step and release): the mass of any vector is
+   spread evenly, so no coordinate is large and the modular wrap rarely bites.
+2. **Scale** by 1/γ (γ: the value of one integer unit) and **round at random, conditionally**: each coordinate goes
+   to ⌊z⌋ + Bernoulli(z − ⌊z⌋) (unbiased), redrawn until ‖ẑ‖₂ ≤ :attr:`Encoding.norm_bound` (KLS21 Theorem 1:
+   with probability ≥ 1 − β a draw passes, so the bound holds for every example that is released).
+
+The party sums its examples' integer vectors, adds its share of the discrete noise and wraps the total into b bits
+(:func:`wrap`); rank 0 decodes Σ_k of the uploads (:func:`decode`): the signed range, ×γ, the inverse rotation.
+Nothing here is secret but the rounding coins, which come from the party's keystream; no MPI, no autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from mpi_fnas.privacy.keystream import Keystream
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """The public parameters of one release's integer encoding.
+
+    dimension: d, the release's length. clip: c, each example's L2 bound before scaling. scale: γ > 0, the value of
+    one integer unit. beta: β ∈ [0, 1) of the conditional rounding (0: no condition, the worst-case bound). bits: b,
+    the sum lives mod 2^b (b ≤ 32: the uploads travel as uint32).
+    """
+
+    dimension: int
+    clip: float
+    scale: float
+    beta: float = math.exp(-0.5)
+    bits: int = 32
+
+    def __post_init__(self) -> None:
+        if self.dimension < 1 or self.clip <= 0 or self.scale <= 0:
+            raise ValueError(f"an encoding needs dimension >= 1, clip > 0 and scale > 0, got {self}")
+        if not 0 <= self.beta < 1:
+            raise ValueError(f"beta must be in [0, 1), got {self.beta}")
+        if not 2 <= self.bits <= 32:
+            raise ValueError(f"bits must be in [2, 32], got {self.bits}")
+
+    @property
+    def padded(self) -> int:
+        """D: the dimension rounded up to a power of two (the Hadamard transform's length)."""
+        return 1 << max(0, (self.dimension - 1).bit_length())
+
+    @property
+    def norm_bound(self) -> float:
+        """The L2 bound of one example's rounded vector, in integer units (KLS21 Theorem 1): the smaller of
+        c/γ + √D (any rounding) and √((c/γ)² + D/4 + √(2 log(1/β))·(c/γ + √D/2)) (the condition, β > 0)."""
+        c, dim = self.clip / self.scale, self.padded
+        worst = c + math.sqrt(dim)
+        if self.beta == 0:
+            return worst
+        conditional = c * c + dim / 4 + math.sqrt(2 * math.log(1 / self.beta)) * (c + math.sqrt(dim) / 2)
+        return min(worst, math.sqrt(conditional))
+
+
+def rotation_signs(dimension: int, *labels: str | int) -> torch.Tensor:
+    """``(D,)`` float64 of ±1: the public signs of the rotation named by `labels` (run, stage, step, release)."""
+    padded = 1 << max(0, (dimension - 1).bit_length())
+    bits = Keystream.from_labels("mpi_fnas/secagg/rotation/v1", *labels).integers(2, padded)
+    return bits.to(torch.float64).mul_(2).sub_(1)
+
+
+def hadamard(x: torch.Tensor) -> torch.Tensor:
+    """The orthonormal Walsh–Hadamard transform H/√D along the last axis (length D, a power of two): ``(..., D)``
+    float64. It is its own inverse."""
+    *batch, dim = x.shape
+    if dim & (dim - 1):
+        raise ValueError(f"the Hadamard transform needs a power-of-two length, got {dim}")
+    y = x.to(torch.float64).reshape(-1, dim)
+    half = 1
+    while half < dim:
+        pairs = y.reshape(y.shape[0], -1, 2, half)
+        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2)
+        half *= 2
+    return y.reshape(*batch, dim) / math.sqrt(dim)
+
+
+def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
+    """``(D,)`` int64: Σ over the rows of `grads` ``(b, d)`` (clipped examples, ‖row‖₂ ≤ c) of each row rotated,
+    scaled and rounded conditionally; the rounding coins come from `stream` (the party's secret sampling stream).
+    An example whose rounding exceeds the norm bound is redrawn (KLS21 Algorithm 1), never clipped."""
+    b, d = grads.shape
+    if d != encoding.dimension:
+        raise ValueError(f"encode_examples: rows of {d} coordinates, the encoding has {encoding.dimension}")
+    padded = torch.zeros(b, encoding.padded, dtype=torch.float64)
+    padded[:, :d] = grads.to(torch.float64)
+    scaled = hadamard(padded * signs) / encoding.scale
+    floor = torch.floor(scaled)
+    fraction = scaled - floor
+    rounded = torch.zeros(b, encoding.padded, dtype=torch.int64)
+    pending = torch.arange(b)
+    bound_squared = encoding.norm_bound**2
+    while pending.numel():
+        up = stream.uniform((pending.numel(), encoding.padded)) < fraction[pending]
+        draw = floor[pending].to(torch.int64) + up
+        passed = draw.to(torch.float64).square().sum(dim=1) <= bound_squared
+        rounded[pending[passed]] = draw[passed]
+        pending = pending[~passed]
+    return rounded.sum(dim=0)
+
+
+def wrap(total: torch.Tensor, bits: int) -> np.ndarray:
+    """``(D,)`` uint32: the integers `total` mod 2^bits (two's complement keeps the residue of negative values)."""
+    return (total.to(torch.int64) & ((1 << bits) - 1)).numpy().astype(np.uint32)
+
+
+def decode(total: np.ndarray, encoding: Encoding, signs: torch.Tensor) -> torch.Tensor:
+    """``(d,)`` float64: the real vector of Σ_k uploads (uint32 ``(D,)``, summed mod 2^32 by the Reduce): reduced
+    mod 2^b into the signed range [−2^(b−1), 2^(b−1)), ×γ, rotated back (H is its own inverse, then the signs)."""
+    modulus = 1 << encoding.bits
+    residue = torch.from_numpy(total.astype(np.int64)) % modulus
+    signed = torch.where(residue >= modulus // 2, residue - modulus, residue)
+    real = hadamard(signed.to(torch.float64) * encoding.scale) * signs
+    return real[: encoding.dimension]

@@ -1,0 +1,87 @@
+"""Pairwise masks (Bonawitz et al., "Practical Secure Aggregation for Privacy-Preserving Machine Learning", CCS 2017,
+§4, without the dropout recovery): every pair of parties agrees a key once, and each release adds, per peer, a mask
+stream that the peer subtracts, so the masks cancel in the sum mod 2^32 and only the sum is visible.
+
+* **Key agreement.** Each party draws an X25519 key pair (the private key from the OS, through ``cryptography``),
+  sends its public key to rank 0, which relays all K of them; parties i and j then hold the same X25519 shared
+  secret, which no one else can compute (the server and the other parties see only public keys).
+* **Key derivation.** One mask key per (run, stage, step, release, pair): HKDF-SHA256 of the shared secret with
+  those labels as ``info``, so no keystream is ever used twice and a mask of one step says nothing of another.
+* **Mask stream.** ChaCha20 of zeros under that key: n uniform uint32 words. The lower rank of the pair adds it,
+  the higher subtracts it, so Σ_k masks_k ≡ 0 (mod 2^32) exactly.
+
+A party's masked upload is its encoding plus the sum of K − 1 independent uniform words mod 2^32: uniform, whatever
+the encoding, to anyone without a peer's key. A party that dies mid-step leaves its peers' masks uncancelled; the
+job then aborts (Bonawitz et al.'s secret-shared seeds would be needed to recover, and a partial sum is never used).
+No MPI here: the caller relays the public keys and reduces the uploads.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+#: Bytes of an X25519 public key as it travels to rank 0 and back.
+PUBLIC_KEY_BYTES = 32
+_NONCE = bytes(16)  # each (run, stage, step, release, pair) has its own key: a fixed nonce never repeats a stream
+
+
+class PairwiseMasks:
+    """One party's side of the pairwise masks of a run.
+
+    Args:
+        rank: this party's rank (1..K).
+        run_id: public bytes naming the run (rank 0 draws them; every party gets the same), bound into every key.
+
+    Use: send :attr:`public_key` to rank 0; give :meth:`agree` every party's public key; then :meth:`mask` gives the
+    uint32 words this party adds to a release. The private key and the shared secrets never leave the object (and
+    are not saved: a resumed run agrees new keys).
+    """
+
+    def __init__(self, rank: int, run_id: bytes) -> None:
+        self.rank = int(rank)
+        self.run_id = bytes(run_id)
+        self._private = X25519PrivateKey.generate()  # 32 bytes from the OS's CSPRNG
+        self.public_key: bytes = self._private.public_key().public_bytes_raw()
+        self._shared: dict[int, bytes] = {}
+
+    def __repr__(self) -> str:
+        return f"PairwiseMasks(rank={self.rank}, peers={sorted(self._shared)})"
+
+    def agree(self, public_keys: dict[int, bytes]) -> None:
+        """Compute the shared secret with every other party from its public key ({rank: 32 bytes})."""
+        if public_keys.get(self.rank) != self.public_key:
+            raise ValueError(f"party {self.rank}'s own public key is not among the relayed keys")
+        for peer, key in public_keys.items():
+            if peer != self.rank:
+                if len(key) != PUBLIC_KEY_BYTES:
+                    raise ValueError(f"party {peer}'s public key is {len(key)} bytes, expected {PUBLIC_KEY_BYTES}")
+                self._shared[peer] = self._private.exchange(X25519PublicKey.from_public_bytes(key))
+
+    def mask(self, n: int, *, stage: str, step: int, release: str) -> np.ndarray:
+        """``(n,)`` uint32: Σ_{j > rank} m_{rank,j} − Σ_{j < rank} m_{j,rank} (mod 2^32) for this release."""
+        total = np.zeros(n, dtype=np.uint32)
+        for peer, secret in self._shared.items():
+            low, high = min(self.rank, peer), max(self.rank, peer)
+            words = mask_stream(secret, n, run_id=self.run_id, stage=stage, step=step, release=release,
+                                pair=(low, high))
+            if self.rank == low:
+                total += words  # uint32 arithmetic wraps: the sum is mod 2^32
+            else:
+                total -= words
+        return total
+
+
+def mask_stream(secret: bytes, n: int, *, run_id: bytes, stage: str, step: int, release: str,
+                pair: tuple[int, int]) -> np.ndarray:
+    """``(n,)`` uint32: ChaCha20 of zeros under HKDF-SHA256(secret; run, stage, step, release, pair)."""
+    info = json.dumps(["mpi_fnas/secagg/mask/v1", run_id.hex(), stage, int(step), release, list(pair)],
+                      separators=(",", ":")).encode()
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(secret)
+    encryptor = Cipher(algorithms.ChaCha20(key, _NONCE), mode=None).encryptor()
+    return np.frombuffer(encryptor.update(bytes(4 * n)), dtype="<u4").astype(np.uint32)

@@ -1,0 +1,166 @@
+"""The building blocks of secure aggregation (mpi_fnas/secagg): the exact discrete Gaussian, the integer encoding
+and its decoding, and the pairwise masks. The MPI Reduce that sums the uploads is checked in tests/mpi/test_comm.py.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.secagg.discrete_gaussian import bernoulli_exp, discrete_gaussian, discrete_laplace
+from mpi_fnas.secagg.encoding import Encoding, decode, encode_examples, hadamard, rotation_signs, wrap
+from mpi_fnas.secagg.masks import PairwiseMasks
+
+
+def chi_square_p(samples: torch.Tensor, pmf: dict[int, float]) -> float:
+    """p-value of Pearson's test of `samples` against `pmf` (support values with expected count < 5 pooled)."""
+    values, counts = np.unique(samples.numpy(), return_counts=True)
+    observed = dict(zip(values.tolist(), counts.tolist(), strict=True))
+    n = len(samples)
+    cells, pooled_obs, pooled_exp = [], 0, 0.0
+    for y, p in pmf.items():
+        if n * p >= 5:
+            cells.append((observed.get(y, 0), n * p))
+        else:
+            pooled_obs, pooled_exp = pooled_obs + observed.get(y, 0), pooled_exp + n * p
+    pooled_obs += n - sum(observed.get(y, 0) for y in pmf)  # anything outside the listed support
+    cells.append((pooled_obs, pooled_exp + n * (1 - sum(pmf.values()))))
+    obs, exp = np.array([c[0] for c in cells], float), np.array([c[1] for c in cells], float)
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def gaussian_pmf(variance: float, width: int) -> dict[int, float]:
+    weights = {y: math.exp(-y * y / (2 * variance)) for y in range(-width, width + 1)}
+    total = sum(weights.values())
+    return {y: w / total for y, w in weights.items()}
+
+
+@pytest.mark.parametrize("variance", [Fraction(1, 4), 4, Fraction(9, 4), 30])
+def test_discrete_gaussian_follows_its_pmf(variance):
+    """Pearson's test against the exact N_Z(0, σ²) mass (threshold 1e-4: a sound sampler fails 1 run in 10^4)."""
+    samples = discrete_gaussian(100_000, variance, Keystream.from_labels("test", "dg", str(variance)))
+    assert chi_square_p(samples, gaussian_pmf(float(variance), 60)) > 1e-4
+
+
+def test_discrete_laplace_follows_its_pmf():
+    weights = {y: math.exp(-abs(y) / 3) for y in range(-80, 81)}
+    total = sum(weights.values())
+    samples = discrete_laplace(100_000, 3, Keystream.from_labels("test", "dlap"))
+    assert chi_square_p(samples, {y: w / total for y, w in weights.items()}) > 1e-4
+
+
+@pytest.mark.parametrize(("numerator", "denominator"), [(0, 1), (1, 3), (1, 1), (7, 2), (13, 5)])
+def test_bernoulli_exp_has_probability_exp_minus_gamma(numerator, denominator):
+    n = 200_000
+    hits = int(bernoulli_exp(torch.full((n,), numerator), denominator, Keystream.from_labels("b", numerator)).sum())
+    p = math.exp(-numerator / denominator)
+    assert stats.binomtest(hits, n, p).pvalue > 1e-4
+
+
+def test_discrete_gaussian_refuses_what_it_cannot_draw_exactly():
+    with pytest.raises(ValueError, match="too large"):
+        discrete_gaussian(3, 10_000**2, Keystream.from_labels("x"))
+    with pytest.raises(ValueError, match="> 0"):
+        discrete_gaussian(3, 0, Keystream.from_labels("x"))
+
+
+def test_hadamard_is_orthonormal_and_its_own_inverse():
+    x = torch.randn(4, 64, dtype=torch.float64)
+    y = hadamard(x)
+    torch.testing.assert_close(y.norm(dim=1), x.norm(dim=1))
+    torch.testing.assert_close(hadamard(y), x)
+
+
+def parties_encode(encoding: Encoding, signs: torch.Tensor, parties: int, batch: int, seed: int):
+    """Each party's clipped examples (b, d) and its integer encoding (D,)."""
+    gen = torch.Generator().manual_seed(seed)
+    grads, encoded = [], []
+    for k in range(parties):
+        g = torch.randn(batch, encoding.dimension, generator=gen, dtype=torch.float64)
+        g = g * (encoding.clip / g.norm(dim=1, keepdim=True)) * torch.rand(batch, 1, generator=gen, dtype=torch.float64)
+        grads.append(g)
+        encoded.append(encode_examples(g, encoding, signs, Keystream.from_labels("round", seed, k)))
+    return grads, encoded
+
+
+def test_decode_error_stays_within_the_rounding_bound():
+    """Σ_k decode error ≤ γ·√(K·B·D/4): each example's rounding is unbiased with variance ≤ 1/4 per coordinate, and
+    the rotation keeps norms. A biased rounding (floor) breaks it by far."""
+    encoding = Encoding(dimension=1000, clip=1.0, scale=1 / 300)
+    signs = rotation_signs(encoding.dimension, "run", "search", 1, "W")
+    grads, encoded = parties_encode(encoding, signs, parties=4, batch=8, seed=0)
+    total = np.zeros(encoding.padded, dtype=np.uint32)
+    for z in encoded:
+        total += wrap(z, encoding.bits)
+    error = float((decode(total, encoding, signs) - sum(g.sum(0) for g in grads)).norm())
+    assert error <= encoding.scale * math.sqrt(4 * 8 * encoding.padded / 4)
+    assert error > 0  # it does round
+
+
+def test_every_rounded_example_is_within_the_norm_bound():
+    """The conditional rounding redraws an example until ‖ẑ‖₂ ≤ the KLS21 bound: with β near 1 the bound is tight
+    enough that unconditional draws would exceed it often."""
+    encoding = Encoding(dimension=256, clip=1.0, scale=1 / 4, beta=0.999)
+    signs = rotation_signs(encoding.dimension, "run", "search", 1, "W")
+    g = torch.zeros(1, encoding.dimension, dtype=torch.float64)
+    g[0, 0] = 1.0
+    stream = Keystream.from_labels("bound")
+    norms = [float(encode_examples(g, encoding, signs, stream).to(torch.float64).norm()) for _ in range(200)]
+    assert max(norms) <= encoding.norm_bound
+    assert encoding.norm_bound < encoding.clip / encoding.scale + math.sqrt(encoding.padded)  # the condition binds
+
+
+def agreed_masks(parties: int, run_id: bytes = b"run-1") -> list[PairwiseMasks]:
+    masks = [PairwiseMasks(rank, run_id) for rank in range(1, parties + 1)]
+    public = {m.rank: m.public_key for m in masks}
+    for m in masks:
+        m.agree(public)
+    return masks
+
+
+def test_masks_cancel_exactly_and_the_decoded_sum_is_the_unmasked_one():
+    encoding = Encoding(dimension=300, clip=1.0, scale=1 / 500, bits=20)
+    signs = rotation_signs(encoding.dimension, "run", "augment", 7, "W")
+    _, encoded = parties_encode(encoding, signs, parties=5, batch=3, seed=1)
+    masks = agreed_masks(5)
+    masked = np.zeros(encoding.padded, dtype=np.uint32)
+    plain = np.zeros(encoding.padded, dtype=np.uint32)
+    for m, z in zip(masks, encoded, strict=True):
+        upload = wrap(z, encoding.bits) + m.mask(encoding.padded, stage="augment", step=7, release="W")
+        masked += upload
+        plain += wrap(z, encoding.bits)
+    np.testing.assert_array_equal(masked % (1 << encoding.bits), plain % (1 << encoding.bits))
+    torch.testing.assert_close(decode(masked, encoding, signs), decode(plain, encoding, signs), rtol=0, atol=0)
+
+
+def test_a_single_upload_is_indistinguishable_from_uniform():
+    """A party's masked upload of a constant encoding: its bytes and its low bits pass Pearson's test for uniformity
+    over 2^16 coordinates (the encoding alone would fail at once)."""
+    masks = agreed_masks(3)
+    n = 1 << 16
+    upload = np.full(n, 5, dtype=np.uint32) + masks[1].mask(n, stage="search", step=2, release="A")
+    for values, cells in ((upload >> 24, 256), (upload & 0xFF, 256), (upload & 1, 2)):
+        counts = np.bincount(values.astype(np.int64), minlength=cells)
+        assert stats.chisquare(counts).pvalue > 1e-4
+
+
+def test_masks_never_repeat_across_steps_stages_releases_or_runs():
+    a = agreed_masks(2)
+    base = a[0].mask(64, stage="search", step=1, release="W")
+    for other in (a[0].mask(64, stage="search", step=2, release="W"),
+                  a[0].mask(64, stage="augment", step=1, release="W"),
+                  a[0].mask(64, stage="search", step=1, release="A"),
+                  agreed_masks(2)[0].mask(64, stage="search", step=1, release="W")):
+        assert not np.array_equal(base, other)
+
+
+def test_agreement_refuses_a_key_set_without_its_own_key():
+    m = agreed_masks(2)[0]
+    with pytest.raises(ValueError, match="own public key"):
+        m.agree({1: bytes(32), 2: bytes(32)})
