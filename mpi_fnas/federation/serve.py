@@ -5,11 +5,8 @@ the assignments (:mod:`mpi_fnas.federation.handshake`); charge the iterations a 
 (replays after a crash); open the stage's log group; broadcast the initial weights; run
 :class:`~mpi_fnas.federation.server_loop.ServerLoop`; finish the log with the outcome, or with the failure.
 
-:class:`ServedStage` holds what both stages share; :class:`SearchStage` (W and A of the supernet, the epoch rows of
-the alphas, a search plan made here) and :class:`AugmentStage` (the derived network's weights, planned against what
-the search spent) say what differs. Under dpfnas the privacy ledgers are the search's, continued: every augment
-release is charged on the ledgers of the records it may touch, so an augment ε is the composition of both stages per
-party.
+:class:`ServedStage` holds what both stages share; :class:`SearchStage` and :class:`AugmentStage` say what differs.
+Under dpfnas the augmentation continues the search's privacy ledgers: an augment ε composes both stages per party.
 
 What rank 0 writes is public by construction: the weights, its optimizers, the test-split metrics it computes
 itself, and ε, which depends only on public quantities and is computed by the ledger's worker thread while the
@@ -24,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,10 +48,11 @@ from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
-from mpi_fnas.privacy.accountant import PrivacyLedger
-from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.space import search_space
+
+if TYPE_CHECKING:  # the ledgers import dp_accounting and scipy (~1 s): only a DP stage imports them (_ledger)
+    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 
 
 @dataclass(kw_only=True)
@@ -180,6 +178,12 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     return outcome
 
 
+def _ledger(privacy: Any) -> FederationLedger:
+    """The job's privacy ledgers for its privacy plan (imported here: a non-DP job never loads the accountant)."""
+    from mpi_fnas.privacy.ledger import FederationLedger
+    return FederationLedger(privacy)
+
+
 def guarantee(cfg: Config, private: bool, ledger: FederationLedger | None) -> str:
     """What a stage's result may claim: the privacy parameters' guarantee, or one line saying why not."""
     if private:
@@ -237,7 +241,7 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
         privacy = StagePrivacy(delta=plan.privacy.delta,
                                releases=plan.privacy.params.search_releases(plan.privacy.w_releases_per_step),
                                sample_rates={"W": plan.privacy.sample_rate_train, "A": plan.privacy.sample_rate_val},
-                               accountant=PrivacyLedger().description())
+                               accountant=setup.ledger.description())
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
         metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
@@ -349,7 +353,7 @@ class SearchStage(ServedStage):
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
-        ledger = FederationLedger(plan.privacy) if plan.privacy is not None else None
+        ledger = _ledger(plan.privacy) if plan.privacy is not None else None
         return _setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
                       partial(search_space(cfg.space.kind).build_supernet, cfg.space, seed=cfg.seed))
 
@@ -429,11 +433,9 @@ class AugmentStage(ServedStage):
         where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
         genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
-        ledger = None
-        if search_plan.privacy is not None:
-            ledger = FederationLedger(search_plan.privacy)
-            if searched.get("ledger") is not None:
-                ledger.load_state_dict(searched["ledger"])
+        ledger = _ledger(search_plan.privacy) if search_plan.privacy is not None else None
+        if ledger is not None and searched.get("ledger") is not None:
+            ledger.load_state_dict(searched["ledger"])
         private = ledger is not None and augment_is_private(cfg)
         params = search_plan.privacy.params if search_plan.privacy is not None else None
         plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
