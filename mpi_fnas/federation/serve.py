@@ -53,6 +53,7 @@ from mpi_fnas.space import search_space
 
 if TYPE_CHECKING:  # the ledgers import dp_accounting and scipy (~1 s): only a DP stage imports them (_ledger)
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+    from mpi_fnas.privacy.release import PrivacyPlan
 
 
 @dataclass(kw_only=True)
@@ -178,7 +179,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     return outcome
 
 
-def _ledger(privacy: Any) -> FederationLedger:
+def _ledger(privacy: PrivacyPlan) -> FederationLedger:
     """The job's privacy ledgers for its privacy plan (imported here: a non-DP job never loads the accountant)."""
     from mpi_fnas.privacy.ledger import FederationLedger
     return FederationLedger(privacy)

@@ -53,7 +53,7 @@ class Encoding:
     @property
     def padded(self) -> int:
         """D: the dimension rounded up to a power of two (the Hadamard transform's length)."""
-        return 1 << max(0, (self.dimension - 1).bit_length())
+        return padded_length(self.dimension)
 
     @property
     def norm_bound(self) -> float:
@@ -67,10 +67,14 @@ class Encoding:
         return min(worst, math.sqrt(conditional))
 
 
+def padded_length(dimension: int) -> int:
+    """D: `dimension` rounded up to a power of two (the Hadamard transform's length)."""
+    return 1 << max(0, (dimension - 1).bit_length())
+
+
 def rotation_signs(dimension: int, *labels: str | int) -> torch.Tensor:
     """``(D,)`` float64 of ±1: the public signs of the rotation named by `labels` (run, stage, step, release)."""
-    padded = 1 << max(0, (dimension - 1).bit_length())
-    bits = Keystream.from_labels("mpi_fnas/secagg/rotation/v1", *labels).integers(2, padded)
+    bits = Keystream.from_labels("mpi_fnas/secagg/rotation/v1", *labels).integers(2, padded_length(dimension))
     return bits.to(torch.float64).mul_(2).sub_(1)
 
 
