@@ -26,6 +26,7 @@ from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
 from mpi_fnas.federation.probe import probe_accuracy
 from mpi_fnas.federation.schedules import augment_learning_rate, search_learning_rate
+from mpi_fnas.optim import FlatAdam, FlatSGD
 from mpi_fnas.space import Genotype
 from mpi_fnas.space.dpnas import DpnasGenotype
 
@@ -59,10 +60,10 @@ class Server:
     """
 
     def __init__(self, model: nn.Module, rule: UpdateRule, parties: int, *, adadp: AdadpSettings | None = None,
-                 a_optimizer: Callable[[nn.Parameter], torch.optim.Optimizer] | None = None) -> None:
+                 a_optimizer: Callable[[nn.Parameter], FlatSGD | FlatAdam] | None = None) -> None:
         self.model, self.rule, self.parties = model, rule, parties
         self.w = nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
-        self.w_opt = torch.optim.SGD([self.w], lr=rule.lr, momentum=rule.momentum, weight_decay=rule.weight_decay)
+        self.w_opt = FlatSGD(self.w, lr=rule.lr, momentum=rule.momentum, weight_decay=rule.weight_decay)
         self.adadp = AdadpStep(adadp, rule.lr) if adadp is not None else None
         self.a = nn.Parameter(torch.from_numpy(flatten(list(model.alphas())))) if a_optimizer is not None else None
         self.a_opt = a_optimizer(self.a) if a_optimizer is not None else None
@@ -188,11 +189,11 @@ def search_server(model: nn.Module, search: SearchConfig, parties: int, steps_pe
                   adadp: AdadpSettings | None = None) -> Server:
     """The search's server: W by SGD (or ADADP) at the cosine rate of each epoch of `steps_per_epoch`
     iterations, A by Adam or SGD; both on the mean (or, ``search.aggregate: sum``, the sum) of the releases."""
-    def a_optimizer(a: nn.Parameter) -> torch.optim.Optimizer:
+    def a_optimizer(a: nn.Parameter) -> FlatSGD | FlatAdam:
         if search.a_optimizer == "adam":
-            return torch.optim.Adam([a], lr=search.a_lr, betas=(search.a_beta1, search.a_beta2),
-                                    weight_decay=search.a_weight_decay)
-        return torch.optim.SGD([a], lr=search.a_lr, weight_decay=search.a_weight_decay)
+            return FlatAdam(a, lr=search.a_lr, betas=(search.a_beta1, search.a_beta2),
+                            weight_decay=search.a_weight_decay)
+        return FlatSGD(a, lr=search.a_lr, weight_decay=search.a_weight_decay)
 
     rule = UpdateRule(lr=search.w_lr, lr_at=lambda step: search_learning_rate(search, (step - 1) // steps_per_epoch),
                       momentum=search.w_momentum, weight_decay=search.w_weight_decay, grad_clip=search.w_grad_clip,
