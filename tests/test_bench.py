@@ -54,8 +54,8 @@ def test_bench_json_fields(ranks, memory):
         report["dp_w_release_seconds"] + report["dp_a_release_seconds"])
     assert report["dp_step_ratio"] == pytest.approx(report["dp_step_seconds"] / report["step_seconds"])
     assert report["dp_step_ratio_cpu"] == pytest.approx(report["dp_step_cpu_seconds"] / report["step_cpu_seconds"])
-    # The supernet's W is all Conv/GroupNorm/Linear (fast hooks); the alphas are used directly (vmap).
-    assert (report["per_sample_method_w"], report["per_sample_method_a"]) == ("hooks", "vmap")
+    # The supernet's W is all Conv/GroupNorm/Linear, its alphas are per-example copies: both by hooks.
+    assert (report["per_sample_method_w"], report["per_sample_method_a"]) == ("hooks", "hooks")
 
     # The augmentation's step, plain and private, on the same network and batch.
     assert report["augment_num_w"] > 0 and report["augment_step_seconds"] > 0

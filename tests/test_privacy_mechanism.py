@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import perturb_others
 from scipy import special, stats
 from torch import nn
 
@@ -196,14 +197,27 @@ def test_search_network_per_sample_gradients_weights_and_alphas():
     model = small_search_network()
     inputs, targets = image_batch(4, 16, 10)
     weights, alphas = dict(model.named_weights()), dict(model.named_alphas())
-    assert hooks_supported(model, weights) and not hooks_supported(model, alphas)
-    expected_w = loop_gradients(model, list(weights), inputs, targets)
-    expected_a = loop_gradients(model, list(alphas), inputs, targets)
-    for method in ("hooks", "vmap"):
-        got = per_sample_gradients(model, weights, inputs, targets, method=method)
-        assert max_relative_row_error(got, expected_w) <= 1e-5, method
-    got_a = per_sample_gradients(model, alphas, inputs, targets)  # auto -> vmap
-    assert max_relative_row_error(got_a, expected_a) <= 1e-5
+    assert hooks_supported(model, weights) and hooks_supported(model, alphas)  # the alphas as per-example copies
+    for params in (weights, alphas, dict(model.named_parameters())):
+        expected = loop_gradients(model, list(params), inputs, targets)
+        for method in ("auto", "hooks", "vmap"):
+            got = per_sample_gradients(model, params, inputs, targets, method=method)
+            assert max_relative_row_error(got, expected) <= 1e-5, method
+
+
+def test_per_example_alpha_copies_are_exact_in_float64():
+    """The alphas' per-example copies give each example's own gradient to float64 rounding (vmap: the
+    reference), and one example's row does not move when the others change."""
+    model = small_search_network().double()
+    inputs, targets = image_batch(5, 16, 10)
+    inputs = inputs.double()
+    alphas = dict(model.named_alphas())
+    copies = per_sample_gradients(model, alphas, inputs, targets, method="hooks")
+    reference = per_sample_gradients(model, alphas, inputs, targets, method="vmap")
+    assert max_relative_row_error(copies, reference) <= 1e-12
+    changed = per_sample_gradients(model, alphas, perturb_others(inputs), targets, method="hooks")
+    assert torch.allclose(changed[0], copies[0], rtol=1e-12, atol=0)
+    assert not torch.allclose(changed[1], copies[1], rtol=1e-3)
 
 
 def test_per_sample_gradients_reject_reduced_loss_and_unknown_names():
@@ -217,6 +231,7 @@ def test_per_sample_gradients_reject_reduced_loss_and_unknown_names():
         per_sample_gradients(model, {"nope": torch.zeros(1)}, inputs, targets)
     with pytest.raises(ValueError, match="method='hooks'"):
         search = small_search_network()
+        search.per_example_parameters = ()  # alphas the forward cannot take per example: no owner, no copies
         per_sample_gradients(search, dict(search.named_alphas()), *image_batch(2, 16, 10), method="hooks")
 
 

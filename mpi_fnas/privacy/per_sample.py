@@ -3,7 +3,7 @@
 Two exact methods behind one function:
 
 * ``"vmap"`` — ``torch.func.vmap(torch.func.grad(loss of one example))`` over ``functional_call``. Works for
-  any parameter of any model (e.g. the DARTS alphas, used directly by the network rather than by a leaf module).
+  any parameter of any model. Slow, and its first call imports ``torch._dynamo`` (~1.5 s per process).
 * ``"hooks"`` — one ordinary batched forward, one backward to the *outputs* of the layers owning the parameters,
   then each layer's per-example weight gradient from its input and output gradient: for convolutions a loop over
   kernel offsets or one grouped weight-gradient kernel with the batch folded into the groups, an outer product
@@ -12,7 +12,12 @@ Two exact methods behind one function:
   Supported owners: ``nn.Conv2d`` (zero padding, any stride/dilation/groups), ``nn.Linear``, ``nn.GroupNorm``,
   ``nn.LayerNorm``. A module called several times in one forward (weight sharing) is handled by summing the
   contributions of every call; an in-place op on a recorded layer output is detected and refused.
-* ``"auto"`` (default) — ``"hooks"`` when every requested parameter has a supported owner, else ``"vmap"``.
+  A parameter the model names in ``per_example_parameters`` (the DARTS and DPNAS alphas, which the network uses
+  directly rather than through a leaf module) is replaced by B copies ``(B, *shape)``, example i using copy i
+  (the model's forward supports that), and its per-example gradient is the gradient of copy i, from the same
+  backward.
+* ``"auto"`` (default) — ``"hooks"`` when every requested parameter has a supported owner or is one of the
+  model's ``per_example_parameters``, else ``"vmap"``.
 
 Both methods assume no layer mixes the examples of a batch (no BatchNorm): then example i's gradient depends
 only on example i. ``mpi_fnas.privacy.validators.check_model_for_dp`` enforces that before any release.
@@ -80,7 +85,8 @@ def per_sample_gradients(
     elif method == "hooks":
         if not hooks_supported(model, params):
             raise ValueError(
-                "method='hooks' needs every parameter to belong to an nn.Conv2d/Linear/GroupNorm/LayerNorm "
+                "method='hooks' needs every parameter to belong to an nn.Conv2d/Linear/GroupNorm/LayerNorm or to be "
+                "one of the model's per_example_parameters "
                 f"(unsupported: {', '.join(_unhookable(model, params))}); use method='vmap'"
             )
         compute = _hook_gradients
@@ -143,7 +149,9 @@ def _hook_gradients(
     targets: torch.Tensor,
     loss_fn: LossFn,
 ) -> torch.Tensor:
-    owners = {_owner_name(name) for name in params}
+    batch = int(inputs.shape[0])
+    copied = _per_example_names(model, params)
+    owners = {_owner_name(name) for name in params if name not in copied}
     modules = {owner: model.get_submodule(owner) for owner in owners}
     # (module name, layer input, layer output, output version at the call) of every call, in call order.
     calls: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
@@ -152,22 +160,24 @@ def _hook_gradients(
     with torch.enable_grad(), _record_calls(modules, calls):
         # Differentiable copies of the requested tensors make every owner's output part of the graph; the rest is
         # detached so no other gradient is computed.
-        diff = {n: p.detach().requires_grad_(True) for n, p in params.items()}
+        diff = {n: p.detach().requires_grad_(True) for n, p in params.items() if n not in copied}
+        diff.update({n: params[n].detach().expand(batch, *params[n].shape).clone().requires_grad_(True)
+                     for n in copied})
         fixed = {name: t.detach() for name, t in model.named_parameters()}
         fixed.update({name: b for name, b in model.named_buffers()})
         outputs = functional_call(model, {**fixed, **diff}, (inputs,))
-        total_loss = _checked_losses(loss_fn(outputs, targets), int(inputs.shape[0])).sum()
-    batch = int(inputs.shape[0])
-    if not calls:  # no owner module ran: the loss does not depend on the parameters
+        total_loss = _checked_losses(loss_fn(outputs, targets), batch).sum()
+    if not total_loss.requires_grad:  # no owner module ran, no copy was used: the loss does not depend on them
         return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
     layer_outputs = [out for _, _, out, _ in calls]
     if any(out._version != version for _, _, out, version in calls):
         # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
         raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
-    # Only the gradients at the layer outputs are requested: the parameter-gradient kernels are skipped.
-    out_grads = torch.autograd.grad(total_loss, layer_outputs, allow_unused=True)
-
-    per_param: dict[str, torch.Tensor] = {}
+    # Only the gradients at the layer outputs (and the per-example copies) are requested: the parameter-gradient
+    # kernels are skipped.
+    grads = torch.autograd.grad(total_loss, [*layer_outputs, *(diff[n] for n in copied)], allow_unused=True)
+    out_grads = grads[:len(layer_outputs)]
+    per_param = {n: g for n, g in zip(copied, grads[len(layer_outputs):], strict=True) if g is not None}
     for (owner, layer_in, _, _), g_out in zip(calls, out_grads, strict=True):
         if g_out is None:  # this call did not influence the loss
             continue
@@ -296,9 +306,18 @@ def _hookable(module: nn.Module, attr: str) -> bool:
     return isinstance(module, _HOOKABLE) and attr in ("weight", "bias")
 
 
+def _per_example_names(model: nn.Module, params: Mapping[str, torch.Tensor]) -> list[str]:
+    """The requested parameters the model's forward takes as per-example copies (its ``per_example_parameters``)."""
+    declared = set(getattr(model, "per_example_parameters", ()))
+    return [name for name in params if name in declared]
+
+
 def _unhookable(model: nn.Module, params: Mapping[str, torch.Tensor]) -> list[str]:
     bad = []
+    copied = set(_per_example_names(model, params))
     for name in params:
+        if name in copied:
+            continue
         owner = _owner_name(name)
         attr = name.rsplit(".", 1)[-1]
         if not _hookable(model.get_submodule(owner), attr):

@@ -13,7 +13,10 @@ from mpi_fnas.space.scaffold import cell_inputs
 
 
 def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``sum_k weights[k] · ops[k](x)``: one edge of a continuous relaxation, ``weights`` (len(ops),)."""
+    """``sum_k weights[k] · ops[k](x)``: one edge of a continuous relaxation, ``x`` (N, C, H, W), ``weights``
+    (len(ops),) shared by the batch, or (N, len(ops)) one row per example (per-example gradients of the alphas)."""
+    if weights.dim() == 2:  # (ops, N, 1, 1, 1): weights[k] scales example n's map by its own weight
+        weights = weights.t().reshape(len(ops), -1, 1, 1, 1)
     # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
     out = weights[0] * ops[0](x)
     for k in range(1, len(ops)):
@@ -21,16 +24,23 @@ def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tenso
     return out
 
 
+def check_weights(owner: str, weights: torch.Tensor, shape: tuple[int, ...], batch: int) -> None:
+    """Refuse op weights of a shape other than `shape` (shared) or ``(batch, *shape)`` (one row per example)."""
+    if tuple(weights.shape) not in (shape, (batch, *shape)):
+        raise ValueError(f"{owner} weights: expected shape {shape} or {(batch, *shape)}, got {tuple(weights.shape)}")
+
+
 def dense_nodes(states: list[torch.Tensor], edges: Sequence[nn.Module], weights: torch.Tensor,
                 nodes: int) -> list[torch.Tensor]:
     """``states`` (the cell's inputs) followed by ``nodes`` intermediate nodes, each the sum of one mixed edge from
-    every earlier state: ``edges[e](state, weights[e])`` in alpha-row order (node by node, then by input state)."""
+    every earlier state: ``edges[e](state, weights[..., e, :])`` in alpha-row order (node by node, then by input
+    state); ``weights`` (edges, ops) or (N, edges, ops)."""
     states = list(states)
     edge = 0
     for _ in range(nodes):
         node = None
         for state in list(states):
-            contribution = edges[edge](state, weights[edge])
+            contribution = edges[edge](state, weights[..., edge, :])
             node = contribution if node is None else node + contribution
             edge += 1
         states.append(node)
@@ -40,7 +50,7 @@ def dense_nodes(states: list[torch.Tensor], edges: Sequence[nn.Module], weights:
 class MixedOp(nn.Module):
     """All candidate ops of one edge, combined as a weighted sum.
 
-    ``forward(x, weights)``: ``x`` (N, C, H, W), ``weights`` (len(primitives),)
+    ``forward(x, weights)``: ``x`` (N, C, H, W), ``weights`` (len(primitives),) or (N, len(primitives))
     -> (N, C, ceil(H / stride), ceil(W / stride)).
     """
 
@@ -50,10 +60,7 @@ class MixedOp(nn.Module):
         self.ops = nn.ModuleList(make_op(name, channels, stride, norm, affine=False) for name in primitives)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if weights.shape != (len(self.ops),):
-            raise ValueError(
-                f"MixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}"
-            )
+        check_weights("MixedOp", weights, (len(self.ops),), x.shape[0])
         return weighted_sum(self.ops, x, weights)
 
 
@@ -61,7 +68,7 @@ class SearchCell(nn.Module):
     """DARTS search cell (edge order: see ``mpi_fnas.space.genotype``).
 
     ``forward(s0, s1, weights)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1, W1),
-    ``weights`` (num_edges(nodes), len(primitives)) softmax weights
+    ``weights`` (num_edges(nodes), len(primitives)) softmax weights, or (N, ...) one set per example,
     -> (N, nodes * channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
     ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``reduction_prev``),
     otherwise the same.
@@ -97,8 +104,6 @@ class SearchCell(nn.Module):
         return self.nodes
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        expected = (num_edges(self.nodes), self.num_ops)
-        if tuple(weights.shape) != expected:
-            raise ValueError(f"SearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
+        check_weights("SearchCell", weights, (num_edges(self.nodes), self.num_ops), s1.shape[0])
         states = dense_nodes([self.preprocess0(s0), self.preprocess1(s1)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)

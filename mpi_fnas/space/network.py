@@ -27,11 +27,16 @@ class SearchNetwork(CellNetwork):
     shares ``alpha_normal`` and every reduction cell shares ``alpha_reduce``, each of shape
     ``(num_edges(nodes), len(primitives))``; the op weights of an edge are the row softmax.
 
-    ``forward(x)``: ``x`` (N, in_channels, H, W) float -> logits (N, num_classes).
+    ``forward(x)``: ``x`` (N, in_channels, H, W) float -> logits (N, num_classes). The alphas may be replaced
+    (``functional_call``) by per-example copies ``(N, edges, ops)``, example n using row n
+    (:attr:`per_example_parameters`: how per-example DP takes their gradients in one backward).
 
     Normalisation layers keep no buffers (see ``make_norm``), so ``state_dict`` equals the parameters. With
     ``norm="groupnorm"`` no layer mixes examples of a batch, which per-example DP relies on.
     """
+
+    #: Parameters the forward also takes with a leading batch dimension, one copy per example.
+    per_example_parameters = ("alpha_normal", "alpha_reduce")
 
     def __init__(
         self,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from mpi_fnas.space.cells import dense_nodes, weighted_sum
+from mpi_fnas.space.cells import check_weights, dense_nodes, weighted_sum
 from mpi_fnas.space.derived import drop_path
 from mpi_fnas.space.dpnas.genotype import (
     NUM_CELL_INPUTS,
@@ -32,21 +32,21 @@ def cell_input(c_in: int, channels: int) -> nn.Sequential:
 
 
 class DpnasMixedOp(nn.Module):
-    """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,))`` -> (N, C, H, W)."""
+    """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,) or (N, ops))``
+    -> (N, C, H, W)."""
 
     def __init__(self, channels: int) -> None:
         super().__init__()
         self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in PRIMITIVES)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        if weights.shape != (len(self.ops),):
-            raise ValueError(f"DpnasMixedOp weights: expected shape ({len(self.ops)},), got {tuple(weights.shape)}")
+        check_weights("DpnasMixedOp", weights, (len(self.ops),), x.shape[0])
         return weighted_sum(self.ops, x, weights)
 
 
 class DpnasSearchCell(nn.Module):
     """``forward(x, weights)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(PRIMITIVES)) softmax
-    weights -> (N, nodes · channels, H, W)."""
+    weights, or (N, ...) one set per example -> (N, nodes · channels, H, W)."""
 
     def __init__(self, nodes: int, c_in: int, channels: int) -> None:
         super().__init__()
@@ -55,9 +55,7 @@ class DpnasSearchCell(nn.Module):
         self.edges = nn.ModuleList(DpnasMixedOp(channels) for _ in edge_endpoints(nodes))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        expected = (num_edges(self.nodes), len(PRIMITIVES))
-        if tuple(weights.shape) != expected:
-            raise ValueError(f"DpnasSearchCell weights: expected shape {expected}, got {tuple(weights.shape)}")
+        check_weights("DpnasSearchCell", weights, (num_edges(self.nodes), len(PRIMITIVES)), x.shape[0])
         states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
 

@@ -52,8 +52,12 @@ class DpnasSearchNetwork(nn.Module):
     """The DPNAS supernet. ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes).
 
     After stage s the maps are ``(N, nodes · stage_channels[s], ceil(H / 2^(s+1)), ...)``. The alpha is created
-    last, so for a given seed the weights' initialisation does not depend on its shape.
+    last, so for a given seed the weights' initialisation does not depend on its shape. The alpha may be replaced
+    (``functional_call``) by per-example copies ``(N, edges, ops)``, example n using row n.
     """
+
+    #: Parameters the forward also takes with a leading batch dimension, one copy per example.
+    per_example_parameters = ("alpha",)
 
     def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3) -> None:
         super().__init__()
