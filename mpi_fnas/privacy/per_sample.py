@@ -78,16 +78,16 @@ def per_sample_gradients(
     if max_chunk is not None and max_chunk < 1:
         raise ValueError(f"max_chunk must be >= 1, got {max_chunk}")
     _check_param_names(model, params)
+    unhookable = _unhookable(model, params)
     if method == "auto":
-        method = "hooks" if hooks_supported(model, params) else "vmap"
+        method = "vmap" if unhookable else "hooks"
     if method == "vmap":
         compute = _vmap_gradients
     elif method == "hooks":
-        if not hooks_supported(model, params):
+        if unhookable:
             raise ValueError(
                 "method='hooks' needs every parameter to belong to an nn.Conv2d/Linear/GroupNorm/LayerNorm or to be "
-                "one of the model's per_example_parameters "
-                f"(unsupported: {', '.join(_unhookable(model, params))}); use method='vmap'"
+                f"one of the model's per_example_parameters (unsupported: {', '.join(unhookable)}); use method='vmap'"
             )
         compute = _hook_gradients
     else:
@@ -152,7 +152,8 @@ def _hook_gradients(
     batch = int(inputs.shape[0])
     copied = _per_example_names(model, params)
     owners = {_owner_name(name) for name in params if name not in copied}
-    modules = {owner: model.get_submodule(owner) for owner in owners}
+    named = dict(model.named_modules())  # one walk of the module tree, not one per parameter
+    modules = {owner: named[owner] for owner in owners}
     # (module name, layer input, layer output, output version at the call) of every call, in call order.
     calls: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
 
@@ -313,16 +314,10 @@ def _per_example_names(model: nn.Module, params: Mapping[str, torch.Tensor]) -> 
 
 
 def _unhookable(model: nn.Module, params: Mapping[str, torch.Tensor]) -> list[str]:
-    bad = []
     copied = set(_per_example_names(model, params))
-    for name in params:
-        if name in copied:
-            continue
-        owner = _owner_name(name)
-        attr = name.rsplit(".", 1)[-1]
-        if not _hookable(model.get_submodule(owner), attr):
-            bad.append(name)
-    return bad
+    named = dict(model.named_modules())  # one walk of the module tree, not one per parameter
+    return [name for name in params
+            if name not in copied and not _hookable(named[_owner_name(name)], name.rsplit(".", 1)[-1])]
 
 
 def _owner_name(param_name: str) -> str:
