@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from mpi_fnas import __version__
-from mpi_fnas.config import Config, ConfigError, ServerReportedError, load_config
+from mpi_fnas.config import Config, ConfigError, ServerReportedError, SetupError, load_config
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -171,7 +171,6 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
     from mpi_fnas.federation.comm import PartyFailedError
-    from mpi_fnas.federation.plan import SetupError
 
     try:
         return body()

@@ -32,6 +32,11 @@ class ServerReportedError(ConfigError):
     """On a party: rank 0 found bad input and prints the one line; this rank exits with code 2 quietly."""
 
 
+class SetupError(ConfigError):
+    """Bad input discovered during setup (missing dataset, impossible partition or budget): exit code 2. Here, not
+    beside the planner, so the launch layer can catch it without importing torch."""
+
+
 MODES = ("vanilla", "fnas", "dpfnas")
 
 # Metadata key of every leaf field: its meaning, one line, printed by --help and written into configs/default.yaml.

@@ -7,6 +7,7 @@ directly), an interrupted augmentation resumes to the uninterrupted result, and 
 
 from __future__ import annotations
 
+import functools
 import shutil
 
 import dp_accounting
@@ -25,9 +26,10 @@ from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
 
 pytestmark = pytest.mark.slow  # real mpirun jobs
 
-# A search of TINY, then a small, short augmentation: 16×16 images so shapes are recognisable, pools of 800.
+# A search of TINY shortened to 4 steps, then a small, short augmentation on pools of 800 (8×8 images: what these
+# tests check does not depend on learning anything).
 AUGMENT = [
-    *TINY, "--set", "data.train_size=1600", "--set", "data.test_size=400", "--set", "data.image_size=16",
+    *TINY, "--set", "search.epochs=1", "--set", "data.train_size=1600", "--set", "data.test_size=400",
     "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=6", "--set", "augment.layers=3",
     "--set", "augment.channels=8", "--set", "augment.batch_size=64",
 ]
@@ -35,7 +37,9 @@ AUGMENT = [
 # and noised ones at a larger one). Under secret noise the DP run's accuracy is a random variable (the search's
 # genotype too): at σ_aug 0.5 and clip 1, 5 repeats gave 0.20-0.40 (one CI run failed the 0.2 bar); at σ_aug 0.25
 # and clip 5 (the clip rarely binds, so the steps are larger), 4 repeats gave 0.57-0.78.
-LEARN = ["--set", "augment.epochs=2", "--set", "augment.steps_per_epoch=50"]
+# 16×16 images so shapes are recognisable, and TINY's 2 search epochs (the cells these numbers were measured with).
+LEARN = ["--set", "data.image_size=16", "--set", "search.epochs=2", "--set", "augment.epochs=2",
+         "--set", "augment.steps_per_epoch=50"]
 LEARN_FNAS = [*LEARN, "--set", "augment.lr=0.05"]
 LEARN_DP = [*LEARN, "--set", "augment.lr=0.3", "--set", "augment.batch_size=128",
             "--set", "augment.noise_multiplier=0.25", "--set", "augment.clip=5"]
@@ -86,6 +90,19 @@ def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
     assert "search + augmentation composed" in out.stdout
 
 
+@functools.lru_cache(maxsize=64)
+def composed_epsilon(search_sigma: float, search_rate: float, search_steps: int, sigma_aug: float, rate: float,
+                     augment_releases: int, delta: float) -> float:
+    """dp_accounting's PLD ε of `search_steps` Poisson-sampled Gaussian releases then `augment_releases` more.
+    Cached: parties with equal shards ask for the same composition (it takes seconds at σ_aug 0.25)."""
+    accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        search_rate, dp_accounting.GaussianDpEvent(search_sigma)), search_steps)
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        rate, dp_accounting.GaussianDpEvent(sigma_aug)), augment_releases)
+    return accountant.get_epsilon(delta)
+
+
 def independent_epsilon(log: dict, party: int, augment_releases: int) -> float:
     """ε of `party` composed in dp_accounting from the log's public facts: every search release the ledger charged on
     each of its shards, then `augment_releases` augment releases (which touch both shards: the pool is all)."""
@@ -93,19 +110,11 @@ def independent_epsilon(log: dict, party: int, augment_releases: int) -> float:
     search_steps = int(search["charged_steps"][-1][party])
     sigma_aug = float(np.asarray(augment["noise_multiplier"]).reshape(-1)[0])
     delta, rate = float(augment["delta"][party]), float(augment["sample_rate"][party])
-
-    def epsilon(search_sigma: float, search_rate: float) -> float:
-        accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(
-            search_rate, dp_accounting.GaussianDpEvent(search_sigma)), search_steps)
-        accountant.compose(dp_accounting.PoissonSampledDpEvent(
-            rate, dp_accounting.GaussianDpEvent(sigma_aug)), augment_releases)
-        return accountant.get_epsilon(delta)
-
     sigma_w = float(np.asarray(search["noise_multiplier_w"]).reshape(-1)[0])
     sigma_a = float(np.asarray(search["noise_multiplier_a"]).reshape(-1)[0])
-    return max(epsilon(sigma_w, float(search["sample_rate_train"][party])),
-               epsilon(sigma_a, float(search["sample_rate_val"][party])))
+    return max(composed_epsilon(sigma, float(search[key][party]), search_steps, sigma_aug, rate, augment_releases,
+                                delta)
+               for sigma, key in ((sigma_w, "sample_rate_train"), (sigma_a, "sample_rate_val")))
 
 
 def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):

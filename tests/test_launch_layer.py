@@ -111,3 +111,15 @@ def test_a_party_rank_does_not_import_rank_0s_accountant_planner_or_log():
     assert imported_after(PARTY_IMPORTS) == {name: False for name in RANK0_ONLY}
     assert imported_after("mpi_fnas.federation.serve") == {"dp_accounting": False, "scipy": False, "h5py": True}
     assert imported_after("mpi_fnas.federation.serve, mpi_fnas.privacy.ledger") == {name: True for name in RANK0_ONLY}
+
+
+def test_bad_input_is_refused_before_any_rank_imports_torch():
+    # A refusal costs the user ~0.5 s, not the ~3 s of every rank importing torch first (the launch layer catches
+    # SetupError from mpi_fnas.config, not from the torch-importing planner).
+    from conftest import mpirun
+
+    out = mpirun(3, "--set", "nope=1", env={"PYTHONPROFILEIMPORTTIME": "1"}, timeout=120)
+    assert out.returncode == 2 and "nope: unknown key" in out.stderr
+    imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "mpi4py.MPI" in imported  # the profile did cover the ranks' imports
+    assert "torch" not in imported and "mpi_fnas.federation.plan" not in imported

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from mpi_fnas.checkpoint import PRIVATE_FILE_MODE, atomic_load, atomic_save
-from mpi_fnas.federation.plan import SetupError
+from mpi_fnas.config import SetupError
 
 PRIVATE_DIR_MODE = 0o700
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import Config, ConfigError
+from mpi_fnas.config import Config, SetupError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
@@ -32,10 +32,6 @@ from mpi_fnas.space import search_space
 
 if TYPE_CHECKING:
     from mpi_fnas.privacy.ledger import FederationLedger
-
-
-class SetupError(ConfigError):
-    """Bad input discovered during setup (missing dataset, impossible partition or budget): exit code 2."""
 
 
 @contextmanager
