@@ -146,6 +146,9 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
     med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
     result.update({"step_seconds": med["w"] + med["a"], "w_release_seconds": med["w"],
                    "a_release_seconds": med["a"], "step_cpu_seconds": med_cpu["w"] + med_cpu["a"]})
+    result["step_gflop"] = _counted_gflop(lambda: (plain.w_release(), plain.a_release()))
+    result["step_gflops"] = result["step_gflop"] / result["step_cpu_seconds"]
+    result["core_peak_gflops"] = _dense_matmul_gflops(repeats)
     if dp is not None:
         dp_step = med["dp_w"] + med["dp_a"]
         dp_cpu = med_cpu["dp_w"] + med_cpu["dp_a"]
@@ -163,6 +166,26 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
             "noise_source_ratio": med["noise_keystream"] / med["noise_torch"],
         })
     return result
+
+
+def _counted_gflop(step: Callable[[], Any]) -> float:
+    """GFLOP of one call of `step`, counted by ``torch.utils.flop_counter`` (convolutions and matmuls, forward and
+    backward; element-wise ops are not counted, as in the usual FLOP budgets of NAS papers)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() / 1e9
+
+
+def _dense_matmul_gflops(repeats: int, n: int = 1024) -> float:
+    """The core's dense rate in this process: GFLOP/s of an n×n float32 matmul (2n³ FLOP), median CPU time."""
+    import torch
+
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    torch.mm(a, b)  # warm-up
+    times = [_timed(lambda: torch.mm(a, b))[1] for _ in range(max(repeats, 3))]
+    return 2 * n**3 / 1e9 / statistics.median(times)
 
 
 def _noise_jobs(size: int) -> dict[str, Callable[[], Any]]:
@@ -281,19 +304,33 @@ def measure_variant_memory(cfg: Config, variant: str) -> dict[str, Any]:
     """
     import gc
 
-    warm = make_party(cfg, private=variant == "private", examples=1)
     party = make_party(cfg, private=variant == "private")
+    startup = _process_age()  # launch -> a party ready for its first step (no MPI handshake here)
+    warm = make_party(cfg, private=variant == "private", examples=1)
     warm.w_release()
     warm.a_release()
     del warm
     gc.collect()
+    before_reset = _peak_rss_mb()
     if _reset_peak_rss():
         method, baseline = "VmHWM", _peak_rss_mb()
     else:  # no reset: the peak so far is the best baseline there is (an overestimate of it)
         method, baseline = "ru_maxrss", _peak_rss_mb()
     party.w_release()
     party.a_release()
-    return {"baseline_mb": baseline, "peak_mb": _peak_rss_mb(), "method": method}
+    peak = _peak_rss_mb()
+    return {"baseline_mb": baseline, "peak_mb": peak, "method": method, "process_peak_mb": max(before_reset, peak),
+            "startup_seconds": startup}
+
+
+def _process_age() -> float:
+    """Seconds since this process started (Linux /proc; NaN elsewhere)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return float("nan")
 
 
 def _child_env() -> dict[str, str]:
@@ -323,6 +360,8 @@ def measure_memory(args: argparse.Namespace) -> dict[str, float]:
         "dp_step_rss_mb": dp_step,
         "peak_rss_ratio": dp_step / step if step > 0 else float("nan"),
         "rss_method": runs["private"]["method"],
+        "rss_peak_mb_party": runs["private"]["process_peak_mb"],
+        "startup_seconds": runs["private"]["startup_seconds"],
     }
 
 
@@ -374,11 +413,13 @@ def time_exchange(channel: Channel, num_w: int, num_a: int, repeats: int, lag: f
 
 REPORT_KEYS_FROM_STEP = (
     "step_seconds", "w_release_seconds", "a_release_seconds", "step_cpu_seconds",
+    "step_gflop", "step_gflops", "core_peak_gflops",
     "dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_ratio",
     "dp_step_cpu_seconds", "dp_step_ratio_cpu", "per_sample_seconds", "per_sample_a_seconds",
     "per_sample_method_w", "per_sample_method_a",
     "noise_seconds", "noise_seconds_torch_generator", "noise_source_ratio",
     "rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method",
+    "rss_peak_mb_party", "startup_seconds",
     "augment_num_w", "augment_step_seconds", "augment_dp_step_seconds", "augment_dp_step_ratio",
 )
 

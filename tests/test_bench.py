@@ -21,7 +21,8 @@ TINY_SETTINGS = ["space.channels=4", "space.layers=3", "space.nodes=1", "data.im
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--repeats", "1", "--json"]
 DP_TIMES = ("dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_cpu_seconds",
             "per_sample_seconds", "per_sample_a_seconds")
-RSS_FIELDS = ("rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method")
+RSS_FIELDS = ("rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method", "rss_peak_mb_party",
+              "startup_seconds")
 
 
 def _run_bench(ranks: int, *extra: str) -> dict:
@@ -46,6 +47,9 @@ def test_bench_json_fields(ranks, memory):
     assert report["comm_fraction"] == pytest.approx(
         report["comm_seconds"] / (report["step_seconds"] + report["comm_seconds"]))
     assert report["num_a"] == 2 * 2 * 8  # 2 cells kinds × 2 edges (1 node) × 8 ops
+    # The plain step's counted FLOPs over its CPU time, beside the core's dense matmul rate of the same run.
+    assert report["step_gflop"] > 0 and report["core_peak_gflops"] > 0
+    assert report["step_gflops"] == pytest.approx(report["step_gflop"] / report["step_cpu_seconds"])
 
     # The private step: every timing present and positive, ratios consistent with the times they divide.
     for key in DP_TIMES:
@@ -68,6 +72,9 @@ def test_bench_json_fields(ranks, memory):
         assert report["peak_rss_ratio"] == pytest.approx(report["dp_step_rss_mb"] / report["step_rss_mb"])
         # Not the inherited high-water mark of the (much larger) parent rank: the baseline is the child's own.
         assert report["rss_method"] in ("VmHWM", "ru_maxrss")
+        # The private party process's whole peak (imports, supernet, the step) and its start-up time.
+        assert report["rss_peak_mb_party"] >= report["rss_baseline_mb"]
+        assert 0 < report["startup_seconds"] < 300
     else:
         assert all(report[key] is None for key in RSS_FIELDS)
 
