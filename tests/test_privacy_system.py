@@ -36,11 +36,13 @@ def alphas(run) -> np.ndarray:
 @pytest.fixture(scope="module")
 def same_seed_runs(tmp_path_factory):
     """Four DP runs of one config and seed, side by side: s1, s2 with secret noise (the default), r1, r2 with
-    reproducible noise. s2 also prints its progress lines (as into a Slurm .out file: not a terminal). Returns
-    (their directory, {name: result}). Concurrency changes no number of a run."""
+    reproducible noise. s2 also prints its progress lines (as into a Slurm .out file: not a terminal). Each
+    searches 2 epochs of 2 steps. Returns (their directory, {name: result}). Concurrency changes no number of a
+    run."""
     root = tmp_path_factory.mktemp("same_seed")
     plans = {"s1": [], "s2": ["--set", "runtime.progress=auto"], "r1": REPRODUCIBLE, "r2": REPRODUCIBLE}
-    outs = mpirun_together(*((3, [*DP, *extra, "--out", str(root / name)]) for name, extra in plans.items()))
+    short = [*DP, "--set", "search.steps_per_epoch=2"]
+    outs = mpirun_together(*((3, [*short, *extra, "--out", str(root / name)]) for name, extra in plans.items()))
     return root, dict(zip(plans, outs, strict=True))
 
 
@@ -135,7 +137,7 @@ def test_a_killed_party_fails_the_run_and_its_replayed_steps_are_charged(tmp_pat
 def test_no_per_step_timing_under_dp(same_seed_runs):
     """Item 5: a step's duration tracks its realised Poisson batch size; only the whole run's cost is logged,
     and the progress line times whole epochs only (issue 23, item 2)."""
-    root, runs = same_seed_runs  # s2: a plain DP run (TINY, secret noise)
+    root, runs = same_seed_runs  # s2: a plain DP run (TINY in 2 epochs of 2 steps, secret noise)
     assert runs["s2"].returncode == 0, runs["s2"].stderr
     log = read_run(root / "s2" / "search.h5")
     for column in ("step_seconds", "comm_seconds", "party_seconds"):
@@ -143,9 +145,9 @@ def test_no_per_step_timing_under_dp(same_seed_runs):
     assert log["cost"]["wall_seconds"] > 0
     assert np.isfinite(log["metrics"]["test_acc"][-1])
     # Nor on the console (a Slurm .out file keeps every line): a rate appears only from whole epochs, i.e. from
-    # the second epoch end (TINY: 2 epochs of 4 steps, a line every step).
+    # the second epoch end (2 epochs of 2 steps, a line every step).
     frames = [line.strip() for line in runs["s2"].stderr.splitlines() if line.startswith("search [")]
-    assert [f.split()[2] for f in frames] == [f"{step}/8" for step in range(1, 9)], frames
+    assert [f.split()[2] for f in frames] == [f"{step}/4" for step in range(1, 5)], frames
     assert not any("s/step" in f or "eta" in f for f in frames[:-1]), frames
     assert "s/step" in frames[-1]
 
