@@ -215,6 +215,12 @@ def test_per_example_alpha_copies_are_exact_in_float64():
     copies = per_sample_gradients(model, alphas, inputs, targets, method="hooks")
     reference = per_sample_gradients(model, alphas, inputs, targets, method="vmap")
     assert max_relative_row_error(copies, reference) <= 1e-12
+    # In chunks the copies are made per chunk (B = chunk size): the same rows.
+    chunked = per_sample_gradients(model, alphas, inputs, targets, method="hooks", max_chunk=2)
+    assert max_relative_row_error(chunked, copies) <= 1e-12
+    # The network has 2 cells, both reduction cells: alpha_normal is unused and its rows are exactly zero.
+    assert torch.count_nonzero(copies[:, :model.alpha_normal.numel()]) == 0
+    assert torch.count_nonzero(copies[:, model.alpha_normal.numel():]) > 0
     changed = per_sample_gradients(model, alphas, perturb_others(inputs), targets, method="hooks")
     assert torch.allclose(changed[0], copies[0], rtol=1e-12, atol=0)
     assert not torch.allclose(changed[1], copies[1], rtol=1e-3)
