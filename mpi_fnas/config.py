@@ -189,6 +189,10 @@ class PrivacyConfig:
     reproducible_noise: bool = _key(
         False, "tests/debugging only: noise and sampling keyed from (seed, rank) instead of 256 bits of OS "
         "entropy; VOIDS ε (the noise is predictable)")
+    aggregation: Literal["local", "secure"] = _key(
+        "local", "local: every party adds the full noise σ·R to its own release; secure: each adds 1/K of the "
+        "variance (discrete Gaussian on an integer encoding) and masks it pairwise, so rank 0 sees only the sum "
+        "(docs/privacy.md)")
 
 
 @dataclass
@@ -534,6 +538,11 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
                 "are releases the accountant does not cover (docs/privacy.md); use first_order"
+            )
+        if cfg.privacy.aggregation == "secure" and cfg.federation.selection != "all":
+            raise ConfigError(
+                f"privacy.aggregation: secure shows rank 0 only the sum of the releases, and federation.selection "
+                f"{cfg.federation.selection} needs each party's own release; use selection all, or aggregation local"
             )
     _validate_data(cfg)
     _validate_selection(cfg)

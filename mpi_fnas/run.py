@@ -292,9 +292,12 @@ def _search_lines(outcome) -> list[str]:
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
     elif outcome.epsilon is not None:
         eps, mu = outcome.epsilon, outcome.mu_gdp
+        bound = "tight PLD bound" if outcome.epsilon_collusion is None else \
+            "against the server (secure aggregation; RDP bound)"
         lines += [
             f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
-            f"{outcome.delta.max():.3g} — tight PLD bound, per party, max over its train/val ledgers",
+            f"{outcome.delta.max():.3g} — {bound}, per party, max over its train/val ledgers",
+            *_collusion_lines(outcome),
             f"                (paper's Theorem 3.1 μ-GDP, a CLT approximation: μ = {mu.max():.4g}; not the guarantee)",
         ]
     lines += [
@@ -305,6 +308,15 @@ def _search_lines(outcome) -> list[str]:
         f"log             {outcome.log_path}",
     ]
     return lines
+
+
+def _collusion_lines(outcome) -> list[str]:
+    """Under secure aggregation: the ε a party keeps if all K − 1 other parties collude with the server."""
+    if outcome.epsilon_collusion is None:
+        return []
+    worst = outcome.epsilon_collusion.max()
+    return [f"                ε = {worst:.4g} (worst party) if the K − 1 other parties collude with the server "
+            "(only its own 1/K of the noise is left)"]
 
 
 def _augment_lines(outcome, search) -> list[str]:
@@ -322,8 +334,9 @@ def _augment_lines(outcome, search) -> list[str]:
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
     elif outcome.private:
         eps = outcome.epsilon
+        bound = "tight PLD bound" if outcome.epsilon_collusion is None else "against the server (secure; RDP bound)"
         lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
-                  f"{outcome.delta.max():.3g} — search + augmentation composed, tight PLD bound"]
+                  f"{outcome.delta.max():.3g} — search + augmentation composed, {bound}", *_collusion_lines(outcome)]
     elif outcome.mode == "dpfnas":
         eps = outcome.epsilon
         search_eps = f"ε = {eps.max():.4g} (worst party) covers the SEARCH ONLY; " if eps is not None else ""

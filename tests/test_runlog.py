@@ -119,16 +119,19 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert cost.get_id("ranks").dtype.kind == "i" and cost.get_id("wall_seconds").dtype == np.float64
 
         privacy = f["privacy"]
-        assert set(privacy.attrs) == {"delta", "accountant"}
+        assert set(privacy.attrs) == {"delta", "accountant", "aggregation"}
         assert privacy.attrs["delta"].shape == (PARTIES,) and privacy.attrs["accountant"] == "pld"
+        assert privacy.attrs["aggregation"] == "local"
         # each release's RELEASE_FIELDS (noise_multiplier, clip, …) as <field>_w and <field>_a, each float64
         released = {field + suffix for field in RELEASE_FIELDS for suffix in ("_w", "_a")}
         assert {"noise_multiplier_w", "noise_multiplier_a", "clip_w", "clip_a"} <= released
-        assert set(privacy) == {"epsilon", "mu_gdp", "steps", "charged_steps", "sample_rate_train",
-                                "sample_rate_val", *released}
+        assert set(privacy) == {"epsilon", "mu_gdp", "epsilon_collusion", "steps", "charged_steps",
+                                "sample_rate_train", "sample_rate_val", *released}
         for name in released:
             assert privacy[name].dtype == np.float64 and privacy[name].shape in ((), (PARTIES,)), name
-        for name in ("epsilon", "mu_gdp"):
+        # under local noise colluders subtract nothing: the collusion ε is the ε (append_privacy without it)
+        np.testing.assert_array_equal(privacy["epsilon_collusion"][0], privacy["epsilon"][0])
+        for name in ("epsilon", "mu_gdp", "epsilon_collusion"):
             assert privacy[name].shape == (1, PARTIES) and privacy[name].maxshape == (None, PARTIES)
             assert privacy[name].dtype == np.float64
         assert privacy["steps"].shape == (1,) and privacy["steps"].maxshape == (None,)

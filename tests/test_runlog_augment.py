@@ -258,10 +258,11 @@ def test_private_augment_ledger_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert group.attrs["private"] and set(group) == {"metrics", "cost", "privacy"}
         ledger = group["privacy"]
         assert {"noise_multiplier", "clip"} <= set(RELEASE_FIELDS)  # the release's fields by their own names
-        assert set(ledger) == {"sample_rate", *RELEASE_FIELDS, "delta", "steps", "charged_steps", "epsilon", "mu_gdp"}
+        assert set(ledger) == {"sample_rate", *RELEASE_FIELDS, "delta", "steps", "charged_steps", "epsilon", "mu_gdp",
+                               "epsilon_collusion"}
         for name in RELEASE_FIELDS:
             assert ledger[name].dtype == np.float64 and ledger[name].shape in ((), (PARTIES,)), name
-        assert not ledger.attrs.keys()
+        assert dict(ledger.attrs) == {"aggregation": "local"}
         for name, shape in (("sample_rate", (PARTIES,)), ("noise_multiplier", (PARTIES,)), ("clip", ()),
                             ("delta", (PARTIES,))):  # fmt: skip
             assert ledger[name].dtype == np.float64 and ledger[name].shape == shape, name

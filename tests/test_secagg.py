@@ -1,5 +1,6 @@
 """The building blocks of secure aggregation (mpi_fnas/secagg): the exact discrete Gaussian, the integer encoding
-and its decoding, and the pairwise masks. The MPI Reduce that sums the uploads is checked in tests/mpi/test_comm.py.
+and its decoding, the pairwise masks, and a secure release made through :class:`~mpi_fnas.privacy.release.Release`
+and opened as rank 0 opens it. The MPI Reduce that sums the uploads is checked in tests/mpi/test_comm.py.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
+from torch import nn
 
+from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.per_sample import per_sample_gradients
+from mpi_fnas.privacy.release import Release, SecureSum
 from mpi_fnas.secagg.discrete_gaussian import bernoulli_exp, discrete_gaussian, discrete_laplace
 from mpi_fnas.secagg.encoding import Encoding, decode, encode_examples, hadamard, rotation_signs, wrap
-from mpi_fnas.secagg.masks import PairwiseMasks
+from mpi_fnas.secagg.masks import PairwiseMasks, launch_id
+from mpi_fnas.secagg.series import SecureSeries
 
 
 def chi_square_p(samples: torch.Tensor, pmf: dict[int, float]) -> float:
@@ -116,7 +122,7 @@ def test_every_rounded_example_is_within_the_norm_bound():
     assert encoding.norm_bound < encoding.clip / encoding.scale + math.sqrt(encoding.padded)  # the condition binds
 
 
-def agreed_masks(parties: int, run_id: bytes = b"run-1") -> list[PairwiseMasks]:
+def agreed_masks(parties: int, run_id: bytes | None = b"run-1") -> list[PairwiseMasks]:
     masks = [PairwiseMasks(rank, run_id) for rank in range(1, parties + 1)]
     public = {m.rank: m.public_key for m in masks}
     for m in masks:
@@ -164,3 +170,51 @@ def test_agreement_refuses_a_key_set_without_its_own_key():
     m = agreed_masks(2)[0]
     with pytest.raises(ValueError, match="own public key"):
         m.agree({1: bytes(32), 2: bytes(32)})
+
+
+def test_a_launch_id_is_shared_and_fresh_with_fresh_keys():
+    masks = agreed_masks(3, run_id=None)
+    assert len({m.run_id for m in masks}) == 1
+    assert masks[0].run_id == launch_id({m.rank: m.public_key for m in masks})
+    assert agreed_masks(3, run_id=None)[0].run_id != masks[0].run_id
+
+
+def test_secure_releases_carry_the_central_noise_where_local_ones_carry_sqrt_k_times_it():
+    """K parties release the clipped gradient sum of the same 32 examples (q = 1, so the exact sum is known). The
+    secure path's opened sum × B differs from K × the exact sum by noise of std σ·c per coordinate (the central
+    mechanism's); the sum of K local releases by √K·σ·c. Each masked upload alone is not its unmasked words."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(64, 64))
+    params = dict(model.named_parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 64, (32,))
+    parties, sigma, clip, batch = 4, 1.0, 1.0, 32.0
+    exact = clipped_sum(per_sample_gradients(model, params, x, y), clip).double() * parties
+    dimension = exact.numel()
+
+    def examples(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return x[indices], y[indices]
+
+    secure = Release(sigma, clip, batch, secure=SecureSum(parties))
+    masks = agreed_masks(parties, run_id=None)
+    total = np.zeros(secure.encoding(dimension).padded, dtype=np.uint32)
+    for k, m in enumerate(masks):
+        series = SecureSeries(m.run_id, "search", "W", secure.encoding(dimension))
+        upload = secure.make(model, params, 32, examples, Keystream.from_os(), Keystream.from_os(), series=series,
+                             masks=m)
+        assert upload.dtype == np.uint32 and series.count == 1
+        if k == 0:
+            first = upload
+        total += upload
+    opened = SecureSeries(masks[0].run_id, "search", "W", secure.encoding(dimension)).open(total, batch)
+    secure_error = torch.from_numpy(opened).double() * batch - exact
+    local = Release(sigma, clip, batch)
+    local_sum = sum(local.make(model, params, 32, examples, Keystream.from_os(), Keystream.from_os()).double()
+                    for _ in range(parties))
+    local_error = local_sum * batch - exact
+    assert float(secure_error.std()) == pytest.approx(sigma * clip, rel=0.08)
+    assert float(local_error.std()) == pytest.approx(math.sqrt(parties) * sigma * clip, rel=0.08)
+    assert abs(float(secure_error.mean())) < 5 * sigma * clip / math.sqrt(dimension)
+    # An unmasked total is a few thousand units either side of 0 mod 2^32; a masked upload is uniform.
+    assert np.mean((first > 2**20) & (first < 2**32 - 2**20)) > 0.99
+    with pytest.raises(ValueError, match="series and pairwise masks"):
+        secure.make(model, params, 32, examples, Keystream.from_os(), Keystream.from_os())

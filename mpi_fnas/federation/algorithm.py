@@ -19,7 +19,8 @@ Hessian term along that common v (Eq. 5). Using the aggregate v makes Σ_k H_k t
 aggregated validation loss (the paper's per-party v_k drops cross-party terms).
 
 Under DP the party's release is clipped and noised inside the party (:mod:`mpi_fnas.privacy.release`); nothing
-here changes. The server contributes zeros to every Reduce.
+here changes. The server contributes zeros to every Reduce. Under secure aggregation a party's release is sealed
+uint32 words: their Reduce wraps mod 2^32, the masks cancel, and rank 0 opens the sum (:mod:`mpi_fnas.secagg`).
 
 With ``federation.selection`` random, secprobe or oracle the server needs every release, not their sum: the
 Reduces become Gathers, the server chooses K′ parties at the first W round (:class:`~.selection.Selector`;
@@ -46,6 +47,7 @@ from mpi_fnas.federation.stage import CONTINUE
 if TYPE_CHECKING:  # each side's state: autograd, which this MPI module never calls itself
     from mpi_fnas.federation.party import Party
     from mpi_fnas.federation.server import Server
+    from mpi_fnas.secagg.series import SecureSeries
 
 
 @dataclass
@@ -61,22 +63,30 @@ class StepStats:
 
 class Exchange:
     """Rank 0's buffers of one vector (n,), allocated once: its zero contribution and receive buffer (n + STATS), the
-    rows of a gather (K, n + STATS) when the server selects, and its broadcast (the vector, then the control word)."""
+    rows of a gather (K, n + STATS) when the server selects, and its broadcast (the vector, then the control word).
+    Under secure aggregation (`series`: the release's labels on rank 0; `expected_batch_size`: its B) the sum
+    arrives as uint32 words (D,) and is opened into ``total`` (STATS zero)."""
 
-    def __init__(self, n: int, gathered_parties: int | None) -> None:
+    def __init__(self, n: int, gathered_parties: int | None, series: SecureSeries | None = None,
+                 expected_batch_size: float = 1.0) -> None:
         self.zero = np.zeros(n + STATS, dtype=np.float32)
         self.total = np.zeros(n + STATS, dtype=np.float32)
         self.parts = np.zeros((gathered_parties, n + STATS), dtype=np.float32) if gathered_parties else None
         self.send = np.zeros(n + 1, dtype=np.float32)
+        self.series, self.expected_batch_size = series, expected_batch_size
+        padded = series.encoding.padded if series is not None else 0
+        self.words_zero = np.zeros(padded, dtype=np.uint32)
+        self.words_total = np.zeros(padded, dtype=np.uint32)
 
 
 class ServerBuffers:
     """Rank 0's buffers of a stage: W's exchange, A's (None without A) and v's (second order)."""
 
     def __init__(self, num_w: int, num_a: int | None, *, gathered_parties: int | None = None,
-                 second_order: bool = False) -> None:
-        self.w = Exchange(num_w, gathered_parties)
-        self.a = Exchange(num_a, gathered_parties) if num_a is not None else None
+                 second_order: bool = False, secure: dict[str, tuple[SecureSeries, float]] | None = None) -> None:
+        secure = secure or {}
+        self.w = Exchange(num_w, gathered_parties, *secure.get("W", ()))
+        self.a = Exchange(num_a, gathered_parties, *secure.get("A", ())) if num_a is not None else None
         self.v_zero = np.zeros(num_w, dtype=np.float32) if second_order else None
         self.v_sum = np.zeros(num_w, dtype=np.float32) if second_order else None
 
@@ -100,6 +110,11 @@ class _Selection:
     def receive(self, channel: Channel, ex: Exchange, *, first: bool) -> np.ndarray:
         """Σ of this round's releases (the chosen parties' with a selection) into ``ex.total``; their STATS (all
         parties') returned."""
+        if ex.series is not None:  # sealed words: the masks cancel in the sum, which rank 0 opens
+            channel.reduce_sum(ex.words_zero, ex.words_total)
+            ex.total[:-STATS] = ex.series.open(ex.words_total, ex.expected_batch_size)
+            ex.total[-STATS:] = 0.0
+            return ex.total[-STATS:].copy()
         if self.selector is None:
             channel.reduce_sum(ex.zero, ex.total)
             return ex.total[-STATS:].copy()

@@ -43,7 +43,8 @@ party's compute went from ~16.5 % to ~18.5 % of one core in total. Tighter caps 
 
 Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, pickled
 objects) and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a
-message's size is that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (no pickling).
+message's size is that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (no pickling;
+a secure reduce sums uint32 words).
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ class Channel:
         self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
         self.pause_fraction = SERVER_PAUSE_FRACTION if self.rank == SERVER else PARTY_PAUSE_FRACTION
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
-        self._parts: dict[int, np.ndarray] = {}  # server: (K, n) float32 receive buffers by n, reused every step
+        self._parts: dict[tuple[int, str], np.ndarray] = {}  # server: (K, n) receive buffers by (n, dtype), reused
         # Requests (and their buffers) of an exchange abandoned by an exception: kept alive so that MPI never
         # writes into freed memory before the caller aborts the job. Their receives stay posted and would match
         # later messages, so the channel refuses any further exchange.
@@ -123,24 +124,27 @@ class Channel:
         """Server: ``recv = send + Σ_k send_k`` (k = 1..K in rank order). Party: contribute `send`.
 
         Args:
-            send: (n,) contiguous float32, same n on every rank (the server usually contributes zeros).
-            recv: server only, (n,) contiguous float32; parties pass None.
+            send: (n,) contiguous float32, or uint32 (secure aggregation's masked words: their sum wraps mod
+                2^32, as numpy's and MPI's unsigned sums do), same n and dtype on every rank (the server usually
+                contributes zeros).
+            recv: server only, (n,) contiguous, of `send`'s dtype; parties pass None.
         """
-        _check_buffer(send)
+        _check_buffer(send, np.uint32)
         if not self.is_server:
             self._wait(_Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "reduce")
             return
         if recv is None:
             raise ValueError("the server must pass a receive buffer")
-        _check_buffer(recv)
-        if recv.size != send.size:
-            raise ValueError(f"reduce: receive buffer has {recv.size} floats, send buffer {send.size}")
-        parts = self._parts.get(send.size)
+        _check_buffer(recv, send.dtype.type)
+        if recv.size != send.size or recv.dtype != send.dtype:
+            raise ValueError(f"reduce: receive buffer has {recv.size} {recv.dtype}, send buffer {send.size} "
+                             f"{send.dtype}")
+        parts = self._parts.get((send.size, send.dtype.str))
         if parts is None:
-            parts = self._parts[send.size] = np.zeros((self.size - 1, send.size), dtype=np.float32)
+            parts = self._parts[(send.size, send.dtype.str)] = np.zeros((self.size - 1, send.size), dtype=send.dtype)
         pending = _Requests([self.comm.Irecv(parts[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
         self._wait(pending, "reduce")
-        pending.check_floats(send.size)
+        pending.check_count(send.size, send.dtype)
         np.copyto(recv, send)
         for part in parts:  # rank order: the sum does not depend on who arrived first
             np.add(recv, part, out=recv)
@@ -170,7 +174,7 @@ class Channel:
         except BaseException:
             self._abandoned.append(recv)  # MPI may still write into it
             raise
-        pending.check_floats(send.size)
+        pending.check_count(send.size, send.dtype)
 
     def bcast(self, buf: np.ndarray) -> None:
         """Overwrite `buf` ((n,) contiguous float32, same n everywhere) on every party with the server's `buf`."""
@@ -180,7 +184,7 @@ class Channel:
             return
         pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])
         self._wait(pending, "bcast")
-        pending.check_floats(buf.size)
+        pending.check_count(buf.size, buf.dtype)
 
     def barrier(self) -> None:
         self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
@@ -304,12 +308,14 @@ class _Requests(_Pending):
     def test(self) -> bool:
         return MPI.Request.Testall(self.requests, self.statuses)
 
-    def check_floats(self, expected: int) -> None:
-        """After completion: every receive must have carried exactly `expected` float32 values."""
+    def check_count(self, expected: int, dtype: np.dtype) -> None:
+        """After completion: every receive must have carried exactly `expected` values of `dtype` (float32 or
+        uint32)."""
+        datatype, noun = (MPI.UNSIGNED, "uint32 words") if dtype == np.uint32 else (MPI.FLOAT, "floats")
         for status in self.statuses:
-            got = status.Get_count(MPI.FLOAT)
+            got = status.Get_count(datatype)
             if got != expected:
-                raise ValueError(f"rank {status.Get_source()} sent {got} floats, expected {expected}")
+                raise ValueError(f"rank {status.Get_source()} sent {got} {noun}, expected {expected}")
 
 
 class _IncomingObject(_Pending):
@@ -347,7 +353,9 @@ def _pickle(obj: object) -> bytes:
     return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _check_buffer(buf: np.ndarray) -> None:
-    if buf.dtype != np.float32 or not buf.flags.c_contiguous:
-        raise TypeError("collective buffers must be contiguous float32 numpy arrays")
+def _check_buffer(buf: np.ndarray, *also: type) -> None:
+    """Hot-path buffers are contiguous float32 (or one of the dtypes `also` allows: uint32 in a reduce)."""
+    if buf.dtype not in (np.float32, *also) or not buf.flags.c_contiguous:
+        allowed = " or ".join(np.dtype(t).name for t in (np.float32, *also))
+        raise TypeError(f"collective buffers must be contiguous {allowed} numpy arrays")
 

@@ -5,6 +5,10 @@ for a decision that never comes); every rank picks its device in one collective;
 how many iterations it has ever sent in this stage (data-independent; non-zero only after a crash, and then the
 server charges the replays).
 
+Under secure aggregation (``privacy.aggregation: secure``), one more round after the reports: every party sends
+its fresh X25519 public key, rank 0 relays all of them (:func:`relay_public_keys`, :func:`agree_masks`), and each
+pair of parties derives its mask keys; the server sees only public keys.
+
 Then the party's steps: before anything of a step leaves a DP party, its send count grows on its own disk; at a
 checkpoint step it saves its own state, then acknowledges with an empty message; at a stop it waits for the server
 to finish its checkpoint and the log. The iteration itself (what is computed and sent) is the stage's own.
@@ -23,6 +27,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
+from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
 
 if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
     from mpi_fnas.federation.party import Party
@@ -58,6 +63,17 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
                         sent_steps=[int(r["sent_steps"]) for r in reports])
 
 
+def relay_public_keys(channel: Channel) -> bytes:
+    """Secure aggregation's key round on rank 0: gather every party's public key, relay them all to every party;
+    returns the launch id (:func:`~mpi_fnas.secagg.masks.launch_id`) the parties derive from the same keys."""
+    keys = {rank: key for rank, key in enumerate(channel.gather_objects(None)[1:], start=1)}
+    for rank, key in keys.items():
+        if not isinstance(key, bytes) or len(key) != PUBLIC_KEY_BYTES:
+            raise ValueError(f"party {rank} sent a public key that is not {PUBLIC_KEY_BYTES} bytes")
+    channel.bcast_object(keys)
+    return launch_id(keys)
+
+
 # -- a party ---------------------------------------------------------------------------------------------------------
 def receive_assignment(channel: Channel, kind: type[AssignmentT], device_preference: str,
                        ) -> tuple[AssignmentT, torch.device]:
@@ -73,6 +89,15 @@ def receive_assignment(channel: Channel, kind: type[AssignmentT], device_prefere
 def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> None:
     """The party's only setup message: its device and its count of sent iterations (0 unless DP)."""
     channel.gather_objects({"device": str(device), "sent_steps": sent_steps})
+
+
+def agree_masks(channel: Channel) -> PairwiseMasks:
+    """Secure aggregation's key round on a party: a fresh X25519 key pair (its private key never leaves the
+    object), the public key to rank 0, every party's public key back, the pairwise secrets derived."""
+    masks = PairwiseMasks(channel.rank)
+    channel.gather_objects(masks.public_key)
+    masks.agree(channel.bcast_object())
+    return masks
 
 
 def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,

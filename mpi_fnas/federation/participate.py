@@ -30,7 +30,7 @@ from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.handshake import party_steps, receive_assignment, report_setup
+from mpi_fnas.federation.handshake import agree_masks, party_steps, receive_assignment, report_setup
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -52,6 +52,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # Its own stream keys and positions: the resumed run continues its streams.
         party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
     report_setup(channel, device, store.sent_steps if store and party.private else 0)
+    if party.secure:
+        party.use_secure_aggregation(agree_masks(channel), side.name)
 
     buf = PartyBuffers(party.num_w, party.num_a)
     channel.bcast(buf.w[:-1])  # the initial W (and A)

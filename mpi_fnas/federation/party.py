@@ -37,6 +37,8 @@ from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.release import Release
+from mpi_fnas.secagg.masks import PairwiseMasks
+from mpi_fnas.secagg.series import SecureSeries
 from mpi_fnas.space import augment_loss
 
 #: ``transform(x, y) -> (x, y)``: what a stage does to a W batch's examples, each on its own (the augmentation).
@@ -140,6 +142,8 @@ class Party:
         self._train_batch: tuple[torch.Tensor, torch.Tensor] | None = None
         self._w_before: np.ndarray | None = None  # W_k, kept for the second-order Hessian term
         self._val_a_grad: torch.Tensor | None = None
+        self.masks: PairwiseMasks | None = None  # secure aggregation: set by use_secure_aggregation
+        self.series: dict[str, SecureSeries] = {}
         self.w_out = np.zeros(self.num_w + STATS, dtype=np.float32)
         self.a_out = np.zeros(self.num_a + STATS, dtype=np.float32) if a_shard is not None else None
         self.v_out = np.zeros(self.num_w, dtype=np.float32) if a_shard is not None else None
@@ -147,6 +151,19 @@ class Party:
     @property
     def private(self) -> bool:
         return self.releases is not None
+
+    @property
+    def secure(self) -> bool:
+        """Whether the releases are securely aggregated (``privacy.aggregation: secure``)."""
+        return self.releases is not None and any(r.secure is not None for r in self.releases.values())
+
+    def use_secure_aggregation(self, masks: PairwiseMasks, stage: str) -> None:
+        """From now on, seal every release with `masks` (agreed this launch): each release kind of this `stage`
+        gets its series of labels, counted in lockstep with rank 0's."""
+        sizes = {"W": self.num_w, "A": self.num_a}
+        self.masks = masks
+        self.series = {name: SecureSeries(masks.run_id, stage, name, release.encoding(sizes[name]))
+                       for name, release in self.releases.items()}
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -179,7 +196,8 @@ class Party:
     def w_release(self) -> np.ndarray:
         """G_k: the gradient of W on the next batch of the W shard (mean loss), plus STATS; a view of `w_out`.
 
-        Under DP: the clipped, noised release of W gradients on a Poisson batch of the W shard (STATS zero).
+        Under DP: the clipped, noised release of W gradients on a Poisson batch of the W shard (STATS zero); under
+        secure aggregation its sealed uint32 words (D,), no STATS.
         """
         if self.releases is not None:
             return self._private_release("W", self.train, self._w_examples, self._named_w, self.w_out,
@@ -264,8 +282,14 @@ class Party:
         realised batch size and compute time would be unaccounted releases).
         """
         self.model.train()
-        vector = self.releases[name].make(self.model, params, len(shard), examples, self.randomness.sampling,
-                                          self.randomness.noise, **how)
+        release = self.releases[name]
+        if release.secure is not None:
+            if self.masks is None:
+                raise RuntimeError("a secure release before use_secure_aggregation")
+            return release.make(self.model, params, len(shard), examples, self.randomness.sampling,
+                                self.randomness.noise, series=self.series[name], masks=self.masks, **how)
+        vector = release.make(self.model, params, len(shard), examples, self.randomness.sampling,
+                              self.randomness.noise, **how)
         out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0
         return out

@@ -165,6 +165,7 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
         expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
         steps=augment_steps(cfg, [len(p) for p in augment_pools(cfg, assignments)])[1], stop_reason="completed",
         releases_per_step=w_rounds(cfg.augment.optimizer),
+        secure=DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments)).secure_sum,
     )
 
 
@@ -186,7 +187,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
 
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
-                DPParams.from_config(cfg.privacy, cfg.search.batch_size), planned_steps=steps,
+                DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments)), planned_steps=steps,
                 augment=augment_demand(cfg, assignments), w_releases_per_step=w_rounds(cfg.search.w_optimizer),
             )
         steps, reason = privacy.steps, privacy.stop_reason

@@ -31,7 +31,7 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.handshake import hand_out, refuse_setup
+from mpi_fnas.federation.handshake import hand_out, refuse_setup, relay_public_keys
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import (
     AugmentPlan,
@@ -49,11 +49,12 @@ from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
+from mpi_fnas.secagg.series import SecureSeries
 from mpi_fnas.space import search_space
 
 if TYPE_CHECKING:  # the ledgers import dp_accounting and scipy (~1 s): only a DP stage imports them (_ledger)
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-    from mpi_fnas.privacy.release import PrivacyPlan
+    from mpi_fnas.privacy.release import PrivacyPlan, Release
 
 
 @dataclass(kw_only=True)
@@ -70,6 +71,8 @@ class StageOutcome:
     wall_seconds: float = 0.0
     interrupted: bool = False  # stopped by a signal after writing a checkpoint
     epsilon: np.ndarray | None = None  # (K,) tight ε per party (DP only); the augmentation's composes both stages
+    # (K,) under secure aggregation: ε if K − 1 parties collude with the server (None: local noise, = epsilon)
+    epsilon_collusion: np.ndarray | None = None
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
 
@@ -113,6 +116,13 @@ class StageSetup:
     test: Any  # the test split (rank 0 evaluates on it)
     model: torch.nn.Module  # the network the stage trains (the supernet; the augmentation's network of its cell)
     search_plan: RunPlan  # the search's partition (the augmentation's: its log when it did not search)
+    releases: dict[str, Release] | None = None  # the stage's DP releases by name (None: not private)
+    launch_id: bytes | None = None  # secure aggregation: the launch's id, from the relayed public keys
+
+    @property
+    def secure(self) -> bool:
+        """Whether the stage's releases are securely aggregated (rank 0 relays keys and opens sums)."""
+        return self.releases is not None and any(r.secure is not None for r in self.releases.values())
 
 
 def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, searched: dict | None = None,
@@ -134,6 +144,8 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         refuse_setup(channel, str(exc))
         raise
     reports = hand_out(channel, setup.plan.assignments)
+    if setup.secure:
+        setup.launch_id = relay_public_keys(channel)
     ledger = setup.ledger
     if ledger is not None and resume is not None:
         ledger.load_state_dict(resume["ledger"])
@@ -225,7 +237,13 @@ def _setup(cfg: Config, name: str, plan: RunPlan | AugmentPlan, ledger: Federati
         raise SetupError(str(exc)) from None
     aux = open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed else (None, None)
     model = build(in_channels=test.in_channels, num_classes=test.num_classes)
-    return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, model, search_plan)
+    releases = None
+    if private and name == "search":
+        releases = plan.privacy.params.search_releases(plan.privacy.w_releases_per_step)
+    elif private:
+        releases = {"W": plan.releases.release}
+    return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, model, search_plan,
+                      releases)
 
 
 def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
@@ -278,8 +296,14 @@ class ServedStage:
         self.selector = setup.selector if gathered else None
         self.aux = setup.aux if gathered else (None, None)
         a_size = server.a.numel() if server.a is not None else None
+        secure = None
+        if setup.secure:  # rank 0's labels of each release kind, counted in lockstep with the parties'
+            sizes = {"W": server.w.numel(), "A": a_size}
+            secure = {name: (SecureSeries(setup.launch_id, self.name, name, release.encoding(sizes[name])),
+                             release.expected_batch_size) for name, release in setup.releases.items()}
         self.buffers = ServerBuffers(server.w.numel(), a_size, gathered_parties=channel.parties if gathered else None,
-                                     second_order=cfg.search.order == "second_order" and a_size is not None)
+                                     second_order=cfg.search.order == "second_order" and a_size is not None,
+                                     secure=secure)
 
     def iterate(self, step: int, epoch: int, control: int) -> None:
         """One iteration of Algorithm 1 on rank 0 (its selection row logged), ending with the broadcast that carries
@@ -313,7 +337,7 @@ class ServedStage:
     def log_privacy(self, row: EpsilonRow) -> None:
         """Write one ε row of the ledger to the stage's log."""
         steps = row.charged_steps if self.name == "search" else row.augment_steps
-        self.log.append_privacy(row.step, steps, row.epsilon, row.mu_gdp)
+        self.log.append_privacy(row.step, steps, row.epsilon, row.mu_gdp, row.epsilon_collusion)
 
     def checkpoint(self, step: int) -> dict:
         """Rank 0's whole state at `step`, as ``checkpoint.pt`` holds it: here the keys of both stages."""
@@ -333,6 +357,7 @@ class ServedStage:
                               log_path=self.log_path)
         if ledger is not None:
             outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
+            outcome.epsilon_collusion = ledger.epsilons_collusion()
             ledger.close()
         return outcome
 

@@ -31,6 +31,8 @@ import dp_accounting
 from dp_accounting.pld import privacy_loss_distribution
 from scipy import optimize, special
 
+from mpi_fnas.secagg.accounting import SecureAccounting
+
 #: dp_accounting's default PLD grid; smaller is tighter and slower. The estimate is pessimistic at any grid.
 DEFAULT_VALUE_DISCRETIZATION = 1e-4
 
@@ -128,12 +130,18 @@ class PrivacyLedger:
 
     ``get_epsilon`` is cached per composition and delta, and the one-step PLD per (sigma, q), so calling it after
     every logged step is cheap when nothing changed and costs one ``self_compose`` otherwise.
+
+    ``secure``: the releases were securely aggregated (``privacy.aggregation: secure``); ε is then the securely
+    summed discrete Gaussian's RDP bound (:class:`~mpi_fnas.secagg.accounting.SecureAccounting`) against the
+    server, and :meth:`get_epsilon_collusion` the same with K − 1 parties colluding with it.
     """
 
-    def __init__(self, *, value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION) -> None:
+    def __init__(self, *, value_discretization_interval: float = DEFAULT_VALUE_DISCRETIZATION,
+                 secure: SecureAccounting | None = None) -> None:
         if not value_discretization_interval > 0:
             raise ValueError("value_discretization_interval must be > 0")
         self.value_discretization_interval = float(value_discretization_interval)
+        self.secure = secure
         # [noise_multiplier, sample_rate, count] runs, in order; consecutive equal steps share a run.
         self._runs: list[list[float]] = []
 
@@ -154,9 +162,10 @@ class PrivacyLedger:
         return _canonical(self._runs)
 
     @classmethod
-    def from_runs(cls, runs: Runs, interval: float = DEFAULT_VALUE_DISCRETIZATION) -> PrivacyLedger:
-        """A ledger holding `runs` ((σ, q, count) releases), on the grid `interval`."""
-        ledger = cls(value_discretization_interval=interval)
+    def from_runs(cls, runs: Runs, interval: float = DEFAULT_VALUE_DISCRETIZATION,
+                  secure: SecureAccounting | None = None) -> PrivacyLedger:
+        """A ledger holding `runs` ((σ, q, count) releases), on the grid `interval` (`secure`: as in the class)."""
+        ledger = cls(value_discretization_interval=interval, secure=secure)
         for noise_multiplier, sample_rate, count in runs:
             ledger.step(noise_multiplier=noise_multiplier, sample_rate=sample_rate, num_steps=count)
         return ledger
@@ -168,8 +177,18 @@ class PrivacyLedger:
 
     # -- privacy -------------------------------------------------------------------------------------------------
     def get_epsilon(self, delta: float) -> float:
-        """Tight (PLD) epsilon upper bound at ``delta`` of all releases so far (0 before any step)."""
+        """Tight (PLD) epsilon upper bound at ``delta`` of all releases so far (0 before any step); under secure
+        aggregation the RDP bound against the server."""
+        if self.secure is not None:
+            return self.secure.epsilon(_canonical(self._runs), float(delta))
         return _pld_epsilon(_canonical(self._runs), float(delta), self.value_discretization_interval)
+
+    def get_epsilon_collusion(self, delta: float) -> float:
+        """ε at ``delta`` if K − 1 parties collude with the server (they subtract their noise). Under local
+        aggregation every party adds the full noise, so colluders change nothing: :meth:`get_epsilon`."""
+        if self.secure is None or self.secure.parties == 1:
+            return self.get_epsilon(delta)
+        return self.secure.epsilon(_canonical(self._runs), float(delta), colluders=self.secure.parties - 1)
 
     def mu_gdp(self) -> float:
         """Theorem 3.1's mu (a CLT approximation, not a bound); 0 before any step."""
@@ -177,6 +196,8 @@ class PrivacyLedger:
 
     def description(self) -> str:
         """What computed ``get_epsilon`` (for logs and the HDF5 ``accountant`` attribute)."""
+        if self.secure is not None:
+            return f"dp_accounting {_dp_accounting_version()} RDP conversion; {self.secure.description()}"
         return (
             f"dp_accounting {_dp_accounting_version()} PLD, Poisson-subsampled Gaussian, add-or-remove-one, "
             f"pessimistic, value_discretization_interval={self.value_discretization_interval:g}"

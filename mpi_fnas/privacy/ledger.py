@@ -24,6 +24,7 @@ import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+from mpi_fnas.secagg.accounting import SecureAccounting
 
 Stage = Literal["search", "augment"]
 STAGES: tuple[Stage, ...] = ("search", "augment")
@@ -38,6 +39,8 @@ class EpsilonRow:
     epsilon: np.ndarray  # float64: tight PLD ε at the party's δ, the larger of its two composed ledgers'
     mu_gdp: np.ndarray  # float64: Theorem 3.1's μ, the larger of its two ledgers' (an approximation)
     augment_steps: np.ndarray | None = None  # int64: augment iterations charged so far (plus replays)
+    # float64: under secure aggregation, ε if K − 1 parties collude with the server (None under local: the same)
+    epsilon_collusion: np.ndarray | None = None
 
 
 class FederationLedger:
@@ -57,8 +60,9 @@ class FederationLedger:
     def __init__(self, plan: PrivacyPlan) -> None:
         self.plan = plan
         k = len(plan.delta)
-        self.train = [PrivacyLedger() for _ in range(k)]
-        self.val = [PrivacyLedger() for _ in range(k)]
+        self.secure = plan.params.secure_accounting  # None: local noise, PLD
+        self.train = [PrivacyLedger(secure=self.secure) for _ in range(k)]
+        self.val = [PrivacyLedger(secure=self.secure) for _ in range(k)]
         # The ledgers hold both stages' releases; these count each stage's iterations and replays, per party.
         self._steps = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
         self._replays = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
@@ -129,6 +133,10 @@ class FederationLedger:
         """(K,) Theorem 3.1's μ per party (max over its two ledgers) — an approximation, not the guarantee."""
         return _mu_gdp(self._parties())
 
+    def epsilons_collusion(self) -> np.ndarray | None:
+        """(K,) ε per party if K − 1 parties collude with the server (secure aggregation), else None."""
+        return _collusion(self._parties())
+
     # -- privacy (background thread) -----------------------------------------------------------------------------
     def submit(self, step: int) -> None:
         """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
@@ -138,7 +146,7 @@ class FederationLedger:
         charged, augment = self.charged_steps(), self.charged_steps("augment")
         self._last_submitted = (charged.tolist(), augment.tolist())
         self._pending.append(self._worker.submit(
-            lambda: EpsilonRow(step, charged, _epsilons(parties), _mu_gdp(parties), augment)))
+            lambda: EpsilonRow(step, charged, _epsilons(parties), _mu_gdp(parties), augment, _collusion(parties))))
 
     def ready(self) -> list[EpsilonRow]:
         """The finished rows, in submission order, without blocking (a failed computation raises here)."""
@@ -254,7 +262,7 @@ class FederationLedger:
 
     def _parties(self) -> tuple[_Party, ...]:
         """An immutable snapshot of every party's ledgers and δ (what its ε depends on, and nothing else)."""
-        return tuple(_Party(_runs(t), _runs(v), float(d), t.value_discretization_interval)
+        return tuple(_Party(_runs(t), _runs(v), float(d), t.value_discretization_interval, self.secure)
                      for t, v, d in zip(self.train, self.val, self.plan.delta, strict=True))
 
 
@@ -269,9 +277,11 @@ class _Party:
     val_runs: Runs
     delta: float
     interval: float
+    secure: SecureAccounting | None = None
 
     def ledgers(self) -> tuple[PrivacyLedger, ...]:
-        return tuple(PrivacyLedger.from_runs(runs, self.interval) for runs in (self.train_runs, self.val_runs))
+        return tuple(PrivacyLedger.from_runs(runs, self.interval, self.secure)
+                     for runs in (self.train_runs, self.val_runs))
 
 
 def _runs(ledger: PrivacyLedger) -> Runs:
@@ -280,6 +290,14 @@ def _runs(ledger: PrivacyLedger) -> Runs:
 
 def _epsilons(parties: tuple[_Party, ...]) -> np.ndarray:
     computed = {party: party_epsilon(*party.ledgers(), party.delta) for party in dict.fromkeys(parties)}  # once each
+    return np.array([computed[party] for party in parties], dtype=np.float64)
+
+
+def _collusion(parties: tuple[_Party, ...]) -> np.ndarray | None:
+    if not parties or parties[0].secure is None:
+        return None
+    computed = {party: max(ledger.get_epsilon_collusion(party.delta) for ledger in party.ledgers())
+                for party in dict.fromkeys(parties)}
     return np.array([computed[party] for party in parties], dtype=np.float64)
 
 

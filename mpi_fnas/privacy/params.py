@@ -13,11 +13,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from mpi_fnas.privacy.release import Release
+from mpi_fnas.privacy.release import Release, SecureSum
+
+if TYPE_CHECKING:  # rank 0's accountant (scipy): the type only
+    from mpi_fnas.secagg.accounting import SecureAccounting
 
 Randomness = Literal["secret", "reproducible"]
+Aggregation = Literal["local", "secure"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,9 @@ class DPParams:
     target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
     search_share: with target_epsilon, the share of it the search alone may spend (None: one σ for every stage).
     reproducible_noise: key the party's randomness from (seed, rank): for tests only, it voids the guarantee.
+    aggregation: ``local`` (every party adds the full noise σ·R) or ``secure`` (each adds 1/K of the variance to an
+        integer encoding, masked pairwise; rank 0 sees only the sum: docs/privacy.md).
+    parties: K, the parties whose releases are summed (the plan's; secure aggregation splits the noise K ways).
     """
 
     noise_multiplier_w: float
@@ -43,12 +50,25 @@ class DPParams:
     max_epsilon: float | None = None
     search_share: float | None = None
     reproducible_noise: bool = False
+    aggregation: Aggregation = "local"
+    parties: int = 1
 
     @classmethod
-    def from_config(cls, privacy: Any, batch_size: float) -> DPParams:
-        """From the ``privacy`` config section (every field of the same name) and ``search.batch_size``."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"expected_batch_size"}
-        return cls(expected_batch_size=float(batch_size), **{name: getattr(privacy, name) for name in names})
+    def from_config(cls, privacy: Any, batch_size: float, parties: int = 1) -> DPParams:
+        """From the ``privacy`` config section (every field of the same name), ``search.batch_size`` and K."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"expected_batch_size", "parties"}
+        return cls(expected_batch_size=float(batch_size), parties=int(parties),
+                   **{name: getattr(privacy, name) for name in names})
+
+    @property
+    def secure_sum(self) -> SecureSum | None:
+        """The public constants of secure aggregation, or None under ``local``."""
+        return SecureSum(self.parties) if self.aggregation == "secure" else None
+
+    @property
+    def secure_accounting(self) -> SecureAccounting | None:
+        """What the ledger and the planner account secure releases with (None: the local path's PLD)."""
+        return self.secure_sum.accounting if self.secure_sum is not None else None
 
     @property
     def randomness(self) -> Randomness:
@@ -67,8 +87,9 @@ class DPParams:
     def search_releases(self, w_releases_per_step: int = 1) -> dict[str, Release]:
         """The search's releases: ``W`` (G_k, on the train shard; 2 per iteration under ADADP) and ``A`` (H_k, on
         the validation shard)."""
-        return {"W": Release(self.noise_multiplier_w, self.clip_w, self.expected_batch_size, w_releases_per_step),
-                "A": Release(self.noise_multiplier_a, self.clip_a, self.expected_batch_size)}
+        return {"W": Release(self.noise_multiplier_w, self.clip_w, self.expected_batch_size, w_releases_per_step,
+                             self.secure_sum),
+                "A": Release(self.noise_multiplier_a, self.clip_a, self.expected_batch_size, 1, self.secure_sum)}
 
     def with_noise(self, noise_multiplier_w: float, noise_multiplier_a: float) -> DPParams:
         return dataclasses.replace(self, noise_multiplier_w=noise_multiplier_w, noise_multiplier_a=noise_multiplier_a)

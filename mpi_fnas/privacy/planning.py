@@ -31,6 +31,7 @@ from mpi_fnas.privacy.accountant import (
 from mpi_fnas.privacy.ledger import FederationLedger
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+from mpi_fnas.secagg.accounting import SecureAccounting
 
 
 def plan_privacy(
@@ -63,7 +64,11 @@ def plan_privacy(
     if augment is not None:
         return _plan_job(q_tr, q_val, deltas, params, planned_steps, augment, r)
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
-    if params.target_epsilon is not None:
+    secure = params.secure_accounting
+    if params.target_epsilon is not None and secure is not None:
+        sigma_w = sigma_a = _calibrate(_job_shards(q_tr, q_val, deltas, None, r, secure=secure), planned_steps, 0,
+                                       params.target_epsilon)
+    elif params.target_epsilon is not None:
         # The worst party has the largest rate and the smallest δ: calibrating there bounds everyone.
         worst_q = float(max(q_tr.max(), q_val.max()))
         # r·T releases at the worst rate bound both ledgers (the validation one has T): exact when q_tr binds.
@@ -71,7 +76,7 @@ def plan_privacy(
                                                        planned_steps * r)
     steps, reason = planned_steps, "completed"
     if params.max_epsilon is not None:
-        shards = _job_shards(q_tr, q_val, deltas, None, r, (sigma_w, sigma_a))
+        shards = _job_shards(q_tr, q_val, deltas, None, r, (sigma_w, sigma_a), secure=secure)
         steps = _steps_within(params.max_epsilon, shards, planned_steps)
         if steps < planned_steps:
             reason = f"max_epsilon reached: {params.max_epsilon:g} allows {steps} of {planned_steps} steps"
@@ -88,7 +93,8 @@ def _plan_job(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, params: D
     target_epsilon, max_epsilon = params.target_epsilon, params.max_epsilon
     sigma_w, sigma_a = float(params.noise_multiplier_w), float(params.noise_multiplier_a)
     sigma_aug, augment_steps = float(augment.noise_multiplier), augment.steps
-    shards = partial(_job_shards, q_tr, q_val, deltas, augment, w_releases_per_step)
+    shards = partial(_job_shards, q_tr, q_val, deltas, augment, w_releases_per_step,
+                     secure=params.secure_accounting)
     if target_epsilon is not None and params.search_share is not None and search_steps > 0:
         # The search alone to its share of the target (σ_W = σ_A), then σ_aug to the whole target after it.
         sigma_w = sigma_a = _calibrate(shards(), search_steps, 0, params.search_share * target_epsilon)
@@ -217,6 +223,11 @@ class _Shard:
     delta: float
     search_releases: int = 1  # releases per search iteration on this shard (2 on the train shard under ADADP)
     augment_releases: int = 1  # releases per augment iteration (2 under augment.optimizer: adadp)
+    secure: SecureAccounting | None = None  # secure aggregation's accountant (None: the local path's PLD)
+
+    def ledger(self, search_steps: int, augment_steps: int, sigma: float | None, interval: float) -> PrivacyLedger:
+        """The shard's ledger after the planned releases (σ None: the σ being calibrated, given as `sigma`)."""
+        return PrivacyLedger.from_runs(self.runs(search_steps, augment_steps, sigma), interval, self.secure)
 
     def runs(self, search_steps: int, augment_steps: int, sigma: float | None) -> Runs:
         planned = ((self.search, search_steps * self.search_releases),
@@ -228,7 +239,11 @@ class _Shard:
 
         A higher rate, less noise, more releases or a smaller δ never lower ε: each is a post-processing
         argument (a rate-q' sample is a rate-q sample thinned; more noise is added noise; a release dropped).
+        Secure aggregation's ε is a bound, not the mechanism's exact ε, and is not proven monotone in q: its shards
+        never dominate one another (every one is evaluated; K is small).
         """
+        if self.secure is not None or other.secure is not None:
+            return self == other
         return (self.delta <= other.delta and _runs_dominate(self.spent, other.spent)
                 and _release_dominates(self.search, self.search_releases, other.search, other.search_releases)
                 and _release_dominates(self.augment, self.augment_releases, other.augment, other.augment_releases))
@@ -274,7 +289,7 @@ def _canonical_runs(runs: Sequence[Sequence[float]]) -> Runs:
 
 def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, augment: AugmentReleases | None,
                 w_releases_per_step: int, search_sigmas: tuple[float, float] | None = None,
-                augment_sigma: float | None = None) -> set[_Shard]:
+                augment_sigma: float | None = None, *, secure: SecureAccounting | None = None) -> set[_Shard]:
     """Every party's two shards before the job: nothing spent; (σ_W | σ_A, q) then (σ_aug, its augment rate).
 
     The train shard pays ``w_releases_per_step`` W releases per search iteration, the validation shard one."""
@@ -282,7 +297,7 @@ def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, augment
     if augment is None:  # the search alone: an augment stage that touches no shard
         augment = AugmentReleases(1.0, 1.0, 1.0, np.zeros_like(q_tr), np.zeros_like(q_val), steps=0)
     return {_Shard((), (sigma, float(q[k])), (augment_sigma, float(augment_q[k])), delta, releases,
-                   augment.releases_per_step)
+                   augment.releases_per_step, secure)
             for k, delta in enumerate(deltas.tolist())
             for sigma, q, augment_q, releases in ((sigma_w, q_tr, augment.sample_rate_train, w_releases_per_step),
                                                   (sigma_a, q_val, augment.sample_rate_val, 1))}
@@ -291,7 +306,7 @@ def _job_shards(q_tr: np.ndarray, q_val: np.ndarray, deltas: np.ndarray, augment
 def _ledger_shards(ledger: FederationLedger, augment_sigma: float | None, augment: AugmentReleases) -> set[_Shard]:
     """Every party's two shards as ``ledger`` holds them, followed by the augment releases (no search left)."""
     return {_Shard(shard_ledger.runs(), (None, 0.0), (augment_sigma, float(rate)), delta,
-                   augment_releases=augment.releases_per_step)
+                   augment_releases=augment.releases_per_step, secure=ledger.secure)
             for k, delta in enumerate(ledger.plan.delta.tolist())
             for shard_ledger, rate in ((ledger.train[k], augment.sample_rate_train[k]),
                                        (ledger.val[k], augment.sample_rate_val[k]))}
@@ -308,8 +323,7 @@ def _worst(shards: Iterable[_Shard], search_steps: int, augment_steps: int, sigm
     """The largest composed PLD ε over ``shards`` (each at its own δ)."""
     worst = 0.0
     for shard in shards:  # (the accountant caches ε per (runs, δ, grid): equal runs cost once)
-        ledger = PrivacyLedger.from_runs(shard.runs(search_steps, augment_steps, sigma), interval)
-        worst = max(worst, ledger.get_epsilon(shard.delta))
+        worst = max(worst, shard.ledger(search_steps, augment_steps, sigma, interval).get_epsilon(shard.delta))
     return worst
 
 

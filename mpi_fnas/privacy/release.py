@@ -15,6 +15,7 @@ iteration makes (``per_step``: 2 weight releases under ADADP). Everything else r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -24,16 +25,52 @@ import torch
 from torch import nn
 
 from mpi_fnas.privacy.keystream import Keystream
-from mpi_fnas.privacy.mechanism import party_release
+from mpi_fnas.privacy.mechanism import party_release, secure_party_release
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.sampling import poisson_sample
+from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
 
 if TYPE_CHECKING:  # params builds the search's releases: the type only, no import cycle
     from mpi_fnas.privacy.params import DPParams
+    from mpi_fnas.secagg.accounting import SecureAccounting
+    from mpi_fnas.secagg.masks import PairwiseMasks
+    from mpi_fnas.secagg.series import SecureSeries
 
 #: ``examples(indices) -> (inputs (b, ...), targets (b,))``: a party's examples at Poisson-drawn positions (after
 #: whatever per-example transform the stage applies, e.g. the augmentation's crops).
 Examples = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+#: Each party's discrete Gaussian parameter σ_k² per coordinate, in integer units, under secure aggregation: 8000²,
+#: the largest the exact sampler handles in 53-bit integers, so the rounding's share of the sensitivity (Δ₂ over
+#: c/γ, with c/γ = √K·8000/σ) is as small as it can be; the sum's noise, √K·8000 units, fills ~17 of the 32 bits.
+LOCAL_VARIANCE = 8000**2
+
+
+@dataclass(frozen=True)
+class SecureSum:
+    """Public constants of secure aggregation (``privacy.aggregation: secure``, docs/privacy.md): K parties each add
+    N_Z(0, `local_variance`) per coordinate to their integer-encoded release, so the sum carries the central
+    variance K·σ_k², which is (σ·c/γ)² for the release's σ: the scale γ is chosen so."""
+
+    parties: int  # K
+    local_variance: int = LOCAL_VARIANCE  # σ_k², integer units
+    bits: int = 32  # the sum lives mod 2^bits
+    beta: float = math.exp(-0.5)  # the conditional rounding's β (KLS21)
+
+    def units_per_clip(self, noise_multiplier: float) -> float:
+        """c/γ: integer units per clip bound, so that K·σ_k² = (σ·c/γ)²."""
+        return math.sqrt(self.parties * self.local_variance) / noise_multiplier
+
+    @property
+    def accounting(self) -> SecureAccounting:
+        """The accountant of these releases (:mod:`mpi_fnas.secagg.accounting`: rank 0's, with scipy)."""
+        from mpi_fnas.secagg.accounting import SecureAccounting
+
+        return SecureAccounting(self.parties, self.local_variance, self.beta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"parties": self.parties, "local_variance": self.local_variance, "bits": self.bits, "beta": self.beta}
 
 
 @dataclass(frozen=True)
@@ -44,6 +81,22 @@ class Release:
     clip: float  # R: the per-example L2 bound, the sensitivity of the sum
     expected_batch_size: float  # B = q·N: public; every release is divided by it
     per_step: int = 1  # releases of this kind per iteration (2 weight releases under ADADP)
+    secure: SecureSum | None = None  # None: local noise (σ·R in full per party); else secure aggregation
+
+    @property
+    def aggregation(self) -> str:
+        """``local`` or ``secure`` (the ``privacy.aggregation`` the release was planned for)."""
+        return "local" if self.secure is None else "secure"
+
+    def encoding(self, dimension: int) -> Encoding:
+        """The integer encoding of a secure release of `dimension` coordinates (c = R, γ from σ and K)."""
+        if self.secure is None:
+            raise ValueError("a local release has no integer encoding")
+        if dimension > ACCOUNTED_DIMENSION:
+            raise ValueError(f"a secure release of {dimension} coordinates exceeds the {ACCOUNTED_DIMENSION} its "
+                             "accountant covers (mpi_fnas.secagg.accounting.ACCOUNTED_DIMENSION)")
+        scale = self.clip / self.secure.units_per_clip(self.noise_multiplier)
+        return Encoding(dimension, self.clip, scale, beta=self.secure.beta, bits=self.secure.bits)
 
     def sample_rate(self, shard_size: int) -> float:
         """q = B / N of a shard of `shard_size` examples (ValueError when B exceeds it: q would exceed 1)."""
@@ -54,17 +107,29 @@ class Release:
 
     def make(self, model: nn.Module, params: Mapping[str, torch.Tensor], shard_size: int, examples: Examples,
              sampling: Keystream, noise: Keystream, *, loss_fn: LossFn = per_example_cross_entropy,
-             method: Method = "auto") -> torch.Tensor:
-        """One release: ``(Σ_{i ∈ I} clip(g_i, R) + N(0, (σR)² I)) / B`` over a Poisson batch I of the shard.
+             method: Method = "auto", series: SecureSeries | None = None,
+             masks: PairwiseMasks | None = None) -> torch.Tensor | np.ndarray:
+        """One release over a Poisson batch I of the shard.
 
-        `examples(indices)` gives the batch's examples (on the model's device); `sampling` draws the Poisson coins,
-        `noise` the Gaussian noise (the party's secret streams). Returns ``(P,)`` on the parameters' device.
+        Local: ``(Σ_{i ∈ I} clip(g_i, R) + N(0, (σR)² I)) / B``, ``(P,)`` on the parameters' device. Secure (with
+        the party's `series` of this release and its `masks`): ``Σ_{i ∈ I} round(rotate(clip(g_i, R)) / γ) +
+        N_Z(0, σ_k²)^D`` mod 2^bits plus the pairwise masks, ``(D,)`` uint32 (rank 0 opens the sum).
+
+        `examples(indices)` gives the batch's examples (on the model's device); `sampling` draws the Poisson coins
+        (and a secure release's rounding coins), `noise` the noise (the party's secret streams).
         """
         indices = poisson_sample(shard_size, self.sample_rate(shard_size), sampling)
         inputs, targets = examples(indices)
-        return party_release(model, params, inputs, targets, clip_bound=self.clip,
-                             noise_multiplier=self.noise_multiplier, expected_batch_size=self.expected_batch_size,
-                             noise_stream=noise, loss_fn=loss_fn, method=method)
+        if self.secure is None:
+            return party_release(model, params, inputs, targets, clip_bound=self.clip,
+                                 noise_multiplier=self.noise_multiplier, expected_batch_size=self.expected_batch_size,
+                                 noise_stream=noise, loss_fn=loss_fn, method=method)
+        if series is None or masks is None:
+            raise ValueError("a secure release needs the party's series and pairwise masks")
+        total = secure_party_release(model, params, inputs, targets, encoding=series.encoding,
+                                     signs=series.next_signs(), local_variance=self.secure.local_variance,
+                                     rounding_stream=sampling, noise_stream=noise, loss_fn=loss_fn, method=method)
+        return series.seal(total, masks)
 
 
 AugmentPool = Literal["all", "train"]
@@ -88,6 +153,7 @@ class AugmentReleases:
     steps: int  # augment iterations planned (≤ the configured ones)
     stop_reason: str = "completed"  # or why fewer augment steps were planned
     releases_per_step: int = 1  # weight releases per augment iteration (2 under ADADP: at W, then at W_half)
+    secure: SecureSum | None = None  # secure aggregation's constants (None: local noise)
 
     def __post_init__(self) -> None:
         # Frozen: the arrays are normalised through object.__setattr__, once, here.
@@ -114,18 +180,20 @@ class AugmentReleases:
     @property
     def release(self) -> Release:
         """The release a party makes each time (σ, clip, B, releases per iteration)."""
-        return Release(self.noise_multiplier, self.clip, self.expected_batch_size, self.releases_per_step)
+        return Release(self.noise_multiplier, self.clip, self.expected_batch_size, self.releases_per_step, self.secure)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain-Python state (JSON/HDF5-attribute friendly); :meth:`from_state_dict` restores it."""
         return {"noise_multiplier": float(self.noise_multiplier), "clip": float(self.clip),
                 "expected_batch_size": float(self.expected_batch_size),
                 "sample_rate_train": self.sample_rate_train.tolist(), "sample_rate_val": self.sample_rate_val.tolist(),
-                "steps": self.steps, "stop_reason": self.stop_reason, "releases_per_step": self.releases_per_step}
+                "steps": self.steps, "stop_reason": self.stop_reason, "releases_per_step": self.releases_per_step,
+                "secure": self.secure.state_dict() if self.secure is not None else None}
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
-        return cls(**state)
+        secure = state.get("secure")  # absent from states written before secure aggregation
+        return cls(**{**state, "secure": SecureSum(**secure) if secure else None})
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,8 @@ def read_run(
     metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32; "reduce" has 0 edges
     under space dpnas}; genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; unreliable (K,)
     bool or None; corruption; privacy None or a dict with delta (K,), accountant, steps (rows,), charged_steps
-    (rows, K), epsilon (rows, K), mu_gdp (rows, K), sample_rate_train (K,), sample_rate_val (K,) and each release's
+    (rows, K), epsilon (rows, K), mu_gdp (rows, K), epsilon_collusion (rows, K), aggregation (``local`` or
+    ``secure``), sample_rate_train (K,), sample_rate_val (K,) and each release's
     ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a); selection None or the
     ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, genotype,
     params, test_acc, test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,)
@@ -160,11 +161,14 @@ def _read_stage(handle: h5py.File, layout: StageLayout, facts: dict[str, Any]) -
 def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Dataset]) -> dict[str, Any]:
     """A stage's privacy group: its fixed datasets (``layout.privacy_fixed``), δ and the accountant where the
     search keeps them (attrs), and its ledger rows. What an older log never recorded is absent from the dict, not
-    invented: a release field added to ``RELEASE_FIELDS`` later, and ``charged_steps`` and ``mu_gdp`` of an
-    ``/augment/privacy`` written before the stages shared one writer."""
+    invented: a release field added to ``RELEASE_FIELDS`` later, ``charged_steps`` and ``mu_gdp`` of an
+    ``/augment/privacy`` written before the stages shared one writer, and ``aggregation`` and ``epsilon_collusion``
+    of a log written before secure aggregation."""
     privacy: dict[str, Any] = {name: _plain(group[name][()]) for name in layout.privacy_fixed if name in group}
     if layout.delta_attr:
         privacy.update(delta=np.asarray(group.attrs["delta"]), accountant=str(group.attrs["accountant"]))
+    if "aggregation" in group.attrs:
+        privacy["aggregation"] = str(group.attrs["aggregation"])
     return privacy | _rows(datasets)
 
 

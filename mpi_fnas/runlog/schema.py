@@ -33,8 +33,9 @@ COST_FIELDS = COST_ADDITIVE + COST_LAYOUT
 
 EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 # The ledger rows of every stage (/privacy, /augment/privacy), one row per StageLog.append_privacy. /augment/privacy
-# of logs written before the stages shared one writer holds only steps and epsilon.
-PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp")
+# of logs written before the stages shared one writer holds only steps and epsilon; logs written before secure
+# aggregation have no epsilon_collusion (ε if K − 1 parties collude with the server; = epsilon under local noise).
+PRIVACY_GROWING = ("steps", "charged_steps", "epsilon", "mu_gdp", "epsilon_collusion")
 # What the log records of every DP release (mpi_fnas.privacy.release.Release), as the dataset <field><suffix> of its
 # stage's privacy group (the suffix by release: StageLayout.releases).
 RELEASE_FIELDS = ("noise_multiplier", "clip", "expected_batch_size")
@@ -68,6 +69,7 @@ class LoggedRelease(Protocol):
     noise_multiplier: float
     clip: float
     expected_batch_size: float
+    aggregation: str  # "local" or "secure": the group's ``aggregation`` attr
 
 
 @dataclass(frozen=True)
@@ -242,6 +244,10 @@ def privacy_arrays(layout: StageLayout, privacy: StagePrivacy, parties: int) -> 
             values[field + suffix] = value
     if layout.delta_attr:
         values["accountant"] = privacy.accountant
+    aggregations = {release.aggregation for release in privacy.releases.values()}
+    if len(aggregations) != 1:
+        raise ValueError(f"a stage's releases must share one aggregation, got {sorted(aggregations)}")
+    values["aggregation"] = aggregations.pop()
     return values
 
 
@@ -254,9 +260,10 @@ def privacy_group(parent: h5py.Group, layout: StageLayout, values: Mapping[str, 
     if layout.delta_attr:
         group.attrs["delta"] = values["delta"]
         group.attrs["accountant"] = values["accountant"]
+    group.attrs["aggregation"] = values["aggregation"]
     _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
-    for name in ("epsilon", "mu_gdp"):
+    for name in ("epsilon", "mu_gdp", "epsilon_collusion"):
         _growing(group, name, (parties,), np.float64, _PRIVACY_CHUNK_ROWS, math.nan)
 
 

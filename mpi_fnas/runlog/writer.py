@@ -130,17 +130,23 @@ class StageLog:
                              f"{genotypes.dtype.itemsize}; create the log with a larger genotype_length")
         self._append("epochs", [normal, reduce, encoded])
 
-    def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray) -> None:
+    def append_privacy(self, steps: int, charged_steps: np.ndarray, epsilon: np.ndarray, mu_gdp: np.ndarray,
+                       epsilon_collusion: np.ndarray | None = None) -> None:
         """Append one ledger row (``PRIVACY_GROWING``). steps: the stage's iterations so far. charged_steps (K,): the
         stage's iterations each party's ledgers have charged (its own plus those replayed after a crash; under
-        ADADP each pays two weight releases). epsilon (K,): tight ε per party after everything the job released so
-        far (may be inf). mu_gdp (K,): μ of μ-GDP per party (an approximation, not the guarantee)."""
+        ADADP each pays two weight releases). epsilon (K,): ε per party against the server after everything the
+        job released so far (may be inf). mu_gdp (K,): μ of μ-GDP per party (an approximation, not the guarantee).
+        epsilon_collusion (K,): ε per party if K − 1 parties collude with the server (secure aggregation; None:
+        local noise, where colluders change nothing and it is `epsilon`)."""
         self._require_running("privacy", "privacy ledger")
         parties = self._log.parties
         values = {"steps": np.int64(_integral("steps", steps)),
                   "charged_steps": per_party("charged_steps", charged_steps, parties, np.int64),
                   "epsilon": per_party("epsilon", epsilon, parties, np.float64),
-                  "mu_gdp": per_party("mu_gdp", mu_gdp, parties, np.float64)}
+                  "mu_gdp": per_party("mu_gdp", mu_gdp, parties, np.float64),
+                  "epsilon_collusion": per_party("epsilon_collusion",
+                                                 epsilon if epsilon_collusion is None else epsilon_collusion,
+                                                 parties, np.float64)}
         self._append("privacy", [values[d.name.rsplit("/", 1)[1]] for d in self._families["privacy"]])
 
     def append_selection(self, steps: int, chosen: np.ndarray, score: np.ndarray, epsilon: float) -> None:

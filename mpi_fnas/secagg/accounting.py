@@ -34,12 +34,15 @@ No MPI, no autograd; rank 0 (the planner and the ledger) calls it.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from scipy import special
+
+from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
 
 #: The RDP orders: integers only (Zhu & Wang's general bound is stated for integer α).
 RDP_ORDERS: tuple[int, ...] = (*range(2, 65), 80, 96, 128, 160, 192, 256, 384, 512)
@@ -97,26 +100,36 @@ def poisson_subsampled_rdp(order: int, rate: float, rdp: SummedDiscreteGaussian)
 
     ``1/(α−1)·log{ (1−q)^{α−1}(αq − q + 1) + C(α,2)q²(1−q)^{α−2}e^{ε(2)} + 3·Σ_{ℓ=3}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ
     e^{(ℓ−1)ε(ℓ)} }``, in log space; never above the unsampled ε(α)."""
-    if int(order) != order or order < 2:
-        raise ValueError(f"Poisson-subsampled RDP needs an integer order >= 2, got {order}")
+    return float(poisson_subsampled_curve((order,), rate, rdp)[0])
+
+
+def poisson_subsampled_curve(orders: Sequence[int], rate: float, rdp: SummedDiscreteGaussian) -> np.ndarray:
+    """:func:`poisson_subsampled_rdp` at every order of `orders` (ε(ℓ) computed once for ℓ ≤ the largest)."""
+    if any(int(order) != order or order < 2 for order in orders):
+        raise ValueError(f"Poisson-subsampled RDP needs integer orders >= 2, got {orders}")
     if not 0 <= rate <= 1:
         raise ValueError(f"the sampling rate must be in [0, 1], got {rate}")
-    order = int(order)
-    unsampled = rdp.rdp(order)
+    top = int(max(orders))
+    unsampled = np.array([0.0, 0.0, *(rdp.rdp(ell) for ell in range(2, top + 1))])  # index ℓ
     if rate == 0:
-        return 0.0
+        return np.zeros(len(orders))
     if rate == 1:
-        return unsampled
+        return unsampled[np.asarray(orders, dtype=np.int64)]
     log_q, log_1mq = math.log(rate), math.log1p(-rate)
-    terms = [(order - 1) * log_1mq + math.log(order * rate - rate + 1),
-             _log_comb(order, 2) + 2 * log_q + (order - 2) * log_1mq + rdp.rdp(2)]
-    terms += [math.log(3.0) + _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * rdp.rdp(ell)
-              for ell in range(3, order + 1)]
-    return min(float(special.logsumexp(terms)) / (order - 1), unsampled)
+    out = np.empty(len(orders))
+    for i, order in enumerate(int(order) for order in orders):
+        ell = np.arange(3, order + 1)
+        terms = np.concatenate((
+            [(order - 1) * log_1mq + math.log(order * rate - rate + 1),
+             _log_comb(order, 2) + 2 * log_q + (order - 2) * log_1mq + unsampled[2]],
+            math.log(3.0) + _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * unsampled[ell],
+        ))
+        out[i] = min(float(special.logsumexp(terms)) / (order - 1), unsampled[order])
+    return out
 
 
-def _log_comb(n: int, k: int) -> float:
-    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+def _log_comb(n: int, k: int | np.ndarray) -> float | np.ndarray:
+    return special.gammaln(n + 1) - special.gammaln(k + 1) - special.gammaln(n - k + 1)
 
 
 @dataclass(frozen=True)
@@ -133,8 +146,7 @@ def composed_rdp(charges: Iterable[SecureCharge], orders: Sequence[int] = RDP_OR
     total = np.zeros(len(orders), dtype=np.float64)
     for charge in charges:
         if charge.count:
-            total += charge.count * np.array([poisson_subsampled_rdp(order, charge.rate, charge.release)
-                                              for order in orders])
+            total += charge.count * poisson_subsampled_curve(orders, charge.rate, charge.release)
     return total
 
 
@@ -145,3 +157,48 @@ def epsilon(rdp: np.ndarray, delta: float, orders: Sequence[int] = RDP_ORDERS) -
     if not np.any(rdp):
         return 0.0
     return float(compute_epsilon(list(orders), list(rdp), delta)[0])
+
+
+
+
+@dataclass(frozen=True)
+class SecureAccounting:
+    """What turns a ledger's (σ, q, count) runs into ε under secure aggregation (the public constants of
+    :class:`~mpi_fnas.privacy.release.SecureSum`): K parties, each adding N_Z(0, σ_k²) per coordinate to releases
+    scaled so that c/γ = √(K·σ_k²)/σ, rounded with β, of at most :data:`ACCOUNTED_DIMENSION` coordinates."""
+
+    parties: int
+    local_variance: int
+    beta: float
+
+    def mechanism(self, noise_multiplier: float, colluders: int = 0) -> SummedDiscreteGaussian:
+        """One release at σ, as an observer colluding with `colluders` parties sees it (they subtract their
+        noise: K − t noises remain)."""
+        if not 0 <= colluders < self.parties:
+            raise ValueError(f"colluders must be in [0, K - 1] = [0, {self.parties - 1}], got {colluders}")
+        units = math.sqrt(self.parties * self.local_variance) / noise_multiplier
+        rounded = _norm_bound(units, ACCOUNTED_DIMENSION, self.beta)
+        return SummedDiscreteGaussian.of_record(rounded, ACCOUNTED_DIMENSION, self.local_variance,
+                                                self.parties - colluders)
+
+    def epsilon(self, runs: Iterable[tuple[float, float, int]], delta: float, colluders: int = 0) -> float:
+        """ε at δ of (σ, q, count) runs composed, against the server (`colluders` 0) or with t colluders."""
+        rdp = np.zeros(len(RDP_ORDERS))
+        for sigma, rate, count in runs:
+            rdp += count * _step_rdp(self, float(sigma), float(rate), colluders)
+        return epsilon(rdp, delta)
+
+    def description(self) -> str:
+        return (f"RDP of the securely summed distributed discrete Gaussian (KLS21 Prop. 14; Zhu & Wang 2019 "
+                f"Poisson subsampling), K={self.parties}, local variance {self.local_variance}, "
+                f"beta={self.beta:.4g}, D<={ACCOUNTED_DIMENSION}")
+
+
+def _norm_bound(units: float, dimension: int, beta: float) -> float:
+    return Encoding(dimension, clip=1.0, scale=1.0 / units, beta=beta).norm_bound
+
+
+@functools.lru_cache(maxsize=512)
+def _step_rdp(accounting: SecureAccounting, sigma: float, rate: float, colluders: int) -> np.ndarray:
+    """The RDP curve of one secure release at (σ, q): computed once per key (a ledger's runs repeat them)."""
+    return poisson_subsampled_curve(RDP_ORDERS, rate, accounting.mechanism(sigma, colluders))

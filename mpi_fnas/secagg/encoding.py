@@ -26,6 +26,13 @@ import torch
 
 from mpi_fnas.privacy.keystream import Keystream
 
+#: The dimension every secure release is accounted at (:mod:`mpi_fnas.secagg.accounting`): a release of D ≤ this
+#: many (padded) coordinates is covered, since the bound only grows with D (through the rounding's Δ₂ and τ·D).
+#: One public constant keeps a ledger's ε a function of its (σ, q, count) runs alone, whatever network each stage
+#: trains; larger releases are refused. Its cost is the rounding's D/4 in Δ₂² next to (c/γ)² = K·8000²/σ²: ~0.2 %
+#: of ε(α) at K = 8 and σ = 1, ~1.6 % at K = 1.
+ACCOUNTED_DIMENSION = 2**22
+
 
 @dataclass(frozen=True)
 class Encoding:

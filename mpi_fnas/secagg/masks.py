@@ -18,6 +18,7 @@ No MPI here: the caller relays the public keys and reduces the uploads.
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import numpy as np
@@ -36,16 +37,17 @@ class PairwiseMasks:
 
     Args:
         rank: this party's rank (1..K).
-        run_id: public bytes naming the run (rank 0 draws them; every party gets the same), bound into every key.
+        run_id: public bytes naming the run, bound into every key; None (a launch): :func:`launch_id` of the
+            relayed public keys, set by :meth:`agree` (fresh keys every launch, so a fresh id every launch).
 
     Use: send :attr:`public_key` to rank 0; give :meth:`agree` every party's public key; then :meth:`mask` gives the
     uint32 words this party adds to a release. The private key and the shared secrets never leave the object (and
     are not saved: a resumed run agrees new keys).
     """
 
-    def __init__(self, rank: int, run_id: bytes) -> None:
+    def __init__(self, rank: int, run_id: bytes | None = None) -> None:
         self.rank = int(rank)
-        self.run_id = bytes(run_id)
+        self.run_id = bytes(run_id) if run_id is not None else None
         self._private = X25519PrivateKey.generate()  # 32 bytes from the OS's CSPRNG
         self.public_key: bytes = self._private.public_key().public_bytes_raw()
         self._shared: dict[int, bytes] = {}
@@ -57,6 +59,8 @@ class PairwiseMasks:
         """Compute the shared secret with every other party from its public key ({rank: 32 bytes})."""
         if public_keys.get(self.rank) != self.public_key:
             raise ValueError(f"party {self.rank}'s own public key is not among the relayed keys")
+        if self.run_id is None:
+            self.run_id = launch_id(public_keys)
         for peer, key in public_keys.items():
             if peer != self.rank:
                 if len(key) != PUBLIC_KEY_BYTES:
@@ -65,6 +69,8 @@ class PairwiseMasks:
 
     def mask(self, n: int, *, stage: str, step: int, release: str) -> np.ndarray:
         """``(n,)`` uint32: Σ_{j > rank} m_{rank,j} − Σ_{j < rank} m_{j,rank} (mod 2^32) for this release."""
+        if self.run_id is None:
+            raise RuntimeError("mask() needs agree() first")
         total = np.zeros(n, dtype=np.uint32)
         for peer, secret in self._shared.items():
             low, high = min(self.rank, peer), max(self.rank, peer)
@@ -75,6 +81,15 @@ class PairwiseMasks:
             else:
                 total -= words
         return total
+
+
+def launch_id(public_keys: dict[int, bytes]) -> bytes:
+    """16 public bytes naming a launch: SHA-256 of every party's public key in rank order (rank 0 and every party
+    compute the same from the relayed keys)."""
+    digest = hashlib.sha256(b"mpi_fnas/secagg/launch/v1")
+    for rank in sorted(public_keys):
+        digest.update(int(rank).to_bytes(4, "big") + public_keys[rank])
+    return digest.digest()[:16]
 
 
 def mask_stream(secret: bytes, n: int, *, run_id: bytes, stage: str, step: int, release: str,

@@ -162,3 +162,21 @@ def test_a_uint32_sum_reduce_wraps_mod_2_to_the_32():
         ranks = range(comm.size)
         expected = [sum(2**32 - 1 for _ in ranks), sum(2**31 + r for r in ranks), 7 * comm.size]
         np.testing.assert_array_equal(total, np.array([v % 2**32 for v in expected], dtype=np.uint32))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_channel_reduce_of_uint32_words_wraps_like_the_mpi_reduce():
+    """The stage loop sums secure uploads through Channel.reduce_sum (point to point, rank order): uint32 words
+    wrap mod 2^32 there too, the server receives exactly the words, and a float32 receive buffer is refused."""
+    channel = Channel(MPI.COMM_WORLD, timeout=60.0)
+    mine = np.array([2**32 - 1, 2**31 + channel.rank, 7], dtype=np.uint32)
+    if not channel.is_server:
+        channel.reduce_sum(mine)
+        return
+    total = np.zeros(3, dtype=np.uint32)
+    channel.reduce_sum(mine, total)
+    ranks = range(channel.size)
+    expected = [sum(2**32 - 1 for _ in ranks), sum(2**31 + r for r in ranks), 7 * channel.size]
+    np.testing.assert_array_equal(total, np.array([v % 2**32 for v in expected], dtype=np.uint32))
+    with pytest.raises(ValueError, match="receive buffer"):
+        channel.reduce_sum(mine, np.zeros(3, dtype=np.float32))

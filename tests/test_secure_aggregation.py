@@ -1,0 +1,95 @@
+"""``privacy.aggregation: secure`` end to end (issue 26, docs/privacy.md): a DP-FNAS search and augmentation whose
+parties seal their releases (integer encoding, 1/K of the noise, pairwise masks) and whose rank 0 opens only the
+sums; the log records the aggregation and both ε (against the server, and with K − 1 colluders), each reproduced
+from the logged public constants; and the combinations secure aggregation cannot serve are refused in one line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from conftest import TINY, mpirun
+
+from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.privacy.release import LOCAL_VARIANCE
+from mpi_fnas.runlog import read_run
+from mpi_fnas.secagg.accounting import SecureCharge, SummedDiscreteGaussian, composed_rdp, epsilon
+from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
+
+pytestmark = pytest.mark.slow  # a real mpirun job
+
+AUGMENT = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=3", "--set", "augment.layers=2",
+           "--set", "augment.channels=4", "--set", "augment.batch_size=16"]
+PARTIES = 2
+
+
+@pytest.fixture(scope="module")
+def secure_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("secure") / "run"
+    out = mpirun(PARTIES + 1, *TINY, *AUGMENT, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure",
+                 "--out", str(run), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return read_run(run / "search.h5"), out.stdout
+
+
+def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: float, noisy: int) -> float:
+    """ε of releases (σ, q, count) as the accountant's parts compose them: each party adds N_Z(0, 8000²) to an
+    encoding with c/γ = √(K·8000²)/σ, accounted at the public dimension cap."""
+    charges = []
+    for sigma, rate, count in sigma_and_rates:
+        units = math.sqrt(PARTIES * LOCAL_VARIANCE) / sigma
+        bound = Encoding(ACCOUNTED_DIMENSION, clip=1.0, scale=1.0 / units).norm_bound
+        charges.append(SecureCharge(SummedDiscreteGaussian.of_record(bound, ACCOUNTED_DIMENSION, LOCAL_VARIANCE,
+                                                                     noisy), rate, count))
+    return epsilon(composed_rdp(charges), delta)
+
+
+def test_a_secure_run_logs_both_epsilons_each_reproduced(secure_run):
+    log, stdout = secure_run
+    p = log["privacy"]
+    assert p["aggregation"] == "secure" and "KLS21" in p["accountant"]
+    assert log["privacy_guarantee"] == "holds" and log["status"] == "finished"
+    row, k = -1, 0  # both parties hold equal shards here; party 1's last search row
+    steps = int(p["charged_steps"][row, k])
+    train = [(float(p["noise_multiplier_w"]), float(p["sample_rate_train"][k]), steps)]
+    val = [(float(p["noise_multiplier_a"]), float(p["sample_rate_val"][k]), steps)]
+    delta = float(p["delta"][k])
+    for logged, noisy in ((p["epsilon"], PARTIES), (p["epsilon_collusion"], 1)):
+        expected = max(independent_epsilon(train, delta, noisy), independent_epsilon(val, delta, noisy))
+        assert logged[row, k] == pytest.approx(expected, rel=1e-9)
+    assert np.all(p["epsilon_collusion"] > p["epsilon"])
+    assert "against the server (secure aggregation" in stdout and "collude with the server" in stdout
+    augment = log["augment"]["privacy"]
+    assert augment["aggregation"] == "secure"
+    assert np.all(augment["epsilon"][-1] > p["epsilon"][-1])  # the augmentation composes on the search's ledgers
+    assert np.all(augment["epsilon_collusion"][-1] > augment["epsilon"][-1])
+
+
+def test_secure_aggregation_refuses_a_selection_in_one_line():
+    with pytest.raises(ConfigError, match=r"privacy\.aggregation: secure.*federation\.selection random"):
+        load_config(None, ["mode=dpfnas", "privacy.aggregation=secure", "federation.selection=random",
+                           "federation.select=1"])
+
+
+def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
+    """The planner calibrates σ_W = σ_A with the secure accountant (not the local PLD): the worst party ends at
+    most at the target, and a σ one tolerance smaller would exceed it; max_epsilon cuts the steps on it too."""
+    from mpi_fnas.privacy import DPParams
+    from mpi_fnas.privacy.accountant import PrivacyLedger
+    from mpi_fnas.privacy.planning import plan_privacy
+
+    params = DPParams(1.0, 1.0, 1.0, 0.1, 8.0, target_epsilon=3.0, aggregation="secure", parties=2)
+    plan = plan_privacy([160, 200], [160, 200], params, planned_steps=30)
+    sigma, accounting, delta = plan.params.noise_multiplier_w, params.secure_accounting, float(plan.delta.min())
+
+    def worst(s: float, steps: int = 30) -> float:
+        return accounting.epsilon([(s, 8 / 160, steps)], delta)
+
+    assert plan.params.noise_multiplier_a == sigma
+    assert worst(sigma) <= 3.0 < worst(sigma - 2e-3)
+    # The local path's tight PLD at that σ is below the target: the bound costs noise (docs/privacy.md §8).
+    assert PrivacyLedger.from_runs(((sigma, 8 / 160, 30),)).get_epsilon(delta) < 3.0
+    capped = plan_privacy([160, 200], [160, 200], DPParams(1.0, 1.0, 1.0, 0.1, 8.0, max_epsilon=2.0,
+                                                            aggregation="secure", parties=2), 30)
+    assert worst(1.0, capped.steps) <= 2.0 < worst(1.0, capped.steps + 1) and capped.steps < 30
