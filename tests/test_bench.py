@@ -21,6 +21,9 @@ TINY_SETTINGS = ["space.channels=4", "space.layers=3", "space.nodes=1", "data.im
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--repeats", "1", "--json"]
 DP_TIMES = ("dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_cpu_seconds",
             "per_sample_seconds", "per_sample_a_seconds")
+AGGREGATION_FIELDS = ("aggregate_parties", "aggregate_epsilon", "aggregate_sigma_local", "aggregate_sigma_secure",
+                      "aggregate_noise_std_ratio", "aggregate_noise_std_ratio_expected", "secure_overhead_fraction",
+                      "secure_bits_needed", "secure_overflow_rate")
 RSS_FIELDS = ("rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method", "rss_peak_mb_party",
               "startup_seconds")
 
@@ -36,11 +39,11 @@ def _run_bench(ranks: int, *extra: str) -> dict:
     return json.loads(lines[0])
 
 
-# 1 rank without the memory subprocesses, 3 ranks with them: the subprocess path that must not join the MPI job
-# is the one under mpirun.
+# 1 rank without the memory subprocesses (with the aggregation comparison), 3 ranks with them (without it): the
+# subprocess path that must not join the MPI job is the one under mpirun.
 @pytest.mark.parametrize(("ranks", "memory"), [(1, False), (3, True)])
 def test_bench_json_fields(ranks, memory):
-    report = _run_bench(ranks, *([] if memory else ["--no-memory"]))
+    report = _run_bench(ranks, *(["--no-aggregation"] if memory else ["--no-memory"]))
     assert report["ranks"] == ranks
     assert report["step_seconds"] > 0 and report["comm_seconds"] > 0
     assert report["step_seconds"] == pytest.approx(report["w_release_seconds"] + report["a_release_seconds"])
@@ -66,6 +69,19 @@ def test_bench_json_fields(ranks, memory):
     assert report["augment_dp_step_ratio"] == pytest.approx(
         report["augment_dp_step_seconds"] / report["augment_step_seconds"])
 
+    if memory:
+        assert all(report[key] is None for key in AGGREGATION_FIELDS)
+    else:  # secure against local aggregation at equal ε, K = 8 (docs/benchmarks.md)
+        assert report["aggregate_parties"] == 8 and report["aggregate_epsilon"] > 0
+        assert report["aggregate_sigma_secure"] > report["aggregate_sigma_local"] == 1.0  # the bound costs noise
+        expected = report["aggregate_noise_std_ratio_expected"]
+        assert expected == pytest.approx(report["aggregate_sigma_secure"] / (8**0.5 * report["aggregate_sigma_local"]))
+        # A measurement, not a property: below 1 at the default config (0.59), above it at this tiny ε (docs)
+        assert report["aggregate_noise_std_ratio"] == pytest.approx(expected, rel=0.15)
+        assert report["secure_overhead_fraction"] == pytest.approx(
+            (report["secure_w_release_cpu_seconds"] - report["local_w_release_cpu_seconds"]
+             + report["secure_open_cpu_seconds"]) / report["dp_step_cpu_seconds"])
+        assert 1 < report["secure_bits_needed"] <= report["secure_bits"] == 32 and report["secure_overflow_rate"] == 0
     if memory:
         assert report["rss_baseline_mb"] > 0
         assert report["step_rss_mb"] > 0 and report["dp_step_rss_mb"] > 0

@@ -96,7 +96,7 @@ def agree_masks(channel: Channel) -> PairwiseMasks:
     object), the public key to rank 0, every party's public key back, the pairwise secrets derived."""
     masks = PairwiseMasks(channel.rank)
     channel.gather_objects(masks.public_key)
-    masks.agree(channel.bcast_object())
+    masks.agree(channel.bcast_object(None))
     return masks
 
 

@@ -1,0 +1,91 @@
+"""Secure aggregation, spied (issue 26, docs/privacy.md §8): under ``privacy.aggregation: secure`` a DP party hands
+MPI its device report, one 32-byte X25519 public key, and per release only masked uint32 words, never its
+unmasked integer total; the server's sum of the masked words is exactly the sum of the unmasked totals (the masks
+cancel), in both stages.
+
+``secure_party_release`` (the party's integer total before masking) is wrapped to record its output on each party;
+after the run every party's records go to rank 0, which checks the sums across parties. The run checkpoints every 2
+steps, so the checkpoint path is spied too.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+from test_release_spy import (
+    STAGES,
+    RecordingChannel,
+    check_checkpoint_holds_no_party_state,
+    pin_secret_keys,
+    plain_data,
+)
+
+import mpi_fnas.privacy.release as release_module
+from mpi_fnas.config import load_config
+from mpi_fnas.federation.job import run_job
+from mpi_fnas.runlog import read_run
+from mpi_fnas.secagg.encoding import wrap
+from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES
+
+STEPS = 3
+DARTS = ["space.channels=4", "space.layers=3", "space.nodes=1"]
+
+
+def mid_band(words: np.ndarray) -> float:
+    """The fraction of words farther than 2^20 from 0 mod 2^32: ~1 for uniform words, ~0 for an unmasked total
+    (a few ten thousand units either side of 0)."""
+    return float(np.mean((words > 2**20) & (words < 2**32 - 2**20)))
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("stage", ["search", "augment"])
+def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage):
+    run = STAGES[stage]
+    totals: list[np.ndarray] = []
+    real = release_module.secure_party_release
+
+    def recording(*args, **kwargs):
+        total = real(*args, **kwargs)
+        totals.append(wrap(total, 32))
+        return total
+
+    pin_secret_keys(monkeypatch)
+    monkeypatch.setattr(release_module, "secure_party_release", recording)
+    cfg = load_config(None, [
+        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *DARTS,
+        *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
+    ])
+    world = MPI.COMM_WORLD
+    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix=f"spy-secure-{stage}-") if world.Get_rank() == 0 else None))
+    channel = RecordingChannel(world)
+    run_job(cfg, channel, run_dir, stage=stage)
+    world.Barrier()
+    gathered = world.gather((channel.sent, totals), root=0)
+    if not channel.is_server:
+        assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+        assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+        key = channel.objects[1]  # the only object that is not plain data: its public key, 32 bytes
+        assert isinstance(key, bytes) and len(key) == PUBLIC_KEY_BYTES
+        assert all(plain_data(obj) for obj in channel.objects[2:]), channel.objects
+        per_step = len(run["clips"])
+        assert len(channel.sent) == per_step * STEPS == len(totals)  # the step's releases, nothing else
+        for sent, total in zip(channel.sent, totals, strict=True):
+            assert sent.dtype == np.uint32 and sent.shape == total.shape
+            assert mid_band(sent) > 0.99 and mid_band(total) < 0.01  # masked: nothing like its total
+        return
+    state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
+    assert (state["stage"], state["step"]) == (stage, 2)
+    log = read_run(run_dir / "search.h5")
+    privacy = log["privacy"] if stage == "search" else log["augment"]["privacy"]
+    assert privacy["aggregation"] == "secure"
+    # The masks cancel: Σ_k masked words ≡ Σ_k unmasked totals (mod 2^32), release by release.
+    parties = gathered[1:]
+    for i in range(len(parties[0][0])):
+        masked = np.sum([sent[i] for sent, _ in parties], axis=0, dtype=np.uint32)
+        plain = np.sum([total[i] for _, total in parties], axis=0, dtype=np.uint32)
+        np.testing.assert_array_equal(masked, plain)
+        assert not any(np.array_equal(sent[i], total[i]) for sent, total in parties)
