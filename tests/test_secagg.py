@@ -218,3 +218,14 @@ def test_secure_releases_carry_the_central_noise_where_local_ones_carry_sqrt_k_t
     assert np.mean((first > 2**20) & (first < 2**32 - 2**20)) > 0.99
     with pytest.raises(ValueError, match="series and pairwise masks"):
         secure.make(model, params, 32, examples, Keystream.from_os(), Keystream.from_os())
+
+
+def test_an_empty_batch_encodes_to_zeros_and_an_unclipped_row_is_refused():
+    """A Poisson batch may be empty: its encoding is zeros (the release is its noise alone). A row beyond the clip
+    would make the rounding's redraws endless (its bound assumes ‖row‖ ≤ c): refused with one line instead."""
+    encoding = Encoding(dimension=6, clip=1.0, scale=1 / 100)
+    signs = rotation_signs(6, "run", "search", 1, "W")
+    stream = Keystream.from_labels("empty")
+    assert torch.equal(encode_examples(torch.zeros(0, 6), encoding, signs, stream), torch.zeros(8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="exceeds the clip"):
+        encode_examples(torch.full((1, 6), 1.0), encoding, signs, stream)

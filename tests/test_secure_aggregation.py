@@ -93,3 +93,16 @@ def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
     capped = plan_privacy([160, 200], [160, 200], DPParams(1.0, 1.0, 1.0, 0.1, 8.0, max_epsilon=2.0,
                                                             aggregation="secure", parties=2), 30)
     assert worst(1.0, capped.steps) <= 2.0 < worst(1.0, capped.steps + 1) and capped.steps < 30
+
+
+def test_a_party_that_dies_mid_step_ends_a_secure_job_and_no_partial_sum_is_used(tmp_path):
+    """Under secure aggregation a dead party leaves its peers' masks uncancelled: the job must end (non-zero, quickly)
+    with the log marked failed and the ε of what was sent, never open a sum of K − 1 uploads."""
+    run = tmp_path / "run"
+    out = mpirun(PARTIES + 1, *TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure", "--out", str(run),
+                 env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=180)
+    assert out.returncode != 0
+    log = read_run(run / "search.h5")
+    assert log["status"] == "failed" and "party rank 2 failed" in log["reason"]
+    assert len(log["metrics"]["step"]) == 2  # steps 1 and 2 opened; step 3's sum never was
+    assert log["privacy"]["steps"][-1] >= 2 and np.all(log["privacy"]["epsilon"][-1] > 0)
