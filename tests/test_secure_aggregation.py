@@ -101,3 +101,18 @@ def test_a_party_that_dies_mid_step_ends_a_secure_job_and_no_partial_sum_is_used
     assert log["status"] == "failed" and "party rank 2 failed" in log["reason"]
     assert len(log["metrics"]["step"]) == 2  # steps 1 and 2 opened; step 3's sum never was
     assert log["privacy"]["steps"][-1] >= 2 and np.all(log["privacy"]["epsilon"][-1] > 0)
+
+
+def test_an_interrupted_secure_run_resumes_with_fresh_keys_and_charges_every_release(tmp_path):
+    """Resume under secure aggregation: the resumed launch runs its own key round with every party (a party that
+    skipped it could not seal a release), finishes, and the ledger charges all 8 steps of every party."""
+    run = tmp_path / "run"
+    secure = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure", "--set", "checkpoint.every_steps=2"]
+    stopped = mpirun(PARTIES + 1, *secure, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "4"}, timeout=300)
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    resumed = mpirun(PARTIES + 1, *secure, "--resume", str(run), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    log = read_run(run / "search.h5")
+    assert log["status"] == "finished" and log["attempts"] == 2
+    np.testing.assert_array_equal(log["privacy"]["charged_steps"][-1], [8, 8])
+    assert np.all(np.isfinite(log["metrics"]["test_acc"][-1:]))

@@ -36,7 +36,7 @@ from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
-from mpi_fnas.privacy.release import Release
+from mpi_fnas.privacy.release import Release, securely_aggregated
 from mpi_fnas.secagg.masks import PairwiseMasks
 from mpi_fnas.secagg.series import SecureSeries
 from mpi_fnas.space import augment_loss
@@ -155,7 +155,7 @@ class Party:
     @property
     def secure(self) -> bool:
         """Whether the releases are securely aggregated (``privacy.aggregation: secure``)."""
-        return self.releases is not None and any(r.secure is not None for r in self.releases.values())
+        return securely_aggregated(self.releases)
 
     def use_secure_aggregation(self, masks: PairwiseMasks, stage: str) -> None:
         """From now on, seal every release with `masks` (agreed this launch): each release kind of this `stage`

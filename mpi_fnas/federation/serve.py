@@ -48,6 +48,7 @@ from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import attempt_cost, settle_privacy
+from mpi_fnas.privacy.release import securely_aggregated
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.secagg.series import SecureSeries
 from mpi_fnas.space import search_space
@@ -122,7 +123,7 @@ class StageSetup:
     @property
     def secure(self) -> bool:
         """Whether the stage's releases are securely aggregated (rank 0 relays keys and opens sums)."""
-        return self.releases is not None and any(r.secure is not None for r in self.releases.values())
+        return securely_aggregated(self.releases)
 
 
 def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, searched: dict | None = None,

@@ -132,6 +132,11 @@ class Release:
         return series.seal(total, masks)
 
 
+def securely_aggregated(releases: Mapping[str, Release] | None) -> bool:
+    """Whether a stage's releases (by name; None: not private) go through secure aggregation."""
+    return releases is not None and any(release.secure is not None for release in releases.values())
+
+
 AugmentPool = Literal["all", "train"]
 
 

@@ -95,22 +95,22 @@ class SummedDiscreteGaussian:
                    order / 2.0 * (l2 + math.sqrt(dim) * tau) ** 2)
 
 
-def poisson_subsampled_rdp(order: int, rate: float, rdp: SummedDiscreteGaussian) -> float:
-    """ε(α) of `rdp` run on a Poisson sample at `rate` (Zhu & Wang 2019, the general bound; integer α ≥ 2):
+def poisson_subsampled_rdp(order: int, rate: float, mechanism: SummedDiscreteGaussian) -> float:
+    """ε(α) of `mechanism` run on a Poisson sample at `rate` (Zhu & Wang 2019, the general bound; integer α ≥ 2):
 
     ``1/(α−1)·log{ (1−q)^{α−1}(αq − q + 1) + C(α,2)q²(1−q)^{α−2}e^{ε(2)} + 3·Σ_{ℓ=3}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ
     e^{(ℓ−1)ε(ℓ)} }``, in log space; never above the unsampled ε(α)."""
-    return float(poisson_subsampled_curve((order,), rate, rdp)[0])
+    return float(poisson_subsampled_curve((order,), rate, mechanism)[0])
 
 
-def poisson_subsampled_curve(orders: Sequence[int], rate: float, rdp: SummedDiscreteGaussian) -> np.ndarray:
+def poisson_subsampled_curve(orders: Sequence[int], rate: float, mechanism: SummedDiscreteGaussian) -> np.ndarray:
     """:func:`poisson_subsampled_rdp` at every order of `orders` (ε(ℓ) computed once for ℓ ≤ the largest)."""
     if any(int(order) != order or order < 2 for order in orders):
         raise ValueError(f"Poisson-subsampled RDP needs integer orders >= 2, got {orders}")
     if not 0 <= rate <= 1:
         raise ValueError(f"the sampling rate must be in [0, 1], got {rate}")
     top = int(max(orders))
-    unsampled = np.array([0.0, 0.0, *(rdp.rdp(ell) for ell in range(2, top + 1))])  # index ℓ
+    unsampled = np.array([0.0, 0.0, *(mechanism.rdp(ell) for ell in range(2, top + 1))])  # index ℓ
     if rate == 0:
         return np.zeros(len(orders))
     if rate == 1:

@@ -111,8 +111,8 @@ def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor
         return torch.zeros(encoding.padded, dtype=torch.int64)
     norms = torch.linalg.vector_norm(grads.to(torch.float64), dim=1)
     if bool((norms > encoding.clip * (1 + 1e-9)).any()):  # the rounding's bound assumes it; redraws never end else
-        raise ValueError(f"encode_examples: a row of norm {float(norms.max()):.6g} exceeds the clip "
-                         f"{encoding.clip:g}; clip the examples first")
+        # (no norm in the text: a row's norm is data, and error texts may travel)
+        raise ValueError(f"encode_examples: a row exceeds the clip {encoding.clip:g}; clip the examples first")
     padded = torch.zeros(b, encoding.padded, dtype=torch.float64)
     padded[:, :d] = grads.to(torch.float64)
     scaled = hadamard(padded * signs) / encoding.scale

@@ -3,7 +3,8 @@
 A party's n-th release of a kind (``W`` or ``A``) in a stage is labelled ``(run id, stage, name, n)``; the party and
 rank 0 count their releases in lockstep (every party sends each release, and rank 0 opens each sum once), so both
 derive the same public rotation and the masks of that label, and no label is ever used twice in a run. The run id
-is drawn by rank 0 at every launch and the X25519 keys are fresh at every launch, so a resumed run reuses neither.
+is the launch id (:func:`~mpi_fnas.secagg.masks.launch_id`: SHA-256 of the relayed public keys), and the X25519 keys
+are fresh at every launch, so a resumed run reuses neither.
 
 * party: :meth:`SecureSeries.next_signs` (the rotation of the next release), the release's integer total (the
   mechanism: encoded examples plus the party's share of the noise), then :meth:`SecureSeries.seal`: the total mod
