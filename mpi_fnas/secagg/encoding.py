@@ -102,13 +102,19 @@ def hadamard(x: torch.Tensor) -> torch.Tensor:
 
 def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
     """``(D,)`` int64: Σ over the rows of `grads` ``(b, d)`` (clipped examples, ‖row‖₂ ≤ c) of each row rotated,
-    scaled and rounded conditionally; the rounding coins come from `stream` (the party's secret sampling stream).
-    An example whose rounding exceeds the norm bound is redrawn (KLS21 Algorithm 1), never clipped."""
+    scaled and rounded conditionally (:func:`round_examples`)."""
+    return round_examples(grads, encoding, signs, stream).sum(dim=0)
+
+
+def round_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
+    """``(b, D)`` int64: each row of `grads` ``(b, d)`` (‖row‖₂ ≤ c) rotated, scaled and rounded conditionally; the
+    rounding coins come from `stream` (the party's secret sampling stream). A row whose rounding exceeds the norm
+    bound is redrawn (KLS21 Algorithm 1), never clipped."""
     b, d = grads.shape
     if d != encoding.dimension:
         raise ValueError(f"encode_examples: rows of {d} coordinates, the encoding has {encoding.dimension}")
     if b == 0:  # an empty Poisson batch: the release is its noise alone
-        return torch.zeros(encoding.padded, dtype=torch.int64)
+        return torch.zeros(0, encoding.padded, dtype=torch.int64)
     norms = torch.linalg.vector_norm(grads.to(torch.float64), dim=1)
     if bool((norms > encoding.clip * (1 + 1e-9)).any()):  # the rounding's bound assumes it; redraws never end else
         # (no norm in the text: a row's norm is data, and error texts may travel)
@@ -127,7 +133,7 @@ def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor
         passed = draw.to(torch.float64).square().sum(dim=1) <= bound_squared
         rounded[pending[passed]] = draw[passed]
         pending = pending[~passed]
-    return rounded.sum(dim=0)
+    return rounded
 
 
 def wrap(total: torch.Tensor, bits: int) -> np.ndarray:
@@ -136,10 +142,11 @@ def wrap(total: torch.Tensor, bits: int) -> np.ndarray:
 
 
 def decode(total: np.ndarray, encoding: Encoding, signs: torch.Tensor) -> torch.Tensor:
-    """``(d,)`` float64: the real vector of Σ_k uploads (uint32 ``(D,)``, summed mod 2^32 by the Reduce): reduced
-    mod 2^b into the signed range [−2^(b−1), 2^(b−1)), ×γ, rotated back (H is its own inverse, then the signs)."""
+    """``(..., d)`` float64: the real vectors of Σ_k uploads (uint32 ``(..., D)``, summed mod 2^32 by the Reduce):
+    reduced mod 2^b into the signed range [−2^(b−1), 2^(b−1)), ×γ, rotated back (H is its own inverse, then the
+    signs)."""
     modulus = 1 << encoding.bits
     residue = torch.from_numpy(total.astype(np.int64)) % modulus
     signed = torch.where(residue >= modulus // 2, residue - modulus, residue)
     real = hadamard(signed.to(torch.float64) * encoding.scale) * signs
-    return real[: encoding.dimension]
+    return real[..., : encoding.dimension]
