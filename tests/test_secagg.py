@@ -19,7 +19,17 @@ from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.privacy.release import Release, SecureSum
 from mpi_fnas.secagg.discrete_gaussian import bernoulli_exp, discrete_gaussian, discrete_laplace
-from mpi_fnas.secagg.encoding import Encoding, decode, encode_examples, hadamard, rotation_signs, wrap
+from mpi_fnas.secagg.encoding import (
+    Encoding,
+    decode,
+    encode_examples,
+    hadamard,
+    padded_length,
+    rotate,
+    rotation_signs,
+    unrotate,
+    wrap,
+)
 from mpi_fnas.secagg.masks import PairwiseMasks, launch_id
 from mpi_fnas.secagg.series import SecureSeries
 
@@ -76,11 +86,34 @@ def test_discrete_gaussian_refuses_what_it_cannot_draw_exactly():
         discrete_gaussian(3, 0, Keystream.from_labels("x"))
 
 
-def test_hadamard_is_orthonormal_and_its_own_inverse():
-    x = torch.randn(4, 64, dtype=torch.float64)
+@pytest.mark.parametrize("dim", [1, 2, 64, 2**13])  # 2^13: three Kronecker factors (6 + 6 + 1 bits)
+def test_hadamard_is_the_sylvester_matrix_orthonormal_and_its_own_inverse(dim):
+    x = torch.randn(4, dim, dtype=torch.float64)
     y = hadamard(x)
+    if dim <= 64:  # against the matrix built by its definition, H[i, j] = (-1)^popcount(i & j) / √D
+        index = torch.arange(dim)
+        signs = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in index.tolist()] for i in index.tolist()],
+                             dtype=torch.float64)
+        torch.testing.assert_close(y, x @ signs.T / math.sqrt(dim))
     torch.testing.assert_close(y.norm(dim=1), x.norm(dim=1))
     torch.testing.assert_close(hadamard(y), x)
+
+
+def test_a_long_release_is_padded_to_whole_blocks_and_rotated_block_by_block():
+    assert [padded_length(d) for d in (1, 80, 4096, 4097, 77_906)] == [1, 128, 4096, 8192, 81_920]
+    dim = padded_length(77_906)
+    x = torch.zeros(3, dim, dtype=torch.float64)
+    x[:, :77_906] = torch.randn(3, 77_906, dtype=torch.float64)
+    signs = rotation_signs(77_906, "run", "search", "W", 1)
+    y = rotate(x, signs)
+    torch.testing.assert_close(y.norm(dim=1), x.norm(dim=1))  # orthonormal
+    torch.testing.assert_close(unrotate(y, signs), x)
+    # Block-diagonal: a vector inside one block stays inside it, spread evenly over its 4096 coordinates.
+    spike = torch.zeros(dim, dtype=torch.float64)
+    spike[5000] = 1.0
+    spread = rotate(spike, signs)
+    assert torch.count_nonzero(spread[:4096]) == 0 and torch.count_nonzero(spread[8192:]) == 0
+    torch.testing.assert_close(spread[4096:8192].abs(), torch.full((4096,), 1 / 64, dtype=torch.float64))
 
 
 def parties_encode(encoding: Encoding, signs: torch.Tensor, parties: int, batch: int, seed: int):

@@ -129,20 +129,25 @@ class Keystream:
         result has its shape). A 53-bit draw k is kept only below the largest multiple of its bound (rejection,
         redrawn until none is left; probability < high / 2^53 per value), then ``k % high``.
         """
+        highs: torch.Tensor | int
         if isinstance(high, torch.Tensor):
             highs = high.to(torch.int64).reshape(-1)
             size = tuple(high.shape)
-        else:
+            if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
+                raise ValueError("integers: every bound must be in [1, 2^53]")
+            limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
+            count = highs.numel()
+        else:  # one bound for all: scalar arithmetic (the discrete Gaussian's samplers draw this way, many times)
             size = (shape,) if isinstance(shape, int) else tuple(shape or ())
-            highs = torch.full((math.prod(size),), int(high), dtype=torch.int64)
-        if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
-            raise ValueError("integers: every bound must be in [1, 2^53]")
-        limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
-        draw = self.bits(highs.numel())
+            highs, count = int(high), math.prod(size)
+            if not 1 <= highs <= 2**UNIFORM_BITS:
+                raise ValueError("integers: every bound must be in [1, 2^53]")
+            limits = (2**UNIFORM_BITS // highs) * highs
+        draw = self.bits(count)
         rejected = torch.nonzero(draw >= limits).reshape(-1)
         while rejected.numel():
             draw[rejected] = self.bits(rejected.numel())
-            rejected = rejected[draw[rejected] >= limits[rejected]]
+            rejected = rejected[draw[rejected] >= (limits if isinstance(limits, int) else limits[rejected])]
         return (draw % highs).reshape(size)
 
     def permutation(self, n: int) -> torch.Tensor:

@@ -4,9 +4,11 @@ arXiv 2102.06387, Algorithm 1 and Theorem 1).
 
 Per example (record-level DP: the sensitivity is one example's rounded vector), in this order:
 
-1. **Rotate.** Pad the clipped gradient (‖g‖₂ ≤ c) to D = 2^⌈log₂ d⌉ coordinates and apply the randomized Hadamard
-   transform H·diag(s)/√D (orthonormal; s ∈ {±1}^D public, fresh per step and release): the mass of any vector is
-   spread evenly, so no coordinate is large and the modular wrap rarely bites.
+1. **Rotate.** Pad the clipped gradient (‖g‖₂ ≤ c) to D coordinates (:func:`padded_length`: the next power of two
+   up to :data:`ROTATION_BLOCK`, a multiple of it beyond) and apply the randomized Hadamard transform, block by
+   block: H·diag(s) with H block-diagonal, each block the orthonormal Walsh–Hadamard matrix of the block's length
+   (s ∈ {±1}^D public, fresh per step and release). The mass of a block is spread evenly over it, so no coordinate
+   is large and the modular wrap rarely bites.
 2. **Scale** by 1/γ (γ: the value of one integer unit) and **round at random, conditionally**: each coordinate goes
    to ⌊z⌋ + Bernoulli(z − ⌊z⌋) (unbiased), redrawn until ‖ẑ‖₂ ≤ :attr:`Encoding.norm_bound` (KLS21 Theorem 1:
    with probability ≥ 1 − β a draw passes, so the bound holds for every example that is released).
@@ -18,6 +20,7 @@ Nothing here is secret but the rounding coins, which come from the party's keyst
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -32,6 +35,11 @@ from mpi_fnas.privacy.keystream import Keystream
 #: trains; larger releases are refused. Its cost is the rounding's D/4 in Δ₂² next to (c/γ)² = K·8000²/σ²: ~0.2 %
 #: of ε(α) at K = 8 and σ = 1, ~1.6 % at K = 1.
 ACCOUNTED_DIMENSION = 2**22
+#: The rotation's block length: a release of d > this many coordinates is padded to a multiple of it (77,906 weights:
+#: 81,920 coordinates; the next power of two would be 131,072), since the rounding, the noise and the upload all
+#: scale with D. Blocks are enough for 32-bit sums: one example's coordinate is at most c/γ (≈ 2^14 integer units at
+#: the default config) even unspread, so B·K of them stay near 2^22, and a block spreads its mass over 4,096.
+ROTATION_BLOCK = 2**12
 
 
 @dataclass(frozen=True)
@@ -59,7 +67,7 @@ class Encoding:
 
     @property
     def padded(self) -> int:
-        """D: the dimension rounded up to a power of two (the Hadamard transform's length)."""
+        """D: the length of the rotated, rounded vector (:func:`padded_length`)."""
         return padded_length(self.dimension)
 
     @property
@@ -75,8 +83,10 @@ class Encoding:
 
 
 def padded_length(dimension: int) -> int:
-    """D: `dimension` rounded up to a power of two (the Hadamard transform's length)."""
-    return 1 << max(0, (dimension - 1).bit_length())
+    """D: `dimension` rounded up to a power of two up to :data:`ROTATION_BLOCK`, to a multiple of it beyond."""
+    if dimension <= ROTATION_BLOCK:
+        return 1 << max(0, (dimension - 1).bit_length())
+    return -(-dimension // ROTATION_BLOCK) * ROTATION_BLOCK
 
 
 def rotation_signs(dimension: int, *labels: str | int) -> torch.Tensor:
@@ -85,19 +95,54 @@ def rotation_signs(dimension: int, *labels: str | int) -> torch.Tensor:
     return bits.to(torch.float64).mul_(2).sub_(1)
 
 
+def rotate(x: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """``(..., D)`` float64: H·diag(s)·x, H block-diagonal Walsh–Hadamard (blocks of min(D, ROTATION_BLOCK))."""
+    return _blockwise_hadamard(x.to(torch.float64) * signs)
+
+
+def unrotate(y: torch.Tensor, signs: torch.Tensor) -> torch.Tensor:
+    """``(..., D)`` float64: the inverse of :func:`rotate` (H is its own inverse, then the signs)."""
+    return _blockwise_hadamard(y.to(torch.float64)) * signs
+
+
+def _blockwise_hadamard(x: torch.Tensor) -> torch.Tensor:
+    dim = x.shape[-1]
+    block = min(dim, ROTATION_BLOCK)
+    return hadamard(x.reshape(*x.shape[:-1], dim // block, block)).reshape(x.shape)
+
+
 def hadamard(x: torch.Tensor) -> torch.Tensor:
     """The orthonormal Walsh–Hadamard transform H/√D along the last axis (length D, a power of two): ``(..., D)``
-    float64. It is its own inverse."""
+    float64. It is its own inverse.
+
+    H_D = H_a ⊗ H_b ⊗ … (Sylvester), so it is applied as a few small dense matrices, one per factor of at most
+    2^6, along the axes of x viewed as ``(n, a, b, …)``: a handful of matrix products instead of log₂ D passes.
+    """
     *batch, dim = x.shape
-    if dim & (dim - 1):
+    if dim < 1 or dim & (dim - 1):
         raise ValueError(f"the Hadamard transform needs a power-of-two length, got {dim}")
     y = x.to(torch.float64).reshape(-1, dim)
-    half = 1
-    while half < dim:
-        pairs = y.reshape(y.shape[0], -1, 2, half)
-        y = torch.stack((pairs[:, :, 0] + pairs[:, :, 1], pairs[:, :, 0] - pairs[:, :, 1]), dim=2)
-        half *= 2
+    rows, remaining = y.shape[0], dim.bit_length() - 1
+    while remaining:
+        factor = min(_FACTOR_BITS, remaining)
+        size = 1 << factor
+        # H_size on the leading index of (rows, size, rest), then that index moved last: after every factor has
+        # had its turn the indices are back in their order.
+        y = torch.matmul(_sylvester(factor), y.reshape(rows, size, dim // size)).transpose(1, 2).reshape(rows, dim)
+        remaining -= factor
     return y.reshape(*batch, dim) / math.sqrt(dim)
+
+
+_FACTOR_BITS = 6
+
+
+@functools.cache
+def _sylvester(bits: int) -> torch.Tensor:
+    """``(2^bits, 2^bits)`` float64: the ±1 Sylvester–Hadamard matrix H_2^{⊗bits}."""
+    h = torch.ones(1, 1, dtype=torch.float64)
+    for _ in range(bits):
+        h = torch.cat((torch.cat((h, h), dim=1), torch.cat((h, -h), dim=1)), dim=0)
+    return h
 
 
 def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
@@ -121,7 +166,7 @@ def round_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor,
         raise ValueError(f"encode_examples: a row exceeds the clip {encoding.clip:g}; clip the examples first")
     padded = torch.zeros(b, encoding.padded, dtype=torch.float64)
     padded[:, :d] = grads.to(torch.float64)
-    scaled = hadamard(padded * signs) / encoding.scale
+    scaled = rotate(padded, signs) / encoding.scale
     floor = torch.floor(scaled)
     fraction = scaled - floor
     rounded = torch.zeros(b, encoding.padded, dtype=torch.int64)
@@ -148,5 +193,5 @@ def decode(total: np.ndarray, encoding: Encoding, signs: torch.Tensor) -> torch.
     modulus = 1 << encoding.bits
     residue = torch.from_numpy(total.astype(np.int64)) % modulus
     signed = torch.where(residue >= modulus // 2, residue - modulus, residue)
-    real = hadamard(signed.to(torch.float64) * encoding.scale) * signs
+    real = unrotate(signed.to(torch.float64) * encoding.scale, signs)
     return real[..., : encoding.dimension]
