@@ -86,11 +86,11 @@ def test_discrete_gaussian_refuses_what_it_cannot_draw_exactly():
         discrete_gaussian(3, 0, Keystream.from_labels("x"))
 
 
-@pytest.mark.parametrize("dim", [1, 2, 64, 2**13])  # 2^13: three Kronecker factors (6 + 6 + 1 bits)
+@pytest.mark.parametrize("dim", [1, 2, 64, 128, 2**13])  # 128: two Kronecker factors (6 + 1 bits); 2^13: three
 def test_hadamard_is_the_sylvester_matrix_orthonormal_and_its_own_inverse(dim):
     x = torch.randn(4, dim, dtype=torch.float64)
     y = hadamard(x)
-    if dim <= 64:  # against the matrix built by its definition, H[i, j] = (-1)^popcount(i & j) / √D
+    if dim <= 128:  # against the matrix built by its definition, H[i, j] = (-1)^popcount(i & j) / √D
         index = torch.arange(dim)
         signs = torch.tensor([[(-1.0) ** bin(i & j).count("1") for j in index.tolist()] for i in index.tolist()],
                              dtype=torch.float64)
