@@ -1,6 +1,7 @@
 # mpi_fnas — the two commands of the quickstart:
 #   make run    set up .venv if needed, then the default federated search (8 parties = 9 MPI ranks)
-#   make test   set up .venv if needed, then every test (serial tests, then the MPI tests under mpirun)
+#   make test   set up .venv if needed, then every test (the serial tests in two lanes, the Slurm ones beside the
+#               others: scripts/run_tests.sh; then the MPI tests under mpirun; then ruff)
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 MPIRUN := $(VENV)/bin/mpirun
@@ -19,11 +20,13 @@ $(STAMP): pyproject.toml constraints.txt constraints-cpu.txt scripts/install.sh
 run: $(STAMP)
 	$(MPIRUN) -n $(NP) $(PYTHON) -m mpi_fnas.run $(ARGS)
 
-test: $(STAMP) test-serial test-mpi lint
+test: $(STAMP)
+	PYTHON=$(PYTHON) bash scripts/run_tests.sh
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check mpi_fnas tests
 
+# One lane, every serial test (the Slurm ones too), for a single run or a profile.
 test-serial: $(STAMP)
 	$(PYTHON) -m pytest -q --durations=15 tests --ignore=tests/mpi
 
@@ -39,4 +42,4 @@ bench: $(STAMP)
 	$(MPIRUN) -n 3 $(PYTHON) -m mpi_fnas.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .pytest-rank*.log
+	rm -rf $(VENV) .pytest_cache .ruff_cache .pytest-rank*.log .pytest-lane2.log
