@@ -129,10 +129,7 @@ def audit_mechanism(
         )
     model = CanaryModel(dim)
     params = dict(model.named_parameters())
-    others = torch.zeros(num_other, dim)
-    others[:, 1] = 0.5 * clip_bound
-    canary = torch.zeros(1, dim)
-    canary[0, 0] = canary_scale * clip_bound
+    others, canary = _canary_examples(clip_bound, canary_scale, num_other, dim, torch.float32)
     datasets = {False: others, True: torch.cat([others, canary])}
     noise_stream = Keystream.from_labels("audit", seed)
 
@@ -178,10 +175,7 @@ def audit_secure_sum(
         raise ValueError("need at least 4 trials per hypothesis and dim >= 2")
     parties, clip = release.secure.parties, release.clip
     encoding = release.encoding(dim)
-    others = torch.zeros(num_other, dim, dtype=torch.float64)
-    others[:, 1] = 0.5 * clip
-    canary = torch.zeros(1, dim, dtype=torch.float64)
-    canary[0, 0] = canary_scale * clip
+    others, canary = _canary_examples(clip, canary_scale, num_other, dim, torch.float64)
     masks = [PairwiseMasks(rank) for rank in range(1, parties + 1)]  # OS keys: they cancel whatever they are
     for party in masks:
         party.agree({mask.rank: mask.public_key for mask in masks})
@@ -205,6 +199,16 @@ def audit_secure_sum(
             opened = series[0].open(words.reshape(trials, encoding.padded), float(num_other + 1))
             scores[present] += opened[:, 0]
     return _bound(scores, steps=steps, delta=delta, confidence=confidence)
+
+
+def _canary_examples(clip: float, canary_scale: float, num_other: int, dim: int,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(num_other, dim)`` ordinary examples (R/2 on coordinate 1) and the ``(1, dim)`` canary (scale·R on 0)."""
+    others = torch.zeros(num_other, dim, dtype=dtype)
+    others[:, 1] = 0.5 * clip
+    canary = torch.zeros(1, dim, dtype=dtype)
+    canary[0, 0] = canary_scale * clip
+    return others, canary
 
 
 def _bound(scores: dict[bool, np.ndarray], *, steps: int, delta: float, confidence: float) -> AuditResult:
