@@ -176,11 +176,12 @@ def audit_secure_sum(
     parties, clip = release.secure.parties, release.clip
     encoding = release.encoding(dim)
     others, canary = _canary_examples(clip, canary_scale, num_other, dim, torch.float64)
-    masks = [PairwiseMasks(rank) for rank in range(1, parties + 1)]  # OS keys: they cancel whatever they are
+    # OS keys (the masks cancel whatever they are) under a fixed run id: the rotations, labelled by it, and so the
+    # whole audit follow from `seed` alone (a launch id from the fresh keys made the bound vary from run to run).
+    run_id = f"audit/{seed}".encode()
+    masks = [PairwiseMasks(rank, run_id=run_id) for rank in range(1, parties + 1)]
     for party in masks:
         party.agree({mask.rank: mask.public_key for mask in masks})
-    run_id = masks[0].run_id
-    assert run_id is not None
     series = [SecureSeries(run_id, "audit", "canary", encoding) for _ in range(parties + 1)]  # rank 0, 1..K
     stream = Keystream.from_labels("audit/secure", seed)  # the auditor's: every party's coins and noise
 
