@@ -185,15 +185,17 @@ def audit_secure_sum(
     series = [SecureSeries(run_id, "audit", "canary", encoding) for _ in range(parties + 1)]  # rank 0, 1..K
     stream = Keystream.from_labels("audit/secure", seed)  # the auditor's: every party's coins and noise
 
+    # Every trial's rows, clipped once: (trials·b, d), trial-major; party 1's under D' hold the canary.
+    rows = {present: clip_per_sample(torch.cat([others, canary]) if present else others, clip).repeat(trials, 1)
+            for present in (False, True)}
     scores = {present: np.zeros(trials) for present in (False, True)}
     for _ in range(steps):
         for present in (False, True):
             words = np.zeros(trials * encoding.padded, dtype=np.uint32)
             for rank in range(1, parties + 1):
-                examples = torch.cat([others, canary]) if present and rank == 1 else others
-                rows = clip_per_sample(examples, clip).repeat(trials, 1)  # (trials·b, d): trial-major
                 signs = series[rank].next_signs()
-                rounded = round_examples(rows, encoding, signs, stream).reshape(trials, -1, encoding.padded)
+                rounded = round_examples(rows[present and rank == 1], encoding, signs, stream)
+                rounded = rounded.reshape(trials, -1, encoding.padded)
                 total = rounded.sum(dim=1).reshape(-1) + noise_fn(trials * encoding.padded,
                                                                    release.secure.local_variance, stream)
                 words += series[rank].seal(total, masks[rank - 1])  # uint32: wraps mod 2^32 like the Reduce

@@ -28,7 +28,7 @@ import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
 from mpi_fnas.runlog import read_run
-from mpi_fnas.secagg.encoding import wrap
+from mpi_fnas.secagg.encoding import padded_length, wrap
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES
 
 STEPS = 3
@@ -93,3 +93,6 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         plain = np.sum([total[i] for _, total in parties], axis=0, dtype=np.uint32)
         np.testing.assert_array_equal(masked, plain)
         assert not any(np.array_equal(sent[i], total[i]) for sent, total in parties)
+        # The length the server sees is public: the same from every party, a whole number of rotation blocks.
+        lengths = {sent[i].size for sent, _ in parties}
+        assert len(lengths) == 1 and padded_length(min(lengths)) == min(lengths)
