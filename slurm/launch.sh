@@ -178,8 +178,9 @@ trap - USR1 TERM
 log "run exited with $status"
 
 if [[ $status -eq $EXIT_INTERRUPTED && -n ${SLURM_JOB_ID:-} ]]; then
+  # Logged before the requeue: a requeue of a running job ends this script (SIGTERM), often before a line after it.
+  log "requeueing job $SLURM_JOB_ID; it resumes from $run_dir"
   if scontrol requeue "$SLURM_JOB_ID"; then
-    log "requeued job $SLURM_JOB_ID; it resumes from $run_dir"
     exit 0
   fi
   # The stop request may itself have come from a requeue (`scontrol requeue`, preemption in REQUEUE mode): Slurm

@@ -462,7 +462,7 @@ def test_usr1_is_forwarded_then_job_requeues_and_resumes(slurm_cluster, stand_in
         assert record["argv"][:4] == ["--config", str(config), "--resume", str(run_dir)]
         assert "--out" not in record["argv"]
     assert (run_dir / "checkpoint.pt").exists()
-    assert f"requeued job {job}" in output
+    assert f"requeueing job {job}" in output
     # --open-mode=append: the first attempt's log survives the requeue.
     assert output.count("launch.sh: job") == 2, output
 
