@@ -8,6 +8,7 @@ Rank 0 is the parameter server, ranks 1..K are the parties (K = world size − 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     channel = Channel(comm)
     stop = cli.StopRequest.install()
     state: dict = {}
+    made: list[Path] = []  # rank 0: the run directory this launch created, if it did
 
     def setup() -> int:
         if config_error is not None and not ((args.resume or args.augment) and not args.config and not args.overrides):
@@ -76,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--out and --resume name different run directories; give one of them")
         if args.augment and (args.resume or args.out):
             raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
-        text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args))
+        text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args, made))
         state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
     if code != cli.EXIT_OK:
-        return code
+        return _tidy_bad_input(code, channel.rank, made)
     run_cfg, run_dir = state["cfg"], state["run_dir"]
     channel.timeout = run_cfg.runtime.comm_timeout
     private_party = run_cfg.mode == "dpfnas" and not channel.is_server
@@ -93,6 +95,17 @@ def main(argv: list[str] | None = None) -> int:
                            debug=args.debug,
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
     stop.disarm()
+    return _tidy_bad_input(code, channel.rank, made)
+
+
+def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
+    """Bad input found after rank 0 created the run directory (a world size that does not fit the config, a data
+    folder that is not there) leaves nothing in it: remove it again, so that a refused launch leaves no empty
+    ``runs/<name>-<time>/`` behind. Anything written there is kept."""
+    if code == cli.EXIT_BAD_INPUT and rank == 0:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()  # only an empty directory goes
     return code
 
 
@@ -139,8 +152,9 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
     return cli.EXIT_OK
 
 
-def _decide(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
-    """Rank 0: the config (as YAML text, so every rank runs the same one), the run directory and the stage."""
+def _decide(cfg: Config | None, args: argparse.Namespace, made: list[Path]) -> tuple[str, str, str]:
+    """Rank 0: the config (as YAML text, so every rank runs the same one), the run directory and the stage; a new
+    run's directory, if this launch creates it, is appended to `made`."""
     if args.augment:
         return _decide_augment(cfg, args)
     if not args.resume:
@@ -150,6 +164,8 @@ def _decide(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str
             raise ConfigError(f"--out: {path} already holds a run log (search.h5); choose another directory or "
                               "--resume it (nothing was overwritten)")
         _check_stages(cfg)
+        if not path.exists():
+            made.append(path)
         cli.make_dir(path)
         return cfg.to_yaml(), str(path), _first_stage(cfg)
     return _decide_resume(cfg, args)

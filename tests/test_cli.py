@@ -80,11 +80,18 @@ def test_outside_mpirun_says_how_to_launch():
     ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples"],
 )
 def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, tmp_path):
-    out = launch(3, *args, "--out", str(tmp_path / "run"))
+    run = tmp_path / "run"
+    user_made = "federation.parties=4" in args  # a directory the user made is theirs: it stays, even empty
+    if user_made:
+        run.mkdir()
+    out = launch(3, *args, "--out", str(run))
     assert out.returncode == 2, out.stderr
     lines = error_lines(out.stderr)
     assert len(lines) == 1, out.stderr  # printed once, by rank 0, no traceback
     assert lines[0].startswith("mpi_fnas: error: ") and needle in lines[0]
+    # The refused launch leaves no empty run directory of its own behind (the checks after rank 0 made it: the
+    # world size, the data).
+    assert run.is_dir() == user_made
 
 
 @pytest.mark.slow
