@@ -121,3 +121,13 @@ def wait_for(condition, timeout: float = 120.0, poll: float = 0.3) -> bool:
 def rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
     """The PID of MPI rank `rank` of the job started by `proc`, or None."""
     return next((p for p in descendants(proc.pid) if rank_of(p) == rank), None)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Modules without a `slow` test (in-process, one core) run first, then the modules that launch `mpirun` jobs,
+    each group in its usual order. Why: `make test` runs the Slurm tests beside this lane in its first minutes
+    (scripts/run_tests.sh), and their jobs leave one core idle beside a one-core test but collide with a
+    multi-rank launch (the augmentation's learning runs took 100 s beside them, 53 s alone). Whole modules move, so
+    a module-scoped fixture is still set up once."""
+    launches = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.module.__name__ in launches)  # stable: the order within each group stays

@@ -41,6 +41,7 @@ def _run_bench(ranks: int, *extra: str) -> dict:
 
 # 1 rank without the memory subprocesses (with the aggregation comparison), 3 ranks with them (without it): the
 # subprocess path that must not join the MPI job is the one under mpirun.
+@pytest.mark.slow
 @pytest.mark.parametrize(("ranks", "memory"), [(1, False), (3, True)])
 def test_bench_json_fields(ranks, memory):
     report = _run_bench(ranks, *(["--no-aggregation"] if memory else ["--no-memory"]))
