@@ -9,7 +9,9 @@ import json
 import math
 
 import dp_accounting
+import numpy as np
 import pytest
+from dp_accounting.pld import privacy_loss_distribution
 from scipy import stats
 
 from mpi_fnas.privacy import (
@@ -19,6 +21,7 @@ from mpi_fnas.privacy import (
     gdp_epsilon,
     party_epsilon,
 )
+from mpi_fnas.privacy.gaussian_pld import gaussian_pld
 
 
 def direct_pld_epsilon(steps: list[tuple[float, float, int]], delta: float, interval: float = 1e-4) -> float:
@@ -99,6 +102,37 @@ def test_calibration_hits_target_epsilon():
     assert achieved <= target  # never over budget
     assert achieved >= target - 0.02  # and not needlessly noisy (sigma tolerance 1e-3)
     assert direct_pld_epsilon([(sigma - 0.01, q, steps)], delta, interval) > target
+
+
+@pytest.mark.parametrize(("sigma", "q", "interval"),
+                         [(0.97, 0.04, 1e-4), (0.25, 0.5, 1e-3), (1.0, 1.0, 1e-3), (3.0, 0.001, 1e-4),
+                          (0.6, 0.02, 1e-3)])
+def test_array_pld_is_dp_accountings_pld_to_the_last_bit(sigma, q, interval):
+    """gaussian_pld runs the library's per-ε inversion on arrays: δ(ε) on a grid, and ε(δ) after composition, are
+    the library's exactly."""
+    library = privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma, value_discretization_interval=interval, sampling_prob=q,
+        neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    ours = gaussian_pld(sigma, q, interval)
+    epsilons = np.linspace(-2.0, 40.0, 4001)
+    assert np.array_equal(ours.get_delta_for_epsilon(epsilons), library.get_delta_for_epsilon(epsilons))
+    for steps in (1, 50):
+        for delta in (1e-5, 1e-3):
+            assert (ours.self_compose(steps).get_epsilon_for_delta(delta)
+                    == library.self_compose(steps).get_epsilon_for_delta(delta))
+
+
+def test_calibration_is_dp_accountings_calibration():
+    target, delta, q, steps, interval = 2.0, 1e-5, 0.05, 60, 1e-3
+
+    def event(sigma: float) -> dp_accounting.DpEvent:
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+
+    library = dp_accounting.calibrate_dp_mechanism(
+        lambda: dp_accounting.pld.PLDAccountant(value_discretization_interval=interval), event, target, delta,
+        bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0), tol=1e-3)
+    assert calibrate_noise_multiplier(target, delta, q, steps, value_discretization_interval=interval) == library
 
 
 def test_state_round_trip_through_json():
