@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import subprocess
 import sys
 from pathlib import Path
@@ -139,15 +140,24 @@ def test_private_party_uses_the_configured_privacy_settings():
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="needs Linux /proc peak-RSS reset")
 def test_peak_rss_probe_sees_an_allocation_after_reset():
     """The memory probe measures what happens after the reset, not the process's earlier high-water mark."""
-    big = np.ones(60_000_000 // 8)  # 60 MB, touched
-    del big
+    # Fresh anonymous mappings, every page written: new resident memory whatever the allocator kept from earlier
+    # tests (a numpy array may reuse freed heap pages that are still resident: no growth to see).
+    big = _touched_mapping(60_000_000)
+    big.close()
     assert bench._reset_peak_rss()
     before = bench._peak_rss_mb()
-    block = np.ones(40_000_000 // 8)  # 40 MB, touched
+    block = _touched_mapping(40_000_000)
     after = bench._peak_rss_mb()
-    del block
+    block.close()
     assert 35 <= after - before <= 60
     assert math.isfinite(before) and before > 0
+
+
+def _touched_mapping(size: int) -> mmap.mmap:
+    mapping = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        mapping[offset] = 1
+    return mapping
 
 
 def test_bench_bad_config_exit_2():
