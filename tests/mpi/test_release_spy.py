@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +151,7 @@ CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
+def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir):
     stage, settings = CASES[case]
     run, selecting = STAGES[stage], case.endswith("secprobe")
     releases: list[dict] = []
@@ -163,7 +162,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case):
         *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
     ])
     world = MPI.COMM_WORLD
-    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix=f"spy-{case}-") if world.Get_rank() == 0 else None, root=0))
+    run_dir = shared_dir(f"spy-{case}-")
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
     world.Barrier()

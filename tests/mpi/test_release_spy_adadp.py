@@ -11,9 +11,6 @@ shard and 1 A release on every validation shard; the log's ``w_lr`` and ``adadp_
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
@@ -43,7 +40,7 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
 
 
 @pytest.mark.mpi(min_size=3)
-def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
+def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir):
     releases: list[dict] = []
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
@@ -60,7 +57,7 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
         f"privacy.clip_a={CLIP_A}", "runtime.progress=off", "runtime.log_every=1", "checkpoint.every_steps=1",
     ])
     world = MPI.COMM_WORLD
-    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-adadp-") if world.Get_rank() == 0 else None, root=0))
+    run_dir = shared_dir("spy-adadp-")
     channel = RecordingChannel(world)
     outcome = run_search(cfg, channel, run_dir)
     world.Barrier()
@@ -90,7 +87,7 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch):
 
 
 @pytest.mark.mpi(min_size=3)
-def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkeypatch):
+def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkeypatch, shared_dir):
     """A DP augmentation of a given genotype with ADADP: 2 iterations (augment.steps_per_epoch 4 releases), a
     checkpoint after iteration 1 carrying η; each party sent [G1, G2] per iteration, noised, nothing else."""
     releases: list[dict] = []
@@ -109,7 +106,7 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
         "runtime.log_every=1", "checkpoint.every_steps=1",
     ])
     world = MPI.COMM_WORLD
-    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix="spy-adadp-aug-") if world.Get_rank() == 0 else None, root=0))
+    run_dir = shared_dir("spy-adadp-aug-")
     channel = RecordingChannel(world)
     outcome = run_job(cfg, channel, run_dir, stage="augment")
     world.Barrier()

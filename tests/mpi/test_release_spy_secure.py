@@ -10,9 +10,6 @@ steps, so the checkpoint path is spied too.
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 from mpi4py import MPI
@@ -43,7 +40,7 @@ def mid_band(words: np.ndarray) -> float:
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("stage", ["search", "augment"])
-def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage):
+def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, shared_dir):
     run = STAGES[stage]
     totals: list[np.ndarray] = []
     real = release_module.secure_party_release
@@ -60,7 +57,7 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
     ])
     world = MPI.COMM_WORLD
-    run_dir = Path(world.bcast(tempfile.mkdtemp(prefix=f"spy-secure-{stage}-") if world.Get_rank() == 0 else None))
+    run_dir = shared_dir(f"spy-secure-{stage}-")
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)
     world.Barrier()
