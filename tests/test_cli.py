@@ -68,20 +68,19 @@ def test_outside_mpirun_says_how_to_launch():
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("args", "needle"),
+    ("args", "needle", "user_made"),  # user_made: the user made --out beforehand; theirs, it stays even empty
     [
-        (["--set", "search.epoch=1"], "search.epoch: unknown key"),
-        (["--set", "federation.parties=4"], "federation.parties: config says 4 but the MPI world has 2"),
-        (["--config", "configs/vanilla_nas.yaml"], "config says 1 but the MPI world has 2 parties"),
+        (["--set", "search.epoch=1"], "search.epoch: unknown key", False),
+        (["--set", "federation.parties=4"], "federation.parties: config says 4 but the MPI world has 2", True),
+        (["--config", "configs/vanilla_nas.yaml"], "config says 1 but the MPI world has 2 parties", False),
         (["--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent/cifar", "--set", "data.image_size=32"],
-         "cifar-10-python.tar.gz"),
-        (["--set", "data.train_size=2"], "data.partition"),
+         "cifar-10-python.tar.gz", False),
+        (["--set", "data.train_size=2"], "data.partition", False),
     ],
     ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples"],
 )
-def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, tmp_path):
+def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, user_made, tmp_path):
     run = tmp_path / "run"
-    user_made = "federation.parties=4" in args  # a directory the user made is theirs: it stays, even empty
     if user_made:
         run.mkdir()
     out = launch(3, *args, "--out", str(run))
