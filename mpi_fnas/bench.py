@@ -270,10 +270,10 @@ def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
 
 
 # -- peak memory ------------------------------------------------------------------------------------------------
-def equal_epsilon_sigmas(cfg: Config, parties: int) -> tuple[float, float, float]:
+def equal_epsilon_sigmas(cfg: Config, parties: int, dimension: int) -> tuple[float, float, float]:
     """(σ local, σ secure, ε): the configured σ_W = σ_A of a search of the configured length over `parties` parties
     (the default run's shards, augmentation left out), its worst party's ε against the server under local noise
-    (tight PLD), and the σ the secure accountant needs for that same ε."""
+    (tight PLD), and the σ the secure accountant (at the accounted `dimension`) needs for that same ε."""
     import dataclasses
 
     from mpi_fnas.federation.plan import plan_assignments
@@ -291,7 +291,7 @@ def equal_epsilon_sigmas(cfg: Config, parties: int) -> tuple[float, float, float
     sigma = plan.params.noise_multiplier_w
     epsilon = max(PrivacyLedger.from_runs(((sigma, float(q), steps),)).get_epsilon(float(plan.delta.min()))
                   for q in (plan.sample_rate_train.max(), plan.sample_rate_val.max()))
-    secure = dataclasses.replace(local, aggregation="secure", target_epsilon=epsilon)
+    secure = dataclasses.replace(local, aggregation="secure", target_epsilon=epsilon, secure_dimension=dimension)
     return sigma, plan_privacy(train, val, secure, steps).params.noise_multiplier_w, epsilon
 
 
@@ -309,6 +309,7 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
 
     import torch
 
+    from mpi_fnas.federation.plan import secure_dimension
     from mpi_fnas.privacy import clipped_sum, per_sample_gradients
     from mpi_fnas.privacy.keystream import Keystream
     from mpi_fnas.privacy.mechanism import secure_party_release
@@ -316,13 +317,14 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
     from mpi_fnas.secagg.masks import PairwiseMasks
     from mpi_fnas.secagg.series import SecureSeries
 
-    sigma_local, sigma_secure, epsilon = equal_epsilon_sigmas(cfg, parties)
+    dimension = secure_dimension(cfg)  # as a run of this config accounts it: its largest release
+    sigma_local, sigma_secure, epsilon = equal_epsilon_sigmas(cfg, parties, dimension)
     party = make_party(cfg, private=True)
     batch, clip = float(cfg.search.batch_size), cfg.privacy.clip_w
     named = dict(party.model.named_weights())
     exact = clipped_sum(per_sample_gradients(party.model, named, party.train.x, party.train.y), clip).double()
     local = Release(sigma_local, clip, batch)
-    secure = Release(sigma_secure, clip, batch, secure=SecureSum(parties))
+    secure = Release(sigma_secure, clip, batch, secure=SecureSum(parties, dimension))
     masks = [PairwiseMasks(rank) for rank in range(1, parties + 1)]
     for m in masks:
         m.agree({other.rank: other.public_key for other in masks})

@@ -88,22 +88,25 @@ SECURE_PARTIES, SECURE_TRIALS = 8, 12_000
 
 @pytest.fixture(scope="module")
 def secure_release() -> Release:
-    return Release(SIGMA, CLIP, EXPECTED_BATCH, secure=SecureSum(SECURE_PARTIES))
+    return Release(SIGMA, CLIP, EXPECTED_BATCH, secure=SecureSum(SECURE_PARTIES, 4))
 
 
 def secure_claim(release: Release) -> float:
-    """ε against the server of STEPS secure releases at q = 1 (2.05: the secure accountant's bound is looser than
+    """ε against the server of STEPS secure releases at q = 1 (2.03: the secure accountant's bound is looser than
     the Gaussian's PLD, 1.87)."""
     return release.secure.accounting.epsilon([(SIGMA, 1.0, STEPS)], DELTA)
 
 
-def audit_secure(release: Release, noise_fn=discrete_gaussian, trials: int = SECURE_TRIALS):
-    return audit_secure_sum(release, steps=STEPS, trials=trials, delta=DELTA, seed=0, noise_fn=noise_fn)
+def audit_secure(release: Release, noise_fn=discrete_gaussian, trials: int = SECURE_TRIALS, seed: int = 0):
+    return audit_secure_sum(release, steps=STEPS, trials=trials, delta=DELTA, seed=seed, noise_fn=noise_fn)
 
 
 def test_the_secure_aggregate_is_consistent_with_its_claim(secure_release):
-    result = audit_secure(secure_release)  # the real pieces: clip, rounding, noise shares, masks, sum, open
-    assert 0.0 < result.epsilon_lower_bound <= secure_claim(secure_release)
+    """The real pieces (clip, encoding, noise shares, masks, sum, open), audited twice with independent draws: every
+    bound within the claim, and one above 0, so the audit is not vacuous. (One audit's bound is noisy: seeds 0–3
+    gave 0.0, 0.56, 0.62 and 0.72 against the claim 2.03.)"""
+    bounds = [audit_secure(secure_release, seed=seed).epsilon_lower_bound for seed in (0, 1)]
+    assert all(bound <= secure_claim(secure_release) for bound in bounds) and max(bounds) > 0.0
 
 
 def test_the_secure_audit_catches_a_variance_taken_for_a_std(secure_release):

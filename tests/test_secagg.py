@@ -22,11 +22,12 @@ from mpi_fnas.secagg.discrete_gaussian import bernoulli_exp, discrete_gaussian, 
 from mpi_fnas.secagg.encoding import (
     Encoding,
     decode,
-    encode_examples,
+    encode_sum,
     hadamard,
     padded_length,
     rotate,
     rotation_signs,
+    sensitivity,
     unrotate,
     wrap,
 )
@@ -124,13 +125,13 @@ def parties_encode(encoding: Encoding, signs: torch.Tensor, parties: int, batch:
         g = torch.randn(batch, encoding.dimension, generator=gen, dtype=torch.float64)
         g = g * (encoding.clip / g.norm(dim=1, keepdim=True)) * torch.rand(batch, 1, generator=gen, dtype=torch.float64)
         grads.append(g)
-        encoded.append(encode_examples(g, encoding, signs, Keystream.from_labels("round", seed, k)))
+        encoded.append(encode_sum(g.sum(dim=0), encoding, signs, Keystream.from_labels("round", seed, k)))
     return grads, encoded
 
 
 def test_decode_error_stays_within_the_rounding_bound():
-    """Σ_k decode error ≤ γ·√(K·B·D/4): each example's rounding is unbiased with variance ≤ 1/4 per coordinate, and
-    the rotation keeps norms. A biased rounding (floor) breaks it by far."""
+    """Σ_k decode error ≤ γ·√(K·D/4): each party's rounding of its sum is unbiased with variance ≤ 1/4 per
+    coordinate, and the rotation keeps norms. A biased rounding (floor) breaks it by far."""
     encoding = Encoding(dimension=1000, clip=1.0, scale=1 / 300)
     signs = rotation_signs(encoding.dimension, "run", "search", 1, "W")
     grads, encoded = parties_encode(encoding, signs, parties=4, batch=8, seed=0)
@@ -138,21 +139,27 @@ def test_decode_error_stays_within_the_rounding_bound():
     for z in encoded:
         total += wrap(z, encoding.bits)
     error = float((decode(total, encoding, signs) - sum(g.sum(0) for g in grads)).norm())
-    assert error <= encoding.scale * math.sqrt(4 * 8 * encoding.padded / 4)
+    assert error <= encoding.scale * math.sqrt(4 * encoding.padded / 4)
     assert error > 0  # it does round
 
 
-def test_every_rounded_example_is_within_the_norm_bound():
-    """The conditional rounding redraws an example until ‖ẑ‖₂ ≤ the KLS21 bound: with β near 1 the bound is tight
-    enough that unconditional draws would exceed it often."""
-    encoding = Encoding(dimension=256, clip=1.0, scale=1 / 4, beta=0.999)
+def test_neighbouring_sums_encode_within_the_sensitivity_and_beyond_the_clip_alone():
+    """Two sums one example apart (‖S − S′‖₂ = c), encoded with the same coins, land at most Δ₂ = c/γ + √D apart
+    (the accountant's sensitivity); and the rounding's √D is needed: with the difference spread thin over D
+    coordinates the encodings are often more than c/γ apart."""
+    encoding = Encoding(dimension=256, clip=1.0, scale=1 / 4)
     signs = rotation_signs(encoding.dimension, "run", "search", 1, "W")
-    g = torch.zeros(1, encoding.dimension, dtype=torch.float64)
-    g[0, 0] = 1.0
-    stream = Keystream.from_labels("bound")
-    norms = [float(encode_examples(g, encoding, signs, stream).to(torch.float64).norm()) for _ in range(200)]
-    assert max(norms) <= encoding.norm_bound
-    assert encoding.norm_bound < encoding.clip / encoding.scale + math.sqrt(encoding.padded)  # the condition binds
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(encoding.dimension, generator=gen, dtype=torch.float64) * 3
+    example = torch.randn(encoding.dimension, generator=gen, dtype=torch.float64)
+    example *= encoding.clip / example.norm()
+    gaps = []
+    for draw in range(200):
+        with_example, without = (encode_sum(s, encoding, signs, Keystream.from_labels("coins", draw))
+                                 for s in (base + example, base))
+        gaps.append(float((with_example - without).to(torch.float64).norm()))
+    assert max(gaps) <= encoding.sensitivity == sensitivity(4.0, 256)
+    assert min(gaps) > encoding.clip / encoding.scale  # c/γ alone would not bound it
 
 
 def agreed_masks(parties: int, run_id: bytes | None = b"run-1") -> list[PairwiseMasks]:
@@ -227,7 +234,7 @@ def test_secure_releases_carry_the_central_noise_where_local_ones_carry_sqrt_k_t
     def examples(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return x[indices], y[indices]
 
-    secure = Release(sigma, clip, batch, secure=SecureSum(parties))
+    secure = Release(sigma, clip, batch, secure=SecureSum(parties, padded_length(dimension)))
     masks = agreed_masks(parties, run_id=None)
     total = np.zeros(secure.encoding(dimension).padded, dtype=np.uint32)
     for k, m in enumerate(masks):
@@ -253,12 +260,20 @@ def test_secure_releases_carry_the_central_noise_where_local_ones_carry_sqrt_k_t
         secure.make(model, params, 32, examples, Keystream.from_os(), Keystream.from_os())
 
 
-def test_an_empty_batch_encodes_to_zeros_and_an_unclipped_row_is_refused():
-    """A Poisson batch may be empty: its encoding is zeros (the release is its noise alone). A row beyond the clip
-    would make the rounding's redraws endless (its bound assumes ‖row‖ ≤ c): refused with one line instead."""
+def test_an_empty_sum_encodes_to_zeros_and_a_sum_of_another_length_is_refused():
+    """A Poisson batch may be empty: its sum's encoding is zeros (the release is its noise alone)."""
     encoding = Encoding(dimension=6, clip=1.0, scale=1 / 100)
     signs = rotation_signs(6, "run", "search", 1, "W")
     stream = Keystream.from_labels("empty")
-    assert torch.equal(encode_examples(torch.zeros(0, 6), encoding, signs, stream), torch.zeros(8, dtype=torch.int64))
-    with pytest.raises(ValueError, match="exceeds the clip"):
-        encode_examples(torch.full((1, 6), 1.0), encoding, signs, stream)
+    assert torch.equal(encode_sum(torch.zeros(6), encoding, signs, stream), torch.zeros(8, dtype=torch.int64))
+    with pytest.raises(ValueError, match="the encoding has 6 coordinates"):
+        encode_sum(torch.zeros(7), encoding, signs, stream)
+
+
+def test_a_release_longer_than_the_accounted_dimension_is_refused():
+    secure = Release(1.0, 1.0, 8.0, secure=SecureSum(2, 1024))
+    assert secure.encoding(1024).padded == 1024
+    with pytest.raises(ValueError, match="exceeds the 1024 the run's accountant covers"):
+        secure.encoding(1025)
+    with pytest.raises(ValueError, match="padded dimension"):
+        SecureSum(2, 5000)

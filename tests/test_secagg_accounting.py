@@ -18,7 +18,7 @@ from mpi_fnas.secagg.accounting import (
     epsilon,
     poisson_subsampled_rdp,
 )
-from mpi_fnas.secagg.encoding import Encoding
+from mpi_fnas.secagg.encoding import sensitivity
 
 SUPPORT = 60  # the 1-D distributions below live on [−SUPPORT, SUPPORT]; their mass beyond is below 1e-300
 
@@ -121,8 +121,7 @@ RATE, SIGMA, DELTA, STEPS, PARTIES, DIMENSION = 0.01024, 1.0, 1e-5, 500, 8, 3276
 def secure_epsilon(units_per_clip: float, parties: int = PARTIES, noisy: int | None = None) -> float:
     """ε against an observer of the sum, each party adding 1/K of the central variance (σ·c/γ)² in integer units,
     c/γ = `units_per_clip`; `noisy`: the parties whose noise the observer cannot subtract (default all)."""
-    encoding = Encoding(dimension=DIMENSION, clip=1.0, scale=1.0 / units_per_clip)
-    release = SummedDiscreteGaussian.of_record(encoding.norm_bound, encoding.padded,
+    release = SummedDiscreteGaussian.of_record(sensitivity(units_per_clip, DIMENSION), DIMENSION,
                                                (SIGMA * units_per_clip) ** 2 / parties, noisy or parties)
     return epsilon(composed_rdp([SecureCharge(release, RATE, STEPS)]), DELTA)
 
@@ -144,7 +143,7 @@ def continuous_pld_epsilon() -> float:
 def test_fine_discretisation_approaches_the_continuous_gaussian_from_above() -> None:
     """As c/γ grows, ε falls monotonically towards the same bound's continuous value, and is never below the
     continuous mechanism's PLD ε (the tight truth for the central Gaussian)."""
-    coarse_to_fine = [secure_epsilon(units) for units in (30, 100, 1000, 10_000)]
+    coarse_to_fine = [secure_epsilon(units) for units in (30, 100, 1000, 10_000, 1_000_000)]
     limit, pld = continuous_epsilon_same_bound(), continuous_pld_epsilon()
     assert all(a > b for a, b in itertools.pairwise(coarse_to_fine))
     assert all(eps >= limit >= pld for eps in coarse_to_fine)
@@ -154,14 +153,16 @@ def test_fine_discretisation_approaches_the_continuous_gaussian_from_above() -> 
 
 def test_one_party_matches_the_local_mechanism_within_the_rounding_term() -> None:
     """K = 1: the release is one discrete Gaussian; its unsampled RDP exceeds the continuous one by exactly the
-    rounding's factor (Δ₂ / (c/γ))², and the composed ε lies between the continuous value and that inflation."""
+    rounding's factor (Δ₂ / (c/γ))², and its composed ε is the continuous Gaussian's at σ shrunk by that term,
+    Δ₂ / (c/γ) = 1 + √D·γ/c: above the continuous ε, the rounding's term its only excess."""
     units = 1000.0
-    encoding = Encoding(dimension=DIMENSION, clip=1.0, scale=1.0 / units)
-    inflation = (encoding.norm_bound / units) ** 2
-    release = SummedDiscreteGaussian.of_record(encoding.norm_bound, encoding.padded, (SIGMA * units) ** 2, 1)
+    inflation = (sensitivity(units, DIMENSION) / units) ** 2
+    release = SummedDiscreteGaussian.of_record(sensitivity(units, DIMENSION), DIMENSION, (SIGMA * units) ** 2, 1)
     assert release.rdp(7) == pytest.approx(7 / (2 * SIGMA**2) * inflation, rel=1e-12)
+    shrunk = SummedDiscreteGaussian(1.0, 1.0, DIMENSION, SIGMA**2 / inflation, 1)
     one_party, limit = secure_epsilon(units, parties=1), continuous_epsilon_same_bound()
-    assert limit <= one_party <= limit * inflation * 1.01
+    assert limit < one_party == pytest.approx(epsilon(composed_rdp([SecureCharge(shrunk, RATE, STEPS)]), DELTA),
+                                              rel=1e-9)
 
 
 def test_collusion_leaves_the_noise_of_the_others() -> None:
@@ -172,6 +173,6 @@ def test_collusion_leaves_the_noise_of_the_others() -> None:
     colluding = [secure_epsilon(units, noisy=PARTIES - t) for t in (1, 4, PARTIES - 1)]
     assert against_server < colluding[0] < colluding[1] < colluding[2]
     local_with_share = SummedDiscreteGaussian.of_record(
-        Encoding(dimension=DIMENSION, clip=1.0, scale=1.0 / units).norm_bound, DIMENSION,
+        sensitivity(units, DIMENSION), DIMENSION,
         (SIGMA * units) ** 2 / PARTIES, 1)
     assert colluding[2] == epsilon(composed_rdp([SecureCharge(local_with_share, RATE, STEPS)]), DELTA)

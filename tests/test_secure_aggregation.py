@@ -7,16 +7,19 @@ augmentation's secure releases are spied in tests/mpi/test_release_spy_secure.py
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 from conftest import TINY, mpirun
 
 from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.federation.flat import numel
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.accounting import SecureCharge, SummedDiscreteGaussian, composed_rdp, epsilon
-from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
+from mpi_fnas.secagg.encoding import padded_length, sensitivity
+from mpi_fnas.space import search_space
 
 pytestmark = pytest.mark.slow  # a real mpirun job
 
@@ -32,15 +35,16 @@ def secure_run(tmp_path_factory):
     return read_run(run / "search.h5"), out.stdout
 
 
-def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: float, noisy: int) -> float:
+def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: float, noisy: int,
+                        dimension: int) -> float:
     """ε of releases (σ, q, count) as the accountant's parts compose them: each party adds N_Z(0, 8000²) to an
-    encoding with c/γ = √(K·8000²)/σ, accounted at the public dimension cap."""
+    encoding with c/γ = √(K·8000²)/σ, accounted at the run's `dimension`."""
     charges = []
     for sigma, rate, count in sigma_and_rates:
         units = math.sqrt(PARTIES * LOCAL_VARIANCE) / sigma
-        bound = Encoding(ACCOUNTED_DIMENSION, clip=1.0, scale=1.0 / units).norm_bound
-        charges.append(SecureCharge(SummedDiscreteGaussian.of_record(bound, ACCOUNTED_DIMENSION, LOCAL_VARIANCE,
-                                                                     noisy), rate, count))
+        bound = sensitivity(units, dimension)
+        charges.append(SecureCharge(SummedDiscreteGaussian.of_record(bound, dimension, LOCAL_VARIANCE, noisy), rate,
+                                    count))
     return epsilon(composed_rdp(charges), delta)
 
 
@@ -54,8 +58,15 @@ def test_a_secure_run_logs_both_epsilons_each_reproduced(secure_run):
     train = [(float(p["noise_multiplier_w"]), float(p["sample_rate_train"][k]), steps)]
     val = [(float(p["noise_multiplier_a"]), float(p["sample_rate_val"][k]), steps)]
     delta = float(p["delta"][k])
+    # The accounted dimension, as the accountant's line states it, is the run's largest release, padded: the
+    # supernet's W (no augmentation here).
+    dimension = int(re.search(r"D<=(\d+)", p["accountant"]).group(1))
+    cfg = load_config(None, [*TINY[1::2], "mode=dpfnas"])
+    supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
+    assert dimension == padded_length(numel(supernet.weights()))
     for logged, noisy in ((p["epsilon"], PARTIES), (p["epsilon_collusion"], 1)):
-        expected = max(independent_epsilon(train, delta, noisy), independent_epsilon(val, delta, noisy))
+        expected = max(independent_epsilon(train, delta, noisy, dimension),
+                       independent_epsilon(val, delta, noisy, dimension))
         assert logged[row, k] == pytest.approx(expected, rel=1e-9)
     assert np.all(p["epsilon_collusion"] > p["epsilon"])
     assert "against the server (secure aggregation" in stdout and "collude with the server" in stdout
@@ -74,7 +85,8 @@ def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
     from mpi_fnas.privacy.accountant import PrivacyLedger
     from mpi_fnas.privacy.planning import plan_privacy
 
-    params = DPParams(1.0, 1.0, 1.0, 0.1, 8.0, target_epsilon=3.0, aggregation="secure", parties=2)
+    params = DPParams(1.0, 1.0, 1.0, 0.1, 8.0, target_epsilon=3.0, aggregation="secure", parties=2,
+                      secure_dimension=2**15)
     plan = plan_privacy([160, 200], [160, 200], params, planned_steps=30)
     sigma, accounting, delta = plan.params.noise_multiplier_w, params.secure_accounting, float(plan.delta.min())
 
@@ -86,7 +98,8 @@ def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
     # The local path's tight PLD at that σ is below the target: the bound costs noise (docs/privacy.md §8).
     assert PrivacyLedger.from_runs(((sigma, 8 / 160, 30),)).get_epsilon(delta) < 3.0
     capped = plan_privacy([160, 200], [160, 200], DPParams(1.0, 1.0, 1.0, 0.1, 8.0, max_epsilon=2.0,
-                                                            aggregation="secure", parties=2), 30)
+                                                            aggregation="secure", parties=2,
+                                                            secure_dimension=2**15), 30)
     assert worst(1.0, capped.steps) <= 2.0 < worst(1.0, capped.steps + 1) and capped.steps < 30
 
 

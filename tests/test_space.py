@@ -434,3 +434,39 @@ def test_max_genotype_length_bounds_the_worst_case(primitives: tuple[str, ...]) 
         assert worst <= bound
         if nodes <= 9:  # single-digit indices: the bound is attained exactly, i.e. it is tight
             assert worst == bound
+
+
+@pytest.mark.parametrize("kind", ["darts", "dpnas"])
+def test_the_largest_genotype_bounds_every_cells_network(kind: str) -> None:
+    """Secure aggregation accounts a run at the network of the space's largest genotype
+    (``mpi_fnas.federation.plan.secure_dimension``): no cell's network may have more weights. Checked against
+    every one-op cell (each op on every edge) and 30 random cells; a 'largest' of sep_conv_3x3 (DARTS) or of one
+    pool edge (DPNAS) fails it."""
+    from mpi_fnas.config import load_config
+    from mpi_fnas.federation.flat import numel
+    from mpi_fnas.space import search_space
+
+    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "augment.layers=3", "augment.channels=8",
+                             "space.stage_channels=[4, 8]"])
+    space = search_space(kind)
+
+    def size(genotype) -> int:
+        net = space.build_augment_network(genotype, cfg, seed=0, in_channels=3, num_classes=10)
+        return numel(net.weights())
+
+    largest = size(space.largest_genotype(cfg.space))
+    others = [space.random_genotype(cfg.space, np.random.default_rng(seed)) for seed in range(30)]
+    if kind == "darts":
+        cell = space.largest_genotype(cfg.space)
+        others += [Genotype(normal=[(name, j) for _, j in cell.normal], normal_concat=cell.normal_concat,
+                            reduce=[(name, j) for _, j in cell.reduce], reduce_concat=cell.reduce_concat)
+                   for name in PRIMITIVES if name != "none"]
+    else:
+        from mpi_fnas.space import dpnas
+
+        edges = dpnas.num_edges(cfg.space.nodes)
+        others += [dpnas.DpnasGenotype((name,) * edges) for name in dpnas.PRIMITIVES
+                   if dpnas.DpnasGenotype((name,) * edges).connected]
+    sizes = [size(g) for g in others]
+    assert max(sizes) <= largest
+    assert max(sizes) == largest  # the bound is attained: the all-sep_conv_5x5 (all-conv) cell is among them

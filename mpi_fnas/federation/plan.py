@@ -26,8 +26,10 @@ from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices,
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
+from mpi_fnas.federation.flat import numel
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, augment_sample_rates
+from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, SecureSum, augment_sample_rates
+from mpi_fnas.secagg.encoding import padded_length
 from mpi_fnas.space import search_space
 
 if TYPE_CHECKING:
@@ -152,8 +154,26 @@ def augment_is_private(cfg: Config) -> bool:
     return cfg.mode == "dpfnas" and cfg.augment.private
 
 
-def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentReleases | None:
-    """The augmentation's DP releases as configured (σ, clip, B, rates, planned steps), or None."""
+def secure_dimension(cfg: Config) -> int:
+    """D of secure aggregation's accountant (:class:`~mpi_fnas.privacy.release.SecureSum`): the padded length of
+    the run's largest release. That is the supernet's W or A or, when the augmentation is private, the evaluation
+    network of the space's largest cell (:meth:`~mpi_fnas.space.kinds.DartsSpace.largest_genotype`): its ε is
+    planned before the search has picked a cell, and a searched cell and a random one are then accounted alike.
+    Public: it follows from the config and the data's shape. Rank 0's (it builds the networks once, < 1 s)."""
+    space = search_space(cfg.space.kind)
+    test = open_split(cfg, "test")
+    shape = {"in_channels": test.in_channels, "num_classes": test.num_classes}
+    supernet = space.build_supernet(cfg.space, seed=cfg.seed, **shape)
+    sizes = [numel(supernet.weights()), numel(supernet.alphas())]
+    if augment_is_private(cfg) and cfg.augment.epochs > 0:
+        largest = space.build_augment_network(space.largest_genotype(cfg.space), cfg, seed=cfg.seed, **shape)
+        sizes.append(numel(largest.weights()))
+    return padded_length(max(sizes))
+
+
+def augment_demand(cfg: Config, assignments: list[Assignment], secure: SecureSum | None) -> AugmentReleases | None:
+    """The augmentation's DP releases as configured (σ, clip, B, rates, planned steps), or None; `secure`: the
+    search plan's secure aggregation (None: local noise)."""
     if not augment_is_private(cfg) or cfg.augment.epochs == 0:
         return None
     with _setup_errors("augment: "):
@@ -165,7 +185,7 @@ def augment_demand(cfg: Config, assignments: list[Assignment]) -> AugmentRelease
         expected_batch_size=float(cfg.augment.batch_size), sample_rate_train=q_tr, sample_rate_val=q_val,
         steps=augment_steps(cfg, [len(p) for p in augment_pools(cfg, assignments)])[1], stop_reason="completed",
         releases_per_step=w_rounds(cfg.augment.optimizer),
-        secure=DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments)).secure_sum,
+        secure=secure,
     )
 
 
@@ -185,10 +205,12 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
             # (dp_accounting, scipy: ~1 s and ~60 MB a rank) is rank 0's alone.
             from mpi_fnas.privacy.planning import plan_privacy
 
+            dimension = secure_dimension(cfg) if cfg.privacy.aggregation == "secure" else None
+            params = DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments), dimension)
             privacy = plan_privacy(
                 [len(a.train_indices) for a in assignments], [len(a.val_indices) for a in assignments],
-                DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments)), planned_steps=steps,
-                augment=augment_demand(cfg, assignments), w_releases_per_step=w_rounds(cfg.search.w_optimizer),
+                params, planned_steps=steps, augment=augment_demand(cfg, assignments, params.secure_sum),
+                w_releases_per_step=w_rounds(cfg.search.w_optimizer),
             )
         steps, reason = privacy.steps, privacy.stop_reason
     for a in assignments:
@@ -262,7 +284,7 @@ def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
     party_pools = augment_pools(cfg, search)
     per_epoch, steps = augment_steps(cfg, [len(p) for p in party_pools])
     releases, reason = None, "completed"
-    demand = augment_demand(cfg, search)
+    demand = augment_demand(cfg, search, params.secure_sum if params is not None else None)
     if demand is not None:
         assert ledger is not None and params is not None
         with _setup_errors("privacy: "):

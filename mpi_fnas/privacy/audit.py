@@ -17,10 +17,10 @@ by B all run as in training; nothing is injected past the clipping.
 
 :func:`audit_secure_sum` audits secure aggregation the same way, against the server: party 1 holds D or D', the
 other K − 1 parties hold ordinary examples, and a trial's score is coordinate 0 of the sum rank 0 opens. Every piece
-is the real one (clipping, :func:`~mpi_fnas.secagg.encoding.round_examples`, each party's discrete noise share,
-:meth:`~mpi_fnas.secagg.series.SecureSeries.seal` with pairwise masks, the uint32 sum, ``open``), run on all trials
-of a hypothesis at once: one release of ``trials`` × D coordinates per party and step, so the noise sampler and the
-mask streams are called once per batch, not once per trial.
+is the real one (clipping, :func:`~mpi_fnas.secagg.encoding.encode_sum` of the clipped sum, each party's discrete
+noise share, :meth:`~mpi_fnas.secagg.series.SecureSeries.seal` with pairwise masks, the uint32 sum, ``open``), run
+on all trials of a hypothesis at once: one release of ``trials`` × D coordinates per party and step, so the noise
+sampler and the mask streams are called once per batch, not once per trial.
 
 What it shows. ``epsilon_lower_bound <= claimed epsilon`` is *consistent* with the claim; a lower bound above the
 claim proves the implementation (or the accounting) wrong at the stated confidence. It cannot prove the
@@ -44,7 +44,7 @@ from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.secagg.discrete_gaussian import discrete_gaussian
-from mpi_fnas.secagg.encoding import round_examples
+from mpi_fnas.secagg.encoding import encode_sum
 from mpi_fnas.secagg.masks import PairwiseMasks
 from mpi_fnas.secagg.series import SecureSeries
 
@@ -185,19 +185,17 @@ def audit_secure_sum(
     series = [SecureSeries(run_id, "audit", "canary", encoding) for _ in range(parties + 1)]  # rank 0, 1..K
     stream = Keystream.from_labels("audit/secure", seed)  # the auditor's: every party's coins and noise
 
-    # Every trial's rows, clipped once: (trials·b, d), trial-major; party 1's under D' hold the canary.
-    rows = {present: clip_per_sample(torch.cat([others, canary]) if present else others, clip).repeat(trials, 1)
-            for present in (False, True)}
+    # Every trial's clipped sum, computed once: (trials, d); party 1's under D' holds the canary.
+    sums = {present: clip_per_sample(torch.cat([others, canary]) if present else others, clip).sum(dim=0)
+            .expand(trials, dim) for present in (False, True)}
     scores = {present: np.zeros(trials) for present in (False, True)}
     for _ in range(steps):
         for present in (False, True):
             words = np.zeros(trials * encoding.padded, dtype=np.uint32)
             for rank in range(1, parties + 1):
                 signs = series[rank].next_signs()
-                rounded = round_examples(rows[present and rank == 1], encoding, signs, stream)
-                rounded = rounded.reshape(trials, -1, encoding.padded)
-                total = rounded.sum(dim=1).reshape(-1) + noise_fn(trials * encoding.padded,
-                                                                   release.secure.local_variance, stream)
+                encoded = encode_sum(sums[present and rank == 1], encoding, signs, stream).reshape(-1)
+                total = encoded + noise_fn(trials * encoding.padded, release.secure.local_variance, stream)
                 words += series[rank].seal(total, masks[rank - 1])  # uint32: wraps mod 2^32 like the Reduce
             opened = series[0].open(words.reshape(trials, encoding.padded), float(num_other + 1))
             scores[present] += opened[:, 0]

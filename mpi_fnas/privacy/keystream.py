@@ -35,6 +35,7 @@ import math
 import os
 from typing import Any
 
+import numpy as np
 import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
@@ -110,8 +111,14 @@ class Keystream:
     # -- numbers ---------------------------------------------------------------------------------------------------
     def bits(self, n: int) -> torch.Tensor:
         """``(n,)`` int64, i.i.d. uniform on ``[0, 2^53)``: the top 53 bits of each word."""
-        # The arithmetic shift smears the sign bit; the mask removes it.
-        return torch.bitwise_right_shift(self.words(n), 64 - UNIFORM_BITS) & (2**UNIFORM_BITS - 1)
+        return torch.from_numpy(self.bits_array(n))
+
+    def bits_array(self, n: int) -> np.ndarray:
+        """:meth:`bits` as a numpy ``(n,)`` int64 (the discrete Gaussian's samplers draw in numpy)."""
+        if n == 0:
+            return np.zeros(0, dtype=np.int64)
+        words = np.frombuffer(self.random_bytes(8 * n), dtype=np.uint64)
+        return (words >> np.uint64(64 - UNIFORM_BITS)).view(np.int64)  # < 2^53: the same values as int64
 
     def uniform(self, shape: int | tuple[int, ...]) -> torch.Tensor:
         """float64 of `shape`, i.i.d. uniform on the grid ``{k · 2^-53 : 0 ≤ k < 2^53}`` ⊂ [0, 1).
@@ -129,26 +136,35 @@ class Keystream:
         result has its shape). A 53-bit draw k is kept only below the largest multiple of its bound (rejection,
         redrawn until none is left; probability < high / 2^53 per value), then ``k % high``.
         """
-        highs: torch.Tensor | int
-        if isinstance(high, torch.Tensor):
-            highs = high.to(torch.int64).reshape(-1)
-            size = tuple(high.shape)
-            if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
-                raise ValueError("integers: every bound must be in [1, 2^53]")
-            limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
-            count = highs.numel()
-        else:  # one bound for all: scalar arithmetic (the discrete Gaussian's samplers draw this way, many times)
+        if not isinstance(high, torch.Tensor):  # one bound for all
             size = (shape,) if isinstance(shape, int) else tuple(shape or ())
-            highs, count = int(high), math.prod(size)
-            if not 1 <= highs <= 2**UNIFORM_BITS:
-                raise ValueError("integers: every bound must be in [1, 2^53]")
-            limits = (2**UNIFORM_BITS // highs) * highs
-        draw = self.bits(count)
+            return torch.from_numpy(self.integers_array(int(high), math.prod(size))).reshape(size)
+        highs = high.to(torch.int64).reshape(-1)
+        size = tuple(high.shape)
+        if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
+            raise ValueError("integers: every bound must be in [1, 2^53]")
+        limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
+        draw = self.bits(highs.numel())
         rejected = torch.nonzero(draw >= limits).reshape(-1)
         while rejected.numel():
             draw[rejected] = self.bits(rejected.numel())
-            rejected = rejected[draw[rejected] >= (limits if isinstance(limits, int) else limits[rejected])]
+            rejected = rejected[draw[rejected] >= limits[rejected]]
         return (draw % highs).reshape(size)
+
+    def integers_array(self, high: int, n: int) -> np.ndarray:
+        """``(n,)`` int64 numpy, i.i.d. uniform on ``0 .. high - 1`` (1 ≤ high ≤ 2^53), drawn as :meth:`integers`
+        draws them: a 53-bit k kept below the largest multiple of `high`, rejected ones redrawn in order."""
+        if not 1 <= high <= 2**UNIFORM_BITS:
+            raise ValueError("integers: every bound must be in [1, 2^53]")
+        limit = (2**UNIFORM_BITS // high) * high
+        draw = self.bits_array(n)
+        if limit == 2**UNIFORM_BITS:  # a power of two: nothing to reject
+            return draw % high
+        rejected = np.flatnonzero(draw >= limit)
+        while rejected.size:
+            draw[rejected] = self.bits_array(rejected.size)
+            rejected = rejected[draw[rejected] >= limit]
+        return draw % high
 
     def permutation(self, n: int) -> torch.Tensor:
         """``(n,)`` int64: a uniform random permutation of ``0 .. n - 1`` (Fisher–Yates with :meth:`integers`)."""

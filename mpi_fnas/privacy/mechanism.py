@@ -23,12 +23,12 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from mpi_fnas.privacy.clipping import clip_per_sample, clipped_sum
+from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.keystream import UNIFORM_BITS, Keystream
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.validators import check_model_for_dp
 from mpi_fnas.secagg.discrete_gaussian import discrete_gaussian
-from mpi_fnas.secagg.encoding import Encoding, encode_examples
+from mpi_fnas.secagg.encoding import Encoding, encode_sum
 
 
 def party_release(
@@ -91,8 +91,8 @@ def secure_party_release(
     max_chunk: int | None = None,
 ) -> torch.Tensor:
     """A party's release under secure aggregation, before its masks: ``(D,)`` int64 =
-    ``Σ_i round(rotate(clip(g_i, c)) / γ) + N_Z(0, σ_k²)^D`` (KLS21 Algorithm 1, record-level: each example is
-    clipped, rotated and rounded on its own, so one example moves the sum by at most the encoding's norm bound).
+    ``round(rotate(Σ_i clip(g_i, c)) / γ) + N_Z(0, σ_k²)^D`` (after KLS21 Algorithm 1; the clipped sum is encoded
+    once, so one example moves the integer vector by at most the encoding's sensitivity, c/γ + √D).
 
     Args: as :func:`party_release`, and `encoding` (c, γ, β, D), `signs` (the public rotation of this release),
     `local_variance` (σ_k², integer units: this party's share of the central variance), `rounding_stream` (the
@@ -100,10 +100,9 @@ def secure_party_release(
     """
     check_model_for_dp(model)
     grads = per_sample_gradients(model, params, inputs, targets, loss_fn, method=method, max_chunk=max_chunk)
-    # Clipped again in float64: the rounding's norm bound assumes ‖row‖ ≤ c, which float32 clipping can miss by
-    # an ulp.
-    clipped = clip_per_sample(grads.detach().to("cpu", torch.float64), encoding.clip)
-    total = encode_examples(clipped, encoding, signs, rounding_stream)
+    # Clipped and summed in float64: the sensitivity assumes ‖g_i‖ ≤ c, which float32 clipping can miss by an ulp.
+    total = clipped_sum(grads.detach().to("cpu", torch.float64), encoding.clip)
+    total = encode_sum(total, encoding, signs, rounding_stream)
     return total + discrete_gaussian(encoding.padded, local_variance, noise_stream)
 
 

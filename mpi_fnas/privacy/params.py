@@ -38,6 +38,8 @@ class DPParams:
     aggregation: ``local`` (every party adds the full noise σ·R) or ``secure`` (each adds 1/K of the variance to an
         integer encoding, masked pairwise; rank 0 sees only the sum: docs/privacy.md).
     parties: K, the parties whose releases are summed (the plan's; secure aggregation splits the noise K ways).
+    secure_dimension: D, the padded length secure aggregation accounts every release at (the planner's
+        :func:`~mpi_fnas.federation.plan.secure_dimension`: the run's largest release); None under ``local``.
     """
 
     noise_multiplier_w: float
@@ -52,18 +54,25 @@ class DPParams:
     reproducible_noise: bool = False
     aggregation: Aggregation = "local"
     parties: int = 1
+    secure_dimension: int | None = None
 
     @classmethod
-    def from_config(cls, privacy: Any, batch_size: float, parties: int = 1) -> DPParams:
-        """From the ``privacy`` config section (every field of the same name), ``search.batch_size`` and K."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"expected_batch_size", "parties"}
-        return cls(expected_batch_size=float(batch_size), parties=int(parties),
+    def from_config(cls, privacy: Any, batch_size: float, parties: int = 1,
+                    secure_dimension: int | None = None) -> DPParams:
+        """From the ``privacy`` config section (every field of the same name), ``search.batch_size``, K and (under
+        ``secure``) the accounted dimension."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"expected_batch_size", "parties", "secure_dimension"}
+        return cls(expected_batch_size=float(batch_size), parties=int(parties), secure_dimension=secure_dimension,
                    **{name: getattr(privacy, name) for name in names})
 
     @property
     def secure_sum(self) -> SecureSum | None:
         """The public constants of secure aggregation, or None under ``local``."""
-        return SecureSum(self.parties) if self.aggregation == "secure" else None
+        if self.aggregation != "secure":
+            return None
+        if self.secure_dimension is None:
+            raise ValueError("privacy.aggregation secure: the plan gives no accounted dimension (secure_dimension)")
+        return SecureSum(self.parties, self.secure_dimension)
 
     @property
     def secure_accounting(self) -> SecureAccounting | None:

@@ -28,7 +28,7 @@ from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release, secure_party_release
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.sampling import poisson_sample
-from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
+from mpi_fnas.secagg.encoding import Encoding, padded_length
 
 if TYPE_CHECKING:  # params builds the search's releases: the type only, no import cycle
     from mpi_fnas.privacy.params import DPParams
@@ -51,12 +51,19 @@ LOCAL_VARIANCE = 8000**2
 class SecureSum:
     """Public constants of secure aggregation (``privacy.aggregation: secure``, docs/privacy.md): K parties each add
     N_Z(0, `local_variance`) per coordinate to their integer-encoded release, so the sum carries the central
-    variance K·σ_k², which is (σ·c/γ)² for the release's σ: the scale γ is chosen so."""
+    variance K·σ_k², which is (σ·c/γ)² for the release's σ: the scale γ is chosen so. `dimension` is D, the padded
+    length every release of the run is accounted at (its largest: the planner's
+    :func:`~mpi_fnas.federation.plan.secure_dimension`); a longer release is refused."""
 
     parties: int  # K
+    dimension: int  # D: the accounted (padded) length, ≥ every release's
     local_variance: int = LOCAL_VARIANCE  # σ_k², integer units
     bits: int = 32  # the sum lives mod 2^bits
-    beta: float = math.exp(-0.5)  # the conditional rounding's β (KLS21)
+
+    def __post_init__(self) -> None:
+        if self.parties < 1 or self.dimension < 1 or padded_length(self.dimension) != self.dimension:
+            raise ValueError(f"secure aggregation needs K >= 1 and a padded dimension (padded_length(D) == D), "
+                             f"got K={self.parties}, D={self.dimension}")
 
     def units_per_clip(self, noise_multiplier: float) -> float:
         """c/γ: integer units per clip bound, so that K·σ_k² = (σ·c/γ)²."""
@@ -67,10 +74,11 @@ class SecureSum:
         """The accountant of these releases (:mod:`mpi_fnas.secagg.accounting`: rank 0's, with scipy)."""
         from mpi_fnas.secagg.accounting import SecureAccounting
 
-        return SecureAccounting(self.parties, self.local_variance, self.beta)
+        return SecureAccounting(self.parties, self.local_variance, self.dimension)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"parties": self.parties, "local_variance": self.local_variance, "bits": self.bits, "beta": self.beta}
+        return {"parties": self.parties, "dimension": self.dimension, "local_variance": self.local_variance,
+                "bits": self.bits}
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,11 @@ class Release:
         """The integer encoding of a secure release of `dimension` coordinates (c = R, γ from σ and K)."""
         if self.secure is None:
             raise ValueError("a local release has no integer encoding")
-        if dimension > ACCOUNTED_DIMENSION:
-            raise ValueError(f"a secure release of {dimension} coordinates exceeds the {ACCOUNTED_DIMENSION} its "
-                             "accountant covers (mpi_fnas.secagg.accounting.ACCOUNTED_DIMENSION)")
+        if padded_length(dimension) > self.secure.dimension:
+            raise ValueError(f"a secure release of {dimension} coordinates exceeds the {self.secure.dimension} the "
+                             "run's accountant covers (SecureSum.dimension)")
         scale = self.clip / self.secure.units_per_clip(self.noise_multiplier)
-        return Encoding(dimension, self.clip, scale, beta=self.secure.beta, bits=self.secure.bits)
+        return Encoding(dimension, self.clip, scale, bits=self.secure.bits)
 
     def sample_rate(self, shard_size: int) -> float:
         """q = B / N of a shard of `shard_size` examples (ValueError when B exceeds it: q would exceed 1)."""
@@ -112,7 +120,7 @@ class Release:
         """One release over a Poisson batch I of the shard.
 
         Local: ``(Σ_{i ∈ I} clip(g_i, R) + N(0, (σR)² I)) / B``, ``(P,)`` on the parameters' device. Secure (with
-        the party's `series` of this release and its `masks`): ``Σ_{i ∈ I} round(rotate(clip(g_i, R)) / γ) +
+        the party's `series` of this release and its `masks`): ``round(rotate(Σ_{i ∈ I} clip(g_i, R)) / γ) +
         N_Z(0, σ_k²)^D`` mod 2^bits plus the pairwise masks, ``(D,)`` uint32 (rank 0 opens the sum).
 
         `examples(indices)` gives the batch's examples (on the model's device); `sampling` draws the Poisson coins

@@ -1,12 +1,18 @@
 """ε of a party's records when only the sum of the K parties' discretely noised releases is seen (issue 26).
 
-Record-level DP, per party, as on the local path: a record of party k can change only party k's integer vector, by
-its rounded, rotated gradient (L2 norm ≤ Δ₂ = :attr:`~mpi_fnas.secagg.encoding.Encoding.norm_bound`, L1 ≤ Δ₁ =
-Δ₂·min(√D, Δ₂): integers are at most their squares), and it is in party k's Poisson batch with probability q. What
-protects it is the sum of the discrete noises that the observer cannot subtract: all K parties' against the server,
-K − t of them when t parties collude with it (they subtract their own). dp-accounting has no event for either, so
-the bound is written here, in three steps, each cited:
+Record-level DP, per party, as on the local path: a record of party k can change only party k's integer vector,
+and only through the clipped sum S that party k encodes (:func:`~mpi_fnas.secagg.encoding.encode_sum`); it is in
+party k's Poisson batch with probability q. What protects it is the sum of the discrete noises that the observer
+cannot subtract: all K parties' against the server, K − t of them when t parties collude with it (they subtract
+their own). dp-accounting has no event for either, so the bound is written here, in four steps, each cited:
 
+0. **The rounding.** For fixed rounding coins u the encoding is a monotone map of S, so the integer vectors of two
+   neighbouring sums differ by v_u with ‖v_u‖₂ ≤ Δ₂ = c/γ + √D (:func:`~mpi_fnas.secagg.encoding.sensitivity`) and
+   ‖v_u‖₁ ≤ Δ₂·min(√D, Δ₂) (Cauchy–Schwarz; an integer's magnitude is at most its square). The release is the
+   mixture over u of the noise shifted by R_u(S), with the same coin distribution for both neighbours, and Rényi
+   divergence is jointly quasi-convex (van Erven & Harremoës, "Rényi Divergence and Kullback–Leibler Divergence",
+   IEEE Trans. IT 2014, Theorem 13): D_α(E_u P_u ‖ E_u Q_u) ≤ sup_u D_α(P_u ‖ Q_u). So any bound that holds for
+   every integer shift of norms (Δ₂, Δ₁) holds for the release. The coins need not even be secret.
 1. **One release, no sampling.** The sum of n i.i.d. N_Z(0, σ²)^D shifted by an integer Δ (KLS21: Kairouz, Liu &
    Steinke, ICML 2021, arXiv 2102.06387, Proposition 14, as the authors' group implements it in
    google-research/federated ``distributed_dp/accounting_utils.py``; σ ≥ 1/2): for every α ≥ 1,
@@ -42,7 +48,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from mpi_fnas.secagg.encoding import ACCOUNTED_DIMENSION, Encoding
+from mpi_fnas.secagg.encoding import sensitivity
 
 #: The RDP orders: integers only (Zhu & Wang's general bound is stated for integer α).
 RDP_ORDERS: tuple[int, ...] = (*range(2, 65), 80, 96, 128, 160, 192, 256, 384, 512)
@@ -71,12 +77,12 @@ class SummedDiscreteGaussian:
             raise ValueError(f"the dimension and the noisy parties must be >= 1, got {self}")
 
     @classmethod
-    def of_record(cls, norm_bound: float, dimension: int, local_variance: float,
+    def of_record(cls, l2_sensitivity: float, dimension: int, local_variance: float,
                   noisy_parties: int) -> SummedDiscreteGaussian:
-        """A record's rounded vector of L2 bound `norm_bound` in D = `dimension` integer coordinates: its L1 norm
-        is at most √D·Δ₂ (Cauchy–Schwarz) and at most Δ₂² (an integer's magnitude is at most its square)."""
-        return cls(norm_bound, norm_bound * min(math.sqrt(dimension), norm_bound), dimension, local_variance,
-                   noisy_parties)
+        """A record that moves the integer vector by at most `l2_sensitivity` (Δ₂) in D = `dimension` coordinates:
+        Δ₁ is at most √D·Δ₂ (Cauchy–Schwarz) and at most Δ₂² (an integer's magnitude is at most its square)."""
+        l1_sensitivity = l2_sensitivity * min(math.sqrt(dimension), l2_sensitivity)
+        return cls(l2_sensitivity, l1_sensitivity, dimension, local_variance, noisy_parties)
 
     @property
     def tau(self) -> float:
@@ -165,11 +171,12 @@ def epsilon(rdp: np.ndarray, delta: float, orders: Sequence[int] = RDP_ORDERS) -
 class SecureAccounting:
     """What turns a ledger's (σ, q, count) runs into ε under secure aggregation (the public constants of
     :class:`~mpi_fnas.privacy.release.SecureSum`): K parties, each adding N_Z(0, σ_k²) per coordinate to releases
-    scaled so that c/γ = √(K·σ_k²)/σ, rounded with β, of at most :data:`ACCOUNTED_DIMENSION` coordinates."""
+    scaled so that c/γ = √(K·σ_k²)/σ, of at most `dimension` (D, padded) coordinates: the bound grows with D, so
+    one D, the run's largest release, covers every release of the run."""
 
     parties: int
     local_variance: int
-    beta: float
+    dimension: int
 
     def mechanism(self, noise_multiplier: float, colluders: int = 0) -> SummedDiscreteGaussian:
         """One release at σ, as an observer colluding with `colluders` parties sees it (they subtract their
@@ -177,9 +184,8 @@ class SecureAccounting:
         if not 0 <= colluders < self.parties:
             raise ValueError(f"colluders must be in [0, K - 1] = [0, {self.parties - 1}], got {colluders}")
         units = math.sqrt(self.parties * self.local_variance) / noise_multiplier
-        rounded = _norm_bound(units, ACCOUNTED_DIMENSION, self.beta)
-        return SummedDiscreteGaussian.of_record(rounded, ACCOUNTED_DIMENSION, self.local_variance,
-                                                self.parties - colluders)
+        return SummedDiscreteGaussian.of_record(sensitivity(units, self.dimension), self.dimension,
+                                                self.local_variance, self.parties - colluders)
 
     def epsilon(self, runs: Iterable[tuple[float, float, int]], delta: float, colluders: int = 0) -> float:
         """ε at δ of (σ, q, count) runs composed, against the server (`colluders` 0) or with t colluders."""
@@ -191,11 +197,7 @@ class SecureAccounting:
     def description(self) -> str:
         return (f"RDP of the securely summed distributed discrete Gaussian (KLS21 Prop. 14; Zhu & Wang 2019 "
                 f"Poisson subsampling), K={self.parties}, local variance {self.local_variance}, "
-                f"beta={self.beta:.4g}, D<={ACCOUNTED_DIMENSION}")
-
-
-def _norm_bound(units: float, dimension: int, beta: float) -> float:
-    return Encoding(dimension, clip=1.0, scale=1.0 / units, beta=beta).norm_bound
+                f"D<={self.dimension}")
 
 
 @functools.lru_cache(maxsize=512)

@@ -1,21 +1,28 @@
-"""Integer encoding of a party's release for secure aggregation, and rank 0's decoding of the sum (Kairouz, Liu &
+"""Integer encoding of a party's release for secure aggregation, and rank 0's decoding of the sum (after Kairouz, Liu &
 Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation", ICML 2021,
-arXiv 2102.06387, Algorithm 1 and Theorem 1).
+arXiv 2102.06387, Algorithm 1).
 
-Per example (record-level DP: the sensitivity is one example's rounded vector), in this order:
+The party clips every example's gradient (‖g_i‖₂ ≤ c) and sums them, as on the local path; then the *sum* S is
+encoded once per release (:func:`encode_sum`):
 
-1. **Rotate.** Pad the clipped gradient (‖g‖₂ ≤ c) to D coordinates (:func:`padded_length`: the next power of two
-   up to :data:`ROTATION_BLOCK`, a multiple of it beyond) and apply the randomized Hadamard transform, block by
-   block: H·diag(s) with H block-diagonal, each block the orthonormal Walsh–Hadamard matrix of the block's length
-   (s ∈ {±1}^D public, fresh per step and release). The mass of a block is spread evenly over it, so no coordinate
-   is large and the modular wrap rarely bites.
-2. **Scale** by 1/γ (γ: the value of one integer unit) and **round at random, conditionally**: each coordinate goes
-   to ⌊z⌋ + Bernoulli(z − ⌊z⌋) (unbiased), redrawn until ‖ẑ‖₂ ≤ :attr:`Encoding.norm_bound` (KLS21 Theorem 1:
-   with probability ≥ 1 − β a draw passes, so the bound holds for every example that is released).
+1. **Rotate.** Pad S to D coordinates (:func:`padded_length`: the next power of two up to :data:`ROTATION_BLOCK`,
+   a multiple of it beyond) and apply the randomized Hadamard transform, block by block: H·diag(s) with H
+   block-diagonal, each block the orthonormal Walsh–Hadamard matrix of the block's length (s ∈ {±1}^D public, fresh
+   per step and release). The mass of a block is spread evenly over it, so no coordinate is large and the modular
+   wrap rarely bites.
+2. **Scale** by 1/γ (γ: the value of one integer unit) and **round at random**: y ↦ ⌊y + 1 − u⌋ with u uniform on
+   [0, 1) per coordinate (unbiased). For fixed coins the map is monotone in y, so two neighbouring sums (one
+   example apart: ‖S − S′‖₂ ≤ c) round to integer vectors at most c/γ + √D apart (:attr:`Encoding.sensitivity`);
+   :mod:`mpi_fnas.secagg.accounting` carries that over to the mixture over the coins.
 
-The party sums its examples' integer vectors, adds its share of the discrete noise and wraps the total into b bits
-(:func:`wrap`); rank 0 decodes Σ_k of the uploads (:func:`decode`): the signed range, ×γ, the inverse rotation.
-Nothing here is secret but the rounding coins, which come from the party's keystream; no MPI, no autograd.
+Encoding the sum instead of each example (KLS21 round each client's vector; here a record is one example) costs one
+rotation and D coins per release instead of b of each; its price is the sensitivity's √D instead of the conditional
+rounding's ≈ √(D/4), which the run keeps small by accounting at its own largest release
+(:attr:`~mpi_fnas.privacy.release.SecureSum.dimension`), not at a fixed maximum.
+
+The party adds its share of the discrete noise to the integer vector and wraps the total into b bits (:func:`wrap`);
+rank 0 decodes Σ_k of the uploads (:func:`decode`): the signed range, ×γ, the inverse rotation. Nothing here is
+secret; the rounding coins come from the party's keystream all the same. No MPI, no autograd.
 """
 
 from __future__ import annotations
@@ -29,12 +36,6 @@ import torch
 
 from mpi_fnas.privacy.keystream import Keystream
 
-#: The dimension every secure release is accounted at (:mod:`mpi_fnas.secagg.accounting`): a release of D ≤ this
-#: many (padded) coordinates is covered, since the bound only grows with D (through the rounding's Δ₂ and τ·D).
-#: One public constant keeps a ledger's ε a function of its (σ, q, count) runs alone, whatever network each stage
-#: trains; larger releases are refused. Its cost is the rounding's D/4 in Δ₂² next to (c/γ)² = K·8000²/σ²: ~0.2 %
-#: of ε(α) at K = 8 and σ = 1, ~1.6 % at K = 1.
-ACCOUNTED_DIMENSION = 2**22
 #: The rotation's block length: a release of d > this many coordinates is padded to a multiple of it (77,906 weights:
 #: 81,920 coordinates; the next power of two would be 131,072), since the rounding, the noise and the upload all
 #: scale with D. Blocks are enough for 32-bit sums: one example's coordinate is at most c/γ (≈ 2^14 integer units at
@@ -42,26 +43,27 @@ ACCOUNTED_DIMENSION = 2**22
 ROTATION_BLOCK = 2**12
 
 
+#: Relative slack on c/γ in :attr:`Encoding.sensitivity`: float64 clipping, summing and rotating can exceed the
+#: exact ‖S − S′‖₂ ≤ c by a few ulps (~1e-16 relative); the bound must hold for the numbers computed.
+FLOAT_SLACK = 1e-9
+
+
 @dataclass(frozen=True)
 class Encoding:
     """The public parameters of one release's integer encoding.
 
     dimension: d, the release's length. clip: c, each example's L2 bound before scaling. scale: γ > 0, the value of
-    one integer unit. beta: β ∈ [0, 1) of the conditional rounding (0: no condition, the worst-case bound). bits: b,
-    the sum lives mod 2^b (b ≤ 32: the uploads travel as uint32).
+    one integer unit. bits: b, the sum lives mod 2^b (b ≤ 32: the uploads travel as uint32).
     """
 
     dimension: int
     clip: float
     scale: float
-    beta: float = math.exp(-0.5)
     bits: int = 32
 
     def __post_init__(self) -> None:
         if self.dimension < 1 or self.clip <= 0 or self.scale <= 0:
             raise ValueError(f"an encoding needs dimension >= 1, clip > 0 and scale > 0, got {self}")
-        if not 0 <= self.beta < 1:
-            raise ValueError(f"beta must be in [0, 1), got {self.beta}")
         if not 2 <= self.bits <= 32:
             raise ValueError(f"bits must be in [2, 32], got {self.bits}")
 
@@ -71,15 +73,19 @@ class Encoding:
         return padded_length(self.dimension)
 
     @property
-    def norm_bound(self) -> float:
-        """The L2 bound of one example's rounded vector, in integer units (KLS21 Theorem 1): the smaller of
-        c/γ + √D (any rounding) and √((c/γ)² + D/4 + √(2 log(1/β))·(c/γ + √D/2)) (the condition, β > 0)."""
-        c, dim = self.clip / self.scale, self.padded
-        worst = c + math.sqrt(dim)
-        if self.beta == 0:
-            return worst
-        conditional = c * c + dim / 4 + math.sqrt(2 * math.log(1 / self.beta)) * (c + math.sqrt(dim) / 2)
-        return min(worst, math.sqrt(conditional))
+    def sensitivity(self) -> float:
+        """Δ₂ in integer units: how far apart the encodings of two sums one example apart can be, for the same
+        rounding coins (:func:`sensitivity`)."""
+        return sensitivity(self.clip / self.scale, self.padded)
+
+
+def sensitivity(units_per_clip: float, dimension: int) -> float:
+    """Δ₂ = c/γ + √D (plus :data:`FLOAT_SLACK` on c/γ): the L2 distance, in integer units, between the roundings
+    ⌊y + 1 − u⌋ of two rotated, scaled sums y, y′ with ‖y − y′‖₂ ≤ c/γ, for the same coins u ∈ [0, 1)^D.
+
+    The rounding is monotone in y, so per coordinate |⌊y + 1 − u⌋ − ⌊y′ + 1 − u⌋| ≤ ⌈|y − y′|⌉ < |y − y′| + 1,
+    and by the triangle inequality ‖·‖₂ ≤ ‖y − y′‖₂ + ‖(1, …, 1)‖₂ = c/γ + √D (KLS21's unconditional bound)."""
+    return units_per_clip * (1.0 + FLOAT_SLACK) + math.sqrt(dimension)
 
 
 def padded_length(dimension: int) -> int:
@@ -145,40 +151,19 @@ def _sylvester(bits: int) -> torch.Tensor:
     return h
 
 
-def encode_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
-    """``(D,)`` int64: Σ over the rows of `grads` ``(b, d)`` (clipped examples, ‖row‖₂ ≤ c) of each row rotated,
-    scaled and rounded conditionally (:func:`round_examples`)."""
-    return round_examples(grads, encoding, signs, stream).sum(dim=0)
-
-
-def round_examples(grads: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
-    """``(b, D)`` int64: each row of `grads` ``(b, d)`` (‖row‖₂ ≤ c) rotated, scaled and rounded conditionally; the
-    rounding coins come from `stream` (the party's secret sampling stream). A row whose rounding exceeds the norm
-    bound is redrawn (KLS21 Algorithm 1), never clipped."""
-    b, d = grads.shape
-    if d != encoding.dimension:
-        raise ValueError(f"encode_examples: rows of {d} coordinates, the encoding has {encoding.dimension}")
-    if b == 0:  # an empty Poisson batch: the release is its noise alone
-        return torch.zeros(0, encoding.padded, dtype=torch.int64)
-    norms = torch.linalg.vector_norm(grads.to(torch.float64), dim=1)
-    if bool((norms > encoding.clip * (1 + 1e-9)).any()):  # the rounding's bound assumes it; redraws never end else
-        # (no norm in the text: a row's norm is data, and error texts may travel)
-        raise ValueError(f"encode_examples: a row exceeds the clip {encoding.clip:g}; clip the examples first")
-    padded = torch.zeros(b, encoding.padded, dtype=torch.float64)
-    padded[:, :d] = grads.to(torch.float64)
+def encode_sum(total: torch.Tensor, encoding: Encoding, signs: torch.Tensor, stream: Keystream) -> torch.Tensor:
+    """``(..., D)`` int64: a party's clipped sum `total` ``(..., d)`` (Σ_i clip(g_i, c); leading axes: independent
+    sums, as the audit's trials) padded, rotated, scaled by 1/γ and rounded at random, ⌊y + 1 − u⌋ with u uniform
+    on [0, 1) from `stream` (the party's sampling stream)."""
+    if total.shape[-1:] != (encoding.dimension,):
+        raise ValueError(f"encode_sum: a sum of shape {tuple(total.shape)}, the encoding has {encoding.dimension} "
+                         "coordinates")
+    padded = torch.zeros(*total.shape[:-1], encoding.padded, dtype=torch.float64)
+    padded[..., : encoding.dimension] = total.to(torch.float64)
     scaled = rotate(padded, signs) / encoding.scale
-    floor = torch.floor(scaled)
-    fraction = scaled - floor
-    rounded = torch.zeros(b, encoding.padded, dtype=torch.int64)
-    pending = torch.arange(b)
-    bound_squared = encoding.norm_bound**2
-    while pending.numel():
-        up = stream.uniform((pending.numel(), encoding.padded)) < fraction[pending]
-        draw = floor[pending].to(torch.int64) + up
-        passed = draw.to(torch.float64).square().sum(dim=1) <= bound_squared
-        rounded[pending[passed]] = draw[passed]
-        pending = pending[~passed]
-    return rounded
+    # The coin is added before the floor, 1 − u ∈ (0, 1]: for fixed coins the map is then monotone in the value,
+    # which the sensitivity's argument needs.
+    return torch.floor(scaled + (1.0 - stream.uniform(tuple(scaled.shape)))).to(torch.int64)
 
 
 def wrap(total: torch.Tensor, bits: int) -> np.ndarray:

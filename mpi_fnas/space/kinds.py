@@ -68,6 +68,15 @@ class DartsSpace:
         concat = tuple(range(NUM_CELL_INPUTS, NUM_CELL_INPUTS + space.nodes))
         return Genotype(normal=cells[0], normal_concat=concat, reduce=cells[1], reduce_concat=concat)
 
+    def largest_genotype(self, space: SpaceConfig) -> Genotype:
+        """The genotype whose evaluation network has the most parameters: every edge ``sep_conv_5x5`` (the op
+        with the most parameters at any width and stride), from inputs 0 and 1. Secure aggregation accounts every
+        release of a run at this network's size (``mpi_fnas.federation.plan.secure_dimension``), before the
+        search has picked a cell."""
+        edges = tuple(("sep_conv_5x5", j) for _ in range(space.nodes) for j in range(EDGES_PER_NODE))
+        concat = tuple(range(NUM_CELL_INPUTS, NUM_CELL_INPUTS + space.nodes))
+        return Genotype(normal=edges, normal_concat=concat, reduce=edges, reduce_concat=concat)
+
     def build_augment_network(self, genotype: Any, cfg: Config, *, seed: int, in_channels: int,
                               num_classes: int) -> nn.Module:
         """The DARTS evaluation network of ``genotype`` (``augment.layers`` cells of ``augment.channels``)."""
@@ -115,6 +124,11 @@ class DpnasSpace:
             genotype = dpnas.DpnasGenotype(ops)
             if genotype.connected:
                 return genotype
+
+    def largest_genotype(self, space: SpaceConfig) -> dpnas.DpnasGenotype:
+        """The cell whose network has the most parameters: every edge a convolution (they all have the same
+        parameters; pools, skips and ``none`` have none), as :meth:`DartsSpace.largest_genotype`."""
+        return dpnas.DpnasGenotype((dpnas.CONV_PREFIX + "relu",) * dpnas.num_edges(space.nodes))
 
     def build_augment_network(self, genotype: Any, cfg: Config, *, seed: int, in_channels: int,
                               num_classes: int) -> nn.Module:

@@ -11,10 +11,11 @@ from mpi_fnas.space.dpnas.genotype import (
     num_edges,
 )
 from mpi_fnas.space.dpnas.network import DpnasNetwork, DpnasSearchNetwork
-from mpi_fnas.space.dpnas.ops import ACTIVATIONS, PRIMITIVES, make_dpnas_op
+from mpi_fnas.space.dpnas.ops import ACTIVATIONS, CONV_PREFIX, PRIMITIVES, make_dpnas_op
 
 __all__ = [
     "ACTIVATIONS",
+    "CONV_PREFIX",
     "PRIMITIVES",
     "DerivedDpnasCell",
     "DpnasGenotype",
