@@ -277,3 +277,16 @@ def test_a_release_longer_than_the_accounted_dimension_is_refused():
         secure.encoding(1025)
     with pytest.raises(ValueError, match="padded dimension"):
         SecureSum(2, 5000)
+
+
+def test_an_augment_state_of_the_per_example_encoding_is_refused():
+    """A ledger state saved before the sum's encoding (its SecureSum had β and no dimension) described releases
+    this version's accountant does not: resuming it is refused in one line, not accounted wrongly."""
+    from mpi_fnas.privacy.release import AugmentReleases
+
+    releases = AugmentReleases(1.0, 1.0, 8.0, [0.1], [0.0], steps=3, secure=SecureSum(2, 1024))
+    state = releases.state_dict()
+    assert AugmentReleases.from_state_dict(state) == releases
+    old = {**state, "secure": {"parties": 2, "local_variance": 8000**2, "bits": 32, "beta": 0.6}}
+    with pytest.raises(ValueError, match="predates the encoding of the clipped sum"):
+        AugmentReleases.from_state_dict(old)

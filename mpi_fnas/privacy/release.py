@@ -206,6 +206,11 @@ class AugmentReleases:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
         secure = state.get("secure")  # absent from states written before secure aggregation
+        if secure and "dimension" not in secure:
+            # Written when each example was encoded on its own and accounted at 2^22: its releases are not the ones
+            # this version's accountant describes, so they cannot be continued.
+            raise ValueError("the saved secure-aggregation state predates the encoding of the clipped sum; resume it "
+                             "with the version that wrote it")
         return cls(**{**state, "secure": SecureSum(**secure) if secure else None})
 
 

@@ -1,0 +1,86 @@
+"""The simulated cluster (scripts/cluster.sh, issue 27, docs/hpc.md): network-namespace hosts joined by rate-limited
+veth links, a tiny run with its ranks spread over them through hydra's ssh launcher, traffic that provably crosses
+the links (each host's interface byte counters), and nothing left behind after ``down``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from mpi_fnas.runlog import read_run
+
+pytestmark = pytest.mark.slow  # a real mpirun job across namespaces
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "cluster.sh"
+PREFIX = "mft"  # not the default mfc: a cluster a user brought up is left alone
+TINY_FNAS = ["--set", "mode=fnas", "--set", "data.train_size=400", "--set", "data.test_size=40",
+             "--set", "data.image_size=8", "--set", "space.channels=4", "--set", "space.layers=3",
+             "--set", "space.nodes=2", "--set", "search.batch_size=8", "--set", "search.epochs=1",
+             "--set", "search.steps_per_epoch=4", "--set", "runtime.progress=off",
+             "--set", "checkpoint.every_steps=0", "--set", "augment.epochs=0"]
+
+
+def cluster(state: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MFC_STATE": str(state), "MFC_PREFIX": PREFIX}
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=timeout,
+                          check=False)
+
+
+def counters(state: Path) -> dict[str, tuple[int, int]]:
+    out = cluster(state, "status").stdout
+    return {host: (int(rx), int(tx)) for host, rx, tx in re.findall(r"^(n\d+) \S+ rx_bytes=(\d+) tx_bytes=(\d+)$",
+                                                                    out, re.MULTILINE)}
+
+
+def leftovers() -> list[str]:
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    return ([line for line in netns.splitlines() if line.startswith(f"{PREFIX}-")]
+            + [line for line in links.splitlines() if f": {PREFIX}-" in line])
+
+
+@pytest.fixture
+def state(tmp_path):
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("nsenter") is None:
+        pytest.skip("the simulated cluster needs root, ip and nsenter (network namespaces); not available here")
+    probe = subprocess.run(["ip", "netns", "add", f"{PREFIX}-probe"], capture_output=True, text=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot make a network namespace here: {probe.stderr.strip()}")
+    subprocess.run(["ip", "netns", "delete", f"{PREFIX}-probe"], check=False)
+    path = tmp_path / "cluster"
+    yield path
+    cluster(path, "down")  # also after a failure: the test then checks nothing is left
+    assert not leftovers()
+
+
+def test_a_run_spreads_over_namespace_hosts_and_its_traffic_crosses_the_links(state, tmp_path):
+    up = cluster(state, "up", "3", "--rate", "200mbit")
+    assert up.returncode == 0, up.stderr
+    assert "3 hosts" in up.stdout
+    before = counters(state)
+    assert sorted(before) == ["n0", "n1", "n2"]
+    run = cluster(state, "run", "3", *TINY_FNAS, "--out", str(tmp_path / "run"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    assert read_run(tmp_path / "run" / "search.h5")["status"] == "finished"
+    after = counters(state)
+    for host in ("n1", "n2"):  # a party on each: its W, A and gradients cross its link both ways
+        received, sent = (after[host][i] - before[host][i] for i in (0, 1))
+        assert received > 100_000 and sent > 100_000, (host, received, sent)
+    down = cluster(state, "down")
+    assert down.returncode == 0 and "nothing of the cluster is left" in down.stdout
+    assert not leftovers() and not state.exists()
+
+
+def test_a_delay_is_refused_in_one_line_and_a_second_cluster_too(state):
+    delay = cluster(state, "up", "2", "--delay", "5ms")
+    assert delay.returncode == 2 and len(delay.stderr.strip().splitlines()) == 1 and "netem" in delay.stderr
+    assert not leftovers()
+    assert cluster(state, "up", "1").returncode == 0
+    again = cluster(state, "up", "1")
+    assert again.returncode == 2 and "already up" in again.stderr
