@@ -122,12 +122,13 @@ run() {
   [ -e "$state/hosts" ] || die "run: no cluster is up; scripts/cluster.sh up N first"
   local list
   list=$(hosts | paste -sd, -)
-  # Hosts share this machine's cores: one torch thread per rank, whatever each rank counts on its "node".
+  # Hosts share this machine's cores: one torch thread per rank (OMP_NUM_THREADS, which mpi_fnas.run honours when
+  # runtime.threads_per_rank is unset), whatever each rank counts on its "node".
   # UCX_TLS=tcp,self: UCX would find shared memory across the namespaces otherwise.
   enter n0 env -C "$here" UCX_TLS=tcp,self OMP_NUM_THREADS=1 \
     "$mpiexec" -hosts "$list" -launcher ssh -launcher-exec "$state/ssh" -iface eth0 \
     -genv UCX_TLS tcp,self -genv OMP_NUM_THREADS 1 -n "$np" \
-    "$python" -m mpi_fnas.run --set runtime.threads_per_rank=1 "$@"
+    "$python" -m mpi_fnas.run "$@"
 }
 
 cmd=${1:-}; shift || true

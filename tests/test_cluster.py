@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,7 @@ def state(tmp_path):
         pytest.skip(f"cannot make a network namespace here: {probe.stderr.strip()}")
     subprocess.run(["ip", "netns", "delete", f"{PREFIX}-probe"], check=False)
     path = tmp_path / "cluster"
+    cluster(path, "down")  # what an interrupted earlier run of these tests left (this prefix only)
     yield path
     cluster(path, "down")  # also after a failure: the test then checks nothing is left
     assert not leftovers()
@@ -84,3 +86,37 @@ def test_a_delay_is_refused_in_one_line_and_a_second_cluster_too(state):
     assert cluster(state, "up", "1").returncode == 0
     again = cluster(state, "up", "1")
     assert again.returncode == 2 and "already up" in again.stderr
+
+
+def test_a_cut_link_ends_the_job_within_the_timeout_and_resume_finishes(state, tmp_path):
+    """A party host's link goes down mid-run: rank 0's pending Reduce times out (runtime.comm_timeout), the job
+    ends non-zero soon after, with no hang and the log marked failed; with the link back, --resume finishes."""
+    timeout = 15
+    assert cluster(state, "up", "3").returncode == 0
+    run_dir = tmp_path / "run"
+    settings = [*TINY_FNAS, "--set", "search.steps_per_epoch=30", "--set", "checkpoint.every_steps=5",
+                "--set", f"runtime.comm_timeout={timeout}"]
+    env = {**os.environ, "MFC_STATE": str(state), "MFC_PREFIX": PREFIX}
+    job = subprocess.Popen([str(SCRIPT), "run", "3", *settings, "--out", str(run_dir)], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoint.pt").exists():  # a few steps in, a checkpoint to resume from
+            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read() if job.poll() else "slow"
+            time.sleep(0.5)
+        subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "down"], check=True)
+        cut = time.monotonic()
+        output, _ = job.communicate(timeout=timeout + 120)
+        ended = time.monotonic() - cut
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    assert job.returncode != 0 and "runtime.comm_timeout" in output, output[-3000:]
+    assert ended <= timeout + 45, ended  # the pending Reduce began before the cut: its timeout runs from then
+    assert read_run(run_dir / "search.h5")["status"] == "failed"
+    subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "up"], check=True)
+    resumed = cluster(state, "run", "3", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    log = read_run(run_dir / "search.h5")
+    assert log["status"] == "finished" and int(log["metrics"]["step"][-1]) == 30
