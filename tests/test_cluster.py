@@ -61,19 +61,47 @@ def state(tmp_path):
     assert not leftovers()
 
 
-def test_a_run_spreads_over_namespace_hosts_and_its_traffic_crosses_the_links(state, tmp_path):
+def test_a_run_spreads_over_hosts_crosses_the_links_ends_on_a_cut_link_and_resumes(state, tmp_path):
+    """One tiny FNAS run over 3 hosts at 200 Mbit/s. Before the cut, each party host's link has carried more than
+    100 kB each way (its W, A and gradients). Then n2's link goes down mid-run: rank 0's pending Reduce times out
+    (runtime.comm_timeout), the job ends non-zero soon after with no hang and the log marked failed; with the link
+    back, --resume on the same hosts finishes; and ``down`` leaves nothing."""
+    timeout = 15
     up = cluster(state, "up", "3", "--rate", "200mbit")
-    assert up.returncode == 0, up.stderr
-    assert "3 hosts" in up.stdout
+    assert up.returncode == 0 and "3 hosts" in up.stdout, up.stderr
     before = counters(state)
     assert sorted(before) == ["n0", "n1", "n2"]
-    run = cluster(state, "run", "3", *TINY_FNAS, "--out", str(tmp_path / "run"))
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    assert read_run(tmp_path / "run" / "search.h5")["status"] == "finished"
-    after = counters(state)
-    for host in ("n1", "n2"):  # a party on each: its W, A and gradients cross its link both ways
-        received, sent = (after[host][i] - before[host][i] for i in (0, 1))
+    run_dir = tmp_path / "run"
+    settings = [*TINY_FNAS, "--set", "search.steps_per_epoch=16", "--set", "checkpoint.every_steps=4",
+                "--set", f"runtime.comm_timeout={timeout}"]
+    env = {**os.environ, "MFC_STATE": str(state), "MFC_PREFIX": PREFIX}
+    job = subprocess.Popen([str(SCRIPT), "run", "3", *settings, "--out", str(run_dir)], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoint.pt").exists():  # a few steps in, a checkpoint to resume from
+            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read() if job.poll() else "slow"
+            time.sleep(0.5)
+        crossed = counters(state)
+        subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "down"], check=True)
+        cut = time.monotonic()
+        output, _ = job.communicate(timeout=timeout + 120)
+        ended = time.monotonic() - cut
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    for host in ("n1", "n2"):  # a party on each: its traffic went over its own link
+        received, sent = (crossed[host][i] - before[host][i] for i in (0, 1))
         assert received > 100_000 and sent > 100_000, (host, received, sent)
+    assert job.returncode != 0 and "runtime.comm_timeout" in output, output[-3000:]
+    assert ended <= timeout + 45, ended  # the pending Reduce began before the cut: its timeout runs from then
+    assert read_run(run_dir / "search.h5")["status"] == "failed"
+    subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "up"], check=True)
+    resumed = cluster(state, "run", "3", "--resume", str(run_dir))
+    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
+    log = read_run(run_dir / "search.h5")
+    assert log["status"] == "finished" and int(log["metrics"]["step"][-1]) == 16
     down = cluster(state, "down")
     assert down.returncode == 0 and "nothing of the cluster is left" in down.stdout
     assert not leftovers() and not state.exists()
@@ -86,37 +114,3 @@ def test_a_delay_is_refused_in_one_line_and_a_second_cluster_too(state):
     assert cluster(state, "up", "1").returncode == 0
     again = cluster(state, "up", "1")
     assert again.returncode == 2 and "already up" in again.stderr
-
-
-def test_a_cut_link_ends_the_job_within_the_timeout_and_resume_finishes(state, tmp_path):
-    """A party host's link goes down mid-run: rank 0's pending Reduce times out (runtime.comm_timeout), the job
-    ends non-zero soon after, with no hang and the log marked failed; with the link back, --resume finishes."""
-    timeout = 15
-    assert cluster(state, "up", "3").returncode == 0
-    run_dir = tmp_path / "run"
-    settings = [*TINY_FNAS, "--set", "search.steps_per_epoch=30", "--set", "checkpoint.every_steps=5",
-                "--set", f"runtime.comm_timeout={timeout}"]
-    env = {**os.environ, "MFC_STATE": str(state), "MFC_PREFIX": PREFIX}
-    job = subprocess.Popen([str(SCRIPT), "run", "3", *settings, "--out", str(run_dir)], env=env, text=True,
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoint.pt").exists():  # a few steps in, a checkpoint to resume from
-            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read() if job.poll() else "slow"
-            time.sleep(0.5)
-        subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "down"], check=True)
-        cut = time.monotonic()
-        output, _ = job.communicate(timeout=timeout + 120)
-        ended = time.monotonic() - cut
-    finally:
-        if job.poll() is None:
-            job.kill()
-            job.wait()
-    assert job.returncode != 0 and "runtime.comm_timeout" in output, output[-3000:]
-    assert ended <= timeout + 45, ended  # the pending Reduce began before the cut: its timeout runs from then
-    assert read_run(run_dir / "search.h5")["status"] == "failed"
-    subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "up"], check=True)
-    resumed = cluster(state, "run", "3", "--resume", str(run_dir))
-    assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
-    log = read_run(run_dir / "search.h5")
-    assert log["status"] == "finished" and int(log["metrics"]["step"][-1]) == 30
