@@ -139,32 +139,22 @@ class Keystream:
         if not isinstance(high, torch.Tensor):  # one bound for all
             size = (shape,) if isinstance(shape, int) else tuple(shape or ())
             return torch.from_numpy(self.integers_array(int(high), math.prod(size))).reshape(size)
-        highs = high.to(torch.int64).reshape(-1)
-        size = tuple(high.shape)
-        if highs.numel() and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
-            raise ValueError("integers: every bound must be in [1, 2^53]")
-        limits = torch.div(2**UNIFORM_BITS, highs, rounding_mode="floor") * highs
-        draw = self.bits(highs.numel())
-        rejected = torch.nonzero(draw >= limits).reshape(-1)
-        while rejected.numel():
-            draw[rejected] = self.bits(rejected.numel())
-            rejected = rejected[draw[rejected] >= limits[rejected]]
-        return (draw % highs).reshape(size)
+        highs = high.to(torch.int64).reshape(-1).numpy()
+        return torch.from_numpy(self.integers_array(highs, highs.size)).reshape(high.shape)
 
-    def integers_array(self, high: int, n: int) -> np.ndarray:
-        """``(n,)`` int64 numpy, i.i.d. uniform on ``0 .. high - 1`` (1 ≤ high ≤ 2^53), drawn as :meth:`integers`
-        draws them: a 53-bit k kept below the largest multiple of `high`, rejected ones redrawn in order."""
-        if not 1 <= high <= 2**UNIFORM_BITS:
+    def integers_array(self, high: int | np.ndarray, n: int) -> np.ndarray:
+        """``(n,)`` int64 numpy, i.i.d. uniform on ``0 .. high - 1`` (1 ≤ high ≤ 2^53; `high` one bound or ``(n,)``
+        bounds): a 53-bit k kept below the largest multiple of its bound, rejected ones redrawn in order."""
+        highs = np.asarray(high, dtype=np.int64)
+        if highs.size and not (int(highs.min()) >= 1 and int(highs.max()) <= 2**UNIFORM_BITS):
             raise ValueError("integers: every bound must be in [1, 2^53]")
-        limit = (2**UNIFORM_BITS // high) * high
+        limits = (2**UNIFORM_BITS // highs) * highs
         draw = self.bits_array(n)
-        if limit == 2**UNIFORM_BITS:  # a power of two: nothing to reject
-            return draw % high
-        rejected = np.flatnonzero(draw >= limit)
+        rejected = np.flatnonzero(draw >= limits)
         while rejected.size:
             draw[rejected] = self.bits_array(rejected.size)
-            rejected = rejected[draw[rejected] >= limit]
-        return draw % high
+            rejected = rejected[draw[rejected] >= (limits if limits.ndim == 0 else limits[rejected])]
+        return draw % highs
 
     def permutation(self, n: int) -> torch.Tensor:
         """``(n,)`` int64: a uniform random permutation of ``0 .. n - 1`` (Fisher–Yates with :meth:`integers`)."""
