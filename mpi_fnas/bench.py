@@ -38,12 +38,14 @@ import numpy as np
 
 from mpi_fnas import cli
 from mpi_fnas.config import Config
+from mpi_fnas.federation.memory import peak_rss_mb
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
     from mpi_fnas.federation.comm import Channel
     from mpi_fnas.federation.party import Party
 
 VARIANTS = ("plain", "private")
+SERVER_VARIANT = "server"  # rank 0's memory (measure_server_memory)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="skip the secure-against-local aggregation comparison (the aggregate_* and secure_* fields "
                         "are then null)")
     # Internal: measure one variant's peak memory in this (fresh) process and print it as JSON.
-    p.add_argument("--_variant", dest="variant", choices=VARIANTS, help=argparse.SUPPRESS)
+    p.add_argument("--_variant", dest="variant", choices=(*VARIANTS, SERVER_VARIANT), help=argparse.SUPPRESS)
     return p
 
 
@@ -381,21 +383,6 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
     }
 
 
-def _peak_rss_mb() -> float:
-    """This process's peak resident set size (since start or the last reset), in MB (10^6 bytes)."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024 / 1e6  # kB
-    except OSError:
-        pass
-    import resource
-
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 1e6 if sys.platform == "darwin" else peak * 1024 / 1e6  # bytes on macOS, KiB elsewhere
-
-
 def _reset_peak_rss() -> bool:
     """Reset the peak RSS to the current RSS (Linux ``clear_refs`` 5); False where that is not possible.
 
@@ -427,16 +414,34 @@ def measure_variant_memory(cfg: Config, variant: str) -> dict[str, Any]:
     warm.a_release()
     del warm
     gc.collect()
-    before_reset = _peak_rss_mb()
+    before_reset = peak_rss_mb()
     if _reset_peak_rss():
-        method, baseline = "VmHWM", _peak_rss_mb()
+        method, baseline = "VmHWM", peak_rss_mb()
     else:  # no reset: the peak so far is the best baseline there is (an overestimate of it)
-        method, baseline = "ru_maxrss", _peak_rss_mb()
+        method, baseline = "ru_maxrss", peak_rss_mb()
     party.w_release()
     party.a_release()
-    peak = _peak_rss_mb()
+    peak = peak_rss_mb()
     return {"baseline_mb": baseline, "peak_mb": peak, "method": method, "process_peak_mb": max(before_reset, peak),
             "startup_seconds": startup}
+
+
+def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
+    """Run in a fresh process: rank 0's peak resident memory through what it holds in a search: its modules (planner,
+    ledgers, log), the plan of `parties` parties (under dpfnas the privacy plan of the whole job), the test split
+    rendered, the supernet, and one evaluation of it on the test split."""
+    from mpi_fnas.evaluation import evaluate
+    from mpi_fnas.federation import serve  # noqa: F401  (rank 0's modules: what a server imports)
+    from mpi_fnas.federation.plan import open_split, plan_run
+    from mpi_fnas.space import search_space
+
+    plan_run(cfg, parties)
+    test = open_split(cfg, "test")
+    x, y = test.render(np.arange(len(test.labels)))
+    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
+                                                          num_classes=test.num_classes)
+    evaluate(model, x, y)
+    return {"process_peak_mb": peak_rss_mb()}
 
 
 def _process_age() -> float:
@@ -468,6 +473,10 @@ def measure_memory(args: argparse.Namespace) -> dict[str, float]:
         if out.returncode != 0:
             raise RuntimeError(f"memory subprocess ({variant}) failed:\n{out.stderr.strip()}")
         runs[variant] = json.loads(out.stdout.strip().splitlines()[-1])
+    server = subprocess.run([*base, "--_variant", SERVER_VARIANT], capture_output=True, text=True, env=_child_env(),
+                            check=False)
+    if server.returncode != 0:
+        raise RuntimeError(f"memory subprocess (server) failed:\n{server.stderr.strip()}")
     step = runs["plain"]["peak_mb"] - runs["plain"]["baseline_mb"]
     dp_step = runs["private"]["peak_mb"] - runs["private"]["baseline_mb"]
     return {
@@ -477,6 +486,7 @@ def measure_memory(args: argparse.Namespace) -> dict[str, float]:
         "peak_rss_ratio": dp_step / step if step > 0 else float("nan"),
         "rss_method": runs["private"]["method"],
         "rss_peak_mb_party": runs["private"]["process_peak_mb"],
+        "rss_peak_mb_server": json.loads(server.stdout.strip().splitlines()[-1])["process_peak_mb"],
         "startup_seconds": runs["private"]["startup_seconds"],
     }
 
@@ -490,7 +500,7 @@ def _variant_main(cfg: Config, variant: str) -> int:
     import torch
 
     torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
-    print(json.dumps(measure_variant_memory(cfg, variant)))
+    print(json.dumps(measure_server_memory(cfg) if variant == SERVER_VARIANT else measure_variant_memory(cfg, variant)))
     return 0
 
 
@@ -535,7 +545,7 @@ REPORT_KEYS_FROM_STEP = (
     "per_sample_method_w", "per_sample_method_a",
     "noise_seconds", "noise_seconds_torch_generator", "noise_source_ratio",
     "rss_baseline_mb", "step_rss_mb", "dp_step_rss_mb", "peak_rss_ratio", "rss_method",
-    "rss_peak_mb_party", "startup_seconds",
+    "rss_peak_mb_party", "rss_peak_mb_server", "startup_seconds",
     "augment_num_w", "augment_step_seconds", "augment_dp_step_seconds", "augment_dp_step_ratio",
     "aggregate_parties", "aggregate_epsilon", "aggregate_sigma_local", "aggregate_sigma_secure",
     "aggregate_noise_std_ratio", "aggregate_noise_std_ratio_expected", "secure_w_release_cpu_seconds",

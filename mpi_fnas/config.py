@@ -288,6 +288,9 @@ class RuntimeConfig:
         "otherwise one line per tenth of the run)")
     comm_timeout: float = _key(
         1800.0, "seconds one collective may take (incl. the slowest party's step) before the job is aborted")
+    node_memory_mb: float | None = _key(
+        None, "memory one node gives this job, in MB (10^6 bytes); null: the node's available memory, its cgroup "
+        "limit or SLURM_MEM_PER_NODE, the smallest. Rank 0 refuses a placement whose expected peak exceeds it")
 
 
 @dataclass
@@ -395,6 +398,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("checkpoint.every_steps", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("runtime.log_every", lambda v: v >= 1, "must be >= 1"),
     ("runtime.comm_timeout", lambda v: v > 0, "must be > 0"),
+    ("runtime.node_memory_mb", lambda v: v is None or v > 0, "must be > 0 or null"),
 ]
 
 

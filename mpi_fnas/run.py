@@ -98,6 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     return _tidy_bad_input(code, channel.rank, made)
 
 
+def _check_memory(channel, cfg: Config, stage: str) -> list[str]:
+    """Every rank reports its host and the memory its node gives the job; rank 0 estimates each rank's peak and
+    refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
+    from mpi_fnas.federation.memory import node_facts
+
+    facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))
+
+    def plan() -> list[str]:
+        from mpi_fnas.federation.memory import plan_memory
+
+        memory = plan_memory(cfg, facts, stage=stage)
+        refusal = memory.refusal()
+        if refusal is not None:
+            raise ConfigError(refusal)
+        return memory.lines()
+
+    return cli.decide_on_root(channel, plan) or []
+
+
 def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
     """Bad input found after rank 0 created the run directory (a world size that does not fit the config, a data
     folder that is not there) leaves nothing in it: remove it again, so that a refused launch leaves no empty
@@ -114,6 +133,8 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
     from mpi_fnas.federation.job import run_job
     from mpi_fnas.progress import Progress
 
+    # After the imports (torch), so that the parties import it while rank 0 plans.
+    memory = _check_memory(channel, cfg, stage)
     threads = cli.limit_torch_threads(cfg)
     resume = None
     if channel.is_server and (args.resume or args.augment):
@@ -136,6 +157,7 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
             print("mpi_fnas: WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the "
                   "final weights are NOT private and the ε reported covers the search only", file=sys.stderr,
                   flush=True)
+        print("\n".join(memory), flush=True)
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
     outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,

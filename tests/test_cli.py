@@ -76,8 +76,9 @@ def test_outside_mpirun_says_how_to_launch():
         (["--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent/cifar", "--set", "data.image_size=32"],
          "cifar-10-python.tar.gz", False),
         (["--set", "data.train_size=2"], "data.partition", False),
+        (["--set", "runtime.node_memory_mb=500"], "memory: node", False),
     ],
-    ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples"],
+    ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples", "too-little-memory"],
 )
 def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, user_made, tmp_path):
     run = tmp_path / "run"

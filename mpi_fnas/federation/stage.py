@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from mpi_fnas.federation.memory import peak_rss_mb
+
 if TYPE_CHECKING:  # the ledger (dp_accounting) is rank 0's; parties import this module too
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
 
@@ -56,9 +58,9 @@ class StepControl:
 
 
 def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]:
-    """This attempt's cost. Core-hours count one core a rank."""
+    """This attempt's cost. Core-hours count one core a rank; the peak memory is rank 0's own (this process's)."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
-            "cpu_core_hours": wall_seconds * ranks / 3600.0}
+            "cpu_core_hours": wall_seconds * ranks / 3600.0, "rss_peak_mb_server": peak_rss_mb()}
 
 
 def charge_in_flight(record_step: Callable[[], None], recorded: int, in_flight: int | None) -> int:

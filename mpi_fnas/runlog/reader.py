@@ -150,7 +150,7 @@ def _read_stage(handle: h5py.File, layout: StageLayout, facts: dict[str, Any]) -
         stage.update(alphas={"normal": normal, "reduce": reduce}, genotypes=[row.decode("utf-8") for row in genotypes])
     privacy, selection = group.get("privacy"), group.get(SELECTION_GROUP)
     stage.update(
-        cost={name: _plain(group["cost"].attrs[name]) for name in COST_FIELDS},
+        cost={name: _plain(group["cost"].attrs.get(name, np.nan)) for name in COST_FIELDS},
         privacy=None if privacy is None else _read_privacy(privacy, layout, families["privacy"]),
         selection=None if selection is None else {
             **{name: _plain(value) for name, value in selection.attrs.items()}, **_rows(families["selection"])},

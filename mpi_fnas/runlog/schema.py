@@ -29,7 +29,11 @@ SEARCH_METRICS = ("step", "epoch", "train_loss", "train_acc", "val_loss", "val_a
 # Costs of successive attempts (requeues) add up; the layout fields describe the latest attempt.
 COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours")
 COST_LAYOUT = ("ranks", "gpus")
-COST_FIELDS = COST_ADDITIVE + COST_LAYOUT
+# The largest over attempts. Rank 0's own peak resident memory only: a DP party's peak depends on its realised Poisson
+# batches (data-dependent), so no party reports it (federation.memory plans it instead). Logs written before it
+# have none: read as NaN.
+COST_PEAK = ("rss_peak_mb_server",)
+COST_FIELDS = COST_ADDITIVE + COST_LAYOUT + COST_PEAK
 
 EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 # The ledger rows of every stage (/privacy, /augment/privacy), one row per StageLog.append_privacy. /augment/privacy
@@ -280,7 +284,7 @@ def _metrics_group(parent: h5py.Group, names: Sequence[str], int_names: Sequence
 def _empty_cost(group: h5py.Group) -> None:
     """The ``COST_FIELDS`` attrs of a cost group before any attempt has reported: NaN (additive: none reported
     yet) and 0 (layout)."""
-    group.attrs.update({name: np.float64(math.nan) for name in COST_ADDITIVE})
+    group.attrs.update({name: np.float64(math.nan) for name in COST_ADDITIVE + COST_PEAK})
     group.attrs.update({name: np.int64(0) for name in COST_LAYOUT})
 
 

@@ -1,0 +1,244 @@
+"""The memory a job will need, planned on rank 0 before any party computes: the expected peak resident memory of
+each rank and of each node, and the refusal of a placement that cannot fit.
+
+Every rank reports only public machine facts (:func:`node_facts`: its host name and the memory its node gives the
+job). The estimate is a pure function of the config, the world size and those facts; no party measures or sends its
+own memory, because a DP party's peak is data-dependent (its activations grow with the realised Poisson batch).
+
+The model, per rank (MB, 10^6 bytes), fitted to the peaks (``VmHWM``) of 4 runs on this machine's CPU build of torch
+(docs/benchmarks.md, "Memory per rank"; glibc malloc, which keeps much of what a step frees):
+
+* a party: runtime + ``PARTY_MODULES_MB`` + its examples (float32; the augmentation's pool is a second copy)
+  + ``SEARCH_STEP_FACTOR`` × the supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation network's step, where a
+  step is B_max × (the bytes autograd saves per example + one per-example gradient), B_max = B + 3√B under DP (a
+  Poisson batch exceeds it with probability ~0.1 %) and B otherwise. The augmentation's network is that of the given
+  genotype or, before the search has chosen one, of the space's largest cell.
+* rank 0: runtime + ``SERVER_MODULES_MB`` (its planner, ledgers and log) + its test split + ``SERVER_WORKING_MB``.
+
+"runtime" is the resident memory of Python with torch imported, measured on rank 0 (it differs by torch build: about
+0.23 GB with the CPU build, 0.65 GB with the CUDA one).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from mpi_fnas.config import Config
+
+PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch (255 MB against torch's 243, measured)
+SERVER_MODULES_MB = 100.0  # rank 0's planner, ledgers and log: dp_accounting, scipy, h5py (332 against 229 MB)
+SERVER_WORKING_MB = 150.0  # rank 0's evaluation, ledger worker and log writer (120-190 MB measured at 4 settings)
+SEARCH_STEP_FACTOR = 1.35  # a party's peak above its data, per MB of a supernet step (least squares: 1.31)
+AUGMENT_STEP_FACTOR = 3.0  # the same per MB of an augmentation step (least squares: 2.56, rounded up)
+POISSON_MARGIN_SIGMAS = 3.0  # B_max = B + 3 √B for a Poisson batch of mean B
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What one rank reports: its host and the memory its node gives the job (MB), with where that came from."""
+
+    host: str
+    capacity_mb: float
+    source: str
+
+
+@dataclass(frozen=True)
+class RankEstimate:
+    """The expected peak resident memory of one kind of rank, in MB, by part."""
+
+    role: str  # "server" or "party"
+    runtime_mb: float
+    data_mb: float
+    step_mb: float
+
+    @property
+    def total_mb(self) -> float:
+        return self.runtime_mb + self.data_mb + self.step_mb
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The estimate of every rank and the nodes they share."""
+
+    server: RankEstimate
+    party: RankEstimate
+    nodes: dict[str, list[int]]  # host -> the world ranks on it
+    capacity_mb: dict[str, tuple[float, str]]  # host -> (MB the node gives the job, its source)
+
+    def node_mb(self, host: str) -> float:
+        """The expected peak of all ranks on `host` together."""
+        return sum(self.server.total_mb if rank == 0 else self.party.total_mb for rank in self.nodes[host])
+
+    def lines(self) -> list[str]:
+        """What rank 0 prints before the run: the per-rank estimate, then one line per node."""
+        lines = [f"memory: expected peak per rank ~{_gb(self.server.total_mb)} (server), "
+                 f"~{_gb(self.party.total_mb)} (party; {_gb(self.party.runtime_mb)} runtime, "
+                 f"{_gb(self.party.data_mb)} data, {_gb(self.party.step_mb)} steps)"]
+        for host, ranks in self.nodes.items():
+            capacity, source = self.capacity_mb[host]
+            parties = sum(1 for rank in ranks if rank != 0)
+            what = " + ".join((["server"] if 0 in ranks else []) + ([f"{parties} parties"] if parties else []))
+            lines.append(f"memory: node {host}: {what}: ~{_gb(self.node_mb(host))} of {_gb(capacity)} ({source})")
+        return lines
+
+    def refusal(self) -> str | None:
+        """One line if some node cannot hold its ranks, else None."""
+        for host in self.nodes:
+            capacity, source = self.capacity_mb[host]
+            if self.node_mb(host) > capacity:
+                return (f"memory: node {host} would need ~{_gb(self.node_mb(host))} for its {len(self.nodes[host])} "
+                        f"ranks (~{_gb(self.party.total_mb)} per party, ~{_gb(self.server.total_mb)} for the server) "
+                        f"but gives the job {_gb(capacity)} ({source}); spread the ranks over more nodes, shrink the "
+                        "batch or the network, or set runtime.node_memory_mb if the node really has more")
+        return None
+
+
+def node_facts(node_memory_mb: float | None) -> NodeFacts:
+    """This rank's host name and the memory its node gives the job: `node_memory_mb` when set, else the smallest of
+    the node's available memory (``MemAvailable``), the room left under this process's cgroup limit, and Slurm's
+    ``SLURM_MEM_PER_NODE``. Public machine facts, the same for every rank of a node."""
+    host = socket.gethostname()
+    if node_memory_mb is not None:
+        return NodeFacts(host, float(node_memory_mb), "runtime.node_memory_mb")
+    found = [(value, source) for value, source in (
+        (_meminfo_available_mb(), "available on the node"),
+        (_cgroup_room_mb(), "cgroup limit"),
+        (_slurm_mem_mb(), "SLURM_MEM_PER_NODE"),
+    ) if value is not None]
+    if not found:
+        return NodeFacts(host, math.inf, "unknown")
+    value, source = min(found)
+    return NodeFacts(host, value, source)
+
+
+def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPlan:
+    """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
+    "augment"). Builds the networks once on a 2-example input (< 1 s)."""
+    from mpi_fnas.federation.plan import open_split
+
+    parties = len(facts) - 1
+    test = open_split(cfg, "test")
+    shape = (test.in_channels, cfg.data.image_size, cfg.data.image_size)
+    example_mb = math.prod(shape) * 4 / 1e6
+    runtime = _torch_runtime_mb()
+    search_mb = augment_mb = 0.0
+    space, dims = _space_and_dims(cfg, test)
+    if stage == "search":
+        supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
+        search_mb = step_mb(supernet, shape, _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas"))
+    if cfg.augment.epochs > 0:
+        genotype = (space.parse_genotype(cfg.augment.genotype) if cfg.augment.genotype is not None
+                    else space.largest_genotype(cfg.space))
+        network = space.build_augment_network(genotype, cfg, seed=cfg.seed, **dims)
+        private = cfg.mode == "dpfnas" and cfg.augment.private
+        augment_mb = step_mb(network, shape, _largest_batch(cfg.augment.batch_size, private))
+    shard = (cfg.data.train_size or _default_train_size(cfg)) / max(parties, 1)
+    copies = (stage == "search") + (cfg.augment.epochs > 0)
+    party = RankEstimate("party", runtime + PARTY_MODULES_MB, copies * shard * example_mb,
+                         SEARCH_STEP_FACTOR * search_mb + AUGMENT_STEP_FACTOR * augment_mb)
+    server = RankEstimate("server", runtime + SERVER_MODULES_MB, len(test) * example_mb, SERVER_WORKING_MB)
+    nodes: dict[str, list[int]] = {}
+    capacity: dict[str, tuple[float, str]] = {}
+    for rank, fact in enumerate(facts):
+        nodes.setdefault(fact.host, []).append(rank)
+        capacity[fact.host] = min(capacity.get(fact.host, (math.inf, "")), (fact.capacity_mb, fact.source))
+    return MemoryPlan(server, party, nodes, capacity)
+
+
+def step_mb(model, shape: tuple[int, int, int], batch: float) -> float:
+    """MB of one training step of `model` at `batch` examples of `shape` (C, H, W): the tensors autograd saves for
+    the backward pass plus one per-example gradient, per example, times the batch (both grow linearly in it)."""
+    import torch
+
+    saved: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        saved[storage.data_ptr()] = storage.nbytes()  # views of one storage count once
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(torch.zeros(2, *shape))
+    params = sum(p.numel() for p in model.parameters())
+    return batch * (sum(saved.values()) / 2 + 4 * params) / 1e6
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far (since start, or since the peak was last reset), in MB."""
+    peak = _status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    import resource  # not Linux: ru_maxrss is bytes on macOS, KiB elsewhere
+    import sys
+
+    value = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return value / 1e6 if sys.platform == "darwin" else value * 1024 / 1e6
+
+
+def _largest_batch(batch_size: int, poisson: bool) -> float:
+    return batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
+
+
+def _space_and_dims(cfg: Config, test) -> tuple:
+    from mpi_fnas.space import search_space
+
+    return search_space(cfg.space.kind), {"in_channels": test.in_channels, "num_classes": test.num_classes}
+
+
+def _default_train_size(cfg: Config) -> int:
+    """The train split's size when ``data.train_size`` is null: the dataset's whole train split (an imagefolder's
+    size is not known without reading it: its data then count as 0)."""
+    return {"cifar10": 50_000, "mnist": 4_000}.get(cfg.data.dataset, 0)
+
+
+def _torch_runtime_mb() -> float:
+    """Resident MB of this process once torch is imported (rank 0's: the ranks run the same build)."""
+    import torch  # noqa: F401  (its import is what is measured)
+
+    return _status_mb("VmRSS") or 250.0
+
+
+def _status_mb(key: str) -> float | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _meminfo_available_mb() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024 / 1e6
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _cgroup_room_mb() -> float | None:
+    """Room left under this process's cgroup v2 memory limit (``memory.max`` − ``memory.current``), if it has one."""
+    try:
+        line = next(line for line in Path("/proc/self/cgroup").read_text().splitlines() if line.startswith("0::"))
+        group = Path("/sys/fs/cgroup") / line[3:].lstrip("/")
+        limit = (group / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return (int(limit) - int((group / "memory.current").read_text())) / 1e6
+    except (OSError, ValueError, StopIteration):
+        return None
+
+
+def _slurm_mem_mb() -> float | None:
+    value = os.environ.get("SLURM_MEM_PER_NODE", "")
+    return float(value) * 1.048576 if value.isdigit() else None  # Slurm's MB are MiB
+
+
+def _gb(mb: float) -> str:
+    return "unlimited" if math.isinf(mb) else f"{mb / 1000:.2f} GB"

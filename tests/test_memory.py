@@ -1,0 +1,69 @@
+"""The memory plan rank 0 prints before a run (mpi_fnas.federation.memory): what one step of a network holds, how
+the ranks add up per node, and the refusal of a node that cannot hold its ranks. The estimate's accuracy against
+measured peaks is a benchmark matter (docs/benchmarks.md, "Memory per rank"), not asserted here."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from mpi_fnas.config import config_from_text
+from mpi_fnas.federation.memory import NodeFacts, node_facts, plan_memory, step_mb
+
+
+def test_a_step_holds_the_saved_inputs_and_one_gradient_per_example():
+    # Linear(12 -> 5) saves its input (12 floats per example); 12·5 + 5 parameters give a 65-float gradient each.
+    model = nn.Linear(12, 5)
+    assert step_mb(model, (1, 1, 12), 1) == pytest.approx((12 + 65) * 4 / 1e6)
+    assert step_mb(model, (1, 1, 12), 10) == pytest.approx(10 * (12 + 65) * 4 / 1e6)
+
+
+def test_views_of_one_tensor_count_once():
+    class TwoViews(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            w = torch.ones(12, requires_grad=True)
+            return (x.view(-1, 12) * w).sum() + (x.view(-1, 12)[:, :6] * w[:6]).sum()
+
+    # Only x needs saving (for w's gradient; x itself needs none): two views of its storage, 12 floats per
+    # example, counted once.
+    assert step_mb(TwoViews(), (1, 1, 12), 1) == pytest.approx(12 * 4 / 1e6)
+
+
+def _plan(*overrides: str, hosts=("a",) * 3, capacity=math.inf, stage="search"):
+    cfg = config_from_text(None, ["data.train_size=400", "data.test_size=40", "data.image_size=8", *overrides])
+    return plan_memory(cfg, [NodeFacts(host, capacity, "test") for host in hosts], stage=stage)
+
+
+def test_a_larger_batch_or_network_raises_the_party_estimate_and_poisson_batches_get_a_margin():
+    base = _plan()
+    search = _plan("augment.epochs=0").party.step_mb
+    assert _plan("augment.epochs=0", "search.batch_size=64").party.step_mb > 2 * search
+    assert _plan("augment.channels=16").party.step_mb > base.party.step_mb
+    # Without DP a batch is exactly B; a Poisson batch of mean B is planned at B + 3√B.
+    exact = _plan("mode=fnas", "augment.epochs=0")
+    poisson = _plan("augment.epochs=0")
+    assert poisson.party.step_mb == pytest.approx(exact.party.step_mb * (16 + 3 * 4) / 16)
+    # An augmentation only (a given genotype) plans no supernet step.
+    assert _plan(stage="augment").party.step_mb < base.party.step_mb
+    assert base.server.total_mb > base.server.runtime_mb > 0
+
+
+def test_ranks_add_up_per_node_and_a_node_that_cannot_hold_them_is_refused():
+    plan = _plan(hosts=("n0", "n1", "n1"), capacity=1e6)
+    assert plan.nodes == {"n0": [0], "n1": [1, 2]}
+    assert plan.node_mb("n0") == pytest.approx(plan.server.total_mb)
+    assert plan.node_mb("n1") == pytest.approx(2 * plan.party.total_mb)
+    assert plan.refusal() is None
+    assert any("node n1: 2 parties" in line for line in plan.lines())
+    tight = _plan(hosts=("n0", "n1", "n1"), capacity=1.5 * plan.party.total_mb)
+    refusal = tight.refusal()
+    assert refusal is not None and "node n1" in refusal and "\n" not in refusal
+
+
+def test_a_configured_node_memory_wins_and_the_measured_one_is_positive():
+    assert node_facts(1234.0).capacity_mb == 1234.0
+    measured = node_facts(None)
+    assert measured.capacity_mb > 0 and measured.host
