@@ -39,6 +39,7 @@ import numpy as np
 from mpi_fnas import cli
 from mpi_fnas.config import Config
 from mpi_fnas.federation.memory import peak_rss_mb
+from mpi_fnas.federation.stage import process_age
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
     from mpi_fnas.federation.comm import Channel
@@ -408,7 +409,7 @@ def measure_variant_memory(cfg: Config, variant: str) -> dict[str, Any]:
     import gc
 
     party = make_party(cfg, private=variant == "private")
-    startup = _process_age()  # launch -> a party ready for its first step (no MPI handshake here)
+    startup = process_age()  # launch -> a party ready for its first step (no MPI handshake here)
     warm = make_party(cfg, private=variant == "private", examples=1)
     warm.w_release()
     warm.a_release()
@@ -442,16 +443,6 @@ def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
                                                           num_classes=test.num_classes)
     evaluate(model, x, y)
     return {"process_peak_mb": peak_rss_mb()}
-
-
-def _process_age() -> float:
-    """Seconds since this process started (Linux /proc; NaN elsewhere)."""
-    try:
-        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
-            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
-            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 def _child_env() -> dict[str, str]:

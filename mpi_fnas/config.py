@@ -287,7 +287,13 @@ class RuntimeConfig:
         "auto", "rank 0's progress display on stderr: on (a live bar), off, or auto (the bar on a terminal, "
         "otherwise one line per tenth of the run)")
     comm_timeout: float = _key(
-        1800.0, "seconds one collective may take (incl. the slowest party's step) before the job is aborted")
+        1800.0, "seconds one collective may take (incl. the slowest party's step) before the job is aborted: the limit "
+        "at setup, in a stage's first 2 steps and at checkpoints, and the most the adaptive limit may reach")
+    comm_timeout_factor: float = _key(
+        10.0, "after a stage's first 2 steps, rank 0 allows a step's exchanges this many times the slowest step so far "
+        "(in whole multiples of comm_timeout_min, at least that, at most comm_timeout), so a dead party or a cut "
+        "link ends the job within about a minute; 0: always comm_timeout")
+    comm_timeout_min: float = _key(60.0, "seconds: the adaptive limit's floor and step (see comm_timeout_factor)")
     node_memory_mb: float | None = _key(
         None, "memory one node gives this job, in MB (10^6 bytes); null: the node's available memory, its cgroup "
         "limit or SLURM_MEM_PER_NODE, the smallest. Rank 0 refuses a placement whose expected peak exceeds it")
@@ -398,6 +404,8 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("checkpoint.every_steps", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("runtime.log_every", lambda v: v >= 1, "must be >= 1"),
     ("runtime.comm_timeout", lambda v: v > 0, "must be > 0"),
+    ("runtime.comm_timeout_factor", lambda v: v >= 0, "must be >= 0 (0: no adaptive limit)"),
+    ("runtime.comm_timeout_min", lambda v: v > 0, "must be > 0"),
     ("runtime.node_memory_mb", lambda v: v is None or v > 0, "must be > 0 or null"),
 ]
 

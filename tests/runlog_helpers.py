@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GENOTYPE = "Genotype(normal=[('sep_conv_3x3', 0)], reduce=[('max_pool_3x3', 1)])"
 PARAMS = 3_349_342
 SEARCH_COST = {"wall_seconds": 100.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.5,
-               "rss_peak_mb_server": 420.0}
+               "rss_peak_mb_server": 420.0, "startup_seconds": 6.0}
 
 #: The two stages a run log writes through one ``StageLog`` each; parametrize a shared behaviour over these.
 STAGES = ("search", "augment")
@@ -175,10 +175,11 @@ def resume(runlog: RunLog, stage: str, *, private: bool = False) -> StageLog:
 
 
 def cost(wall_seconds: float, ranks: int, gpus: int, gpu_hours: float, cpu_core_hours: float,
-         rss_peak_mb_server: float = 300.0) -> dict[str, float]:
+         rss_peak_mb_server: float = 300.0, startup_seconds: float = 5.0) -> dict[str, float]:
     """One attempt's cost, as a stage's ``finish`` takes it."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": gpu_hours,
-            "cpu_core_hours": cpu_core_hours, "rss_peak_mb_server": rss_peak_mb_server}
+            "cpu_core_hours": cpu_core_hours, "rss_peak_mb_server": rss_peak_mb_server,
+            "startup_seconds": startup_seconds}
 
 
 # ---------------------------------------------------------------------- child processes

@@ -130,6 +130,8 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
     final = Genotype.from_string(log["final_genotype"])
     assert final == Genotype.from_string(log["genotypes"][-1])
     assert log["cost"]["ranks"] == 3 and log["cost"]["wall_seconds"] > 0
+    # rank 0's own: its peak memory (at least torch's) and its time from launch to the first step
+    assert log["cost"]["rss_peak_mb_server"] > 100 and 0 < log["cost"]["startup_seconds"] < 300
     with h5py.File(run / "search.h5", "r") as f:
         assert f.attrs["version"]
 

@@ -142,3 +142,16 @@ def _job(scenario: str, out: Path) -> None:
 
 if __name__ == "__main__":
     _job(sys.argv[1], Path(sys.argv[2]))
+
+
+def test_the_adaptive_limit_is_a_whole_multiple_of_the_floor_between_the_floor_and_the_cap():
+    from mpi_fnas.federation.stage import adaptive_timeout
+
+    # 10 × a 0.5 s step = 5 s: the 60 s floor; 10 × 7 s = 70 s: rounded up to 120 s; never above the cap.
+    assert adaptive_timeout(1800.0, 60.0, 10.0, 0.5) == 60.0
+    assert adaptive_timeout(1800.0, 60.0, 10.0, 7.0) == 120.0
+    assert adaptive_timeout(1800.0, 60.0, 10.0, 500.0) == 1800.0
+    assert adaptive_timeout(100.0, 60.0, 10.0, 7.0) == 100.0
+    assert adaptive_timeout(1800.0, 60.0, 0.0, 0.5) == 1800.0  # factor 0: the fixed limit
+    # Step times that differ by less than floor / factor give the same limit (its message tells no more).
+    assert adaptive_timeout(1800.0, 60.0, 10.0, 6.1) == adaptive_timeout(1800.0, 60.0, 10.0, 11.9)

@@ -114,7 +114,8 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert genotype[0] == b"normal=[sep_conv_3x3]"
 
         cost = f["cost"].attrs
-        assert set(cost) == {"wall_seconds", "ranks", "gpus", "gpu_hours", "cpu_core_hours", "rss_peak_mb_server"}
+        assert set(cost) == {"wall_seconds", "ranks", "gpus", "gpu_hours", "cpu_core_hours", "rss_peak_mb_server",
+                             "startup_seconds"}
         assert (cost["wall_seconds"], cost["ranks"], cost["gpus"]) == (12.5, 4, 3)
         assert cost.get_id("ranks").dtype.kind == "i" and cost.get_id("wall_seconds").dtype == np.float64
 
@@ -420,7 +421,8 @@ def test_a_resumed_stage_continues_its_rows_and_adds_up_cost(tmp_path: Path, sta
     path = tmp_path / "search.h5"
     log = open_stage(path, stage, private=True, steps=3).stage(stage)
     log.append_privacy(3, np.full(PARTIES, 3), np.full(PARTIES, 0.3), np.full(PARTIES, 0.03))
-    log.finish("interrupted", reason="SIGUSR1", cost=cost(10.0, 4, 0, 0.0, 0.5, rss_peak_mb_server=410.0))
+    log.finish("interrupted", reason="SIGUSR1", cost=cost(10.0, 4, 0, 0.0, 0.5, rss_peak_mb_server=410.0,
+                                                                  startup_seconds=7.0))
 
     resumed = reopen_log(path, stage)
     assert resumed.stage(stage).row_counts() == rows(stage, metrics=3, privacy=1)
@@ -430,7 +432,8 @@ def test_a_resumed_stage_continues_its_rows_and_adds_up_cost(tmp_path: Path, sta
     for step in range(3, 5):
         log.append_metrics(metric_row(stage, step))
     log.append_privacy(5, np.full(PARTIES, 6), np.full(PARTIES, 0.5), np.full(PARTIES, 0.05))
-    log.finish("finished", reason="completed", cost=cost(5.0, 4, 3, 0.004, 0.25, rss_peak_mb_server=380.0))
+    log.finish("finished", reason="completed", cost=cost(5.0, 4, 3, 0.004, 0.25, rss_peak_mb_server=380.0,
+                                                                startup_seconds=4.0))
 
     stage_run = record(read_run(path), stage)
     assert stage_run["status"] == "finished"
@@ -439,8 +442,9 @@ def test_a_resumed_stage_continues_its_rows_and_adds_up_cost(tmp_path: Path, sta
     assert stage_run["privacy"]["steps"].tolist() == [3, 5]
     assert stage_run["privacy"]["charged_steps"].tolist() == [[3, 3, 3], [6, 6, 6]]  # 5 steps + 1 replayed
     # wall_seconds, gpu_hours and cpu_core_hours add up over the attempts; ranks and gpus are the latest attempt's;
-    # rank 0's peak memory is the largest of the attempts'
-    assert stage_run["cost"] == pytest.approx(cost(15.0, 4, 3, 0.004, 0.75, rss_peak_mb_server=410.0))
+    # rank 0's peak memory is the largest of the attempts', the start-up time the latest's
+    assert stage_run["cost"] == pytest.approx(cost(15.0, 4, 3, 0.004, 0.75, rss_peak_mb_server=410.0,
+                                                   startup_seconds=4.0))
 
 
 def test_reopen_replaces_the_rank_attrs(tmp_path: Path) -> None:

@@ -276,7 +276,8 @@ class Channel:
                 waited = time.perf_counter() - start
                 if waited > self.timeout:
                     raise CollectiveTimeoutError(
-                        f"{what} did not complete within {self.timeout:g} s (runtime.comm_timeout)"
+                        f"{what} did not complete within {self.timeout:g} s (runtime.comm_timeout; after a stage's "
+                        "first steps, its adaptive limit: runtime.comm_timeout_factor)"
                     )
                 if polls > SPIN_POLLS:
                     time.sleep(pause)

@@ -47,7 +47,7 @@ from mpi_fnas.federation.plan import (
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
-from mpi_fnas.federation.stage import attempt_cost, settle_privacy
+from mpi_fnas.federation.stage import attempt_cost, process_age, settle_privacy
 from mpi_fnas.privacy.release import securely_aggregated
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.secagg.series import SecureSeries
@@ -154,6 +154,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         ledger.charge_sent(reports.sent_steps, stage=name)
     log = definition.open_log(cfg, run_dir, setup, resume, reports.devices) if run_dir is not None else None
     loop: ServerLoop | None = None
+    startup = math.nan
     try:
         stage = definition(cfg, channel, setup, log)
         if resume is not None:
@@ -165,6 +166,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
             if buffer is not None:
                 channel.bcast(buffer)
         loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
+        startup = process_age()  # launch -> this stage's first step (public: rank 0's own clock)
         step, stopped = loop.run(int(resume["step"]) + 1 if resume is not None else 1)
         outcome = stage.outcome(step, stopped, loop.test)
     except BaseException as exc:
@@ -177,7 +179,8 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         if log is not None:
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             log.stage(name).finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
-                                   cost=attempt_cost(time.perf_counter() - start, channel.size, reports.gpus),
+                                   cost=attempt_cost(time.perf_counter() - start, channel.size, reports.gpus,
+                                                     startup),
                                    **definition.final_attrs(None))
         raise
     outcome.privacy_guarantee = setup.guarantee
@@ -185,7 +188,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     outcome.wall_seconds = time.perf_counter() - start
     if log is not None:
         log.stage(name).finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
-                               cost=attempt_cost(outcome.wall_seconds, channel.size, reports.gpus),
+                               cost=attempt_cost(outcome.wall_seconds, channel.size, reports.gpus, startup),
                                **definition.final_attrs(outcome))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk

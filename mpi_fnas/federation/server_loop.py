@@ -12,6 +12,7 @@ releases on the privacy ledger, the step the parties may be in next (charged if 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -22,10 +23,12 @@ from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.stage import (
+    ADAPT_AFTER_STEPS,
     CONTINUE,
     STOP,
     Progress,
     StepControl,
+    adaptive_timeout,
     charge_in_flight,
     settle_privacy,
 )
@@ -49,6 +52,8 @@ class ServerLoop:
         self.in_flight_step: int | None = None  # the iteration whose releases the parties may be sending now
         self.in_flight_after_broadcast: int | None = None  # the next one, while this step's broadcast may be out
         self.test = np.full(3, np.nan)  # the last epoch end's [loss_sum, correct, count]
+        self.slowest_step = 0.0  # seconds: the slowest iteration of this stage so far (the adaptive comm timeout)
+        channel.timeout = cfg.runtime.comm_timeout  # a stage starts under the full limit
 
     def run(self, first: int) -> tuple[int, str | None]:
         """Steps `first`.. of the stage: (the last step run, the signal that stopped it or None)."""
@@ -63,7 +68,9 @@ class ServerLoop:
             # reached a party that then sent step + 1 (none after the last step or a STOP): a failure then charges both.
             self.in_flight_step = step
             self.in_flight_after_broadcast = step + 1 if step < stage.steps and control != STOP else None
+            started = time.perf_counter()
             stage.iterate(step, epoch, control)
+            self._adapt_timeout(step - first + 1, time.perf_counter() - started)
             if stage.charging is not None:
                 stage.charge()
             self.recorded_step = step
@@ -83,6 +90,7 @@ class ServerLoop:
                     stopped = signal_name
                     break
         self._write_privacy_rows(wait=True)
+        self.channel.timeout = self.cfg.runtime.comm_timeout  # the stage's end (the parties' final sums) is no step
         return step, stopped
 
     def settle_failure(self) -> None:
@@ -119,9 +127,20 @@ class ServerLoop:
             if self.log is not None:
                 self.stage.log_privacy(row)
 
+    def _adapt_timeout(self, steps_run: int, seconds: float) -> None:
+        """After ``ADAPT_AFTER_STEPS`` steps, limit the next exchanges to a multiple of the slowest step so far."""
+        self.slowest_step = max(self.slowest_step, seconds)
+        if steps_run >= ADAPT_AFTER_STEPS:
+            runtime = self.cfg.runtime
+            self.channel.timeout = adaptive_timeout(runtime.comm_timeout, runtime.comm_timeout_min,
+                                                    runtime.comm_timeout_factor, self.slowest_step)
+
     def _checkpoint(self, step: int) -> None:
-        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's."""
+        """Every party has saved its own state of this step (the gather is its acknowledgement); then rank 0's.
+        The parties' saves may take longer than a step: the acknowledgement waits under the full limit."""
+        adapted, self.channel.timeout = self.channel.timeout, self.cfg.runtime.comm_timeout
         self.channel.gather_objects(None)
+        self.channel.timeout = adapted
         self._write_privacy_rows(wait=True)
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, self.stage.checkpoint(step))

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable
@@ -57,10 +58,35 @@ class StepControl:
         return CONTINUE, None
 
 
-def attempt_cost(wall_seconds: float, ranks: int, gpus: int) -> dict[str, float]:
-    """This attempt's cost. Core-hours count one core a rank; the peak memory is rank 0's own (this process's)."""
+def attempt_cost(wall_seconds: float, ranks: int, gpus: int, startup_seconds: float = math.nan) -> dict[str, float]:
+    """This attempt's cost. Core-hours count one core a rank; the peak memory is rank 0's own (this process's);
+    `startup_seconds`: rank 0's :func:`process_age` at the stage's first step (NaN: it failed before)."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
-            "cpu_core_hours": wall_seconds * ranks / 3600.0, "rss_peak_mb_server": peak_rss_mb()}
+            "cpu_core_hours": wall_seconds * ranks / 3600.0, "rss_peak_mb_server": peak_rss_mb(),
+            "startup_seconds": startup_seconds}
+
+
+ADAPT_AFTER_STEPS = 2  # a stage's first steps run under the full runtime.comm_timeout (warm-up, lazy kernel loads)
+
+
+def adaptive_timeout(cap: float, floor: float, factor: float, slowest: float) -> float:
+    """Rank 0's limit for a step's exchanges once a stage has run ``ADAPT_AFTER_STEPS`` steps: `factor` times the
+    `slowest` step so far, rounded up to a whole multiple of `floor` (at least `floor`), at most `cap`; `cap` when
+    `factor` is 0. Whole multiples: a timeout's message then tells at most the slowest step to within floor/factor
+    seconds (rank 0 observes step times anyway; under DP they vary with the realised Poisson batches)."""
+    if factor <= 0:
+        return cap
+    return min(cap, floor * max(1, math.ceil(factor * slowest / floor)))
+
+
+def process_age() -> float:
+    """Seconds since this process was launched (Linux /proc; NaN elsewhere)."""
+    try:
+        with open("/proc/self/stat") as stat, open("/proc/uptime") as uptime:
+            start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+            return float(uptime.read().split()[0]) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return math.nan
 
 
 def charge_in_flight(record_step: Callable[[], None], recorded: int, in_flight: int | None) -> int:

@@ -33,7 +33,9 @@ COST_LAYOUT = ("ranks", "gpus")
 # batches (data-dependent), so no party reports it (federation.memory plans it instead). Logs written before it
 # have none: read as NaN.
 COST_PEAK = ("rss_peak_mb_server",)
-COST_FIELDS = COST_ADDITIVE + COST_LAYOUT + COST_PEAK
+# The latest attempt's, a float (NaN in logs written before it, and for an attempt that failed before its first step).
+COST_LATEST = ("startup_seconds",)
+COST_FIELDS = COST_ADDITIVE + COST_LAYOUT + COST_PEAK + COST_LATEST
 
 EPOCH_DATASETS = ("alphas/normal", "alphas/reduce", "genotype")
 # The ledger rows of every stage (/privacy, /augment/privacy), one row per StageLog.append_privacy. /augment/privacy
@@ -284,7 +286,7 @@ def _metrics_group(parent: h5py.Group, names: Sequence[str], int_names: Sequence
 def _empty_cost(group: h5py.Group) -> None:
     """The ``COST_FIELDS`` attrs of a cost group before any attempt has reported: NaN (additive: none reported
     yet) and 0 (layout)."""
-    group.attrs.update({name: np.float64(math.nan) for name in COST_ADDITIVE + COST_PEAK})
+    group.attrs.update({name: np.float64(math.nan) for name in COST_ADDITIVE + COST_PEAK + COST_LATEST})
     group.attrs.update({name: np.int64(0) for name in COST_LAYOUT})
 
 

@@ -49,6 +49,7 @@ from mpi_fnas.runlog.schema import (
     AUGMENT_LAYOUT,
     COST_ADDITIVE,
     COST_FIELDS,
+    COST_LATEST,
     COST_PEAK,
     FINAL_STATUSES,
     SEARCH_LAYOUT,
@@ -514,14 +515,16 @@ def _softmax_weights(name: str, alphas: np.ndarray, shape: tuple[int, ...]) -> n
 
 def _add_cost(group: h5py.Group, cost: Mapping[str, float]) -> None:
     """Record one attempt's cost in a cost group (``/cost`` or ``/augment/cost``): the ``COST_ADDITIVE`` fields
-    are added to earlier attempts' (NaN = none reported yet), the ``COST_PEAK`` ones keep the largest, the layout
-    fields are replaced by this attempt's."""
+    are added to earlier attempts' (NaN = none reported yet), the ``COST_PEAK`` ones keep the largest, the layout and
+    ``COST_LATEST`` fields are replaced by this attempt's."""
     for name, value in cost.items():
         previous = float(group.attrs.get(name, math.nan))
         if name in COST_ADDITIVE:
             group.attrs[name] = np.float64((0.0 if math.isnan(previous) else previous) + float(value))
         elif name in COST_PEAK:
             group.attrs[name] = np.float64(float(value) if math.isnan(previous) else max(previous, float(value)))
+        elif name in COST_LATEST:
+            group.attrs[name] = np.float64(value)
         else:
             group.attrs[name] = np.int64(value)
 
