@@ -105,7 +105,7 @@ def node_facts(node_memory_mb: float | None) -> NodeFacts:
     if node_memory_mb is not None:
         return NodeFacts(host, float(node_memory_mb), "runtime.node_memory_mb")
     found = [(value, source) for value, source in (
-        (_meminfo_available_mb(), "available on the node"),
+        (_status_mb("MemAvailable", "/proc/meminfo"), "available on the node"),
         (_cgroup_room_mb(), "cgroup limit"),
         (_slurm_mem_mb(), "SLURM_MEM_PER_NODE"),
     ) if value is not None]
@@ -202,20 +202,11 @@ def _torch_runtime_mb() -> float:
     return _status_mb("VmRSS") or 250.0
 
 
-def _status_mb(key: str) -> float | None:
+def _status_mb(key: str, path: str = "/proc/self/status") -> float | None:
+    """The ``KEY:  N kB`` line of a /proc file (this process's status by default) in MB; None where there is none."""
     try:
-        for line in Path("/proc/self/status").read_text().splitlines():
+        for line in Path(path).read_text().splitlines():
             if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024 / 1e6
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def _meminfo_available_mb() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024 / 1e6
     except (OSError, ValueError, IndexError):
         pass
