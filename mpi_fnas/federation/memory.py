@@ -121,7 +121,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     from mpi_fnas.federation.plan import open_split
 
     parties = len(facts) - 1
-    test = open_split(cfg, "test")
+    test = open_split(cfg, "test", download=cfg.data.download)  # rank 0 would fetch a missing CIFAR-10 next anyway
     shape = (test.in_channels, cfg.data.image_size, cfg.data.image_size)
     example_mb = math.prod(shape) * 4 / 1e6
     runtime = _torch_runtime_mb()
