@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     return _tidy_bad_input(code, channel.rank, made)
 
 
-def _check_memory(channel, cfg: Config, stage: str) -> list[str]:
+def check_memory(channel, cfg: Config, stage: str) -> list[str]:
     """Every rank reports its host and the memory its node gives the job; rank 0 estimates each rank's peak and
     refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
     from mpi_fnas.federation.memory import node_facts
@@ -134,7 +134,7 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
     from mpi_fnas.progress import Progress
 
     # After the imports (torch), so that the parties import it while rank 0 plans.
-    memory = _check_memory(channel, cfg, stage)
+    memory = check_memory(channel, cfg, stage)
     threads = cli.limit_torch_threads(cfg)
     resume = None
     if channel.is_server and (args.resume or args.augment):

@@ -119,6 +119,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
     "augment"). Builds the networks once on a 2-example input (< 1 s)."""
     from mpi_fnas.federation.plan import open_split
+    from mpi_fnas.space import search_space
 
     parties = len(facts) - 1
     test = open_split(cfg, "test", download=cfg.data.download)  # rank 0 would fetch a missing CIFAR-10 next anyway
@@ -126,7 +127,8 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     example_mb = math.prod(shape) * 4 / 1e6
     runtime = _torch_runtime_mb()
     search_mb = augment_mb = 0.0
-    space, dims = _space_and_dims(cfg, test)
+    space = search_space(cfg.space.kind)
+    dims = {"in_channels": test.in_channels, "num_classes": test.num_classes}
     if stage == "search":
         supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
         search_mb = step_mb(supernet, shape, _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas"))
@@ -181,12 +183,6 @@ def peak_rss_mb() -> float:
 
 def _largest_batch(batch_size: int, poisson: bool) -> float:
     return batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
-
-
-def _space_and_dims(cfg: Config, test) -> tuple:
-    from mpi_fnas.space import search_space
-
-    return search_space(cfg.space.kind), {"in_channels": test.in_channels, "num_classes": test.num_classes}
 
 
 def _default_train_size(cfg: Config) -> int:

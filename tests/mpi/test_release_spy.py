@@ -283,3 +283,44 @@ def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], 
     lo, hi = stats.chi2.ppf([1e-6, 1 - 1e-6], n) / n
     assert lo < float(np.mean(z**2)) < hi, f"noise variance {np.mean(z**2):.4f} outside [{lo:.4f}, {hi:.4f}]"
     assert abs(float(np.mean(z))) < 6 / np.sqrt(n)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_partys_only_message_of_the_memory_plan_is_its_hosts_public_facts():
+    """The memory check every launch runs before its first stage (``run.check_memory``): a DP party sends rank 0 one
+    object, its host name and the memory its node gives the job (``federation.memory.node_facts``), and nothing of
+    its own process or data; rank 0 alone plans and broadcasts the lines it prints."""
+    import socket
+
+    from mpi_fnas.federation.memory import NodeFacts
+    from mpi_fnas.run import check_memory
+
+    class MemoryCheckChannel(Channel):
+        """Records what this rank sends; a broadcast's payload from a party is the placeholder MPI discards (rank 0's
+        decision reaches everyone), so only the gather carries anything of the party's."""
+
+        def __init__(self, comm) -> None:
+            super().__init__(comm)
+            self.calls: list[str] = []
+            self.objects: list[object] = []
+
+        def gather_objects(self, obj):
+            self.calls.append("gather_objects")
+            self.objects.append(obj)
+            return super().gather_objects(obj)
+
+        def bcast_object(self, obj):
+            self.calls.append("bcast_object")
+            return super().bcast_object(obj)
+
+    cfg = load_config(None, ["mode=dpfnas", "data.train_size=320", "data.test_size=16", "data.image_size=8"])
+    channel = MemoryCheckChannel(MPI.COMM_WORLD)
+    lines = check_memory(channel, cfg, "search")
+    assert any(line.startswith("memory: node ") for line in lines)
+    if channel.is_server:
+        return
+    assert channel.calls == ["gather_objects", "bcast_object"]
+    (facts,) = channel.objects
+    assert type(facts) is NodeFacts and facts.host == socket.gethostname()
+    assert isinstance(facts.capacity_mb, float) and facts.capacity_mb > 0
+    assert facts.source in ("available on the node", "cgroup limit", "SLURM_MEM_PER_NODE", "unknown")
