@@ -10,7 +10,7 @@ ARGS   ?=
 MPI_TEST_RANKS ?= 5
 STAMP  := $(VENV)/.mpi_fnas-installed
 
-.PHONY: setup run test test-serial test-mpi lint bench clean
+.PHONY: setup run test test-serial test-mpi lint bench image clean
 
 setup: $(STAMP)
 
@@ -40,6 +40,12 @@ test-mpi: $(STAMP)
 
 bench: $(STAMP)
 	$(MPIRUN) -n 3 $(PYTHON) -m mpi_fnas.bench $(ARGS)
+
+# The container image, with Charliecloud, from containers/Dockerfile (containers/mpi_fnas.def's steps, the same
+# scripts/install.sh): about 5 minutes and 1.5 GB here, so not part of `make test`; tests/test_image.py and the
+# multi-node Slurm test run it once it exists. MPI_FNAS_TORCH=cuda builds the GPU image.
+image:
+	bash scripts/build_image.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .pytest-rank*.log .pytest-lane2.log

@@ -7,7 +7,9 @@ exchange, for a given config.
 The party step (G_k then H_k, first order, on random inputs of the configured shape) is timed on one rank while
 the others wait (in a sleeping poll, so they do not steal its core); the exchange (Reduce G, Bcast W, Reduce H,
 Bcast A — the collectives of one iteration, same buffers as the search) is timed with every rank taking part.
-Medians over `--repeats`. ``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``.
+Medians over `--repeats`. ``comm_fraction = comm_seconds / (step_seconds + comm_seconds)``. A private step is also
+split three ways: the plain step's compute, the DP work (``dp_work_seconds = dp_step_seconds - step_seconds``:
+per-example gradients, clipping, noise) and the exchange (``split_*_fraction``, summing to 1).
 
 The same step is also timed privately (DP-FNAS, ``search_party(..., dp=DPParams(...))``): same network and initial
 weights, same inputs, same batch size B. The private party's shard holds exactly B examples, so its Poisson rate
@@ -591,6 +593,12 @@ def main(argv: list[str] | None = None) -> int:
     report["comm_seconds"] = comm_seconds
     report["comm_fraction"] = comm_seconds / (step["step_seconds"] + comm_seconds)
     report["comm_megabytes"] = 4 * 2 * (int(sizes[0]) + int(sizes[1])) / 1e6
+    if step.get("dp_step_seconds") is not None:  # a private step split three ways: compute, the DP work, exchange
+        report["dp_work_seconds"] = step["dp_step_seconds"] - step["step_seconds"]
+        whole = step["dp_step_seconds"] + comm_seconds
+        report["split_compute_fraction"] = step["step_seconds"] / whole
+        report["split_dp_fraction"] = report["dp_work_seconds"] / whole
+        report["split_comm_fraction"] = comm_seconds / whole
     for note in ("dp_note", "augment_dp_note"):
         if note in step:
             report[note] = step[note]

@@ -5,11 +5,18 @@
 # starts ranks across them through an ssh-shaped launcher wrapper that enters a host's namespaces instead of ssh.
 #
 #   scripts/cluster.sh up N [--rate R]   N hosts n0..n(N-1), each link limited to R (a tc rate: 100mbit, 1gbit)
-#   scripts/cluster.sh run NP ARGS...    python -m mpi_fnas.run ARGS... with NP ranks, round-robin over the hosts
-#                                        from n0 (rank 0 on n0), run from n0 with the project's venv
+#   scripts/cluster.sh run [--image] NP ARGS...
+#                                        python -m mpi_fnas.run ARGS... with NP ranks, round-robin over the hosts
+#                                        from n0 (rank 0 on n0), run from n0 with the project's venv; --image: each
+#                                        rank in the image of `make image` (MPI_FNAS_IMAGE, default
+#                                        /var/tmp/mpi_fnas-image/img/mpi_fnas), started by this machine's hydra
+#                                        (the hybrid model: the host's launcher, the image's MPICH); the checkout
+#                                        is bound at /opt/mpi_fnas, the ranks' working directory; /tmp is shared
 #   scripts/cluster.sh status            the hosts, their addresses, links and byte counters
 #   scripts/cluster.sh down              removes every namespace, link, bridge and file that `up` made
 #   scripts/cluster.sh exec HOST CMD...  CMD inside HOST's namespaces, as ssh would run it (hydra's launcher)
+#   scripts/cluster.sh on HOST ARGV...   ARGV inside HOST's namespaces, exactly as given (no shell; a daemon's PID
+#                                        is the caller's child: tests/slurm_cluster.py starts Slurm's daemons so)
 #
 # --delay and --loss are refused: this kernel has no netem, and a delay through a userspace forwarder is not
 # honest at these timer resolutions (a "2 ms" sleep lasts ~12 ms here). Root only. Everything `up` makes is named
@@ -117,6 +124,18 @@ exec_on() {
 }
 
 run() {
+  local rank_cmd=("$python" -m mpi_fnas.run)
+  if [ "${1:-}" = --image ]; then
+    shift
+    local image=${MPI_FNAS_IMAGE:-/var/tmp/mpi_fnas-image/img/mpi_fnas}
+    [ -d "$image" ] || die "run --image: no image at $image (make image, or set MPI_FNAS_IMAGE)"
+    # --set-env: the image's ENV (its venv first on PATH), then one torch thread per rank as below. The checkout is
+    # bound over the image's copy of the sources (/opt/mpi_fnas: configs, slurm; the code runs from the image's
+    # venv) and is the working directory, so ARGS mean what they mean for venv ranks. ch-run shares /tmp.
+    command -v ch-run >/dev/null || die "run --image: needs Charliecloud's ch-run (apt-get install charliecloud)"
+    rank_cmd=(ch-run --set-env --set-env=OMP_NUM_THREADS=1 -b "$here:/opt/mpi_fnas" -c /opt/mpi_fnas "$image" --
+              python -m mpi_fnas.run)
+  fi
   local np=${1:-}; shift || true
   [[ "$np" =~ ^[1-9][0-9]*$ ]] || die "run: NP must be a positive integer, got '${np}'"
   [ -e "$state/hosts" ] || die "run: no cluster is up; scripts/cluster.sh up N first"
@@ -125,10 +144,13 @@ run() {
   # Hosts share this machine's cores: one torch thread per rank (OMP_NUM_THREADS, which mpi_fnas.run honours when
   # runtime.threads_per_rank is unset), whatever each rank counts on its "node".
   # UCX_TLS=tcp,self: UCX would find shared memory across the namespaces otherwise.
-  enter n0 env -C "$here" UCX_TLS=tcp,self OMP_NUM_THREADS=1 \
+  # MPIR_CVAR_CH4_CMA_ENABLE=0: two ranks of one host in separate containers (user namespaces) cannot attach to
+  # each other's memory (cross-memory attach), and MPI_Init fails; MPICH then copies through /dev/shm instead.
+  # USER: ch-run needs it, and hydra passes this environment on to every rank.
+  enter n0 env -C "$here" UCX_TLS=tcp,self OMP_NUM_THREADS=1 USER="${USER:-$(id -un)}" \
     "$mpiexec" -hosts "$list" -launcher ssh -launcher-exec "$state/ssh" -iface eth0 \
-    -genv UCX_TLS tcp,self -genv OMP_NUM_THREADS 1 -n "$np" \
-    "$python" -m mpi_fnas.run "$@"
+    -genv UCX_TLS tcp,self -genv OMP_NUM_THREADS 1 -genv MPIR_CVAR_CH4_CMA_ENABLE 0 -n "$np" \
+    "${rank_cmd[@]}" "$@"
 }
 
 cmd=${1:-}; shift || true
@@ -138,5 +160,6 @@ case $cmd in
   status) status ;;
   run) run "$@" ;;
   exec) exec_on "$@" ;;
-  *) die "usage: scripts/cluster.sh up N [--rate R] | run NP ARGS... | status | down" ;;
+  on) enter "$@" ;;
+  *) die "usage: scripts/cluster.sh up N [--rate R] | run [--image] NP ARGS... | status | down" ;;
 esac

@@ -1,25 +1,28 @@
 #!/usr/bin/env bash
 # `make test`: every test, then ruff. The serial tests run in two lanes at once:
 #   lane 1 (foreground): every serial test but the Slurm ones;
-#   lane 2 (background): the Slurm tests (tests/test_slurm_*.py, one set of daemons for the three modules), then the
-#     simulated-cluster tests (tests/test_cluster.py). The Slurm tests spend most of their wall time waiting for
+#   lane 2 (background): the Slurm tests (tests/test_slurm_*.py: one set of loopback daemons for three modules, and
+#     Slurm across three simulated hosts), then the simulated-cluster tests (tests/test_cluster.py) and the image's
+#     (tests/test_image.py: they skip, saying so, until `make image` has built it). The Slurm tests spend most of their wall time waiting for
 #     slurmctld's scheduling passes and for `sbatch --wait`, which the other lane's jobs fill; the lane is short.
 # Then the MPI tests (CPU-bound: 5 ranks, after both lanes) and ruff. Exit status: the first failure's, after all ran.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
-LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_cluster.py)
+LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
+             tests/test_cluster.py tests/test_image.py)
 lane2_log=.pytest-lane2.log
 lane2_tmp=$(mktemp -d /tmp/mpi_fnas-lane2.XXXXXX)
 
 # Lane 2 in its own session, so that an interrupted `make test` ends it and everything it started (by its group).
-setsid "$PYTHON" -m pytest -q -p no:cacheprovider --basetemp="$lane2_tmp/base" "${LANE2_TESTS[@]}" \
+# -rs: every skip prints its reason (a missing tool, no image), never silently.
+setsid "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$lane2_tmp/base" "${LANE2_TESTS[@]}" \
   > "$lane2_log" 2>&1 &
 lane2=$!
 cleanup() { kill -TERM -- "-$lane2" 2>/dev/null; wait "$lane2" 2>/dev/null; rm -rf "$lane2_tmp"; }
 trap 'cleanup; exit 130' INT TERM
 
-"$PYTHON" -m pytest -q --durations=15 tests --ignore=tests/mpi "${LANE2_TESTS[@]/#/--ignore=}"
+"$PYTHON" -m pytest -q -rs --durations=15 tests --ignore=tests/mpi "${LANE2_TESTS[@]/#/--ignore=}"
 lane1=$?
 wait "$lane2"
 lane2_rc=$?

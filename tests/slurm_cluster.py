@@ -188,7 +188,7 @@ class SlurmCluster:
         return "\n".join(
             [
                 "ClusterName=mpifnas",
-                f"SlurmctldHost={self.node}(127.0.0.1)",
+                f"SlurmctldHost={self.node}({self.address(self.node)})",
                 f"SlurmctldPort={ctld_port}",
                 f"SlurmdPort={slurmd_port}",
                 # Job ids start at a random value, not 1: MPICH names its shared-memory segment after the PMI
@@ -201,11 +201,9 @@ class SlurmCluster:
                 "CredType=cred/munge",
                 f"AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_SECONDS}",
                 f"StateSaveLocation={r}/state",
-                f"SlurmdSpoolDir={r}/spool",
                 f"SlurmctldPidFile={r}/run/slurmctld.pid",
-                f"SlurmdPidFile={r}/run/slurmd.pid",
                 f"SlurmctldLogFile={self.logs['slurmctld']}",
-                f"SlurmdLogFile={self.logs['slurmd']}",
+                *self.slurmd_path_lines(),
                 "SlurmctldDebug=info",
                 "SlurmdDebug=info",
                 "ProctrackType=proctrack/linuxproc",
@@ -228,11 +226,40 @@ class SlurmCluster:
                 "MinJobAge=300",
                 "SlurmdParameters=config_overrides",
                 "MailProg=/bin/true",
-                f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} Gres=gpu:{self.gpus} State=UNKNOWN",
-                f"PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
+                *self.node_lines(),
+                f"PartitionName=debug Nodes={','.join(self.layout)} Default=YES MaxTime=INFINITE State=UP",
                 "",
             ]
         )
+
+    # ----- the cluster's shape (NamespaceSlurmCluster overrides these) -------------------------------------
+    @property
+    def layout(self) -> dict[str, tuple[int, int]]:
+        """{node name: (CPUs, GPUs)}: one node here."""
+        return {self.node: (self.cpus, self.gpus)}
+
+    def address(self, node: str) -> str:
+        return "127.0.0.1"
+
+    def slurmd_path_lines(self) -> list[str]:
+        r = self.root
+        return [f"SlurmdSpoolDir={r}/spool", f"SlurmdPidFile={r}/run/slurmd.pid",
+                f"SlurmdLogFile={self.logs['slurmd']}"]
+
+    def node_lines(self) -> list[str]:
+        lines = []
+        for node, (cpus, gpus) in self.layout.items():
+            gres = f" Gres=gpu:{gpus}" if gpus else ""
+            lines.append(f"NodeName={node} NodeAddr={self.address(node)} CPUs={cpus}{gres} State=UNKNOWN")
+        return lines
+
+    def on(self, node: str, cmd: list[str]) -> list[str]:
+        """`cmd` as it runs on `node` (here: as it is)."""
+        return cmd
+
+    def client(self, cmd: list[str]) -> list[str]:
+        """A Slurm client command as it reaches slurmctld (here: as it is)."""
+        return cmd
 
     def _write_files(self) -> None:
         for sub in ("etc", "munge", "munge-socket", "state", "spool", "run", "log", "dev"):
@@ -248,20 +275,27 @@ class SlurmCluster:
         # devices, so make them copies of /dev/null (char 1:3, harmless to open) when mknod is allowed; with
         # empty regular files `--gpus=8` still schedules (SLURM_GPUS*), only CUDA_VISIBLE_DEVICES is missing.
         self.gpu_files_are_devices = True
-        for index in range(self.gpus):
+        for index in range(max((gpus for _, gpus in self.layout.values()), default=0)):
             path = self.root / "dev" / f"gpu{index}"
             try:
                 os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
             except OSError:
                 self.gpu_files_are_devices = False
                 path.touch()
-        gres_files = f"{self.root}/dev/gpu[0-{self.gpus - 1}]"
+        ctld_port, slurmd_port = self.ports()
+        self.conf.write_text(self.slurm_conf_text(ctld_port, slurmd_port))
+        # Slurm reads gres.conf from the directory that holds slurm.conf. Each node's GPUs are stand-ins from the
+        # same files (a node only opens its own).
+        gres = [f"NodeName={node} Name=gpu File={self.root}/dev/gpu[0-{gpus - 1}]"
+                for node, (_, gpus) in self.layout.items() if gpus]
+        (self.conf.parent / "gres.conf").write_text("".join(line + "\n" for line in gres))
+
+    def ports(self) -> tuple[int, int]:
+        """(slurmctld's port, slurmd's port): free on loopback."""
         ctld_port, slurmd_port = _free_loopback_port(), _free_loopback_port()
         while slurmd_port == ctld_port:
             slurmd_port = _free_loopback_port()
-        self.conf.write_text(self.slurm_conf_text(ctld_port, slurmd_port))
-        # Slurm reads gres.conf from the directory that holds slurm.conf.
-        (self.conf.parent / "gres.conf").write_text(f"NodeName={self.node} Name=gpu File={gres_files}\n")
+        return ctld_port, slurmd_port
 
     # ----- lifecycle ---------------------------------------------------------------------------------
     def _spawn(self, name: str, cmd: list[str]) -> None:
@@ -289,7 +323,7 @@ class SlurmCluster:
     def node_state(self) -> str:
         """The node's state as sinfo prints it (e.g. 'idle', 'mixed', 'allocated', 'down*'); '' on error."""
         done = subprocess.run(
-            ["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"],
+            self.client(["sinfo", "-h", "-N", "-n", self.node, "-o", "%T"]),
             env=self.env,
             capture_output=True,
             text=True,
@@ -297,6 +331,12 @@ class SlurmCluster:
             timeout=30,
         )
         return done.stdout.strip() if done.returncode == 0 else ""
+
+    def all_idle(self) -> bool:
+        done = subprocess.run(self.client(["sinfo", "-h", "-N", "-o", "%N %T"]), env=self.env, capture_output=True,
+                              text=True, check=False, timeout=30)
+        states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+        return done.returncode == 0 and all(states.get(node) == "idle" for node in self.layout)
 
     def start(self, timeout: float = 60.0) -> SlurmCluster:
         """Write the config, start munged, slurmctld and slurmd, and wait until the node is idle."""
@@ -317,9 +357,11 @@ class SlurmCluster:
         )
         self._wait_for("munged socket", self.munge_socket.exists, timeout)
         # -D: foreground, so the Popen PID is the daemon's PID; -i: ignore (empty) saved state.
-        self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)])
-        self._spawn("slurmd", ["slurmd", "-D", "-f", str(self.conf), "-N", self.node])
-        self._wait_for(f"node {self.node} idle", lambda: self.node_state() == "idle", timeout)
+        self._spawn("slurmctld", self.on(self.node, ["slurmctld", "-D", "-i", "-f", str(self.conf)]))
+        for node in self.layout:
+            name = "slurmd" if len(self.layout) == 1 else f"slurmd-{node}"
+            self._spawn(name, self.on(node, ["slurmd", "-D", "-f", str(self.conf), "-N", node]))
+        self._wait_for(f"nodes {','.join(self.layout)} idle", self.all_idle, timeout)
         self.start_seconds = time.monotonic() - started
         return self
 
@@ -327,11 +369,12 @@ class SlurmCluster:
         """scancel every job and wait (bounded) until squeue lists none, so no job process outlives us."""
         if "slurmctld" not in self._procs or self._procs["slurmctld"].poll() is not None:
             return
-        subprocess.run(["scancel", "--full", "--user", "root"], env=self.env, capture_output=True, check=False)
+        subprocess.run(self.client(["scancel", "--full", "--user", "root"]), env=self.env, capture_output=True,
+                       check=False)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             listed = subprocess.run(
-                ["squeue", "-h", "-o", "%i"], env=self.env, capture_output=True, text=True, check=False
+                self.client(["squeue", "-h", "-o", "%i"]), env=self.env, capture_output=True, text=True, check=False
             )
             if listed.returncode != 0 or not listed.stdout.strip():
                 return
@@ -393,7 +436,8 @@ class SlurmCluster:
     # ----- client helpers ----------------------------------------------------------------------------
     def run(self, *cmd: str, timeout: float = 60.0, check: bool = True) -> subprocess.CompletedProcess:
         """Run a Slurm client command with SLURM_CONF set; text output captured."""
-        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
+        done = subprocess.run(self.client(list(cmd)), env=self.env, capture_output=True, text=True, timeout=timeout,
+                              check=False)
         if check and done.returncode != 0:
             raise RuntimeError(
                 f"{' '.join(cmd)} exited {done.returncode}\nstdout: {done.stdout}\nstderr: {done.stderr}"
@@ -414,7 +458,7 @@ class SlurmCluster:
         cwd: the submit directory (the job's working directory and SLURM_SUBMIT_DIR).
         """
         done = subprocess.run(
-            ["sbatch", "--parsable", *args],
+            self.client(["sbatch", "--parsable", *args]),
             env=dict(env, SLURM_CONF=str(self.conf)) if env is not None else self.env,
             cwd=cwd,
             capture_output=True,
@@ -450,6 +494,65 @@ class SlurmCluster:
         raise RuntimeError(
             f"job {job_id} not in {sorted(states)} after {timeout:.0f} s (last: {info})\n{self.diagnostics()}"
         )
+
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SH = REPO / "scripts" / "cluster.sh"
+
+
+@dataclass
+class NamespaceSlurmCluster(SlurmCluster):
+    """Slurm across the simulated cluster's hosts (scripts/cluster.sh, issue 27): slurmctld and a slurmd on the first
+    host, a slurmd on each other; munged stays on this machine (its Unix socket is a file every host sees).
+
+    Every daemon runs inside its host's namespaces (`cluster.sh on HOST ...`, which execs, so the Popen PID is the
+    daemon's), and so does every client command: slurmctld listens on the first host's address only. Each host's
+    slurmd has its own spool, pid and log file (%n). `nodes` is {host: (CPUs, GPUs)} in host order.
+    """
+
+    nodes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    cluster_env: dict[str, str] = field(default_factory=dict)  # MFC_STATE and MFC_PREFIX of the cluster.sh hosts
+    addresses: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.node = next(iter(self.nodes))
+        status = subprocess.run([str(CLUSTER_SH), "status"], env={**os.environ, **self.cluster_env},
+                                capture_output=True, text=True, check=True, timeout=30).stdout
+        self.addresses = {line.split()[0]: line.split()[1] for line in status.splitlines() if line.startswith("n")}
+        missing = set(self.nodes) - set(self.addresses)
+        if missing:
+            raise RuntimeError(f"cluster.sh has no hosts {sorted(missing)}:\n{status}")
+
+    @property
+    def layout(self) -> dict[str, tuple[int, int]]:
+        return self.nodes
+
+    def address(self, node: str) -> str:
+        return self.addresses[node]
+
+    def ports(self) -> tuple[int, int]:
+        return 6817, 6818  # Slurm's own: every host has a network stack of its own
+
+    def slurmd_path_lines(self) -> list[str]:
+        r = self.root
+        return [f"SlurmdSpoolDir={r}/spool-%n", f"SlurmdPidFile={r}/run/slurmd-%n.pid",
+                f"SlurmdLogFile={r}/log/slurmd-%n.log"]
+
+    @property
+    def logs(self) -> dict[str, Path]:
+        log_dir = self.root / "log"
+        return {"munged": log_dir / "munged.log", "slurmctld": log_dir / "slurmctld.log",
+                **{f"slurmd-{node}": log_dir / f"slurmd-{node}.log" for node in self.nodes}}
+
+    def on(self, node: str, cmd: list[str]) -> list[str]:
+        return [str(CLUSTER_SH), "on", node, *cmd]
+
+    def client(self, cmd: list[str]) -> list[str]:
+        return self.on(self.node, cmd)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return dict(os.environ, SLURM_CONF=str(self.conf), **self.cluster_env)
 
 
 _CLUSTER: SlurmCluster | None = None

@@ -64,6 +64,12 @@ def test_bench_json_fields(ranks, memory):
         report["dp_w_release_seconds"] + report["dp_a_release_seconds"])
     assert report["dp_step_ratio"] == pytest.approx(report["dp_step_seconds"] / report["step_seconds"])
     assert report["dp_step_ratio_cpu"] == pytest.approx(report["dp_step_cpu_seconds"] / report["step_cpu_seconds"])
+    # ... and split three ways: the plain step's compute, the DP work on top of it, the exchange
+    assert report["dp_work_seconds"] == pytest.approx(report["dp_step_seconds"] - report["step_seconds"])
+    whole = report["dp_step_seconds"] + report["comm_seconds"]
+    assert report["split_compute_fraction"] == pytest.approx(report["step_seconds"] / whole)
+    assert report["split_comm_fraction"] == pytest.approx(report["comm_seconds"] / whole)
+    assert sum(report[f"split_{part}_fraction"] for part in ("compute", "dp", "comm")) == pytest.approx(1.0)
     # The supernet's W is all Conv/GroupNorm/Linear, its alphas are per-example copies: both by hooks.
     assert (report["per_sample_method_w"], report["per_sample_method_a"]) == ("hooks", "hooks")
 

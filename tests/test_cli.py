@@ -132,6 +132,12 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
     assert log["cost"]["ranks"] == 3 and log["cost"]["wall_seconds"] > 0
     # rank 0's own: its peak memory (at least torch's) and its time from launch to the first step
     assert log["cost"]["rss_peak_mb_server"] > 100 and 0 < log["cost"]["startup_seconds"] < 300
+    # rank 0's iteration time, split: the parts add up to the logged steps (one row a step here), the transfer is
+    # part of its time in MPI, and the parties' compute is what it waited for beyond that
+    parts = [log["cost"][name] for name in ("party_compute_seconds", "transfer_seconds", "server_seconds")]
+    assert all(part >= 0 for part in parts) and parts[1] > 0
+    assert sum(parts) == pytest.approx(float(np.sum(metrics["step_seconds"])), rel=1e-9)
+    assert parts[0] + parts[1] == pytest.approx(float(np.sum(metrics["comm_seconds"])), rel=1e-9)
     with h5py.File(run / "search.h5", "r") as f:
         assert f.attrs["version"]
 

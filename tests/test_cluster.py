@@ -33,17 +33,22 @@ def cluster(state: Path, *args: str, timeout: float = 300) -> subprocess.Complet
                           check=False)
 
 
-def counters(state: Path) -> dict[str, tuple[int, int]]:
-    out = cluster(state, "status").stdout
+def counters(state: Path, env: dict[str, str] | None = None) -> dict[str, tuple[int, int]]:
+    """{host: (rx bytes, tx bytes)} of each host's link; env: another cluster's MFC_STATE/MFC_PREFIX."""
+    if env is None:
+        out = cluster(state, "status").stdout
+    else:
+        out = subprocess.run([str(SCRIPT), "status"], capture_output=True, text=True, env={**os.environ, **env},
+                             timeout=60, check=False).stdout
     return {host: (int(rx), int(tx)) for host, rx, tx in re.findall(r"^(n\d+) \S+ rx_bytes=(\d+) tx_bytes=(\d+)$",
                                                                     out, re.MULTILINE)}
 
 
-def leftovers() -> list[str]:
+def leftovers(prefix: str = PREFIX) -> list[str]:
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
-    return ([line for line in netns.splitlines() if line.startswith(f"{PREFIX}-")]
-            + [line for line in links.splitlines() if f": {PREFIX}-" in line])
+    return ([line for line in netns.splitlines() if line.startswith(f"{prefix}-")]
+            + [line for line in links.splitlines() if f": {prefix}-" in line])
 
 
 @pytest.fixture

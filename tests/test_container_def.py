@@ -68,6 +68,12 @@ def needed_by_install() -> set[str]:
     return needed
 
 
+def arguments() -> dict[str, str]:
+    """%arguments (Apptainer >= 1.2 build arguments) as {name: default}."""
+    lines = [line.strip() for line in SECTIONS["arguments"].splitlines()]
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
 def run_bash(script: str, env_overrides: dict[str, str] | None = None, args: tuple[str, ...] = ()) -> str:
     """Run `script` with the image's %environment sourced first and this venv standing in for /opt/venv."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
@@ -95,7 +101,8 @@ def test_post_installs_through_the_shared_script_non_editable():
     assert len(calls) == 1, calls
     call = calls[0]
     assert re.search(r"(^|\s)MPI_FNAS_EDITABLE=0\s", call), call
-    assert re.search(r"(^|\s)MPI_FNAS_TORCH=cuda\s", call), call  # clusters' GPUs: never the CPU-only build
+    assert re.search(r"(^|\s)MPI_FNAS_TORCH=\{\{ MPI_FNAS_TORCH \}\}\s", call), call
+    assert arguments()["MPI_FNAS_TORCH"] == "cuda"  # clusters' GPUs: the CPU-only build only when asked for
     assert re.search(r"/opt/mpi_fnas/scripts/install\.sh\s+/opt/venv\s*$", call), call
     assert "pip install" not in SECTIONS["post"]  # no second install path next to the shared script
 
@@ -157,3 +164,64 @@ def test_labels_name_the_project_version():
     version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
     assert labels["org.opencontainers.image.version"] == version
     assert labels["org.opencontainers.image.title"] == "mpi_fnas"
+
+
+# containers/Dockerfile: the image `make image` builds here (scripts/build_image.sh) must be the .def's image.
+DOCKERFILE = REPO / "containers" / "Dockerfile"
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, argument text) per Dockerfile instruction; continuations joined, comments dropped."""
+    joined = re.sub(r"\\\n\s*", " ", DOCKERFILE.read_text())
+    lines = [line.strip() for line in joined.splitlines()]
+    return [tuple(line.split(None, 1)) for line in lines if line and not line.startswith("#")]
+
+
+def commands(body: str) -> list[str]:
+    """A section's shell commands: no comments, no `set -eu`, Apptainer's {{ ARG }} written as a shell ${ARG}."""
+    lines = [line.strip() for line in body.splitlines()]
+    lines = [line for line in lines if line and not line.startswith("#") and line != "set -eu"]
+    return [re.sub(r"\{\{\s*(\w+)\s*\}\}", r"${\1}", line) for line in lines]
+
+
+def exports(body: str) -> dict[str, str]:
+    """`export A=x B=y` lines as {A: x, B: y}; quotes dropped, a caller's-default ${A:-v} read as v."""
+    pairs: dict[str, str] = {}
+    for line in commands(body):
+        if line.startswith("export "):
+            for word in line.split()[1:]:
+                name, value = word.split("=", 1)
+                value = value.strip('"')
+                default = re.fullmatch(r"\$\{(\w+):-(.*)\}", value)  # ${NAME:-v}: v unless the caller set NAME
+                if default and default.group(1) == name:
+                    value = default.group(2)
+                pairs[name] = value.replace("${PATH}", "$PATH")
+    return pairs
+
+
+def test_dockerfile_builds_from_the_defs_base_with_its_arguments():
+    steps = dockerfile_instructions()
+    args = dict(value.split("=", 1) if "=" in value else (value, None) for kind, value in steps if kind == "ARG")
+    assert args["BASE"] == HEADER["From"]
+    assert ("FROM", "$BASE") in steps
+    assert args["MPI_FNAS_TORCH"] == arguments()["MPI_FNAS_TORCH"]
+
+
+def test_dockerfile_copies_exactly_the_defs_files():
+    copies = [tuple(value.split()) for kind, value in dockerfile_instructions() if kind == "COPY"]
+    assert dict(copies) == files_mapping() and len(copies) == len(files_mapping())
+
+
+def test_dockerfile_runs_the_defs_post_then_its_self_check():
+    steps = dockerfile_instructions()
+    runs = [value for kind, value in steps if kind == "RUN"]
+    post = [line for line in commands(SECTIONS["post"]) if not line.startswith("export ")]
+    self_check = [line for line in commands(SECTIONS["test"]) if not line.startswith("echo ")]
+    assert runs == post + self_check
+    build_args = dict(value.split("=", 1) for kind, value in steps if kind == "ARG" and "=" in value)
+    assert exports(SECTIONS["post"]).items() <= build_args.items()  # %post's exports: build-time only
+
+
+def test_dockerfile_environment_is_the_defs():
+    env = dict(value.split("=", 1) for kind, value in dockerfile_instructions() if kind == "ENV")
+    assert env == exports(SECTIONS["environment"])

@@ -115,7 +115,7 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
 
         cost = f["cost"].attrs
         assert set(cost) == {"wall_seconds", "ranks", "gpus", "gpu_hours", "cpu_core_hours", "rss_peak_mb_server",
-                             "startup_seconds"}
+                             "startup_seconds", "party_compute_seconds", "transfer_seconds", "server_seconds"}
         assert (cost["wall_seconds"], cost["ranks"], cost["gpus"]) == (12.5, 4, 3)
         assert cost.get_id("ranks").dtype.kind == "i" and cost.get_id("wall_seconds").dtype == np.float64
 

@@ -102,6 +102,8 @@ class Channel:
         self.comm, self.timeout = comm, timeout
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.comm_seconds = 0.0  # wall time spent inside collectives on this rank (cumulative)
+        # ... of which in `bcast`: on rank 0 the parties already wait there, so it is the transfer alone
+        self.bcast_seconds = 0.0
         self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
         self.pause_fraction = SERVER_PAUSE_FRACTION if self.rank == SERVER else PARTY_PAUSE_FRACTION
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
@@ -179,12 +181,17 @@ class Channel:
     def bcast(self, buf: np.ndarray) -> None:
         """Overwrite `buf` ((n,) contiguous float32, same n everywhere) on every party with the server's `buf`."""
         _check_buffer(buf)
-        if self.is_server:
-            self._wait(_Requests([self.comm.Isend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]), "bcast")
-            return
-        pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])
-        self._wait(pending, "bcast")
-        pending.check_count(buf.size, buf.dtype)
+        start = time.perf_counter()
+        try:
+            if self.is_server:
+                self._wait(_Requests([self.comm.Isend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]),
+                           "bcast")
+                return
+            pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])
+            self._wait(pending, "bcast")
+            pending.check_count(buf.size, buf.dtype)
+        finally:
+            self.bcast_seconds += time.perf_counter() - start
 
     def barrier(self) -> None:
         self._wait(_Requests([self.comm.Ibarrier()]), "barrier")

@@ -47,7 +47,7 @@ from mpi_fnas.federation.plan import (
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
-from mpi_fnas.federation.stage import attempt_cost, process_age, settle_privacy
+from mpi_fnas.federation.stage import IterationClock, attempt_cost, process_age, settle_privacy
 from mpi_fnas.privacy.release import securely_aggregated
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.secagg.series import SecureSeries
@@ -154,6 +154,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         ledger.charge_sent(reports.sent_steps, stage=name)
     log = definition.open_log(cfg, run_dir, setup, resume, reports.devices) if run_dir is not None else None
     loop: ServerLoop | None = None
+    stage: ServedStage | None = None
     startup = math.nan
     try:
         stage = definition(cfg, channel, setup, log)
@@ -180,7 +181,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
             status = "interrupted" if isinstance(exc, KeyboardInterrupt) else "failed"
             log.stage(name).finish(status, reason=f"{type(exc).__name__}: {exc}".splitlines()[0],
                                    cost=attempt_cost(time.perf_counter() - start, channel.size, reports.gpus,
-                                                     startup),
+                                                     startup, stage.clock if stage is not None else None),
                                    **definition.final_attrs(None))
         raise
     outcome.privacy_guarantee = setup.guarantee
@@ -188,7 +189,8 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     outcome.wall_seconds = time.perf_counter() - start
     if log is not None:
         log.stage(name).finish("interrupted" if outcome.interrupted else "finished", reason=outcome.stop_reason,
-                               cost=attempt_cost(outcome.wall_seconds, channel.size, reports.gpus, startup),
+                               cost=attempt_cost(outcome.wall_seconds, channel.size, reports.gpus, startup,
+                                                 stage.clock),
                                **definition.final_attrs(outcome))
     if outcome.interrupted:
         channel.barrier()  # the parties exit only once the checkpoint and the log are on disk
@@ -295,6 +297,7 @@ class ServedStage:
         self.test = setup.test.render(np.arange(len(setup.test.labels)))
         self.test_loss = self.test_acc = math.nan  # of the last evaluation
         self.acc = _Accumulator()
+        self.clock = IterationClock()  # this attempt's iterations, for its cost
         # With the server's selection (federation.selection random, secprobe or oracle) it gathers every release.
         gathered = self.plan.assignments[0].gathered
         self.selector = setup.selector if gathered else None
@@ -312,13 +315,15 @@ class ServedStage:
     def iterate(self, step: int, epoch: int, control: int) -> None:
         """One iteration of Algorithm 1 on rank 0 (its selection row logged), ending with the broadcast that carries
         `control`; its statistics go to the accumulator."""
-        t0, c0 = time.perf_counter(), self.channel.comm_seconds
+        t0, c0, b0 = time.perf_counter(), self.channel.comm_seconds, self.channel.bcast_seconds
         self.server.begin_step(step)
         stats = server_iteration(self.server, self.channel, self.buffers, control, selector=self.selector,
                                  aux=self.aux, train_a=epoch >= self.warmup_epochs)
         if self.selector is not None and self.log is not None:
             self.log.append_selection(step, stats.chosen, stats.score, self.selector.epsilon_spent())
-        self.acc.add(stats, time.perf_counter() - t0, self.channel.comm_seconds - c0)
+        wall, mpi = time.perf_counter() - t0, self.channel.comm_seconds - c0
+        self.acc.add(stats, wall, mpi)
+        self.clock.add(wall, mpi, self.channel.bcast_seconds - b0)
 
     def charge(self) -> None:
         """Charge one iteration's releases of every party on ``charging``."""

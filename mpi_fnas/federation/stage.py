@@ -16,6 +16,7 @@ import math
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mpi_fnas.federation.memory import peak_rss_mb
@@ -58,12 +59,43 @@ class StepControl:
         return CONTINUE, None
 
 
-def attempt_cost(wall_seconds: float, ranks: int, gpus: int, startup_seconds: float = math.nan) -> dict[str, float]:
+@dataclass
+class IterationClock:
+    """Rank 0's time in a stage's iterations, as it sees them, split three ways for the attempt's cost.
+
+    - ``transfer_seconds``: moving the releases and broadcasts. Rank 0 times its broadcasts, where the parties
+      already wait, so that time is the transfer alone; the reductions move the same bytes over the same links
+      (one message per party, to rank 0), so the transfer is counted twice the broadcasts'.
+    - ``party_compute_seconds``: the rest of rank 0's time inside MPI: waiting for the parties' releases, i.e. their
+      forward and backward passes and, under DP, their clipping and noise (``python -m mpi_fnas.bench`` splits
+      those two: ``dp_work_seconds``).
+    - ``server_seconds``: rank 0's own work in the iterations (its W and A steps, the sums).
+
+    Totals over a stage, never per step: under DP a step's duration follows the realised Poisson batches, and
+    these totals tell no more than ``wall_seconds`` (rank 0's other parts are data-independent).
+    """
+
+    wall: float = 0.0
+    mpi: float = 0.0
+    bcast: float = 0.0
+
+    def add(self, wall: float, mpi: float, bcast: float) -> None:
+        self.wall, self.mpi, self.bcast = self.wall + wall, self.mpi + mpi, self.bcast + bcast
+
+    def split(self) -> dict[str, float]:
+        transfer = min(2.0 * self.bcast, self.mpi)
+        return {"party_compute_seconds": self.mpi - transfer, "transfer_seconds": transfer,
+                "server_seconds": max(self.wall - self.mpi, 0.0)}
+
+
+def attempt_cost(wall_seconds: float, ranks: int, gpus: int, startup_seconds: float = math.nan,
+                 clock: IterationClock | None = None) -> dict[str, float]:
     """This attempt's cost. Core-hours count one core a rank; the peak memory is rank 0's own (this process's);
-    `startup_seconds`: rank 0's :func:`process_age` at the stage's first step (NaN: it failed before)."""
+    `startup_seconds`: rank 0's :func:`process_age` at the stage's first step (NaN: it failed before); `clock`: the
+    attempt's iterations (None: it ran none)."""
     return {"wall_seconds": wall_seconds, "ranks": ranks, "gpus": gpus, "gpu_hours": wall_seconds * gpus / 3600.0,
             "cpu_core_hours": wall_seconds * ranks / 3600.0, "rss_peak_mb_server": peak_rss_mb(),
-            "startup_seconds": startup_seconds}
+            "startup_seconds": startup_seconds, **(clock or IterationClock()).split()}
 
 
 ADAPT_AFTER_STEPS = 2  # a stage's first steps run under the full runtime.comm_timeout (warm-up, lazy kernel loads)

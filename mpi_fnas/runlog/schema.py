@@ -27,7 +27,9 @@ SEARCH_METRICS = ("step", "epoch", "train_loss", "train_acc", "val_loss", "val_a
                   "party_seconds", "w_lr", "adadp_err", "test_loss", "test_acc")
 
 # Costs of successive attempts (requeues) add up; the layout fields describe the latest attempt.
-COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours")
+COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours",
+                 # rank 0's time in the iterations, split (federation.stage.IterationClock)
+                 "party_compute_seconds", "transfer_seconds", "server_seconds")
 COST_LAYOUT = ("ranks", "gpus")
 # The largest over attempts. Rank 0's own peak resident memory only: a DP party's peak depends on its realised Poisson
 # batches (data-dependent), so no party reports it (federation.memory plans it instead). Logs written before it
