@@ -26,7 +26,8 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 GENOTYPE = "Genotype(normal=[('sep_conv_3x3', 0)], reduce=[('max_pool_3x3', 1)])"
 PARAMS = 3_349_342
 SEARCH_COST = {"wall_seconds": 100.0, "ranks": 4, "gpus": 0, "gpu_hours": 0.0, "cpu_core_hours": 0.5,
-               "rss_peak_mb_server": 420.0, "startup_seconds": 6.0}
+               "rss_peak_mb_server": 420.0, "startup_seconds": 6.0, "party_compute_seconds": 60.0,
+               "transfer_seconds": 10.0, "server_seconds": 5.0}
 
 #: The two stages a run log writes through one ``StageLog`` each; parametrize a shared behaviour over these.
 STAGES = ("search", "augment")

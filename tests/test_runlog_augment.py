@@ -105,7 +105,8 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
             expected = np.int64 if name in ("step", "epoch") else np.float64
             assert dataset.dtype == expected and dataset.shape == (4,) and dataset.maxshape == (None,), name
         assert set(group["cost"].attrs) == {"wall_seconds", "ranks", "gpus", "gpu_hours", "cpu_core_hours",
-                                           "rss_peak_mb_server", "startup_seconds"}
+                                           "rss_peak_mb_server", "startup_seconds", "party_compute_seconds",
+                                           "transfer_seconds", "server_seconds"}
         assert group["cost"].attrs.get_id("ranks").dtype.kind == "i"
         assert f.attrs["status"] == "finished" and f["cost"].attrs["wall_seconds"] == 100.0
         assert group.attrs["privacy_guarantee"] == "none: mode fnas makes no privacy claim"

@@ -184,7 +184,10 @@ class Channel:
         start = time.perf_counter()
         try:
             if self.is_server:
-                self._wait(_Requests([self.comm.Isend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]),
+                # Synchronous sends: each completes once its party has the data, not once it sits in a socket
+                # buffer, so `bcast_seconds` is the transfer itself, also over a slow link (the parties already
+                # wait; the extra acknowledgement is one small message per party).
+                self._wait(_Requests([self.comm.Issend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]),
                            "bcast")
                 return
             pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])

@@ -4,16 +4,17 @@ One iteration of Algorithm 1, as rank 0 runs it (``federation.comm``: every part
 rank 0 sends W and A to every party, point to point, so the exchange is a star around rank 0's link)::
 
     T_step     = T_party + T_transfer + T_server
-    T_party    = t_step * max(1, K / cores)           # the parties compute side by side; on fewer cores, in turns
+    T_party    = t_step * max(1, (K + 1) / cores)     # the ranks compute side by side; on fewer cores, in turns
     T_transfer = 2 * K * 4 * (n_W + n_A) / bandwidth  # G and H in, W and A out: K copies each way on rank 0's link
                  + ROUND_TRIPS * latency + 4 * K * t_message
     T_server   = t_server                             # rank 0's W and A steps and sums (measured, small)
 
     T_search   = steps * T_step                       # the iterations; start-up and evaluations are apart
 
-``t_step`` is one party's step on one core (``python -m mpi_fnas.bench``: ``step_seconds``, or ``dp_step_seconds``
-under DP), ``t_message`` the software cost of one message on an unlimited link (from the same bench's exchange).
-Nothing is fitted to the runs the model is checked against.
+``t_step`` is one party's step on one core while every core is busy (``python -m mpi_fnas.bench`` on each core at
+once: ``step_seconds``, or ``dp_step_seconds`` under DP), ``t_message`` the software cost of one message and
+``latency`` the link's (both negligible at these message sizes, so 0 in :func:`bench_costs`). Nothing is fitted to
+the runs the model is checked against.
 
 Strong scaling at a fixed amount of data: K parties each hold 1/K of it, so an epoch takes 1/K of the steps, and
 
@@ -21,7 +22,7 @@ Strong scaling at a fixed amount of data: K parties each hold 1/K of it, so an e
 
 which the star's K-fold transfer pulls down as K grows (:func:`strong_scaling_efficiency`).
 
-    python -m mpi_fnas.report.cost_model RUN_DIR... --bench BENCH.json --rate 100mbit [--latency 0.0001]
+    python -m mpi_fnas.report.cost_model --bench BENCH.json... [--private] [--cores 2] [--figure F] -- RATE:RUN_DIR...
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 BYTES_PER_VALUE = 4  # float32 releases and broadcasts
-ROUND_TRIPS = 8  # per iteration: 4 exchanges, each with a rendezvous handshake (large messages) before the data
+ROUND_TRIPS = 8  # per iteration: 4 exchanges, each a handshake (rendezvous or synchronous send) and the data
 
 
 @dataclass(frozen=True)
@@ -89,17 +92,21 @@ class StepPrediction:
 
 
 def predict_step(costs: StepCosts, parties: int, link: Link, cores: float) -> StepPrediction:
-    """T_step of the module docstring for K = `parties` on `cores` cores shared by the parties."""
-    party = costs.party_step_seconds * max(1.0, parties / cores)
+    """T_step of the module docstring for K = `parties`, the K + 1 ranks sharing `cores` cores (a core each: K + 1).
+
+    Rank 0 counts as one more rank on shared cores: it takes the parties' CPU for its ε accounting (every
+    ``runtime.log_every`` steps under DP), its own steps and MPI's progress polling. With K / cores instead, the
+    compute-bound runs of docs/hpc.md came out 21-27 % short."""
+    party = costs.party_step_seconds * max(1.0, (parties + 1) / cores)
     wire = 2 * parties * BYTES_PER_VALUE * (costs.num_w + costs.num_a) * 8 / link.bandwidth_bits
     transfer = wire + ROUND_TRIPS * link.latency_seconds + 4 * parties * costs.message_seconds
     return StepPrediction(party, transfer, costs.server_seconds)
 
 
-def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link, cores_per_party: float = 1.0) -> float:
-    """T_1 / (K T_K) at a fixed amount of data (each party a core or GPU of its own): T_step(1) / T_step(K)."""
-    one = predict_step(costs, 1, link, cores_per_party).total
-    return one / predict_step(costs, parties, link, parties * cores_per_party).total
+def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link) -> float:
+    """T_1 / (K T_K) at a fixed amount of data, every rank on a core or GPU of its own: T_step(1) / T_step(K)."""
+    one = predict_step(costs, 1, link, 2).total
+    return one / predict_step(costs, parties, link, parties + 1).total
 
 
 def transfer_to_compute_for(efficiency: float, parties: int) -> float:
@@ -114,18 +121,19 @@ def implied_transfer_to_compute(efficiency: float, parties: int) -> float:
     return transfer_to_compute_for(efficiency, parties)
 
 
-def bench_costs(bench: dict, private: bool, server_seconds: float) -> StepCosts:
-    """StepCosts from ``python -m mpi_fnas.bench --json`` (its exchange over R ranks gives one message's cost:
-    4 (R - 1) messages of ``comm_megabytes / 2`` on a fast path) and rank 0's measured work per iteration."""
-    messages = 4 * max(bench["ranks"] - 1, 1)
-    return StepCosts(party_step_seconds=bench["dp_step_seconds" if private else "step_seconds"],
-                     server_seconds=server_seconds, message_seconds=bench["comm_seconds"] / messages,
-                     num_w=int(bench["num_w"]), num_a=int(bench["num_a"]))
+def bench_costs(benches: Sequence[dict], private: bool) -> StepCosts:
+    """StepCosts from ``python -m mpi_fnas.bench --json`` runs on one rank each, taken at once, one per core the
+    parties share (so the step is timed with every core busy, as the parties run it): their mean step, plain or
+    private, and the sizes. Rank 0's own work and one message's software cost are left at 0: both are milliseconds
+    a step here (``/cost/server_seconds``; the bench's exchange), under 1 % of an iteration."""
+    key = "dp_step_seconds" if private else "step_seconds"
+    return StepCosts(party_step_seconds=sum(bench[key] for bench in benches) / len(benches), server_seconds=0.0,
+                     message_seconds=0.0, num_w=int(benches[0]["num_w"]), num_a=int(benches[0]["num_a"]))
 
 
 @dataclass(frozen=True)
 class MeasuredSearch:
-    """A finished search's iterations, from its log: K, steps, and rank 0's split of their time (``/cost``)."""
+    """A search's iterations, from its log: K, steps, and rank 0's split of their time (``/cost``)."""
 
     parties: int
     steps: int
@@ -149,29 +157,97 @@ def measured_search(run_dir: Path) -> MeasuredSearch:
                           server=cost["server_seconds"])
 
 
+@dataclass(frozen=True)
+class Comparison:
+    """One run beside the model: its link, what it measured, what the model predicts for it."""
+
+    rate: str
+    measured: MeasuredSearch
+    predicted: StepPrediction  # one iteration
+
+    @property
+    def predicted_total(self) -> float:
+        return self.measured.steps * self.predicted.total
+
+    @property
+    def error(self) -> float:
+        return self.predicted_total / self.measured.total - 1.0
+
+
+def compare(benches: Sequence[dict], runs: Sequence[tuple[str, Path]], cores: float, private: bool,
+            latency_seconds: float = 0.0) -> list[Comparison]:
+    """Each (rate, run directory) beside the model's prediction from the `benches` alone."""
+    costs = bench_costs(benches, private)
+    rows = []
+    for rate, run_dir in runs:
+        seen = measured_search(run_dir)
+        rows.append(Comparison(rate, seen, predict_step(costs, seen.parties, Link.parse(rate, latency_seconds),
+                                                        cores)))
+    return rows
+
+
+def markdown_table(rows: Sequence[Comparison]) -> str:
+    """The comparison as docs/hpc.md shows it."""
+    lines = ["| K | link | steps | measured (s) | predicted (s) | error | transfer measured (s) | transfer predicted "
+             "(s) | parties measured (s) | parties predicted (s) |", "|---" * 10 + "|"]
+    for row in rows:
+        seen, step = row.measured, row.predicted
+        lines.append(f"| {seen.parties} | {row.rate} | {seen.steps} | {seen.total:.1f} | {row.predicted_total:.1f} | "
+                     f"{row.error:+.0%} | {seen.transfer:.1f} | {seen.steps * step.transfer:.1f} | "
+                     f"{seen.party:.1f} | {seen.steps * step.party:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def comparison_figure(rows: Sequence[Comparison]) -> bytes:
+    """Predicted against measured iteration time, one point per run (K by marker, link by colour), with y = x and
+    the ±20 % band."""
+    from mpi_fnas.report.figures import new_figure, png_bytes
+
+    figure = new_figure()
+    axes = figure.add_subplot(1, 1, 1)
+    rates = sorted({row.rate for row in rows}, key=lambda rate: -Link.parse(rate).bandwidth_bits)
+    markers = {2: "o", 4: "s", 8: "^"}
+    for index, rate in enumerate(rates):
+        for row in (r for r in rows if r.rate == rate):
+            axes.scatter(row.measured.total, row.predicted_total, color=f"C{index}",
+                         marker=markers.get(row.measured.parties, "D"), s=50)
+    top = max(max(row.measured.total, row.predicted_total) for row in rows) * 1.1
+    line = np.linspace(0.0, top, 50)
+    axes.plot(line, line, color="black", linewidth=1)
+    axes.fill_between(line, 0.8 * line, 1.2 * line, color="grey", alpha=0.2, label="±20 %")
+    for index, rate in enumerate(rates):
+        axes.scatter([], [], color=f"C{index}", label=rate)
+    for parties, marker in markers.items():
+        axes.scatter([], [], color="grey", marker=marker, label=f"K = {parties}")
+    axes.set_xlim(0, top)
+    axes.set_ylim(0, top)
+    axes.set_xlabel("measured: the search's iterations (s)")
+    axes.set_ylabel("predicted by the cost model (s)")
+    axes.legend(loc="upper left", fontsize=8)
+    return png_bytes(figure)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mpi_fnas.report.cost_model", description=__doc__.split("\n\n")[0])
-    p.add_argument("runs", nargs="+", type=Path, help="run directories (each with search.h5)")
-    p.add_argument("--bench", type=Path, required=True, help="python -m mpi_fnas.bench --json output (one line)")
-    p.add_argument("--rate", default="unlimited", help="rank 0's link rate, as tc takes it (100mbit, 1gbit)")
+    p.add_argument("runs", nargs="+", help="RATE:RUN_DIR pairs: rank 0's link rate as tc takes it (100mbit, 1gbit, "
+                   "unlimited) and a run directory with search.h5")
+    p.add_argument("--bench", type=Path, nargs="+", required=True,
+                   help="python -m mpi_fnas.bench --json outputs (one rank each; one per core, run at once)")
     p.add_argument("--latency", type=float, default=0.0, help="one-way link latency, seconds")
-    p.add_argument("--cores", type=float, default=2.0, help="cores the parties share (each its own: K)")
+    p.add_argument("--cores", type=float, default=2.0, help="cores the K + 1 ranks share (a core each: K + 1)")
     p.add_argument("--private", action="store_true", help="the runs are DP: the party's step is the private one")
+    p.add_argument("--figure", type=Path, help="write the predicted-against-measured figure here (PNG)")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    bench = json.loads(args.bench.read_text())
-    link = Link.parse(args.rate, args.latency)
-    print("K  steps  measured_s  predicted_s  error  transfer_measured_s  transfer_predicted_s")
-    for run_dir in args.runs:
-        seen = measured_search(run_dir)
-        costs = bench_costs(bench, args.private, seen.server / max(seen.steps, 1))
-        step = predict_step(costs, seen.parties, link, args.cores)
-        predicted = seen.steps * step.total
-        print(f"{seen.parties}  {seen.steps}  {seen.total:.2f}  {predicted:.2f}  {predicted / seen.total - 1:+.1%}  "
-              f"{seen.transfer:.2f}  {seen.steps * step.transfer:.2f}")
+    benches = [json.loads(path.read_text()) for path in args.bench]
+    runs = [(pair.split(":", 1)[0], Path(pair.split(":", 1)[1])) for pair in args.runs]
+    rows = compare(benches, runs, args.cores, args.private, args.latency)
+    print(markdown_table(rows), end="")
+    if args.figure is not None:
+        args.figure.write_bytes(comparison_figure(rows))
     return 0
 
 

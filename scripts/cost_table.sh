@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# The cost model against real runs on the simulated cluster (issue 27; docs/hpc.md "What the network costs a search"):
+# for each K and link rate, K + 1 namespace hosts (one rank each, rank 0 on n0) with every link shaped to the rate,
+# a short DP-FNAS search across them, then the model's prediction beside the measured time of its iterations.
+#
+#   sudo scripts/cost_table.sh [OUT_DIR]        (default /tmp/mpi_fnas-cost-table)
+#
+# Environment: PARTIES="2 4 8", RATES="200mbit 50mbit 15mbit", STEPS=8, ARGS (more mpi_fnas.run --set options),
+# PYTHON (default .venv/bin/python). Needs root (scripts/cluster.sh). Writes OUT_DIR/bench-<i>.json (one party's
+# step, measured first on this machine), OUT_DIR/K<K>-<rate>/search.h5, OUT_DIR/table.md and OUT_DIR/cost-model.png;
+# removes the hosts after each run, also on failure.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+out=${1:-/tmp/mpi_fnas-cost-table}
+python=${PYTHON:-$here/.venv/bin/python}
+parties=${PARTIES:-2 4 8}
+rates=${RATES:-200mbit 50mbit 15mbit}
+steps=${STEPS:-8}
+export MFC_PREFIX=mfk MFC_STATE=$out/hosts PYTHON=$python
+cluster="$here/scripts/cluster.sh"
+trap '"$cluster" down > /dev/null 2>&1 || true' EXIT
+mkdir -p "$out"
+"$cluster" down > /dev/null 2>&1 || true
+
+settings=(--set search.epochs=1 --set "search.steps_per_epoch=$steps" --set augment.epochs=0
+          --set runtime.progress=off --set checkpoint.every_steps=0)
+# shellcheck disable=SC2206  # ARGS is a list of arguments, split on purpose
+settings+=(${ARGS:-})
+# One party's step as the hosts see it: every core busy (the hosts share this machine's cores), so one bench per core
+# at once (alone, a step here is ~30 % faster than with both cores busy).
+cores=$(nproc)
+echo "cost_table.sh: one party's step with all $cores cores busy (python -m mpi_fnas.bench, $cores at once)"
+pids=()
+for i in $(seq 1 "$cores"); do
+  OMP_NUM_THREADS=1 "$python" -m mpi_fnas.bench --json --no-memory --no-aggregation --repeats 5 "${settings[@]}" \
+    > "$out/bench-$i.json" &
+  pids+=($!)
+done
+wait "${pids[@]}"
+for k in $parties; do
+  for rate in $rates; do
+    run=$out/K$k-$rate
+    rm -rf "$run"
+    "$cluster" up $((k + 1)) --rate "$rate" > /dev/null
+    echo "cost_table.sh: K=$k at $rate: $((k + 1)) hosts"
+    "$cluster" run $((k + 1)) "${settings[@]}" --out "$run" > "$out/K$k-$rate.out" 2>&1
+    "$cluster" down > /dev/null
+  done
+done
+pairs=()
+for k in $parties; do for rate in $rates; do pairs+=("$rate:$out/K$k-$rate"); done; done
+"$python" -m mpi_fnas.report.cost_model --private --cores "$cores" --figure "$out/cost-model.png" \
+  --bench "$out"/bench-*.json -- "${pairs[@]}" | tee "$out/table.md"
