@@ -42,7 +42,7 @@ bench: $(STAMP)
 	$(MPIRUN) -n 3 $(PYTHON) -m mpi_fnas.bench $(ARGS)
 
 # The container image, with Charliecloud, from containers/Dockerfile (containers/mpi_fnas.def's steps, the same
-# scripts/install.sh): about 5 minutes and 1.5 GB here, so not part of `make test`; tests/test_image.py and the
+# scripts/install.sh): 2.5 minutes and 1.5 GB here, so not part of `make test`; tests/test_image.py and the
 # multi-node Slurm test run it once it exists. MPI_FNAS_TORCH=cuda builds the GPU image.
 image:
 	bash scripts/build_image.sh
