@@ -10,10 +10,10 @@ import pytest
 
 from mpi_fnas.report.cost_model import (
     Comparison,
+    IterationTime,
     Link,
     MeasuredSearch,
     StepCosts,
-    StepPrediction,
     comparison_figure,
     markdown_table,
     predict_step,
@@ -67,8 +67,8 @@ def test_strong_scaling_is_t1_over_k_tk_and_the_paper_reads_as_two_thirds_transf
 
 
 def test_the_table_and_figure_show_every_run():
-    rows = [Comparison("50mbit", MeasuredSearch(parties, 16, 8.0, 2.0, 0.1), StepPrediction(0.5, 0.1, 0.0))
-            for parties in (2, 4, 8)]
+    measured, predicted = IterationTime(8.0, 2.0, 0.1), IterationTime(0.5, 0.1, 0.0)
+    rows = [Comparison("50mbit", MeasuredSearch(parties, 16, measured), predicted) for parties in (2, 4, 8)]
     table = markdown_table(rows)
     assert table.count("\n") == 5 and "| 8 | 50mbit | 16 | 10.1 | 9.6 | -5% |" in table
     assert comparison_figure(rows)[:8] == b"\x89PNG\r\n\x1a\n"

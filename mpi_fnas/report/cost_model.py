@@ -79,8 +79,9 @@ class StepCosts:
 
 
 @dataclass(frozen=True)
-class StepPrediction:
-    """One iteration's predicted seconds, by part."""
+class IterationTime:
+    """Seconds of iterations, by part: the parties' compute, the transfer, rank 0's own work (one iteration
+    predicted, or a search's iterations measured: ``/cost``)."""
 
     party: float
     transfer: float
@@ -91,7 +92,7 @@ class StepPrediction:
         return self.party + self.transfer + self.server
 
 
-def predict_step(costs: StepCosts, parties: int, link: Link, cores: float) -> StepPrediction:
+def predict_step(costs: StepCosts, parties: int, link: Link, cores: float) -> IterationTime:
     """T_step of the module docstring for K = `parties`, the K + 1 ranks sharing `cores` cores (a core each: K + 1).
 
     Rank 0 counts as one more rank on shared cores: it takes the parties' CPU for its ε accounting (every
@@ -100,7 +101,7 @@ def predict_step(costs: StepCosts, parties: int, link: Link, cores: float) -> St
     party = costs.party_step_seconds * max(1.0, (parties + 1) / cores)
     wire = 2 * parties * BYTES_PER_VALUE * (costs.num_w + costs.num_a) * 8 / link.bandwidth_bits
     transfer = wire + ROUND_TRIPS * link.latency_seconds + 4 * parties * costs.message_seconds
-    return StepPrediction(party, transfer, costs.server_seconds)
+    return IterationTime(party, transfer, costs.server_seconds)
 
 
 def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link) -> float:
@@ -137,13 +138,7 @@ class MeasuredSearch:
 
     parties: int
     steps: int
-    party: float
-    transfer: float
-    server: float
-
-    @property
-    def total(self) -> float:
-        return self.party + self.transfer + self.server
+    time: IterationTime
 
 
 def measured_search(run_dir: Path) -> MeasuredSearch:
@@ -153,8 +148,8 @@ def measured_search(run_dir: Path) -> MeasuredSearch:
     run = read_run(Path(run_dir) / "search.h5")
     cost = run["cost"]
     return MeasuredSearch(parties=int(run["parties"]), steps=int(run["metrics"]["step"][-1]),
-                          party=cost["party_compute_seconds"], transfer=cost["transfer_seconds"],
-                          server=cost["server_seconds"])
+                          time=IterationTime(cost["party_compute_seconds"], cost["transfer_seconds"],
+                                             cost["server_seconds"]))
 
 
 @dataclass(frozen=True)
@@ -163,7 +158,7 @@ class Comparison:
 
     rate: str
     measured: MeasuredSearch
-    predicted: StepPrediction  # one iteration
+    predicted: IterationTime  # one iteration
 
     @property
     def predicted_total(self) -> float:
@@ -171,7 +166,7 @@ class Comparison:
 
     @property
     def error(self) -> float:
-        return self.predicted_total / self.measured.total - 1.0
+        return self.predicted_total / self.measured.time.total - 1.0
 
 
 def compare(benches: Sequence[dict], runs: Sequence[tuple[str, Path]], cores: float, private: bool,
@@ -192,9 +187,9 @@ def markdown_table(rows: Sequence[Comparison]) -> str:
              "(s) | parties measured (s) | parties predicted (s) |", "|---" * 10 + "|"]
     for row in rows:
         seen, step = row.measured, row.predicted
-        lines.append(f"| {seen.parties} | {row.rate} | {seen.steps} | {seen.total:.1f} | {row.predicted_total:.1f} | "
-                     f"{row.error:+.0%} | {seen.transfer:.1f} | {seen.steps * step.transfer:.1f} | "
-                     f"{seen.party:.1f} | {seen.steps * step.party:.1f} |")
+        lines.append(f"| {seen.parties} | {row.rate} | {seen.steps} | {seen.time.total:.1f} | "
+                     f"{row.predicted_total:.1f} | {row.error:+.0%} | {seen.time.transfer:.1f} | "
+                     f"{seen.steps * step.transfer:.1f} | {seen.time.party:.1f} | {seen.steps * step.party:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -209,9 +204,9 @@ def comparison_figure(rows: Sequence[Comparison]) -> bytes:
     markers = {2: "o", 4: "s", 8: "^"}
     for index, rate in enumerate(rates):
         for row in (r for r in rows if r.rate == rate):
-            axes.scatter(row.measured.total, row.predicted_total, color=f"C{index}",
+            axes.scatter(row.measured.time.total, row.predicted_total, color=f"C{index}",
                          marker=markers.get(row.measured.parties, "D"), s=50)
-    top = max(max(row.measured.total, row.predicted_total) for row in rows) * 1.1
+    top = max(max(row.measured.time.total, row.predicted_total) for row in rows) * 1.1
     line = np.linspace(0.0, top, 50)
     axes.plot(line, line, color="black", linewidth=1)
     axes.fill_between(line, 0.8 * line, 1.2 * line, color="grey", alpha=0.2, label="±20 %")
