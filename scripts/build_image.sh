@@ -35,7 +35,7 @@ command -v ch-image >/dev/null || die "needs Charliecloud (apt-get install charl
 mkdir -p "$(dirname "$storage")"  # ch-image makes and checks the storage directory itself
 start=$(date +%s)
 
-if ! ch-image list 2>/dev/null | grep -qx "$base"; then
+if ! ch-image list 2>/dev/null | grep -x "$base" > /dev/null; then  # not -q: with pipefail an early exit could fail ch-image
   command -v debootstrap >/dev/null || die "needs debootstrap (apt-get install debootstrap)"
   [ "$(id -u)" = 0 ] || die "debootstrap of the base needs root"
   work=$(mktemp -d "$storage-base.XXXXXX")
@@ -58,9 +58,9 @@ binds=()
 for source in $find_links $extra_index; do
   dir=${source#file://}
   [ -d "$dir" ] || continue
-  # file:///opt/pypi/simple lives under /opt/pypi: bind the top directory the index's relative links reach.
-  top=/$(echo "$dir" | cut -d/ -f2-3)
-  case " ${binds[*]-} " in *" -b $top "*) ;; *) binds+=(-b "$top") ;; esac
+  # An index (file:///opt/pypi/simple) links its files relative to the directory above it: bind that one.
+  [ "$source" != "$dir" ] && [ "$(basename "$dir")" = simple ] && dir=$(dirname "$dir")
+  case " ${binds[*]-} " in *" -b $dir "*) ;; *) binds+=(-b "$dir") ;; esac
 done
 
 # A site whose TLS goes through its own certificate authority: the image's pip trusts the host's bundle, bound over

@@ -78,7 +78,11 @@ up() {
 
 down() {
   local i
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-n" || true); do ip netns delete "$ns"; done
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$prefix-n" || true); do
+    # What still runs on the host (ranks of a killed job, their hydra proxy) is ours: it ends with the host.
+    ip netns pids "$ns" | xargs -r kill -9 2> /dev/null || true
+    ip netns delete "$ns"
+  done
   for link in $(ip -o link show | awk -F': ' '{print $2}' | cut -d@ -f1 | grep "^$prefix-" || true); do
     ip link delete "$link" 2>/dev/null || true
   done
@@ -145,7 +149,8 @@ run() {
   # runtime.threads_per_rank is unset), whatever each rank counts on its "node".
   # UCX_TLS=tcp,self: UCX would find shared memory across the namespaces otherwise.
   # MPIR_CVAR_CH4_CMA_ENABLE=0: two ranks of one host in separate containers (user namespaces) cannot attach to
-  # each other's memory (cross-memory attach), and MPI_Init fails; MPICH then copies through /dev/shm instead.
+  # each other's memory (cross-memory attach), and MPI_Init fails; MPICH then copies through /dev/shm instead. Set
+  # for venv ranks too (one rule for both; a host runs one rank unless NP exceeds the hosts).
   # USER: ch-run needs it, and hydra passes this environment on to every rank.
   enter n0 env -C "$here" UCX_TLS=tcp,self OMP_NUM_THREADS=1 USER="${USER:-$(id -un)}" \
     "$mpiexec" -hosts "$list" -launcher ssh -launcher-exec "$state/ssh" -iface eth0 \
@@ -161,5 +166,5 @@ case $cmd in
   run) run "$@" ;;
   exec) exec_on "$@" ;;
   on) enter "$@" ;;
-  *) die "usage: scripts/cluster.sh up N [--rate R] | run [--image] NP ARGS... | status | down" ;;
+  *) die "usage: scripts/cluster.sh up N [--rate R] | run [--image] NP ARGS... | status | down | on HOST ARGV... | exec HOST CMD..." ;;
 esac

@@ -5,7 +5,7 @@
 #
 #   sudo scripts/cost_table.sh [OUT_DIR]        (default /tmp/mpi_fnas-cost-table)
 #
-# Environment: PARTIES="2 4 8", RATES="200mbit 50mbit 15mbit", STEPS=8, ARGS (more mpi_fnas.run --set options),
+# Environment: PARTIES="2 4 8", RATES="200mbit 50mbit 15mbit", STEPS=16, ARGS (more mpi_fnas.run --set options),
 # PYTHON (default .venv/bin/python). Needs root (scripts/cluster.sh). Writes OUT_DIR/bench-<i>.json (one party's
 # step, measured first on this machine), OUT_DIR/K<K>-<rate>/search.h5, OUT_DIR/table.md and OUT_DIR/cost-model.png;
 # removes the hosts after each run, also on failure.
@@ -15,10 +15,12 @@ out=${1:-/tmp/mpi_fnas-cost-table}
 python=${PYTHON:-$here/.venv/bin/python}
 parties=${PARTIES:-2 4 8}
 rates=${RATES:-200mbit 50mbit 15mbit}
-steps=${STEPS:-8}
+steps=${STEPS:-16}
 export MFC_PREFIX=mfk MFC_STATE=$out/hosts PYTHON=$python
 cluster="$here/scripts/cluster.sh"
-trap '"$cluster" down > /dev/null 2>&1 || true' EXIT
+pids=()  # the benches running in the background: ended with the hosts, also on failure or Ctrl-C
+trap 'kill "${pids[@]}" 2> /dev/null || true; "$cluster" down > /dev/null 2>&1 || true' EXIT
+trap 'exit 130' INT TERM
 mkdir -p "$out"
 "$cluster" down > /dev/null 2>&1 || true
 
@@ -30,13 +32,13 @@ settings+=(${ARGS:-})
 # at once (alone, a step here is ~30 % faster than with both cores busy).
 cores=$(nproc)
 echo "cost_table.sh: one party's step with all $cores cores busy (python -m mpi_fnas.bench, $cores at once)"
-pids=()
 for i in $(seq 1 "$cores"); do
   OMP_NUM_THREADS=1 "$python" -m mpi_fnas.bench --json --no-memory --no-aggregation --repeats 5 "${settings[@]}" \
     > "$out/bench-$i.json" &
   pids+=($!)
 done
-wait "${pids[@]}"
+for pid in "${pids[@]}"; do wait "$pid"; done  # each bench's status: set -e stops at the first that failed
+pids=()
 for k in $parties; do
   for rate in $rates; do
     run=$out/K$k-$rate

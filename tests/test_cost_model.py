@@ -57,7 +57,7 @@ def test_strong_scaling_is_t1_over_k_tk_and_the_paper_reads_as_two_thirds_transf
     t8 = predict_step(COSTS, 8, link, 9).total
     assert strong_scaling_efficiency(COSTS, 8, link) == pytest.approx(t1 / t8)
     assert strong_scaling_efficiency(COSTS, 8, Link(math.inf)) == pytest.approx(1.0)
-    # Table 1: 1.25 GPU-days at K = 1, 0.59 at K = 8 -> 27 %; under (1 + c) / (1 + 8c), c = 0.66 of the compute
+    # Table 1: 1.25 GPU-days at K = 1, 0.59 at K = 8 -> 26.5 %; under (1 + c) / (1 + 8c), c = 0.66 of the compute
     paper = 1.25 / (8 * 0.59)
     c = transfer_to_compute_for(paper, 8)
     assert c == pytest.approx(0.656, abs=0.005)

@@ -30,12 +30,20 @@ SMOKE = ["--config", "configs/smoke.yaml", "--set", "search.epochs=1"]
 PREFIX = "mfi"  # this test's cluster.sh hosts: apart from a user's (mfc) and the other tests' (mft, mfs)
 
 
+def image_missing() -> str | None:
+    """Why the image of `make image` cannot run here (a skip reason), or None."""
+    if not (IMAGE / "opt" / "venv" / "bin" / "python").exists():
+        return f"no image at {IMAGE}: `make image` builds it (minutes; not in CI)"
+    if shutil.which("ch-run", path="/usr/bin:" + os.environ.get("PATH", "")) is None:
+        return "Charliecloud's ch-run is not installed (apt-get install charliecloud)"
+    return None
+
+
 @pytest.fixture(scope="module")
 def image() -> Path:
-    if not (IMAGE / "opt" / "venv" / "bin" / "python").exists():
-        pytest.skip(f"no image at {IMAGE}: `make image` builds it (minutes; not in CI)")
-    if shutil.which("ch-run", path="/usr/bin:" + os.environ.get("PATH", "")) is None:
-        pytest.skip("Charliecloud's ch-run is not installed (apt-get install charliecloud)")
+    reason = image_missing()
+    if reason is not None:
+        pytest.skip(reason)
     return IMAGE
 
 

@@ -447,6 +447,20 @@ def test_a_resumed_stage_continues_its_rows_and_adds_up_cost(tmp_path: Path, sta
                                                    startup_seconds=4.0))
 
 
+def test_the_iteration_split_stays_unknown_in_an_older_log_and_a_nan_attempt_keeps_its_total(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    log = open_stage(path, "search", steps=1).stage("search")
+    log.finish("interrupted", reason="SIGUSR1", cost=cost(10.0, 4, 0, 0.0, 0.5))
+    with h5py.File(path, "r+") as f:  # as a log written before the split was: no such attribute
+        del f["cost"].attrs["transfer_seconds"]
+    log = resume(reopen_log(path, "search"), "search")
+    log.finish("finished", reason="completed", cost=cost(5.0, 4, 0, 0.0, 0.25) | {"party_compute_seconds": np.nan})
+    total = read_run(path)["cost"]
+    assert np.isnan(total["transfer_seconds"])  # its first attempt is unknown: no total would be true
+    assert total["party_compute_seconds"] == pytest.approx(6.0)  # the first attempt's; NaN added nothing
+    assert total["server_seconds"] == pytest.approx(0.75) and total["wall_seconds"] == pytest.approx(15.0)
+
+
 def test_reopen_replaces_the_rank_attrs(tmp_path: Path) -> None:
     path = tmp_path / "search.h5"
     runlog = create_log(path, rank_attrs={"devices": ["cpu", "cpu", "cpu", "cpu"]})

@@ -30,6 +30,7 @@ from slurm_cluster import (
     make_cluster_root,
 )
 from test_cluster import counters, leftovers
+from test_image import IMAGE, image_missing
 from test_slurm_e2e import FINAL_STATES, RUN_TEST_HOOKS, job_output, try_read_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -38,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 DPFNAS_8 = REPO / "slurm" / "dpfnas_8.sh"
 PREFIX = "mfs"  # not mfc (a user's cluster) nor mft (tests/test_cluster.py, which may run beside this test)
 NODES = {"n0": (1, 1), "n1": (4, 4), "n2": (4, 4)}
-IMAGE = Path(os.environ.get("MPI_FNAS_IMAGE", "/var/tmp/mpi_fnas-image/img/mpi_fnas"))
 APPTAINER_SHIM = """#!/bin/sh
 # apptainer exec [--nv] [--bind SRC[:DST]]... IMAGE CMD...  as Charliecloud's ch-run (the test's stand-in for Apptainer)
 [ "$1" = exec ] || { echo "apptainer shim: only exec" >&2; exit 2; }
@@ -94,8 +94,9 @@ def test_a_job_step_spans_the_three_hosts(three_hosts):
 
 def test_dpfnas_8_runs_across_three_hosts_in_the_image_and_resumes_after_a_requeue(three_hosts, tmp_path):
     slurm, cluster_env = three_hosts
-    if not (IMAGE / "opt" / "venv" / "bin" / "python").exists() or shutil.which("ch-run", path="/usr/bin") is None:
-        pytest.skip(f"no image at {IMAGE} (or no ch-run): `make image` builds it (minutes; not in CI)")
+    reason = image_missing()
+    if reason is not None:
+        pytest.skip(reason)
     run_dir = tmp_path / "run"
     log = run_dir / "search.h5"
     env = {k: v for k, v in slurm.env.items() if k not in RUN_TEST_HOOKS}

@@ -65,27 +65,33 @@ class IterationClock:
 
     - ``transfer_seconds``: moving the releases and broadcasts. Rank 0 times its broadcasts, where the parties
       already wait, so that time is the transfer alone; the reductions move the same bytes over the same links
-      (one message per party, to rank 0), so the transfer is counted twice the broadcasts'.
+      (one message per party, to rank 0), so the transfer is counted twice the broadcasts'. Where early parties'
+      releases arrive while later ones still compute (slow links), part of the inbound half overlaps compute:
+      ``transfer_seconds`` is then an upper bound on the exposed transfer, ``party_compute_seconds`` a lower bound.
     - ``party_compute_seconds``: the rest of rank 0's time inside MPI: waiting for the parties' releases, i.e. their
       forward and backward passes and, under DP, their clipping and noise (``python -m mpi_fnas.bench`` splits
       those two: ``dp_work_seconds``).
     - ``server_seconds``: rank 0's own work in the iterations (its W and A steps, the sums).
 
-    Totals over a stage, never per step: under DP a step's duration follows the realised Poisson batches, and
-    these totals tell no more than ``wall_seconds`` (rank 0's other parts are data-independent).
+    Totals over an attempt, never per step: under DP a step's duration follows the realised Poisson batches.
+    ``party_compute_seconds`` then follows them as the attempt's ``wall_seconds`` already does (the rest of the wall
+    time is data-independent), only more sharply: an attempt of one step shows that step's wait. docs/privacy.md
+    lists it with the other timings rank 0 sees.
     """
 
-    wall: float = 0.0
-    mpi: float = 0.0
-    bcast: float = 0.0
+    wall_seconds: float = 0.0  # the iterations' wall time on rank 0
+    mpi_seconds: float = 0.0  # ... of which inside MPI calls
+    bcast_seconds: float = 0.0  # ... of which in its broadcasts
 
     def add(self, wall: float, mpi: float, bcast: float) -> None:
-        self.wall, self.mpi, self.bcast = self.wall + wall, self.mpi + mpi, self.bcast + bcast
+        self.wall_seconds += wall
+        self.mpi_seconds += mpi
+        self.bcast_seconds += bcast
 
     def split(self) -> dict[str, float]:
-        transfer = min(2.0 * self.bcast, self.mpi)
-        return {"party_compute_seconds": self.mpi - transfer, "transfer_seconds": transfer,
-                "server_seconds": max(self.wall - self.mpi, 0.0)}
+        transfer = min(2.0 * self.bcast_seconds, self.mpi_seconds)
+        return {"party_compute_seconds": self.mpi_seconds - transfer, "transfer_seconds": transfer,
+                "server_seconds": max(self.wall_seconds - self.mpi_seconds, 0.0)}
 
 
 def attempt_cost(wall_seconds: float, ranks: int, gpus: int, startup_seconds: float = math.nan,

@@ -5,7 +5,8 @@ rank 0 sends W and A to every party, point to point, so the exchange is a star a
 
     T_step     = T_party + T_transfer + T_server
     T_party    = t_step * max(1, (K + 1) / cores)     # the ranks compute side by side; on fewer cores, in turns
-    T_transfer = 2 * K * 4 * (n_W + n_A) / bandwidth  # G and H in, W and A out: K copies each way on rank 0's link
+    T_transfer = 2 * K * 32 * (n_W + n_A) / bandwidth # bits (float32) of G and H in, W and A out: K copies each
+                                                      # way on rank 0's link; bandwidth in bit/s
                  + ROUND_TRIPS * latency + 4 * K * t_message
     T_server   = t_server                             # rank 0's W and A steps and sums (measured, small)
 
@@ -72,16 +73,11 @@ class StepCosts:
     num_w: int
     num_a: int
 
-    @property
-    def megabytes(self) -> float:
-        """One release of W and A, in MB."""
-        return BYTES_PER_VALUE * (self.num_w + self.num_a) / 1e6
-
 
 @dataclass(frozen=True)
 class IterationTime:
-    """Seconds of iterations, by part: the parties' compute, the transfer, rank 0's own work (one iteration
-    predicted, or a search's iterations measured: ``/cost``)."""
+    """Seconds of iterations, by part: the parties' compute, the transfer, rank 0's own work. :func:`predict_step`
+    gives one iteration's; :class:`MeasuredSearch` holds a whole search's (``/cost``)."""
 
     party: float
     transfer: float
@@ -112,14 +108,9 @@ def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link) -> flo
 
 def transfer_to_compute_for(efficiency: float, parties: int) -> float:
     """The largest per-party transfer c (in units of the party's compute, with the transfer K c at K parties and
-    the server's work left out) at which efficiency(K) = (1 + c) / (1 + K c) still reaches `efficiency`."""
+    the server's work left out) at which efficiency(K) = (1 + c) / (1 + K c) still reaches `efficiency`. The paper's
+    Table 1 (1.25 GPU-days at K = 1, 0.59 at K = 8: 1.25 / (8 * 0.59) = 26.5 %) reads as c = 0.66."""
     return (1.0 - efficiency) / (parties * efficiency - 1.0)
-
-
-def implied_transfer_to_compute(efficiency: float, parties: int) -> float:
-    """The per-party c that gives `efficiency` at K = `parties` under (1 + c) / (1 + K c): the paper's Table 1
-    (1.25 GPU-days at K = 1, 0.59 at K = 8: 1.25 / (8 * 0.59) = 27 %) read through the star's model."""
-    return transfer_to_compute_for(efficiency, parties)
 
 
 def bench_costs(benches: Sequence[dict], private: bool) -> StepCosts:
@@ -138,7 +129,7 @@ class MeasuredSearch:
 
     parties: int
     steps: int
-    time: IterationTime
+    time: IterationTime  # all `steps` iterations together
 
 
 def measured_search(run_dir: Path) -> MeasuredSearch:

@@ -516,10 +516,15 @@ def _softmax_weights(name: str, alphas: np.ndarray, shape: tuple[int, ...]) -> n
 def _add_cost(group: h5py.Group, cost: Mapping[str, float]) -> None:
     """Record one attempt's cost in a cost group (``/cost`` or ``/augment/cost``): the ``COST_ADDITIVE`` fields
     are added to earlier attempts' (NaN = none reported yet), the ``COST_PEAK`` ones keep the largest, the layout and
-    ``COST_LATEST`` fields are replaced by this attempt's."""
+    ``COST_LATEST`` fields are replaced by this attempt's.
+
+    An additive field this attempt reports as NaN leaves the total as it is. One a log written before the field
+    existed does not hold stays absent (read as NaN): its earlier attempts are unknown, so no total would be true."""
     for name, value in cost.items():
         previous = float(group.attrs.get(name, math.nan))
         if name in COST_ADDITIVE:
+            if name not in group.attrs or math.isnan(float(value)):
+                continue
             group.attrs[name] = np.float64((0.0 if math.isnan(previous) else previous) + float(value))
         elif name in COST_PEAK:
             group.attrs[name] = np.float64(float(value) if math.isnan(previous) else max(previous, float(value)))
