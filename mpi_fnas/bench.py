@@ -453,23 +453,20 @@ def _child_env() -> dict[str, str]:
 
 
 def measure_memory(args: argparse.Namespace) -> dict[str, float]:
-    """Peak RSS of the non-private and private step, each in its own fresh subprocess; ratio of the step costs."""
+    """Peak RSS of the non-private and private step and of rank 0, each in its own fresh subprocess; ratio of the
+    step costs."""
     base = [sys.executable, "-m", "mpi_fnas.bench"]
     if args.config:
         base += ["--config", args.config]
     for item in args.overrides:
         base += ["--set", item]
     runs = {}
-    for variant in VARIANTS:
+    for variant in (*VARIANTS, SERVER_VARIANT):
         out = subprocess.run([*base, "--_variant", variant], capture_output=True, text=True, env=_child_env(),
                              check=False)
         if out.returncode != 0:
             raise RuntimeError(f"memory subprocess ({variant}) failed:\n{out.stderr.strip()}")
         runs[variant] = json.loads(out.stdout.strip().splitlines()[-1])
-    server = subprocess.run([*base, "--_variant", SERVER_VARIANT], capture_output=True, text=True, env=_child_env(),
-                            check=False)
-    if server.returncode != 0:
-        raise RuntimeError(f"memory subprocess (server) failed:\n{server.stderr.strip()}")
     step = runs["plain"]["peak_mb"] - runs["plain"]["baseline_mb"]
     dp_step = runs["private"]["peak_mb"] - runs["private"]["baseline_mb"]
     return {
@@ -479,7 +476,7 @@ def measure_memory(args: argparse.Namespace) -> dict[str, float]:
         "peak_rss_ratio": dp_step / step if step > 0 else float("nan"),
         "rss_method": runs["private"]["method"],
         "rss_peak_mb_party": runs["private"]["process_peak_mb"],
-        "rss_peak_mb_server": json.loads(server.stdout.strip().splitlines()[-1])["process_peak_mb"],
+        "rss_peak_mb_server": runs[SERVER_VARIANT]["process_peak_mb"],
         "startup_seconds": runs["private"]["startup_seconds"],
     }
 

@@ -12,9 +12,13 @@ import contextlib
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text, describe_keys
+
+if TYPE_CHECKING:  # mpi4py loads with the channel, after the argument and config checks
+    from mpi_fnas.federation.comm import Channel
 
 _EPILOG = """\
 examples:
@@ -98,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     return _tidy_bad_input(code, channel.rank, made)
 
 
-def check_memory(channel, cfg: Config, stage: str) -> list[str]:
+def check_memory(channel: Channel, cfg: Config, stage: str) -> list[str]:
     """Every rank reports its host and the memory its node gives the job; rank 0 estimates each rank's peak and
     refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
     from mpi_fnas.federation.memory import node_facts

@@ -324,3 +324,47 @@ def test_a_partys_only_message_of_the_memory_plan_is_its_hosts_public_facts():
     assert type(facts) is NodeFacts and facts.host == socket.gethostname()
     assert isinstance(facts.capacity_mb, float) and facts.capacity_mb > 0
     assert facts.source in ("available on the node", "cgroup limit", "SLURM_MEM_PER_NODE", "unknown")
+
+
+class PointToPointRecorder:
+    """A communicator that records every point-to-point send and receive a Channel posts through it, then posts it
+    on the real one (`Channel` moves buffers with Isend/Issend/Irecv only)."""
+
+    def __init__(self, comm) -> None:
+        self.comm, self.posted = comm, []
+
+    def __getattr__(self, name: str):
+        return getattr(self.comm, name)
+
+    def Isend(self, buf, dest, tag):  # noqa: N802 (mpi4py's names)
+        self.posted.append(("Isend", dest))
+        return self.comm.Isend(buf, dest=dest, tag=tag)
+
+    def Issend(self, buf, dest, tag):  # noqa: N802
+        self.posted.append(("Issend", dest))
+        return self.comm.Issend(buf, dest=dest, tag=tag)
+
+    def Irecv(self, buf, source, tag):  # noqa: N802
+        self.posted.append(("Irecv", source))
+        return self.comm.Irecv(buf, source=source, tag=tag)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_in_a_broadcast_a_party_only_receives_and_rank_0_sends_synchronously():
+    """Rank 0's broadcasts use synchronous sends (its transfer time for `/cost`); the acknowledgement that completes
+    them is MPI's own. A party posts one receive from rank 0 and hands MPI nothing, and every party gets the
+    server's buffer."""
+    comm = MPI.COMM_WORLD.Dup()
+    recorder = PointToPointRecorder(comm)
+    channel = Channel(recorder)
+    buf = np.arange(1000, dtype=np.float32) if channel.is_server else np.zeros(1000, dtype=np.float32)
+    channel.bcast(buf)
+    try:
+        if channel.is_server:
+            assert recorder.posted == [("Issend", k) for k in range(1, channel.size)]
+            assert channel.bcast_seconds > 0
+        else:
+            assert recorder.posted == [("Irecv", 0)]
+            np.testing.assert_array_equal(buf, np.arange(1000, dtype=np.float32))
+    finally:
+        comm.Free()
