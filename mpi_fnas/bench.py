@@ -98,10 +98,12 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     train, val = shard(), shard()
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
     if not private:
-        return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1))
+        return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1),
+                            max_physical_batch=cfg.runtime.max_physical_batch)
     # The private party draws from secret streams (keyed from the OS), exactly as a DP party of a run does.
     dp = DPParams.from_config(cfg.privacy, n)
-    return search_party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp)
+    return search_party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp,
+                        max_physical_batch=cfg.runtime.max_physical_batch)
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -244,7 +246,7 @@ def make_augment_party(cfg: Config, private: bool):
                                    steps=1, stop_reason="completed")
     streams = PartyRandomness.create("secret" if private else "reproducible", seed=cfg.seed, rank=1, stage="augment")
     party = augment_party(model, pool, cfg.augment, streams, releases.release if releases is not None else None,
-                          streams.source if releases is not None else None)
+                          streams.source if releases is not None else None, cfg.runtime.max_physical_batch)
     party.model.drop_path_prob = cfg.augment.drop_path
     return party
 

@@ -297,6 +297,10 @@ class RuntimeConfig:
     node_memory_mb: float | None = _key(
         None, "memory one node gives this job, in MB (10^6 bytes); null: the node's available memory, its cgroup "
         "limit or SLURM_MEM_PER_NODE, the smallest. Rank 0 refuses a placement whose expected peak exceeds it")
+    max_physical_batch: int | None = _key(
+        None, "examples per forward/backward pass of a party: a larger batch (under DP a Poisson batch, which varies) "
+        "runs in equal passes of at most this many, their gradients summed (clipped per example under DP), so a "
+        "step's memory stays bounded; smaller saves memory and costs time; null: one pass per batch")
 
 
 @dataclass
@@ -407,6 +411,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("runtime.comm_timeout_factor", lambda v: v >= 0, "must be >= 0 (0: no adaptive limit)"),
     ("runtime.comm_timeout_min", lambda v: v > 0, "must be > 0"),
     ("runtime.node_memory_mb", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("runtime.max_physical_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
 ]
 
 

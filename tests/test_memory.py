@@ -40,12 +40,21 @@ def _plan(*overrides: str, hosts=("a",) * 3, capacity=math.inf, stage="search"):
 def test_a_larger_batch_or_network_raises_the_party_estimate_and_poisson_batches_get_a_margin():
     base = _plan()
     search = _plan("augment.epochs=0").party.step_mb
-    assert _plan("augment.epochs=0", "search.batch_size=64").party.step_mb > 2 * search
+    uncapped = "runtime.max_physical_batch=null"
+    assert _plan("augment.epochs=0", "search.batch_size=64", uncapped).party.step_mb > 2 * search
     assert _plan("augment.channels=16").party.step_mb > base.party.step_mb
     # Without DP a batch is exactly B; a Poisson batch of mean B is planned at B + 3√B.
     exact = _plan("mode=fnas", "augment.epochs=0")
     poisson = _plan("augment.epochs=0")
     assert poisson.party.step_mb == pytest.approx(exact.party.step_mb * (16 + 3 * 4) / 16)
+    # A party runs a larger batch in passes of at most runtime.max_physical_batch examples: one pass is planned.
+    poisson_uncapped = _plan("augment.epochs=0", uncapped).party.step_mb
+    assert _plan("augment.epochs=0", "runtime.max_physical_batch=32").party.step_mb == pytest.approx(
+        poisson_uncapped)  # 28 examples fit in one pass of 32
+    assert _plan("augment.epochs=0", "runtime.max_physical_batch=8").party.step_mb == pytest.approx(
+        poisson_uncapped * 8 / (16 + 3 * 4))
+    assert _plan("augment.epochs=0", "search.batch_size=64", "runtime.max_physical_batch=32").party.step_mb == (
+        pytest.approx(poisson_uncapped * 32 / 28))
     # An augmentation only (a given genotype) plans no supernet step.
     assert _plan(stage="augment").party.step_mb < base.party.step_mb
     assert base.server.total_mb > base.server.runtime_mb > 0

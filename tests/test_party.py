@@ -138,6 +138,16 @@ def test_release_layout_and_stats():
     assert a.shape == (party.num_a + STATS,) and a[-2] == 5
 
 
+def test_an_exact_step_in_passes_is_the_step_in_one():
+    whole, split = tiny_party(n=7), tiny_party(n=7)
+    split.max_physical_batch = 3  # passes of 3, 2 and 2 examples
+    for release in ("w_release", "a_release"):
+        expected, got = getattr(whole, release)(), getattr(split, release)()
+        np.testing.assert_allclose(got[:-STATS], expected[:-STATS], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(got[-STATS:-1], expected[-STATS:-1], rtol=1e-5)  # loss sum, correct, count
+    assert split.w_release()[-2] == 7
+
+
 def test_batch_stream_visits_every_example_once_per_pass():
     stream = BatchStream(10, 3, Keystream.from_labels("test", 1))
     seen = torch.cat([stream.next() for _ in range(3)])  # 9 of 10, no repeats within a pass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -26,8 +27,9 @@ from mpi_fnas.privacy import (
     privatize_per_sample_gradients,
 )
 from mpi_fnas.privacy.keystream import Keystream
-from mpi_fnas.privacy.mechanism import standard_normal_from_bits
-from mpi_fnas.privacy.per_sample import hooks_supported
+from mpi_fnas.privacy.mechanism import secure_party_release, standard_normal_from_bits
+from mpi_fnas.privacy.per_sample import hooks_supported, physical_batches
+from mpi_fnas.secagg.encoding import Encoding, rotation_signs
 from mpi_fnas.space import SearchNetwork
 
 # Significance of the statistical tests. The seeds are fixed, so each test is deterministic; the level only says
@@ -523,3 +525,65 @@ def test_second_order_is_refused_under_dp():
     check_dp_search_options("first_order")
     with pytest.raises(PrivacyError, match="Hessian term reads the train shard"):
         check_dp_search_options("second_order")
+
+
+# -- passes (runtime.max_physical_batch) --------------------------------------------------------------------------
+
+
+def test_physical_batches_are_equal_consecutive_passes_covering_every_example_once():
+    assert physical_batches(0, 4) == [] and physical_batches(7, None) == [slice(0, 7)]
+    for count, limit in itertools.product(range(40), (1, 3, 8, 16)):
+        passes = physical_batches(count, limit)
+        sizes = [part.stop - part.start for part in passes]
+        assert sum(sizes) == count and all(1 <= size <= limit for size in sizes)
+        assert [part.start for part in passes] == list(itertools.accumulate([0, *sizes[:-1]]))[: len(passes)]
+        if count:  # as few passes as the limit allows, their sizes one apart at most
+            assert len(passes) == -(-count // limit) and max(sizes) - min(sizes) <= 1
+    with pytest.raises(ValueError, match="at least 1 example"):
+        physical_batches(3, 0)
+
+
+@pytest.mark.parametrize("limit", [1, 3, 7])
+def test_a_release_in_passes_is_the_release_in_one_and_no_pass_exceeds_the_limit(limit):
+    model = small_search_network()
+    inputs, targets = image_batch(10, 16, 10)
+    # A clip far below every example's norm: each example is clipped on its own, so clipping a pass's sum, or
+    # dividing a pass by its size, would visibly change the release.
+    assert bool((per_sample_gradients(model, dict(model.named_weights()), inputs, targets).norm(dim=1) > 0.05).all())
+    passes: list[int] = []
+    model.register_forward_pre_hook(lambda module, args: passes.append(int(args[0].shape[0])))
+
+    def release(max_physical_batch):
+        return party_release(model, dict(model.named_weights()), inputs, targets, clip_bound=0.01,
+                             noise_multiplier=0.5, expected_batch_size=8.0,
+                             noise_stream=Keystream.from_labels("test", 5), max_physical_batch=max_physical_batch)
+
+    whole = release(None)
+    assert passes == [10]
+    passes.clear()
+    split = release(limit)
+    assert sum(passes) == 10 and max(passes) <= limit and len(passes) == -(-10 // limit)
+    assert torch.allclose(split, whole, rtol=1e-5, atol=1e-7)
+
+
+def test_a_secure_release_in_passes_is_the_release_in_one():
+    model = small_search_network()
+    params = dict(model.named_weights())
+    inputs, targets = image_batch(9, 16, 10)
+    dimension = sum(p.numel() for p in params.values())
+    encoding = Encoding(dimension, clip=0.01, scale=0.01 / 3000)
+
+    def release(max_physical_batch):
+        return secure_party_release(model, params, inputs, targets, encoding=encoding,
+                                    signs=rotation_signs(dimension, "run", "search", "W", 1), local_variance=100,
+                                    rounding_stream=Keystream.from_labels("round", 1),
+                                    noise_stream=Keystream.from_labels("noise", 1),
+                                    max_physical_batch=max_physical_batch)
+
+    whole = release(None)
+    assert whole.dtype == torch.int64 and torch.equal(release(2), whole)
+    # The encoding resolves far below one example's clipped gradient: a pass lost would show.
+    assert not torch.equal(secure_party_release(model, params, inputs[:8], targets[:8], encoding=encoding,
+                                                signs=rotation_signs(dimension, "run", "search", "W", 1),
+                                                local_variance=100, rounding_stream=Keystream.from_labels("round", 1),
+                                                noise_stream=Keystream.from_labels("noise", 1)), whole)

@@ -11,7 +11,8 @@ The model, per rank (MB, 10^6 bytes), fitted to the peaks (``VmHWM``) of 4 runs 
 * a party: runtime + ``PARTY_MODULES_MB`` + its examples (float32; the augmentation's pool is a second copy)
   + ``SEARCH_STEP_FACTOR`` × the supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation network's step, where a
   step is B_max × (the bytes autograd saves per example + one per-example gradient), B_max = B + 3√B under DP (a
-  Poisson batch exceeds it with probability ~0.1 %) and B otherwise. The augmentation's network is that of the given
+  Poisson batch exceeds it with probability ~0.1 %) and B otherwise, at most ``runtime.max_physical_batch`` (a
+  party runs a larger batch in passes of at most that many examples). The augmentation's network is that of the given
   genotype or, before the search has chosen one, of the space's largest cell.
 * rank 0: runtime + ``SERVER_MODULES_MB`` (its planner, ledgers and log) + its test split + ``SERVER_WORKING_MB``.
 
@@ -92,8 +93,9 @@ class MemoryPlan:
             if self.node_mb(host) > capacity:
                 return (f"memory: node {host} would need ~{_gb(self.node_mb(host))} for its {len(self.nodes[host])} "
                         f"ranks (~{_gb(self.party.total_mb)} per party, ~{_gb(self.server.total_mb)} for the server) "
-                        f"but gives the job {_gb(capacity)} ({source}); spread the ranks over more nodes, shrink the "
-                        "batch or the network, or set runtime.node_memory_mb if the node really has more")
+                        f"but gives the job {_gb(capacity)} ({source}); spread the ranks over more nodes, lower "
+                        "runtime.max_physical_batch, shrink the batch or the network, or set runtime.node_memory_mb if "
+                        "the node really has more")
         return None
 
 
@@ -131,13 +133,13 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     dims = {"in_channels": test.in_channels, "num_classes": test.num_classes}
     if stage == "search":
         supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
-        search_mb = step_mb(supernet, shape, _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas"))
+        search_mb = step_mb(supernet, shape, _largest_pass(cfg, cfg.search.batch_size, cfg.mode == "dpfnas"))
     if cfg.augment.epochs > 0:
         genotype = (space.parse_genotype(cfg.augment.genotype) if cfg.augment.genotype is not None
                     else space.largest_genotype(cfg.space))
         network = space.build_augment_network(genotype, cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private
-        augment_mb = step_mb(network, shape, _largest_batch(cfg.augment.batch_size, private))
+        augment_mb = step_mb(network, shape, _largest_pass(cfg, cfg.augment.batch_size, private))
     shard = (cfg.data.train_size or _default_train_size(cfg)) / max(parties, 1)
     copies = (stage == "search") + (cfg.augment.epochs > 0)
     party = RankEstimate("party", runtime + PARTY_MODULES_MB, copies * shard * example_mb,
@@ -181,8 +183,11 @@ def peak_rss_mb() -> float:
     return value / 1e6 if sys.platform == "darwin" else value * 1024 / 1e6
 
 
-def _largest_batch(batch_size: int, poisson: bool) -> float:
-    return batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
+def _largest_pass(cfg: Config, batch_size: int, poisson: bool) -> float:
+    """The most examples one forward/backward pass holds: the largest batch, at most ``runtime.max_physical_batch``."""
+    largest = batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
+    cap = cfg.runtime.max_physical_batch
+    return largest if cap is None else min(largest, float(cap))
 
 
 def _default_train_size(cfg: Config) -> int:

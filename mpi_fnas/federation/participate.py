@@ -113,7 +113,8 @@ class SearchSide(StageSide):
         self.steps_per_epoch = got.steps_per_epoch
         return search_party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)),
                             Shard(x_val.to(device), y_val.to(device)), cfg.search.batch_size,
-                            PartyRandomness.create(source, seed=cfg.seed, rank=rank), got.dp, self.rounds)
+                            PartyRandomness.create(source, seed=cfg.seed, rank=rank), got.dp, self.rounds,
+                            cfg.runtime.max_physical_batch)
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
         epoch = (step - 1) // self.steps_per_epoch
@@ -147,7 +148,7 @@ class AugmentSide(StageSide):
         return augment_party(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment,
                              PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
                              got.releases.release if private else None,
-                             got.params.randomness if private else None)
+                             got.params.randomness if private else None, cfg.runtime.max_physical_batch)
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
         party.model.drop_path_prob = drop_path_probability(self.cfg.augment, step, self.steps_per_epoch)

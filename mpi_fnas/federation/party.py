@@ -35,7 +35,7 @@ from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.keystream import Keystream
-from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
+from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, physical_batches
 from mpi_fnas.privacy.release import Release, securely_aggregated
 from mpi_fnas.secagg.masks import PairwiseMasks
 from mpi_fnas.secagg.series import SecureSeries
@@ -111,12 +111,16 @@ class Party:
         dp_randomness: under DP, the randomness the plan asks for (``secret`` or ``reproducible``); `randomness`
             must be of that source.
         what: the config key of the batch size, for error messages.
+        max_physical_batch: examples per forward/backward pass (``runtime.max_physical_batch``): a larger batch,
+            exact or Poisson, is processed in equal passes of at most this many and their gradients summed (clipped
+            per example under DP), which bounds the step's memory; None: one pass per batch.
     """
 
     def __init__(self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
                  a_shard: Shard | None = None, releases: dict[str, Release] | None = None,
                  transform: Transform | None = None, loss_fn: LossFn = per_example_cross_entropy,
-                 method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size") -> None:
+                 method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size",
+                 max_physical_batch: int | None = None) -> None:
         self.model = model
         self.w_params = list(model.weights())
         self.a_params = list(model.alphas()) if a_shard is not None else []
@@ -128,6 +132,7 @@ class Party:
         self.val_stream = BatchStream(len(a_shard), batch_size, randomness.sampling) if a_shard is not None else None
         self.releases = releases
         self.transform, self.loss_fn, self.method = transform, loss_fn, method
+        self.max_physical_batch = max_physical_batch
         if releases is not None:
             check_model_for_dp(model)
             for name, shard in (("W", w_shard), ("A", a_shard)):
@@ -287,9 +292,10 @@ class Party:
             if self.masks is None:
                 raise RuntimeError("a secure release before use_secure_aggregation")
             return release.make(self.model, params, len(shard), examples, self.randomness.sampling,
-                                self.randomness.noise, series=self.series[name], masks=self.masks, **how)
+                                self.randomness.noise, max_physical_batch=self.max_physical_batch,
+                                series=self.series[name], masks=self.masks, **how)
         vector = release.make(self.model, params, len(shard), examples, self.randomness.sampling,
-                              self.randomness.noise, **how)
+                              self.randomness.noise, max_physical_batch=self.max_physical_batch, **how)
         out[:-STATS] = vector.detach().to("cpu", torch.float32).numpy()
         out[-STATS:] = 0.0
         return out
@@ -313,21 +319,30 @@ class Party:
     def _batch_gradients(self, x: torch.Tensor, y: torch.Tensor, groups: list[list[torch.Tensor]],
                          loss: Callable = F.cross_entropy) -> tuple[list[torch.Tensor], float, float]:
         """Flat gradients of the batch's mean `loss` w.r.t. each group, the batch's cross-entropy sum and #correct.
-        Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels)."""
+        Only the requested groups are differentiated (autograd skips the other parameters' gradient kernels). The
+        batch runs in passes of at most ``max_physical_batch`` examples, each pass's mean gradient weighted by its
+        share of the batch."""
         self.model.train()
-        outputs = self.model(x)
         params = [p for group in groups for p in group]
-        grads = torch.autograd.grad(loss(outputs, y), params, allow_unused=True)
+        total: list[torch.Tensor] | None = None
+        loss_sum = correct = 0.0
+        for part in physical_batches(int(y.shape[0]), self.max_physical_batch):
+            outputs = self.model(x[part])
+            grads = torch.autograd.grad(loss(outputs, y[part]), params, allow_unused=True)
+            share = (part.stop - part.start) / y.shape[0]
+            weighted = [(g if g is not None else torch.zeros_like(p)) * share for g, p in zip(grads, params,
+                                                                                              strict=True)]
+            total = weighted if total is None else [t + w for t, w in zip(total, weighted, strict=True)]
+            logits = (outputs[0] if isinstance(outputs, tuple) else outputs).detach()
+            correct += float((logits.argmax(1) == y[part]).sum())
+            loss_sum += float(F.cross_entropy(logits, y[part], reduction="sum"))
+        if total is None:
+            raise ValueError("an exact step needs a batch of at least one example")
         flat, offset = [], 0
         for group in groups:
-            chunk = grads[offset : offset + len(group)]
+            flat.append(torch.cat([g.reshape(-1) for g in total[offset : offset + len(group)]]))
             offset += len(group)
-            flat.append(torch.cat([
-                (g if g is not None else torch.zeros_like(p)).reshape(-1) for g, p in zip(chunk, group, strict=True)
-            ]))
-        logits = (outputs[0] if isinstance(outputs, tuple) else outputs).detach()
-        correct = float((logits.argmax(1) == y).sum())
-        return flat, float(F.cross_entropy(logits, y, reduction="sum")), correct
+        return flat, loss_sum, correct
 
     @staticmethod
     def _store(out: np.ndarray, grad: torch.Tensor, loss_sum: float, correct: float, count: int, start: float) -> None:
@@ -336,20 +351,23 @@ class Party:
 
 
 def search_party(model: torch.nn.Module, train: Shard, val: Shard, batch_size: int, randomness: PartyRandomness,
-                 dp: DPParams | None = None, w_rounds: int = 1) -> Party:
+                 dp: DPParams | None = None, w_rounds: int = 1, max_physical_batch: int | None = None) -> Party:
     """A party of the search: the supernet's W on its train shard, A on its validation shard; `dp`: the run's
-    privacy parameters (None: exact gradients); `w_rounds`: W releases per iteration (2 under ADADP)."""
+    privacy parameters (None: exact gradients); `w_rounds`: W releases per iteration (2 under ADADP);
+    `max_physical_batch`: examples per pass (see :class:`Party`)."""
     return Party(model, train, batch_size, randomness, a_shard=val,
                  releases=dp.search_releases(w_rounds) if dp is not None else None,
-                 dp_randomness=dp.randomness if dp is not None else None)
+                 dp_randomness=dp.randomness if dp is not None else None, max_physical_batch=max_physical_batch)
 
 
 def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, randomness: PartyRandomness,
-                  release: Release | None = None, dp_randomness: str | None = None) -> Party:
+                  release: Release | None = None, dp_randomness: str | None = None,
+                  max_physical_batch: int | None = None) -> Party:
     """A party of the augmentation: the network's weights on its pool, each example of a batch cropped, flipped
     and cut out on its own and its drop-path masks drawn per example, all from its sampling stream; the loss adds
     the auxiliary head's. `release`: the DP release (None: exact gradients); `dp_randomness`: with it, the
-    randomness the plan asks for, checked against `randomness` as in the search."""
+    randomness the plan asks for, checked against `randomness` as in the search; `max_physical_batch`: examples per
+    pass (see :class:`Party`; drop-path masks are then drawn pass by pass: other draws of the same distribution)."""
     model.mask_stream = randomness.sampling  # drop-path masks come from the party's own stream
 
     def transform(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -358,4 +376,5 @@ def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, r
 
     return Party(model, pool, augment.batch_size, randomness, releases={"W": release} if release is not None else None,
                  transform=transform, loss_fn=lambda outputs, y: augment_loss(outputs, y, augment.auxiliary_weight),
-                 method="hooks", dp_randomness=dp_randomness, what="augment.batch_size")
+                 method="hooks", dp_randomness=dp_randomness, what="augment.batch_size",
+                 max_physical_batch=max_physical_batch)

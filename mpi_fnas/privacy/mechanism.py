@@ -25,7 +25,13 @@ from torch import nn
 
 from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.keystream import UNIFORM_BITS, Keystream
-from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, per_sample_gradients
+from mpi_fnas.privacy.per_sample import (
+    LossFn,
+    Method,
+    per_example_cross_entropy,
+    per_sample_gradients,
+    physical_batches,
+)
 from mpi_fnas.privacy.validators import check_model_for_dp
 from mpi_fnas.secagg.discrete_gaussian import discrete_gaussian
 from mpi_fnas.secagg.encoding import Encoding, encode_sum
@@ -43,7 +49,7 @@ def party_release(
     noise_stream: Keystream,
     loss_fn: LossFn = per_example_cross_entropy,
     method: Method = "auto",
-    max_chunk: int | None = None,
+    max_physical_batch: int | None = None,
 ) -> torch.Tensor:
     """One DP release of a party: clipped per-example gradient sum plus Gaussian noise, over the expected B.
 
@@ -59,20 +65,52 @@ def party_release(
         noise_stream: the party's noise :class:`~mpi_fnas.privacy.keystream.Keystream` (secret: keyed from the OS;
             see docs/privacy.md §2.1).
         loss_fn: per-example loss ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
-        method, max_chunk: how per-example gradients are computed (see ``per_sample_gradients``).
+        method: how per-example gradients are computed (see ``per_sample_gradients``).
+        max_physical_batch: examples per forward/backward pass (None: the whole batch in one); see
+            :func:`clipped_gradient_sum`.
 
     Returns:
         ``(P,)`` tensor, P = total numel of ``params``, on their device and dtype.
     """
     check_model_for_dp(model)
-    grads = per_sample_gradients(model, params, inputs, targets, loss_fn, method=method, max_chunk=max_chunk)
-    return privatize_per_sample_gradients(
-        grads,
-        clip_bound=clip_bound,
-        noise_multiplier=noise_multiplier,
-        expected_batch_size=expected_batch_size,
-        noise_stream=noise_stream,
-    )
+    _check_release_arguments(clip_bound, noise_multiplier, expected_batch_size)
+    total = clipped_gradient_sum(model, params, inputs, targets, clip_bound, loss_fn=loss_fn, method=method,
+                                 max_physical_batch=max_physical_batch)
+    return _add_noise_and_divide(total, clip_bound, noise_multiplier, expected_batch_size, noise_stream)
+
+
+def clipped_gradient_sum(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    clip_bound: float,
+    *,
+    loss_fn: LossFn = per_example_cross_entropy,
+    method: Method = "auto",
+    max_physical_batch: int | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``sum_i clip(g_i, R)`` over the batch ``inputs (b, ...)`` -> ``(P,)``, computed in passes of at most
+    `max_physical_batch` examples (:func:`~mpi_fnas.privacy.per_sample.physical_batches`; None: one pass).
+
+    Each example is in exactly one pass and clipped on its own, so the sum, and with it the sensitivity R, is that
+    of one pass over the whole batch (up to float rounding); what the passes bound is memory: the activations and
+    the ``(b, P)`` per-example gradients of one pass at a time, whatever the realised Poisson batch (Opacus'
+    ``BatchMemoryManager`` does the same for its optimizer steps). The per-pass sums are accumulated in `dtype`
+    on `device` (default: the parameters' own).
+    """
+    first = next(iter(params.values()), None)
+    if first is None:
+        raise ValueError("params is empty: nothing to differentiate")
+    total = torch.zeros(sum(p.numel() for p in params.values()), dtype=dtype or first.dtype,
+                        device=device if device is not None else first.device)
+    # An empty batch still makes one (empty) pass, so its parameters are checked as any other batch's.
+    for part in physical_batches(int(inputs.shape[0]), max_physical_batch) or [slice(0, 0)]:
+        grads = per_sample_gradients(model, params, inputs[part], targets[part], loss_fn, method=method)
+        total += clipped_sum(grads.detach().to(total.device, total.dtype), clip_bound)
+    return total
 
 
 def secure_party_release(
@@ -88,7 +126,7 @@ def secure_party_release(
     noise_stream: Keystream,
     loss_fn: LossFn = per_example_cross_entropy,
     method: Method = "auto",
-    max_chunk: int | None = None,
+    max_physical_batch: int | None = None,
 ) -> torch.Tensor:
     """A party's release under secure aggregation, before its masks: ``(D,)`` int64 =
     ``round(rotate(Σ_i clip(g_i, c)) / γ) + N_Z(0, σ_k²)^D`` (after KLS21 Algorithm 1; the clipped sum is encoded
@@ -99,9 +137,9 @@ def secure_party_release(
     rounding coins: the party's secret sampling stream) and `noise_stream` (the discrete noise).
     """
     check_model_for_dp(model)
-    grads = per_sample_gradients(model, params, inputs, targets, loss_fn, method=method, max_chunk=max_chunk)
     # Clipped and summed in float64: the sensitivity assumes ‖g_i‖ ≤ c, which float32 clipping can miss by an ulp.
-    total = clipped_sum(grads.detach().to("cpu", torch.float64), encoding.clip)
+    total = clipped_gradient_sum(model, params, inputs, targets, encoding.clip, loss_fn=loss_fn, method=method,
+                                 max_physical_batch=max_physical_batch, dtype=torch.float64, device="cpu")
     total = encode_sum(total, encoding, signs, rounding_stream)
     return total + discrete_gaussian(encoding.padded, local_variance, noise_stream)
 
@@ -128,7 +166,13 @@ def privatize_per_sample_gradients(
         ``(P,)`` = ``(sum_i clip(g_i, R) + N(0, (sigma R)^2 I)) / B``.
     """
     _check_release_arguments(clip_bound, noise_multiplier, expected_batch_size)
-    total = clipped_sum(per_sample_grads, clip_bound)
+    return _add_noise_and_divide(clipped_sum(per_sample_grads, clip_bound), clip_bound, noise_multiplier,
+                                 expected_batch_size, noise_stream)
+
+
+def _add_noise_and_divide(total: torch.Tensor, clip_bound: float, noise_multiplier: float, expected_batch_size: float,
+                          noise_stream: Keystream) -> torch.Tensor:
+    """``(total + N(0, (σR)² I)) / B`` for a clipped sum ``total (P,)``."""
     noise = gaussian_noise(
         total.shape[0],
         std=noise_multiplier * clip_bound,

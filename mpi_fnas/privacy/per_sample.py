@@ -107,6 +107,20 @@ def per_sample_gradients(
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 
+def physical_batches(count: int, limit: int | None) -> list[slice]:
+    """Split ``count`` examples into passes of at most ``limit`` (None: one pass), as equal as the count allows.
+
+    Equal passes rather than full ones plus a remainder: a pass costs a fixed overhead (one forward and backward
+    through every layer) plus a share per example, so 2 passes of 10 are cheaper than one of 16 and one of 4 at the
+    same peak. ``count = 0`` gives no pass.
+    """
+    if limit is not None and limit < 1:
+        raise ValueError(f"a physical batch must hold at least 1 example, got {limit}")
+    passes = 1 if limit is None or count <= limit else -(-count // limit)
+    bounds = [count * i // passes for i in range(passes + 1)]
+    return [slice(bounds[i], bounds[i + 1]) for i in range(passes) if bounds[i + 1] > bounds[i]]
+
+
 def hooks_supported(model: nn.Module, params: Mapping[str, torch.Tensor]) -> bool:
     """Whether every parameter in ``params`` is owned by a module type the ``"hooks"`` method handles."""
     return not _unhookable(model, params)

@@ -115,7 +115,7 @@ class Release:
 
     def make(self, model: nn.Module, params: Mapping[str, torch.Tensor], shard_size: int, examples: Examples,
              sampling: Keystream, noise: Keystream, *, loss_fn: LossFn = per_example_cross_entropy,
-             method: Method = "auto", series: SecureSeries | None = None,
+             method: Method = "auto", max_physical_batch: int | None = None, series: SecureSeries | None = None,
              masks: PairwiseMasks | None = None) -> torch.Tensor | np.ndarray:
         """One release over a Poisson batch I of the shard.
 
@@ -124,19 +124,23 @@ class Release:
         N_Z(0, σ_k²)^D`` mod 2^bits plus the pairwise masks, ``(D,)`` uint32 (rank 0 opens the sum).
 
         `examples(indices)` gives the batch's examples (on the model's device); `sampling` draws the Poisson coins
-        (and a secure release's rounding coins), `noise` the noise (the party's secret streams).
+        (and a secure release's rounding coins), `noise` the noise (the party's secret streams). The batch is
+        processed in passes of at most `max_physical_batch` examples (None: one), which bounds memory and changes
+        nothing else (:func:`~mpi_fnas.privacy.mechanism.clipped_gradient_sum`).
         """
         indices = poisson_sample(shard_size, self.sample_rate(shard_size), sampling)
         inputs, targets = examples(indices)
         if self.secure is None:
             return party_release(model, params, inputs, targets, clip_bound=self.clip,
                                  noise_multiplier=self.noise_multiplier, expected_batch_size=self.expected_batch_size,
-                                 noise_stream=noise, loss_fn=loss_fn, method=method)
+                                 noise_stream=noise, loss_fn=loss_fn, method=method,
+                                 max_physical_batch=max_physical_batch)
         if series is None or masks is None:
             raise ValueError("a secure release needs the party's series and pairwise masks")
         total = secure_party_release(model, params, inputs, targets, encoding=series.encoding,
                                      signs=series.next_signs(), local_variance=self.secure.local_variance,
-                                     rounding_stream=sampling, noise_stream=noise, loss_fn=loss_fn, method=method)
+                                     rounding_stream=sampling, noise_stream=noise, loss_fn=loss_fn, method=method,
+                                 max_physical_batch=max_physical_batch)
         return series.seal(total, masks)
 
 
