@@ -298,7 +298,7 @@ class RuntimeConfig:
         None, "memory one node gives this job, in MB (10^6 bytes); null: the node's available memory, its cgroup "
         "limit or SLURM_MEM_PER_NODE, the smallest. Rank 0 refuses a placement whose expected peak exceeds it")
     max_physical_batch: int | None = _key(
-        None, "examples per forward/backward pass of a party: a larger batch (under DP a Poisson batch, which varies) "
+        32, "examples per forward/backward pass of a party: a larger batch (under DP a Poisson batch, which varies) "
         "runs in equal passes of at most this many, their gradients summed (clipped per example under DP), so a "
         "step's memory stays bounded; smaller saves memory and costs time; null: one pass per batch")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -136,6 +137,21 @@ def test_release_layout_and_stats():
     np.testing.assert_allclose(out[:-STATS], expected, rtol=1e-5, atol=1e-7)
     a = party.a_release()
     assert a.shape == (party.num_a + STATS,) and a[-2] == 5
+
+
+def test_a_party_computes_channels_last_and_releases_the_default_layouts_gradient():
+    torch.manual_seed(0)
+    model = SearchNetwork(channels=4, num_classes=3, layers=3, nodes=2, in_channels=3, norm="groupnorm")
+    reference = copy.deepcopy(model)  # stays in the default layout
+    x, y = torch.randn(5, 3, 8, 8), torch.randint(0, 3, (5,))
+    party = search_party(model, Shard(x, y), Shard(x, y), batch_size=10**6,
+                         randomness=PartyRandomness.create("reproducible", seed=0, rank=1))
+    convs = [m for m in party.model.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(m.weight.is_contiguous(memory_format=torch.channels_last) for m in convs)
+    assert party.train.x.is_contiguous(memory_format=torch.channels_last)
+    F.cross_entropy(reference(x), y).backward()
+    expected = np.concatenate([p.grad.reshape(-1).numpy() for p in reference.weights()])
+    np.testing.assert_allclose(party.w_release()[:-STATS], expected, rtol=1e-4, atol=1e-6)
 
 
 def test_an_exact_step_in_passes_is_the_step_in_one():

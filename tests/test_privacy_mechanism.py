@@ -170,13 +170,16 @@ def test_poisson_coins_are_resolved_far_below_float32():
 # -- per-example gradients ------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("method", ["vmap", "hooks"])
-def test_per_sample_gradients_match_single_example_backward(method):
+def test_per_sample_gradients_match_single_example_backward(method, layout):
     torch.manual_seed(0)
     model = TinyConvNet()
     inputs, targets = image_batch(6, 8, 5)
     names = [n for n, _ in model.named_parameters()]
-    expected = loop_gradients(model, names, inputs, targets)
+    expected = loop_gradients(model, names, inputs, targets)  # the default layout
+    model.to(memory_format=layout)  # a party computes channels-last (mpi_fnas.federation.party)
+    inputs = inputs.contiguous(memory_format=layout)
     actual = per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method=method)
     assert actual.shape == (6, sum(p.numel() for p in model.parameters()))
     assert max_relative_row_error(actual, expected) <= 1e-5

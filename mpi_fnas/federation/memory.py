@@ -8,12 +8,13 @@ own memory, because a DP party's peak is data-dependent (its activations grow wi
 The model, per rank (MB, 10^6 bytes), fitted to the peaks (``VmHWM``) of 4 runs on this machine's CPU build of torch
 (docs/benchmarks.md, "Memory per rank"; glibc malloc, which keeps much of what a step frees):
 
-* a party: runtime + ``PARTY_MODULES_MB`` + its examples (float32; the augmentation's pool is a second copy)
-  + ``SEARCH_STEP_FACTOR`` × the supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation network's step, where a
-  step is B_max × (the bytes autograd saves per example + one per-example gradient), B_max = B + 3√B under DP (a
-  Poisson batch exceeds it with probability ~0.1 %) and B otherwise, at most ``runtime.max_physical_batch`` (a
-  party runs a larger batch in passes of at most that many examples). The augmentation's network is that of the given
-  genotype or, before the search has chosen one, of the space's largest cell.
+* a party: runtime + ``PARTY_MODULES_MB`` + ``PARTY_WORKING_MB`` + its examples (float32; the augmentation's pool
+  is a second copy) + ``SEARCH_STEP_FACTOR`` × the supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation
+  network's step, where a step is B_max × (the bytes autograd saves per example + one per-example gradient),
+  B_max = B + 3√B under DP (a Poisson batch exceeds it with probability ~0.1 %) and B otherwise, at most
+  ``runtime.max_physical_batch`` (a party runs a larger batch in passes of at most that many examples). The
+  augmentation's network is that of the given genotype or, before the search has chosen one, of the space's
+  largest cell.
 * rank 0: runtime + ``SERVER_MODULES_MB`` (its planner, ledgers and log) + its test split + ``SERVER_WORKING_MB``.
 
 "runtime" is the resident memory of Python with torch imported, measured on rank 0 (it differs by torch build: about
@@ -31,6 +32,7 @@ from pathlib import Path
 from mpi_fnas.config import Config
 
 PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch (255 MB against torch's 243, measured)
+PARTY_WORKING_MB = 30.0  # what a party's allocator keeps whatever its steps (passes of 16: 0.41-0.44 GB measured)
 SERVER_MODULES_MB = 100.0  # rank 0's planner, ledgers and log: dp_accounting, scipy, h5py (332 against 229 MB)
 SERVER_WORKING_MB = 150.0  # rank 0's evaluation, ledger worker and log writer (120-190 MB measured at 4 settings)
 SEARCH_STEP_FACTOR = 1.35  # a party's peak above its data, per MB of a supernet step (least squares: 1.31)
@@ -142,7 +144,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
         augment_mb = step_mb(network, shape, _largest_pass(cfg, cfg.augment.batch_size, private))
     shard = (cfg.data.train_size or _default_train_size(cfg)) / max(parties, 1)
     copies = (stage == "search") + (cfg.augment.epochs > 0)
-    party = RankEstimate("party", runtime + PARTY_MODULES_MB, copies * shard * example_mb,
+    party = RankEstimate("party", runtime + PARTY_MODULES_MB + PARTY_WORKING_MB, copies * shard * example_mb,
                          SEARCH_STEP_FACTOR * search_mb + AUGMENT_STEP_FACTOR * augment_mb)
     server = RankEstimate("server", runtime + SERVER_MODULES_MB, len(test) * example_mb, SERVER_WORKING_MB)
     nodes: dict[str, list[int]] = {}
