@@ -185,6 +185,26 @@ def test_per_sample_gradients_match_single_example_backward(method, layout):
     assert max_relative_row_error(actual, expected) <= 1e-5
 
 
+@pytest.mark.parametrize(("kernel", "stride", "dilation", "side"),
+                         [(5, 1, 1, 8), (5, 2, 2, 7), (3, 2, 2, 9), (5, 1, 2, 5), (7, 2, 1, 6)])
+def test_depthwise_per_example_gradients_by_correlation_match_the_loop(kernel, stride, dilation, side):
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(4, 4, kernel, stride=stride, padding=dilation * (kernel - 1) // 2, dilation=dilation, groups=4,
+                  bias=False),
+        nn.Flatten(), nn.LazyLinear(3))
+    inputs = torch.randn(5, 4, side, side)
+    model(inputs)  # materialise the head
+    targets = torch.randint(0, 3, (5,))
+    names = ["0.weight"]
+    expected = loop_gradients(model, names, inputs, targets)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        model.to(memory_format=layout)
+        actual = per_sample_gradients(model, {"0.weight": model[0].weight}, inputs.contiguous(memory_format=layout),
+                                      targets, method="hooks")
+        assert max_relative_row_error(actual, expected) <= 1e-5
+
+
 def test_per_sample_gradients_subset_order_chunking_and_no_grad():
     torch.manual_seed(0)
     model = TinyConvNet()

@@ -16,6 +16,10 @@ from mpi_fnas.federation.plan import Assignment, plan_assignments
 from mpi_fnas.federation.search import run_search
 
 TOLERANCE = 1e-5
+# The second-order A: DARTS' finite difference divides the rounding of each of its gradients by 2ε (ε = 0.01/‖v‖),
+# and the parties' channels-last kernels round a batch of 12 and the union's 48 differently (their blocking spans
+# the batch). Measured: 2.4e-4 here, against 0.058 for the Hessian term's own effect on A.
+SECOND_ORDER_A_TOLERANCE = 1e-3
 
 
 def tiny_config(order: str, steps: int = 2):
@@ -66,7 +70,7 @@ def test_fnas_iteration_equals_vanilla_on_union(order):
     # The search moved the parameters, so agreement is not trivial.
     assert float(np.max(np.abs(fnas.a))) > 1e-3
     assert w_gap <= TOLERANCE
-    assert a_gap <= TOLERANCE
+    assert a_gap <= (TOLERANCE if order == "first_order" else SECOND_ORDER_A_TOLERANCE)
 
 
 @pytest.mark.mpi(min_size=3)
@@ -75,4 +79,4 @@ def test_second_order_differs_from_first_order():
     first, _, _ = run_pair("first_order")
     second, _, _ = run_pair("second_order")
     if MPI.COMM_WORLD.Get_rank() == 0:
-        assert float(np.max(np.abs(first.a - second.a))) > 10 * TOLERANCE
+        assert float(np.max(np.abs(first.a - second.a))) > 10 * SECOND_ORDER_A_TOLERANCE
