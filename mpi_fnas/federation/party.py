@@ -128,11 +128,14 @@ class Party:
                  transform: Transform | None = None, loss_fn: LossFn = per_example_cross_entropy,
                  method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size",
                  max_physical_batch: int | None = None) -> None:
-        # Channels-last (NHWC) storage for the network and the images: on the CPU, oneDNN's convolutions and their
+        # On the CPU, channels-last (NHWC) storage for the network and the images: oneDNN's convolutions and their
         # backward run 15-40 % faster so for these small feature maps (docs/benchmarks.md). The values, and so the
-        # releases, are those of the default layout up to float rounding.
-        self.model = model.to(memory_format=torch.channels_last)
-        w_shard, a_shard = (channels_last(shard) if shard is not None else None for shard in (w_shard, a_shard))
+        # releases, are those of the default layout up to float rounding. On a GPU (not measured here) the layout
+        # stays as it is.
+        self.model = model
+        if all(p.device.type == "cpu" for p in model.parameters()):
+            model.to(memory_format=torch.channels_last)
+            w_shard, a_shard = (channels_last(shard) if shard is not None else None for shard in (w_shard, a_shard))
         self.w_params = list(model.weights())
         self.a_params = list(model.alphas()) if a_shard is not None else []
         self.num_w = numel(self.w_params)
