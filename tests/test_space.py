@@ -85,9 +85,11 @@ def test_no_inplace_relu_and_no_buffers_in_network() -> None:
 # ---------------------------------------------------------------------------------------------- cells
 
 
-def test_mixed_op_is_the_weighted_sum_of_its_ops() -> None:
+@pytest.mark.parametrize("stride", [1, 2])
+def test_mixed_op_is_the_weighted_sum_of_its_ops(stride: int) -> None:
+    # Each op on its own, with its own ReLU: the MixedOp's one shared ReLU must change nothing.
     torch.manual_seed(1)
-    mixed = MixedOp(4, 1, "groupnorm")
+    mixed = MixedOp(4, stride, "groupnorm")
     x = torch.randn(2, 4, 8, 8)
     k = op_index("sep_conv_3x3")
     one_hot = F.one_hot(torch.tensor(k), len(PRIMITIVES)).float()

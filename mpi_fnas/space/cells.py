@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from mpi_fnas.space.genotype import NUM_CELL_INPUTS, edge_endpoints, num_edges
-from mpi_fnas.space.ops import PRIMITIVES, make_op
+from mpi_fnas.space.ops import PRIMITIVES, ReluFirst, make_op
 from mpi_fnas.space.scaffold import cell_inputs
 
 
@@ -17,10 +18,16 @@ def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tenso
     (len(ops),) shared by the batch, or (N, len(ops)) one row per example (per-example gradients of the alphas)."""
     if weights.dim() == 2:  # (ops, N, 1, 1, 1): weights[k] scales example n's map by its own weight
         weights = weights.t().reshape(len(ops), -1, 1, 1, 1)
-    # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
-    out = weights[0] * ops[0](x)
-    for k in range(1, len(ops)):
-        out = out + weights[k] * ops[k](x)
+    relu_x = None  # one ReLU of x for every op that starts with one (ReluFirst)
+    out = None
+    for k, op in enumerate(ops):
+        if isinstance(op, ReluFirst):
+            relu_x = F.relu(x) if relu_x is None else relu_x
+            term = weights[k] * op.forward_from_relu(relu_x)
+        else:
+            term = weights[k] * op(x)
+        # Out-of-place accumulation: in-place adds would break autograd/vmap over the shared inputs.
+        out = term if out is None else out + term
     return out
 
 
