@@ -72,6 +72,23 @@ def test_ranks_add_up_per_node_and_a_node_that_cannot_hold_them_is_refused():
     assert refusal is not None and "node n1" in refusal and "\n" not in refusal
 
 
+def test_a_refused_node_is_told_the_largest_passes_that_fit():
+    one_pass = _plan("runtime.max_physical_batch=null", hosts=("n0", "n1", "n1"))
+    smallest = one_pass.at_passes(1).node_mb("n1")
+    # Room for 2 parties with passes of a few examples, but not with one pass per batch.
+    room = (smallest + one_pass.node_mb("n1")) / 2
+    tight = _plan("runtime.max_physical_batch=null", hosts=("n0", "n1", "n1"), capacity=room)
+    fitting = tight.fitting_passes()
+    assert fitting is not None and fitting >= 1 and tight.at_passes(None).refusal() is not None
+    assert tight.at_passes(fitting).refusal() is None and tight.at_passes(fitting + 1).refusal() is not None
+    refusal = tight.refusal()
+    assert refusal is not None and f"runtime.max_physical_batch={fitting} would fit" in refusal and "\n" not in refusal
+    # The plan's own step is that of its configured passes.
+    assert _plan("runtime.max_physical_batch=5").party.step_mb == pytest.approx(one_pass.at_passes(5).party.step_mb)
+    hopeless = _plan(hosts=("n0", "n1", "n1"), capacity=smallest * 0.9)
+    assert hopeless.fitting_passes() is None and "not even runtime.max_physical_batch=1" in hopeless.refusal()
+
+
 def test_a_configured_node_memory_wins_and_the_measured_one_is_positive():
     assert node_facts(1234.0).capacity_mb == 1234.0
     measured = node_facts(None)

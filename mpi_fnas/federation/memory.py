@@ -23,6 +23,7 @@ The model, per rank (MB, 10^6 bytes), fitted to the peaks (``VmHWM``) of 4 runs 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import socket
@@ -64,6 +65,20 @@ class RankEstimate:
 
 
 @dataclass(frozen=True)
+class StepTerm:
+    """One stage's step in a party's estimate: MB per example of a pass (its fitted factor included) and the most
+    examples a batch of the stage may hold (B_max)."""
+
+    mb_per_example: float
+    largest_batch: float
+
+    def mb(self, max_physical_batch: int | None) -> float:
+        """MB of the step when a batch runs in passes of at most `max_physical_batch` examples (None: one pass)."""
+        examples = self.largest_batch if max_physical_batch is None else min(self.largest_batch, max_physical_batch)
+        return self.mb_per_example * examples
+
+
+@dataclass(frozen=True)
 class MemoryPlan:
     """The estimate of every rank and the nodes they share."""
 
@@ -71,6 +86,7 @@ class MemoryPlan:
     party: RankEstimate
     nodes: dict[str, list[int]]  # host -> the world ranks on it
     capacity_mb: dict[str, tuple[float, str]]  # host -> (MB the node gives the job, its source)
+    steps: tuple[StepTerm, ...] = ()  # the party's steps (its step_mb is their sum at the configured passes)
 
     def node_mb(self, host: str) -> float:
         """The expected peak of all ranks on `host` together."""
@@ -88,17 +104,33 @@ class MemoryPlan:
             lines.append(f"memory: node {host}: {what}: ~{_gb(self.node_mb(host))} of {_gb(capacity)} ({source})")
         return lines
 
+    def at_passes(self, max_physical_batch: int | None) -> MemoryPlan:
+        """The same plan with a party's batches run in passes of at most `max_physical_batch` examples."""
+        step = sum(term.mb(max_physical_batch) for term in self.steps)
+        return dataclasses.replace(self, party=dataclasses.replace(self.party, step_mb=step))
+
+    def fitting_passes(self) -> int | None:
+        """The largest ``runtime.max_physical_batch`` with which every node holds its ranks (None: not even 1)."""
+        largest = math.ceil(max((term.largest_batch for term in self.steps), default=1))
+        return next((cap for cap in range(largest, 0, -1) if self.at_passes(cap)._crowded() is None), None)
+
     def refusal(self) -> str | None:
-        """One line if some node cannot hold its ranks, else None."""
-        for host in self.nodes:
-            capacity, source = self.capacity_mb[host]
-            if self.node_mb(host) > capacity:
-                return (f"memory: node {host} would need ~{_gb(self.node_mb(host))} for its {len(self.nodes[host])} "
-                        f"ranks (~{_gb(self.party.total_mb)} per party, ~{_gb(self.server.total_mb)} for the server) "
-                        f"but gives the job {_gb(capacity)} ({source}); spread the ranks over more nodes, lower "
-                        "runtime.max_physical_batch, shrink the batch or the network, or set runtime.node_memory_mb if "
-                        "the node really has more")
-        return None
+        """One line if some node cannot hold its ranks, else None; it says which passes would fit."""
+        host = self._crowded()
+        if host is None:
+            return None
+        capacity, source = self.capacity_mb[host]
+        fitting = self.fitting_passes()
+        passes = (f"runtime.max_physical_batch={fitting} would fit (~{_gb(self.at_passes(fitting).party.total_mb)} "
+                  "per party)" if fitting is not None else "not even runtime.max_physical_batch=1 would fit")
+        return (f"memory: node {host} would need ~{_gb(self.node_mb(host))} for its {len(self.nodes[host])} ranks "
+                f"(~{_gb(self.party.total_mb)} per party, ~{_gb(self.server.total_mb)} for the server) but gives the "
+                f"job {_gb(capacity)} ({source}); {passes}; or spread the ranks over more nodes, shrink the batch or "
+                "the network, or set runtime.node_memory_mb if the node really has more")
+
+    def _crowded(self) -> str | None:
+        """The first node whose ranks would need more than it gives the job, or None."""
+        return next((host for host in self.nodes if self.node_mb(host) > self.capacity_mb[host][0]), None)
 
 
 def node_facts(node_memory_mb: float | None) -> NodeFacts:
@@ -130,29 +162,31 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     shape = (test.in_channels, cfg.data.image_size, cfg.data.image_size)
     example_mb = math.prod(shape) * 4 / 1e6
     runtime = _torch_runtime_mb()
-    search_mb = augment_mb = 0.0
+    steps: list[StepTerm] = []
     space = search_space(cfg.space.kind)
     dims = {"in_channels": test.in_channels, "num_classes": test.num_classes}
     if stage == "search":
         supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
-        search_mb = step_mb(supernet, shape, _largest_pass(cfg, cfg.search.batch_size, cfg.mode == "dpfnas"))
+        steps.append(StepTerm(SEARCH_STEP_FACTOR * step_mb(supernet, shape, 1),
+                              _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
         genotype = (space.parse_genotype(cfg.augment.genotype) if cfg.augment.genotype is not None
                     else space.largest_genotype(cfg.space))
         network = space.build_augment_network(genotype, cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private
-        augment_mb = step_mb(network, shape, _largest_pass(cfg, cfg.augment.batch_size, private))
+        steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, shape, 1),
+                              _largest_batch(cfg.augment.batch_size, private)))
     shard = (cfg.data.train_size or _default_train_size(cfg)) / max(parties, 1)
     copies = (stage == "search") + (cfg.augment.epochs > 0)
     party = RankEstimate("party", runtime + PARTY_MODULES_MB + PARTY_WORKING_MB, copies * shard * example_mb,
-                         SEARCH_STEP_FACTOR * search_mb + AUGMENT_STEP_FACTOR * augment_mb)
+                         sum(term.mb(cfg.runtime.max_physical_batch) for term in steps))
     server = RankEstimate("server", runtime + SERVER_MODULES_MB, len(test) * example_mb, SERVER_WORKING_MB)
     nodes: dict[str, list[int]] = {}
     capacity: dict[str, tuple[float, str]] = {}
     for rank, fact in enumerate(facts):
         nodes.setdefault(fact.host, []).append(rank)
         capacity[fact.host] = min(capacity.get(fact.host, (math.inf, "")), (fact.capacity_mb, fact.source))
-    return MemoryPlan(server, party, nodes, capacity)
+    return MemoryPlan(server, party, nodes, capacity, tuple(steps))
 
 
 def step_mb(model, shape: tuple[int, int, int], batch: float) -> float:
@@ -185,11 +219,9 @@ def peak_rss_mb() -> float:
     return value / 1e6 if sys.platform == "darwin" else value * 1024 / 1e6
 
 
-def _largest_pass(cfg: Config, batch_size: int, poisson: bool) -> float:
-    """The most examples one forward/backward pass holds: the largest batch, at most ``runtime.max_physical_batch``."""
-    largest = batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
-    cap = cfg.runtime.max_physical_batch
-    return largest if cap is None else min(largest, float(cap))
+def _largest_batch(batch_size: int, poisson: bool) -> float:
+    """B_max: the batch itself, or B + 3√B for a Poisson batch of mean B."""
+    return batch_size + POISSON_MARGIN_SIGMAS * math.sqrt(batch_size) if poisson else float(batch_size)
 
 
 def _default_train_size(cfg: Config) -> int:
