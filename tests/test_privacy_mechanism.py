@@ -589,6 +589,27 @@ def test_a_release_in_passes_is_the_release_in_one_and_no_pass_exceeds_the_limit
     assert torch.allclose(split, whole, rtol=1e-5, atol=1e-7)
 
 
+def test_passes_keep_an_empty_batch_pure_noise_and_drop_a_non_finite_example_as_one_pass_does():
+    model = small_search_network()
+    params = dict(model.named_weights())
+
+    def release(inputs, targets, max_physical_batch):
+        return party_release(model, params, inputs, targets, clip_bound=0.05, noise_multiplier=0.5,
+                             expected_batch_size=8.0, noise_stream=Keystream.from_labels("edge", 2),
+                             max_physical_batch=max_physical_batch)
+
+    empty = release(torch.zeros(0, 3, 16, 16), torch.zeros(0, dtype=torch.int64), 3)
+    noise = gaussian_noise(empty.numel(), std=0.5 * 0.05, stream=Keystream.from_labels("edge", 2))
+    assert torch.equal(empty, noise / 8.0)
+    inputs, targets = image_batch(7, 16, 10)
+    poisoned = inputs.clone()
+    poisoned[5] = float("inf")  # in the last pass of 3, 2, 2: its gradient is not finite and is dropped
+    without = release(torch.cat([inputs[:5], inputs[6:]]), torch.cat([targets[:5], targets[6:]]), None)
+    for limit in (None, 3):
+        split = release(poisoned, targets, limit)
+        assert torch.isfinite(split).all() and torch.allclose(split, without, rtol=1e-5, atol=1e-7)
+
+
 def test_a_secure_release_in_passes_is_the_release_in_one():
     model = small_search_network()
     params = dict(model.named_weights())

@@ -344,8 +344,7 @@ class Party:
             outputs = self.model(x[part])
             grads = torch.autograd.grad(loss(outputs, y[part]), params, allow_unused=True)
             share = (part.stop - part.start) / y.shape[0]
-            weighted = [(g if g is not None else torch.zeros_like(p)) * share for g, p in zip(grads, params,
-                                                                                              strict=True)]
+            weighted = [share * g if g is not None else torch.zeros_like(p) for g, p in zip(grads, params, strict=True)]
             total = weighted if total is None else [t + w for t, w in zip(total, weighted, strict=True)]
             logits = (outputs[0] if isinstance(outputs, tuple) else outputs).detach()
             correct += float((logits.argmax(1) == y[part]).sum())

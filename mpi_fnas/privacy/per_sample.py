@@ -68,7 +68,8 @@ def per_sample_gradients(
         targets: ``(B, ...)`` targets, passed to ``loss_fn``.
         loss_fn: per-example loss, ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
         method: ``"auto"``, ``"vmap"`` or ``"hooks"`` (see the module docstring); all give the same result.
-        max_chunk: process at most this many examples at a time (bounds peak memory); None = whole batch.
+        max_chunk: process at most this many examples at a time, in :func:`physical_batches` (bounds peak memory);
+            None = whole batch.
 
     Returns:
         ``(B, P)`` tensor on the params' device and dtype, ``P = sum(p.numel() for p in params.values())``;
@@ -101,10 +102,8 @@ def per_sample_gradients(
     num_params = sum(p.numel() for p in params.values())
     if batch == 0:
         return torch.zeros(0, num_params, device=first.device, dtype=first.dtype)
-    chunk = batch if max_chunk is None else max_chunk
-    parts = [
-        compute(model, params, inputs[i : i + chunk], targets[i : i + chunk], loss_fn) for i in range(0, batch, chunk)
-    ]
+    parts = [compute(model, params, inputs[part], targets[part], loss_fn)
+             for part in physical_batches(batch, max_chunk)]
     return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
 

@@ -140,7 +140,7 @@ class Release:
         total = secure_party_release(model, params, inputs, targets, encoding=series.encoding,
                                      signs=series.next_signs(), local_variance=self.secure.local_variance,
                                      rounding_stream=sampling, noise_stream=noise, loss_fn=loss_fn, method=method,
-                                 max_physical_batch=max_physical_batch)
+                                     max_physical_batch=max_physical_batch)
         return series.seal(total, masks)
 
 

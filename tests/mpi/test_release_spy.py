@@ -144,9 +144,14 @@ STAGES = {
 }
 #: The cases (stage, settings): the search in each space and in DARTS under SecProbe; the augmentation (of a given
 #: genotype, no search) with every release reduced and under SecProbe.
+#: PASSES: every batch larger than 3 examples runs in passes (``runtime.max_physical_batch``; B = 8, so nearly every
+#: Poisson batch does): what leaves the party must not change with how it computes.
+PASSES = 3
 CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas"]),
          "darts-secprobe": ("search", [*SPACES["darts"], *SELECTING]),
-         "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING)}
+         "darts-passes": ("search", [*SPACES["darts"], f"runtime.max_physical_batch={PASSES}"]),
+         "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING),
+         "augment-passes": ("augment", [f"runtime.max_physical_batch={PASSES}"])}
 
 
 @pytest.mark.mpi(min_size=3)
@@ -188,6 +193,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     if stage == "search":  # the H releases are this space's alpha (the parametrisation ran the space it names)
         assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[case.split("-")[0]]}
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
+    if case.endswith("passes"):  # the releases were made in passes, and each still is the one-pass clipped sum + noise
+        assert {rel["passes"] for rel in releases} == {PASSES} and any(rel["b"] > PASSES for rel in releases)
 
 
 def check_searched_holds_only_public_facts(run_dir: Path, privacy: dict) -> None:
@@ -251,7 +258,7 @@ def pin_secret_keys(monkeypatch) -> None:
 
 def recording_release(real_release, releases: list[dict]):
     """`real_release` (a ``party_release``), recording in `releases` each call's output, the clipped sum it noised
-    (recomputed from the same batch), the realised batch size b, and its R, σ and B."""
+    (recomputed from the same batch in one pass), the realised batch size b, its R, σ and B, and its passes' limit."""
 
     def spy(model, params, inputs, targets, **kw):
         out = real_release(model, params, inputs, targets, **kw)
@@ -259,7 +266,8 @@ def recording_release(real_release, releases: list[dict]):
             grads = per_sample_gradients(model, params, inputs, targets, kw.get("loss_fn", per_example_cross_entropy))
             clean = clipped_sum(grads, kw["clip_bound"])
         releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
-                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"]})
+                         "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"],
+                         "passes": kw.get("max_physical_batch")})
         return out
 
     return spy

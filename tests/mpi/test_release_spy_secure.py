@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 from test_release_spy import (
+    PASSES,
     STAGES,
     RecordingChannel,
     check_checkpoint_holds_no_party_state,
@@ -39,15 +40,18 @@ def mid_band(words: np.ndarray) -> float:
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("stage", ["search", "augment"])
-def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, shared_dir):
+@pytest.mark.parametrize(("stage", "passes"), [("search", None), ("augment", None), ("search", PASSES)])
+def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, shared_dir):
+    """`passes`: ``runtime.max_physical_batch`` (None: one pass per batch)."""
     run = STAGES[stage]
     totals: list[np.ndarray] = []
+    limits: list[int | None] = []  # each release's max_physical_batch, and its realised batch size
     real = release_module.secure_party_release
 
     def recording(*args, **kwargs):
         total = real(*args, **kwargs)
         totals.append(wrap(total, 32))
+        limits.append((kwargs.get("max_physical_batch"), int(args[2].shape[0])))
         return total
 
     pin_secret_keys(monkeypatch)
@@ -55,9 +59,10 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     cfg = load_config(None, [
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *DARTS,
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
+        *([] if passes is None else [f"runtime.max_physical_batch={passes}"]),
     ])
     world = MPI.COMM_WORLD
-    run_dir = shared_dir(f"spy-secure-{stage}-")
+    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-")
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)
     world.Barrier()
@@ -76,6 +81,8 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
             # 32-word A upload may hold one such word: per upload > 0.9 (≥ 4 of 32: p ~ 1e-9), pooled > 0.99.
             assert mid_band(sent) > 0.9 and mid_band(total) < 0.01
         assert mid_band(np.concatenate(channel.sent)) > 0.99
+        if passes is not None:  # the releases were made in passes (the sums below still match)
+            assert {limit for limit, _ in limits} == {passes} and any(b > passes for _, b in limits)
         return
     state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
     assert (state["stage"], state["step"]) == (stage, 2)
