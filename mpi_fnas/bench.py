@@ -182,10 +182,13 @@ def time_party_step(cfg: Config, repeats: int, private: bool = True) -> dict[str
 
 def _counted_gflop(step: Callable[[], Any]) -> float:
     """GFLOP of one call of `step`, counted by ``torch.utils.flop_counter`` (convolutions and matmuls, forward and
-    backward; element-wise ops are not counted, as in the usual FLOP budgets of NAS papers)."""
+    backward; element-wise ops are not counted, as in the usual FLOP budgets of NAS papers). Counted on the stock
+    kernels: the network's FLOPs, not those of a faster route's larger convolution (``mpi_fnas.space.depthwise``)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    with FlopCounterMode(display=False) as counter:
+    from mpi_fnas.space.depthwise import stock_kernels
+
+    with stock_kernels(), FlopCounterMode(display=False) as counter:
         step()
     return counter.get_total_flops() / 1e9
 

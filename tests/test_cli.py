@@ -175,7 +175,10 @@ def test_an_exception_in_a_party_ends_the_job_quickly_and_marks_the_log(tmp_path
     log = read_run(run / "search.h5")
     assert log["status"] == "failed"
     assert "party rank 2 failed" in log["reason"]
-    assert len(log["metrics"]["step"]) == 2  # the rows written before the failure are kept
+    # The rows written before the failure are kept: step 1's always; step 2's only if rank 0 saw step 2's broadcast
+    # complete before the notice (party 2 can take A, start step 3 and fail while another party has yet to take it,
+    # and then step 2 never completed on rank 0).
+    assert log["metrics"]["step"].tolist() in ([1.0], [1.0, 2.0])
     # Measured from the log's creation (after the slow torch imports): 3 tiny steps, the fault, the abort.
     started = datetime.fromisoformat(log["created"]).timestamp()
     assert ended - started < 30, f"job took {ended - started:.1f} s to end after the search started"

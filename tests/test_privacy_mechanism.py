@@ -47,10 +47,11 @@ class TinyConvNet(nn.Module):
         super().__init__()
         self.stem = nn.Conv2d(3, 6, 3, padding=1, bias=True)  # dense 3x3 with bias: grouped backward
         self.norm = nn.GroupNorm(2, 6)  # affine
-        self.depthwise_dilated = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)  # offsets
-        self.depthwise_strided = nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6, bias=False)  # grouped
-        self.grouped = nn.Conv2d(6, 4, 3, padding=1, groups=2, bias=True)  # 2 groups of 3 -> 2
-        self.pointwise_strided = nn.Conv2d(4, 4, 1, stride=2, bias=False)  # offsets (1x1)
+        self.depthwise_dilated = nn.Conv2d(6, 6, 3, padding=2, dilation=2, groups=6, bias=False)  # correlation
+        self.depthwise_strided = nn.Conv2d(6, 6, 3, stride=2, padding=1, groups=6, bias=False)  # correlation
+        self.grouped = nn.Conv2d(6, 4, 3, padding=1, groups=2, bias=True)  # 2 groups of 3 -> 2: grouped backward
+        self.pointwise_strided = nn.Conv2d(4, 4, 1, stride=2, bias=False)  # batched matmul (1x1)
+        self.pointwise_grouped = nn.Conv2d(4, 4, 1, groups=2, bias=True)  # offsets (grouped 1x1)
         self.layer_norm = nn.LayerNorm(4)
         self.classifier = nn.Linear(4, 5)
 
@@ -58,7 +59,7 @@ class TinyConvNet(nn.Module):
         x = F.relu(self.norm(self.stem(x)))
         x = self.depthwise_dilated(x) + self.depthwise_dilated(F.relu(x))  # shared module
         x = F.relu(self.grouped(self.depthwise_strided(x)))
-        x = self.pointwise_strided(x).mean(dim=(2, 3))
+        x = self.pointwise_grouped(self.pointwise_strided(x)).mean(dim=(2, 3))
         return self.classifier(self.layer_norm(x))
 
 
@@ -186,7 +187,8 @@ def test_per_sample_gradients_match_single_example_backward(method, layout):
 
 
 @pytest.mark.parametrize(("kernel", "stride", "dilation", "side"),
-                         [(5, 1, 1, 8), (5, 2, 2, 7), (3, 2, 2, 9), (5, 1, 2, 5), (7, 2, 1, 6)])
+                         [(5, 1, 1, 8), (5, 2, 2, 7), (3, 2, 2, 9), (5, 1, 2, 5), (7, 2, 1, 6), (3, 1, 1, 8),
+                          (3, 2, 1, 7)])
 def test_depthwise_per_example_gradients_by_correlation_match_the_loop(kernel, stride, dilation, side):
     torch.manual_seed(0)
     model = nn.Sequential(

@@ -16,11 +16,13 @@ from mpi_fnas.space import (
     PRIMITIVES,
     Genotype,
     SearchNetwork,
+    depthwise,
     derive_genotype,
     max_genotype_length,
     num_edges,
 )
 from mpi_fnas.space.cells import MixedOp, SearchCell
+from mpi_fnas.space.depthwise import DepthwiseConv2d
 from mpi_fnas.space.genotype import edge_endpoints
 from mpi_fnas.space.ops import make_norm, make_op
 
@@ -80,6 +82,49 @@ def test_no_inplace_relu_and_no_buffers_in_network() -> None:
     relus = [m for m in net.modules() if isinstance(m, nn.ReLU)]
     assert relus and not any(m.inplace for m in relus)
     assert list(net.buffers()) == []
+
+
+# ---------------------------------------------------------------------------------------------- depthwise
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("size", [7, 8, 16])
+@pytest.mark.parametrize(("kernel", "dilation", "padding"), [(3, 2, 2), (5, 2, 4), (3, 3, 1), (3, 1, 1)])
+@pytest.mark.parametrize("stride", [1, 2])
+def test_depthwise_conv_and_its_gradients_equal_a_grouped_conv(stride: int, kernel: int, dilation: int,
+                                                               padding: int, size: int,
+                                                               layout: torch.memory_format) -> None:
+    # In float64 the spread-and-flip input gradient must equal oneDNN's to rounding; undilated kernels keep oneDNN's.
+    torch.manual_seed(size + 10 * kernel + 100 * stride)
+    conv = DepthwiseConv2d(3, kernel, stride=stride, padding=padding, dilation=dilation).double()
+    grouped = nn.Conv2d(3, 3, kernel, stride=stride, padding=padding, dilation=dilation, groups=3,
+                        bias=False).double()
+    grouped.weight.data.copy_(conv.weight.data)
+    assert conv.fast_input_gradient == (dilation > 1)
+    x = torch.randn(2, 3, size, size, dtype=torch.float64).contiguous(memory_format=layout)
+    out = conv(x.requires_grad_(True))
+    assert torch.allclose(out, grouped(x), rtol=0, atol=1e-12)
+    g = torch.randn_like(out)
+    ours = torch.autograd.grad(out, (x, conv.weight), g)
+    theirs = torch.autograd.grad(grouped(x), (x, grouped.weight), g)
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-12)
+    assert ours[0].abs().sum() > 0
+
+
+def test_depthwise_conv_computes_its_weight_gradient_only_when_the_pass_uses_it(monkeypatch) -> None:
+    # The per-example hooks ask for layer-output gradients only: the slow weight-gradient kernel must not run then.
+    calls = []
+    original = depthwise._weight_gradient
+    monkeypatch.setattr(depthwise, "_weight_gradient", lambda *a: calls.append(1) or original(*a))
+    conv = DepthwiseConv2d(4, 3, stride=2, padding=2, dilation=2)
+    x = torch.randn(2, 4, 9, 9, requires_grad=True)
+    torch.autograd.grad(conv(x).square().sum(), x)
+    assert calls == []
+    torch.autograd.grad(conv(x).square().sum(), conv.weight)
+    assert calls == [1]
+    conv(x).square().sum().backward()
+    assert calls == [1, 1] and conv.weight.grad is not None and x.grad is not None
 
 
 # ---------------------------------------------------------------------------------------------- cells

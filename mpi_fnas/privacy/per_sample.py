@@ -6,9 +6,9 @@ Two exact methods behind one function:
   any parameter of any model. Slow, and its first call imports ``torch._dynamo`` (~1.5 s per process).
 * ``"hooks"`` — one ordinary batched forward, one backward to the *outputs* of the layers owning the parameters,
   then each layer's per-example weight gradient from its input and output gradient: for convolutions one depthwise
-  convolution of the input with the output gradients (depthwise kernels), a loop over kernel offsets, or one
-  grouped weight-gradient kernel with the batch folded into the groups, an outer product
-  for linear layers, ``x_hat * grad`` for GroupNorm/LayerNorm. Autograd is never asked for parameter gradients,
+  convolution of the input with the output gradients (depthwise kernels), one batched matmul (dense 1x1 kernels),
+  a loop over kernel offsets, or one grouped weight-gradient kernel with the batch folded into the groups; an outer
+  product for linear layers, ``x_hat * grad`` for GroupNorm/LayerNorm. Autograd is never asked for parameter gradients,
   so the backward skips the batched weight-gradient kernels that the per-example ones replace.
   Supported owners: ``nn.Conv2d`` (zero padding, any stride/dilation/groups), ``nn.Linear``, ``nn.GroupNorm``,
   ``nn.LayerNorm``. A module called several times in one forward (weight sharing) is handled by summing the
@@ -232,13 +232,15 @@ def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Te
     batch = x.shape[0]
     result: dict[str, torch.Tensor] = {}
     if isinstance(module, nn.Conv2d):
-        # Three exact ways, picked by speed (measured on CPU, see docs/benchmarks.md): for a depthwise kernel larger
-        # than 3x3 or dilated, one depthwise convolution of the input with the output gradient; a loop over kernel
-        # offsets for 1x1 and other dilated kernels (mkldnn's dilated weight gradient is slow); a grouped
-        # convolution backward with one group per (example, group) elsewhere.
+        # Four exact ways, picked by speed (measured on CPU, see docs/benchmarks.md): for a depthwise kernel, one
+        # depthwise convolution of the input with the output gradient; for a dense 1x1 kernel, one batched matmul;
+        # a loop over kernel offsets for other dilated or 1x1 kernels (mkldnn's dilated weight gradient is slow); a
+        # grouped convolution backward with one group per (example, group) elsewhere.
         depthwise = module.groups == module.in_channels == module.out_channels
-        if depthwise and (max(module.kernel_size) > 3 or max(module.dilation) > 1):
+        if depthwise:
             result["weight"] = _depthwise_weight_grads_by_correlation(module, x, g_out)
+        elif module.kernel_size == (1, 1) and module.groups == 1 and module.padding == (0, 0):
+            result["weight"] = _pointwise_weight_grads_by_bmm(module, x, g_out)
         elif module.kernel_size == (1, 1) or max(module.dilation) > 1:
             result["weight"] = _conv_weight_grads_by_offsets(module, x, g_out)
         else:
@@ -294,19 +296,31 @@ def _conv_weight_grads_by_offsets(conv: nn.Conv2d, x: torch.Tensor, g_out: torch
     return torch.stack(per_offset, dim=-1).reshape(batch, *conv.weight.shape)
 
 
+def _pointwise_weight_grads_by_bmm(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
+    """Per-example weight gradients ``(B, C_out, C_in, 1, 1)`` of a dense 1x1 convolution without padding.
+
+    Example b's gradient is ``g_b (C_out, H'W') @ x_b^T (H'W', C_in)``, x_b read at the pixels the stride visits:
+    one batched matmul. Flattening H'W' is a view in either memory layout (a strided x is copied once), so a
+    channels-last batch needs no transposing copy (2-6× faster than the offset loop's einsum at these sizes).
+    """
+    sh, sw = conv.stride
+    read = x[..., ::sh, ::sw] if (sh, sw) != (1, 1) else x
+    return torch.bmm(g_out.flatten(2), read.flatten(2).transpose(1, 2)).reshape(x.shape[0], *conv.weight.shape)
+
+
 def _depthwise_weight_grads_by_correlation(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
     """Per-example weight gradients ``(B, C, 1, kh, kw)`` of a depthwise conv (groups = in = out channels C).
 
     Example b's gradient at offset (i, j) of channel c is ``sum_{h,w} g_out[b, c, h, w] * x_pad[b, c, h*s + i*d,
     w*s + j*d]``: the correlation of the padded input with the output gradient, taken with stride d and dilation s.
     With the B·C (example, channel) pairs as the channels of one image, that is a single depthwise convolution
-    whose kernels are the output gradients; its first kh × kw outputs are the gradients.
+    whose kernels are the output gradients; its first kh × kw outputs are the gradients. The convolution pads x
+    itself: a separate ``F.pad`` of a channels-last x, copied to the folded layout, cost 2-3× the whole call.
     """
     batch, channels = x.shape[0], conv.in_channels
-    (kh, kw), (sh, sw), (dh, dw), (ph, pw) = conv.kernel_size, conv.stride, conv.dilation, conv.padding
-    padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
+    (kh, kw), (sh, sw), (dh, dw) = conv.kernel_size, conv.stride, conv.dilation
     kernels = g_out.reshape(batch * channels, 1, *g_out.shape[2:])
-    grads = F.conv2d(padded.reshape(1, batch * channels, *padded.shape[2:]), kernels, stride=(dh, dw),
+    grads = F.conv2d(x.reshape(1, batch * channels, *x.shape[2:]), kernels, stride=(dh, dw), padding=conv.padding,
                      dilation=(sh, sw), groups=batch * channels)
     return grads[..., :kh, :kw].reshape(batch, *conv.weight.shape)
 

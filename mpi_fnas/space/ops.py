@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpi_fnas.space.depthwise import DepthwiseConv2d
+
 #: Candidate operations in DARTS order; an alpha column index refers to this order.
 PRIMITIVES: tuple[str, ...] = (
     "none",
@@ -122,16 +124,7 @@ class DilConv(nn.Sequential, ReluFirst):
     ) -> None:
         super().__init__(
             nn.ReLU(inplace=False),
-            nn.Conv2d(
-                c_in,
-                c_in,
-                kernel_size,
-                stride=stride,
-                padding=padding,
-                dilation=dilation,
-                groups=c_in,
-                bias=False,
-            ),
+            DepthwiseConv2d(c_in, kernel_size, stride=stride, padding=padding, dilation=dilation),
             nn.Conv2d(c_in, c_out, 1, bias=False),
             make_norm(norm, c_out, affine),
         )

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from torch import nn
 
+from mpi_fnas.space.depthwise import DepthwiseConv2d
 from mpi_fnas.space.ops import Zero, make_norm
 
 #: The activations of the conv ops, one constructor each (the registry the op names are made from).
@@ -55,7 +56,7 @@ class ConvNormAct(nn.Sequential):
         if activation not in ACTIVATIONS:
             raise ValueError(f"unknown activation {activation!r}; expected one of {', '.join(ACTIVATIONS)}")
         super().__init__(
-            nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False),
+            DepthwiseConv2d(channels, 3, padding=1),
             make_norm("groupnorm", channels, affine=False),
             ACTIVATIONS[activation](),
         )
