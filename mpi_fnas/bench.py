@@ -438,9 +438,9 @@ def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
     """Run in a fresh process: rank 0's peak resident memory through what it holds in a search: its modules (planner,
     ledgers, log), the plan of `parties` parties (under dpfnas the privacy plan of the whole job), the test split
     rendered, the supernet, and one evaluation of it on the test split."""
-    from mpi_fnas.evaluation import evaluate
     from mpi_fnas.federation import serve  # noqa: F401  (rank 0's modules: what a server imports)
     from mpi_fnas.federation.plan import open_split, plan_run
+    from mpi_fnas.federation.server import search_server
     from mpi_fnas.space import search_space
 
     plan_run(cfg, parties)
@@ -448,7 +448,7 @@ def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
     x, y = test.render(np.arange(len(test.labels)))
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=test.in_channels,
                                                           num_classes=test.num_classes)
-    evaluate(model, x, y)
+    search_server(model, cfg.search, parties).evaluate(x, y)  # as rank 0 evaluates: its layout and batch
     return {"process_peak_mb": peak_rss_mb()}
 
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.config import SearchConfig
+from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.party import BatchStream, Party, Shard, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
@@ -199,6 +200,25 @@ def test_server_mean_vs_sum_aggregation():
         grad = np.ones_like(w0)
         server.step_w(grad)
         np.testing.assert_allclose(server.w_buffer, w0 - 0.1 * scale * grad, rtol=1e-6)
+
+
+def test_the_server_evaluates_channels_last_and_keeps_w_and_a_in_the_default_order():
+    # Rank 0 computes channels-last (speed): its W and A must still be the default layout's flat vectors, and its
+    # evaluation that of the default-layout network on the same weights.
+    torch.manual_seed(0)
+    reference = SearchNetwork(channels=4, num_classes=3, layers=3, nodes=2, norm="groupnorm")
+    w, a = flatten(list(reference.weights())), flatten(list(reference.alphas()))
+    server = search_server(copy.deepcopy(reference), SearchConfig(), parties=2)
+    conv = next(m for m in server.model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size != (1, 1))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+    np.testing.assert_array_equal(server.w_buffer, w)
+    np.testing.assert_array_equal(server.a_buffer, a)
+    server.w_buffer[:] += np.linspace(-0.1, 0.1, w.size, dtype=np.float32)  # a new global W, then evaluated
+    assign(list(reference.weights()), server.w_buffer)
+    x, y = torch.randn(70, 3, 8, 8), torch.randint(0, 3, (70,))
+    expected = evaluate(reference, x, y, batch_size=32)
+    np.testing.assert_allclose(server.evaluate(x, y), expected, rtol=1e-5)
+    assert expected[1] not in (0, 70)  # a loss and a count of correct answers that could differ
 
 
 def test_flat_round_trip_and_shape_check():

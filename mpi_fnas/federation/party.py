@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from mpi_fnas.config import AugmentConfig
 from mpi_fnas.data.augmentation import augment_images
-from mpi_fnas.evaluation import evaluate
+from mpi_fnas.evaluation import EVAL_BATCH, evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
@@ -276,7 +276,7 @@ class Party:
 
     # -- evaluation ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def evaluate_val(self, batch_size: int = 256) -> np.ndarray:
+    def evaluate_val(self, batch_size: int = EVAL_BATCH) -> np.ndarray:
         """[loss_sum, correct, count] over the whole validation shard (float32 (3,))."""
         self._refuse_under_dp("the validation loss and accuracy")
         return evaluate(self.model, self.val.x, self.val.y, batch_size)

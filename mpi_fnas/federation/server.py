@@ -61,7 +61,10 @@ class Server:
 
     def __init__(self, model: nn.Module, rule: UpdateRule, parties: int, *, adadp: AdadpSettings | None = None,
                  a_optimizer: Callable[[nn.Parameter], FlatSGD | FlatAdam] | None = None) -> None:
-        self.model, self.rule, self.parties = model, rule, parties
+        # Rank 0 computes on the CPU, where channels-last runs its evaluations (the test split, SecProbe's probes) in
+        # about 55 % of the CPU time (docs/benchmarks.md, "Rank 0"); W and A are flattened in the default order.
+        self.model = model.to(memory_format=torch.channels_last)
+        self.rule, self.parties = rule, parties
         self.w = nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
         self.w_opt = FlatSGD(self.w, lr=rule.lr, momentum=rule.momentum, weight_decay=rule.weight_decay)
         self.adadp = AdadpStep(adadp, rule.lr) if adadp is not None else None
@@ -158,14 +161,15 @@ class Server:
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """[loss_sum, correct, count] of the global model on (x, y)."""
-        return evaluate(self.sync_model(), x, y)
+        return evaluate(self.sync_model(), _channels_last(x), y)
 
     def probe_accuracy(self, grad: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
         """SecProbe's score of one party's W release g (num_w,): the accuracy on (x, y) of W − lr·g, the weights it
         alone would step to at this iteration's rate, with the current A and the server's ``grad_clip``
         (:func:`mpi_fnas.federation.probe.probe_accuracy`). W, A and the optimizers are unchanged."""
         model = self.sync_model()
-        return probe_accuracy(model, list(model.weights()), self.w.data, grad, self.lr, self.rule.grad_clip, x, y)
+        return probe_accuracy(model, list(model.weights()), self.w.data, grad, self.lr, self.rule.grad_clip,
+                              _channels_last(x), y)
 
     def alpha_softmax(self) -> dict[str, np.ndarray]:
         """The search: {"normal": (edges, ops), "reduce": (edges, ops)} softmax weights of the global A."""
@@ -183,6 +187,11 @@ class Server:
         entropy = -(rows * np.log(np.clip(rows, 1e-300, None))).sum(axis=1) / np.log(rows.shape[1])
         top = np.sort(rows, axis=1)
         return float(entropy.mean()), float((top[:, -1] - top[:, -2]).mean())
+
+
+def _channels_last(images: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W) images in the server model's layout (no copy when they already are)."""
+    return images.contiguous(memory_format=torch.channels_last)
 
 
 def search_server(model: nn.Module, search: SearchConfig, parties: int, steps_per_epoch: int = 1,
