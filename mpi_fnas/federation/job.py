@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.memory import return_free_memory
 from mpi_fnas.federation.participate import AugmentSide, SearchSide, participate
 from mpi_fnas.federation.stage import Progress
 
@@ -77,6 +78,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
                     "shard_sizes": search.shard_sizes, "config": cfg.to_yaml()}
         atomic_save(run_dir / SEARCHED_NAME, searched)
         resume = None
+        return_free_memory()  # the search's supernet and its evaluations are gone: a compact heap for the next stage
     else:
         searched = searched_state(run_dir) or {"genotype": None, "ledger": None}
     if not augment:
