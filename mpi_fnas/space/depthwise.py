@@ -1,8 +1,8 @@
 """A dilated depthwise convolution whose input gradient runs on the fast forward kernel (CPU).
 
 oneDNN's backward-data kernel for depthwise convolutions is slow on the CPU when the kernel is dilated, and far slower
-at stride 2: 1.9–2.8 ms for a dilated 3×3 or 5×5 at stride 2 (B = 32, 16 channels, 16×16), where the same gradient
-computed as a forward convolution takes 0.17–0.20 ms (docs/benchmarks.md, "Dilated depthwise input gradient"). Every
+at stride 2: 1.9–3.0 ms for a dilated 3×3 or 5×5 at stride 2 (B = 32, 16 channels, 16×16), where the same gradient
+computed as a forward convolution takes 0.17–0.29 ms (docs/benchmarks.md, "Dilated depthwise input gradient"). Every
 DARTS ``dil_conv`` holds one, and every step, plain or private, back-propagates through it.
 
 The input gradient of ``y = conv(x, w)`` (stride s, padding p, dilation d, kernel k) is a convolution of the output
@@ -113,10 +113,16 @@ def _engine_needs(ctx: Any, index: int) -> bool:
     if not ctx.needs_input_grad[index]:
         return False
     node = ctx.next_functions[index][0]
+    if node is None or _will_engine_execute_node is None:
+        return True
     try:
-        return node is None or torch._C._will_engine_execute_node(node)
+        return _will_engine_execute_node(node)
     except RuntimeError:  # the engine cannot tell for a leaf under torch.autograd.grad (torch.func.grad): compute
         return True
+
+
+# torch's private engine query (the one its public register_multi_grad_hook uses); a torch without it computes all.
+_will_engine_execute_node = getattr(torch._C, "_will_engine_execute_node", None)
 
 
 class DepthwiseConv2d(nn.Conv2d):
