@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 
 import numpy as np
 import pytest
@@ -22,6 +23,7 @@ from mpi_fnas.privacy import (
     gaussian_noise,
     party_release,
     per_example_cross_entropy,
+    per_sample,
     per_sample_gradients,
     poisson_sample,
     privatize_per_sample_gradients,
@@ -205,6 +207,34 @@ def test_depthwise_per_example_gradients_by_correlation_match_the_loop(kernel, s
         actual = per_sample_gradients(model, {"0.weight": model[0].weight}, inputs.contiguous(memory_format=layout),
                                       targets, method="hooks")
         assert max_relative_row_error(actual, expected) <= 1e-5
+
+
+def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(monkeypatch):
+    # A private step's peak memory: when the backward reaches the first conv, the later convs' inputs and outputs
+    # must already be freed (not held to the end of the backward by the per-example machinery).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 36, 3))
+    inputs, targets = torch.randn(5, 3, 6, 6), torch.randint(0, 3, (5,))
+    seen, alive_at_first = [], []
+    original = per_sample._layer_per_example_grads
+
+    def watched(module, x, g_out):
+        if module is model[0]:  # the backward's last layer: everything behind it should be gone
+            alive_at_first.extend(ref() is not None for ref in [*seen, *outputs.values()])
+        seen.append(weakref.ref(x))
+        return original(module, x, g_out)
+
+    outputs = {}
+    def keep_a_weak_reference(module, args, out):  # returns None: the output stays as it is
+        outputs[module] = weakref.ref(out)
+
+    for index in (2, 4):  # the later convs' outputs, as the forward made them
+        model[index].register_forward_hook(keep_a_weak_reference)
+    monkeypatch.setattr(per_sample, "_layer_per_example_grads", watched)
+    per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method="hooks")
+    # The linear's and the two later convs' inputs, then those convs' outputs.
+    assert len(seen) == 4 and alive_at_first == [False] * 5
 
 
 def test_per_sample_gradients_subset_order_chunking_and_no_grad():

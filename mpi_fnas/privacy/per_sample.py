@@ -28,11 +28,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from functools import partial
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 from torch.func import functional_call, grad, vmap
 
 #: ``loss_fn(outputs (b, ...), targets (b, ...)) -> (b,)`` per-example losses. Not reduced: a mean would
@@ -184,22 +186,42 @@ def _hook_gradients(
         total_loss = _checked_losses(loss_fn(outputs, targets), batch).sum()
     if not total_loss.requires_grad:  # no owner module ran, no copy was used: the loss does not depend on them
         return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
-    layer_outputs = [out for _, _, out, _ in calls]
     if any(out._version != version for _, _, out, version in calls):
         # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
         raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
-    # Only the gradients at the layer outputs (and the per-example copies) are requested: the parameter-gradient
-    # kernels are skipped.
-    grads = torch.autograd.grad(total_loss, [*layer_outputs, *(diff[n] for n in copied)], allow_unused=True)
-    out_grads = grads[:len(layer_outputs)]
-    per_param = {n: g for n, g in zip(copied, grads[len(layer_outputs):], strict=True) if g is not None}
-    for (owner, layer_in, _, _), g_out in zip(calls, out_grads, strict=True):
-        if g_out is None:  # this call did not influence the loss
-            continue
+    owner_of = [owner for owner, _, _, _ in calls]
+    input_of: list[torch.Tensor | None] = [layer_in for _, layer_in, _, _ in calls]
+    layer_outputs = [out for _, _, out, _ in calls]
+    calls.clear()  # input_of holds the only references to the layer inputs, dropped as each is used
+    per_param: dict[str, torch.Tensor] = {}
+
+    def add_layer(index: int, g_out: torch.Tensor) -> None:
+        # Runs as soon as the backward reaches this call's output: the layer's per-example gradients, then its input
+        # is let go, so the inputs of the layers behind the backward are freed as it goes (a step's peak holds the
+        # output gradients, not every layer's input as well).
+        owner, layer_in = owner_of[index], input_of[index]
+        input_of[index] = None
         for attr, g in _layer_per_example_grads(modules[owner], layer_in, g_out).items():
             name = f"{owner}.{attr}" if owner else attr
             if name in params:
                 per_param[name] = per_param[name] + g if name in per_param else g
+
+    # A call whose output did not influence the loss gets no gradient: its hook never runs.
+    handles = [out.register_hook(partial(add_layer, index)) for index, out in enumerate(layer_outputs)]
+    # Only the gradients at the layer outputs (and the per-example copies) are requested: the parameter-gradient
+    # kernels are skipped. The outputs are named by their graph edges, so that no reference here keeps an output
+    # alive once the backward is past it.
+    wanted = [*(get_gradient_edge(out) for out in layer_outputs), *(diff[n] for n in copied)]
+    del layer_outputs
+    try:
+        grads = torch.autograd.grad(total_loss, wanted, allow_unused=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    for n, g in zip(copied, grads[len(owner_of):], strict=True):
+        if g is not None:
+            per_param[n] = g
+    del grads
     rows = [
         per_param[name].reshape(batch, -1)
         if name in per_param
