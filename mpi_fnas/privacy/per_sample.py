@@ -5,7 +5,8 @@ Two exact methods behind one function:
 * ``"vmap"`` — ``torch.func.vmap(torch.func.grad(loss of one example))`` over ``functional_call``. Works for
   any parameter of any model. Slow, and its first call imports ``torch._dynamo`` (~1.5 s per process).
 * ``"hooks"`` — one ordinary batched forward, one backward to the *outputs* of the layers owning the parameters,
-  then each layer's per-example weight gradient from its input and output gradient: for convolutions one depthwise
+  and, as the backward reaches each layer, its per-example weight gradient from its input and output gradient (the
+  layer's tensors are then let go, so a step's peak does not hold every layer at once): for convolutions one depthwise
   convolution of the input with the output gradients (depthwise kernels), one batched matmul (dense 1x1 kernels),
   a loop over kernel offsets, or one grouped weight-gradient kernel with the batch folded into the groups; an outer
   product for linear layers, ``x_hat * grad`` for GroupNorm/LayerNorm. Autograd is never asked for parameter gradients,
