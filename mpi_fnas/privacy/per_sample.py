@@ -305,17 +305,13 @@ def _conv_weight_grads_by_offsets(conv: nn.Conv2d, x: torch.Tensor, g_out: torch
     padded = F.pad(x, (pw, pw, ph, ph)) if ph or pw else x
     padded = padded.reshape(batch, groups, conv.in_channels // groups, *padded.shape[2:])
     g = g_out.reshape(batch, groups, conv.out_channels // groups, out_h, out_w)
-    depthwise = g.shape[2] == 1 and padded.shape[2] == 1
     per_offset = []
     for i in range(kh):
         for j in range(kw):
             patch = padded[
                 ..., i * dh : i * dh + sh * (out_h - 1) + 1 : sh, j * dw : j * dw + sw * (out_w - 1) + 1 : sw
             ]
-            if depthwise:  # one channel per group: an elementwise product is cheaper than a batched matmul
-                per_offset.append((g * patch).sum(dim=(3, 4)).unsqueeze(-1))
-            else:
-                per_offset.append(torch.einsum("bgohw,bgihw->bgoi", g, patch))
+            per_offset.append(torch.einsum("bgohw,bgihw->bgoi", g, patch))
     return torch.stack(per_offset, dim=-1).reshape(batch, *conv.weight.shape)
 
 
