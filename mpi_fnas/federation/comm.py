@@ -32,8 +32,14 @@ VM), taken from the parties still computing; the cap trades that against the lat
 
 * the server is one process on the critical path of every exchange: short cap (0.25 ms);
 * a party waits mostly for the slowest party, and K of them wake up: 1 ms;
-* long waits (the server evaluating, a much slower party) grow the cap with their length, so a waiter's CPU grows
-  only logarithmically with the wait while the added latency stays a small fraction of it (0.1 % / 1 %).
+* long waits (the parties' compute, the server evaluating, a much slower party) grow the cap with their length, so
+  a waiter's CPU grows only logarithmically with the wait while the added latency stays within 1 % of it
+  (:func:`next_pause`).
+
+The server's fraction was 0.1 % until issue 28: it then woke ~900 times per augmentation iteration (~0.45 s of the
+parties' compute), 12 s of CPU per ``make run`` augmentation, and each wake-up also preempted a computing party. At
+1 % it wakes ~250 times; with a fixed cell, 9 ranks on 2 cores, alternating runs: augmentation 120.5 / 125.8 /
+123.5 / 131.5 s against 131.3 / 135.7 / 143.9 / 135.0 s, rank 0's CPU 7.4–7.8 s against 12.4–13.3 s.
 
 Measured with 9 ranks on 2 cores, side by side in one session (old = MPI tree collectives, polls capped at 1 ms):
 the four collectives of an iteration, from the last party's arrival, went from ~49 ms to ~6-7 ms (``python -m
@@ -66,7 +72,7 @@ SPIN_POLLS = 32  # polls before the first sleep
 FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
 SERVER_MAX_PAUSE = 2.5e-4  # seconds; the server's cap (one process, on every step's critical path)
 PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
-SERVER_PAUSE_FRACTION = 1e-3  # … or this fraction of the time already waited, if larger,
+SERVER_PAUSE_FRACTION = 1e-2  # … or this fraction of the time already waited, if larger,
 PARTY_PAUSE_FRACTION = 1e-2
 PAUSE_CEILING = 0.05  # … but never more than this (seconds)
 # Seconds a failed party waits for the server to notice its notice, log its last ε rows (up to
@@ -291,14 +297,21 @@ class Channel:
                     )
                 if polls > SPIN_POLLS:
                     time.sleep(pause)
-                    cap = min(max(self.max_pause, self.pause_fraction * waited), PAUSE_CEILING)
-                    pause = min(pause * 2.0, cap)
+                    pause = next_pause(pause, waited, self.max_pause, self.pause_fraction)
         except BaseException:
             self._abandoned.append(pending)
             self._parts = {}  # a receive may still land in the old buffers
             raise
         finally:
             self.comm_seconds += time.perf_counter() - start
+
+
+def next_pause(pause: float, waited: float, max_pause: float, fraction: float) -> float:
+    """The sleep after one of `pause` seconds, `waited` seconds into a wait: twice as long, up to the cap
+    ``max(max_pause, fraction × waited)`` bounded by ``PAUSE_CEILING``. A completion is therefore noticed at most
+    one cap late: within `max_pause` of a short wait, within `fraction` of a long one."""
+    cap = min(max(max_pause, fraction * waited), PAUSE_CEILING)
+    return min(pause * 2.0, cap)
 
 
 # -- what _wait polls ----------------------------------------------------------------------------------------------
