@@ -219,11 +219,11 @@ def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(mon
     seen, alive_at_first = [], []
     original = per_sample._layer_per_example_grads
 
-    def watched(module, x, g_out):
+    def watched(module, x, g_out, *statistics):
         if module is model[0]:  # the backward's last layer: everything behind it should be gone
             alive_at_first.extend(ref() is not None for ref in [*seen, *outputs.values()])
         seen.append(weakref.ref(x))
-        return original(module, x, g_out)
+        return original(module, x, g_out, *statistics)
 
     outputs = {}
     def keep_a_weak_reference(module, args, out):  # returns None: the output stays as it is
@@ -235,6 +235,34 @@ def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(mon
     per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method="hooks")
     # The linear's and the two later convs' inputs, then those convs' outputs.
     assert len(seen) == 4 and alive_at_first == [False] * 5
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_group_norm_per_example_gradients_come_from_the_forwards_saved_statistics(layout):
+    # The hooks take each GroupNorm's mean and rstd from its forward's graph node instead of normalising again: the
+    # route must be taken, and agree with the per-example loop in float64, also where the mean is far from 0 (the
+    # form sum(g * x) - mean * sum(g) cancels there).
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.GroupNorm(2, 8), nn.ReLU(), nn.Flatten(),
+                          nn.Linear(8 * 25, 3)).double().to(memory_format=layout)
+    with torch.no_grad():
+        model[0].bias.fill_(40.0)  # GroupNorm inputs with mean ~40 and std ~1
+        model[1].weight.normal_()
+        model[1].bias.normal_()
+    inputs = torch.randn(6, 3, 5, 5, dtype=torch.float64).contiguous(memory_format=layout)
+    targets = torch.randint(0, 3, (6,))
+    x = model[0](inputs)
+    assert per_sample._saved_statistics(model[1], model[1](x)) is not None
+    assert per_sample._saved_statistics(model[1], model[1](x).detach()) is None
+    names = ["1.weight", "1.bias"]
+    # Every parameter's gradient is asked for: torch 2.13's channels-last GroupNorm backward crashes (SIGSEGV) when
+    # only its weight and bias are.
+    expected = torch.cat([torch.cat([g.reshape(1, -1) for g in torch.autograd.grad(
+        F.cross_entropy(model(inputs[i:i + 1]), targets[i:i + 1], reduction="sum"),
+        list(model.parameters()))[2:4]], 1) for i in range(6)])
+    actual = per_sample_gradients(model, {n: dict(model.named_parameters())[n] for n in names}, inputs, targets,
+                                  method="hooks")
+    torch.testing.assert_close(actual, expected, rtol=1e-9, atol=1e-12)
 
 
 def test_per_sample_gradients_subset_order_chunking_and_no_grad():

@@ -41,6 +41,7 @@ from torch.func import functional_call, grad, vmap
 #: ``loss_fn(outputs (b, ...), targets (b, ...)) -> (b,)`` per-example losses. Not reduced: a mean would
 #: silently rescale the hooks method by 1/b, so a reduced loss is rejected.
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Statistics = tuple[torch.Tensor, torch.Tensor] | None  # a GroupNorm call's saved (mean, rstd), each (B, G)
 Method = Literal["auto", "vmap", "hooks"]
 
 _HOOKABLE = (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.LayerNorm)
@@ -171,8 +172,9 @@ def _hook_gradients(
     owners = {_owner_name(name) for name in params if name not in copied}
     named = dict(model.named_modules())  # one walk of the module tree, not one per parameter
     modules = {owner: named[owner] for owner in owners}
-    # (module name, layer input, layer output, output version at the call) of every call, in call order.
-    calls: list[tuple[str, torch.Tensor, torch.Tensor, int]] = []
+    # (module name, layer input, layer output, output version at the call, statistics the forward saved) of every
+    # call, in call order.
+    calls: list[tuple[str, torch.Tensor, torch.Tensor, int, Statistics]] = []
 
     # enable_grad: a caller's no_grad() must not silently turn the layer outputs into constants.
     with torch.enable_grad(), _record_calls(modules, calls):
@@ -187,12 +189,13 @@ def _hook_gradients(
         total_loss = _checked_losses(loss_fn(outputs, targets), batch).sum()
     if not total_loss.requires_grad:  # no owner module ran, no copy was used: the loss does not depend on them
         return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
-    if any(out._version != version for _, _, out, version in calls):
+    if any(out._version != version for _, _, out, version, _ in calls):
         # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
         raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
-    owner_of = [owner for owner, _, _, _ in calls]
-    input_of: list[torch.Tensor | None] = [layer_in for _, layer_in, _, _ in calls]
-    layer_outputs = [out for _, _, out, _ in calls]
+    owner_of = [owner for owner, _, _, _, _ in calls]
+    input_of: list[torch.Tensor | None] = [layer_in for _, layer_in, _, _, _ in calls]
+    statistics_of = [statistics for _, _, _, _, statistics in calls]
+    layer_outputs = [out for _, _, out, _, _ in calls]
     calls.clear()  # input_of holds the only references to the layer inputs, dropped as each is used
     per_param: dict[str, torch.Tensor] = {}
 
@@ -202,7 +205,7 @@ def _hook_gradients(
         # output gradients, not every layer's input as well).
         owner, layer_in = owner_of[index], input_of[index]
         input_of[index] = None
-        for attr, g in _layer_per_example_grads(modules[owner], layer_in, g_out).items():
+        for attr, g in _layer_per_example_grads(modules[owner], layer_in, g_out, statistics_of[index]).items():
             name = f"{owner}.{attr}" if owner else attr
             if name in params:
                 per_param[name] = per_param[name] + g if name in per_param else g
@@ -234,13 +237,13 @@ def _hook_gradients(
 
 @contextmanager
 def _record_calls(
-    modules: Mapping[str, nn.Module], calls: list[tuple[str, torch.Tensor, torch.Tensor, int]]
+    modules: Mapping[str, nn.Module], calls: list[tuple[str, torch.Tensor, torch.Tensor, int, Statistics]]
 ) -> Iterator[None]:
     handles = []
     for owner, module in modules.items():
 
         def record(mod: nn.Module, args: tuple, output: torch.Tensor, owner: str = owner) -> None:
-            calls.append((owner, args[0].detach(), output, output._version))
+            calls.append((owner, args[0].detach(), output, output._version, _saved_statistics(mod, output)))
 
         handles.append(module.register_forward_hook(record))
     try:
@@ -250,8 +253,21 @@ def _record_calls(
             h.remove()
 
 
-def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Tensor) -> dict[str, torch.Tensor]:
-    """``{"weight": (B, *weight.shape), "bias": (B, *bias.shape)}`` for one call of ``module``."""
+def _saved_statistics(module: nn.Module, output: torch.Tensor) -> Statistics:
+    """An affine GroupNorm's per-(example, group) mean and 1/std, each (B, G), as its forward saved them for the
+    backward; None for other modules, or where the output's graph node is not the native GroupNorm's."""
+    if not (isinstance(module, nn.GroupNorm) and module.affine):
+        return None
+    node = output.grad_fn
+    if type(node).__name__ != "NativeGroupNormBackward0":
+        return None
+    return node._saved_result1, node._saved_result2
+
+
+def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Tensor,
+                             statistics: Statistics = None) -> dict[str, torch.Tensor]:
+    """``{"weight": (B, *weight.shape), "bias": (B, *bias.shape)}`` for one call of ``module``; `statistics`: what
+    :func:`_saved_statistics` found for the call."""
     batch = x.shape[0]
     result: dict[str, torch.Tensor] = {}
     if isinstance(module, nn.Conv2d):
@@ -276,11 +292,20 @@ def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Te
         if module.bias is not None:
             result["bias"] = g.sum(dim=1)
     elif isinstance(module, nn.GroupNorm) and module.affine:
-        # y = x_hat * weight + bias per channel, x_hat normalised per example and group: no parameter needed.
-        x_hat = F.group_norm(x, module.num_groups, eps=module.eps)
+        # y = x_hat * weight + bias per channel, x_hat = (x - mean) * rstd per example and group.
         spatial = tuple(range(2, x.dim()))
-        result["weight"] = (g_out * x_hat).sum(dim=spatial)
-        result["bias"] = g_out.sum(dim=spatial)
+        g_sum = g_out.sum(dim=spatial)  # (B, C)
+        if statistics is None:  # normalise again
+            x_hat = F.group_norm(x, module.num_groups, eps=module.eps)
+            result["weight"] = (g_out * x_hat).sum(dim=spatial)
+        else:
+            # From the forward's own mean and rstd, as GroupNorm's backward forms its weight gradient:
+            # sum(g * x_hat) = rstd * (sum(g * x) - mean * sum(g)). Normalising again took about as long as the
+            # layer's forward.
+            channels_per_group = module.num_channels // module.num_groups
+            mean, rstd = (s.repeat_interleave(channels_per_group, dim=1) for s in statistics)  # (B, C) each
+            result["weight"] = ((g_out * x).sum(dim=spatial) - g_sum * mean) * rstd
+        result["bias"] = g_sum
     elif isinstance(module, nn.LayerNorm) and module.elementwise_affine:
         x_hat = F.layer_norm(x, module.normalized_shape, eps=module.eps)
         # Sum over the dims between the batch and the normalised ones (none for (B, features) inputs; note that
