@@ -157,30 +157,44 @@ def test_the_adaptive_limit_is_a_whole_multiple_of_the_floor_between_the_floor_a
     assert adaptive_timeout(1800.0, 60.0, 10.0, 6.1) == adaptive_timeout(1800.0, 60.0, 10.0, 11.9)
 
 
-def simulated_wait(seconds: float, max_pause: float, fraction: float) -> tuple[int, float]:
-    """(sleeps, lateness in seconds) of `Channel._wait`'s schedule for an exchange that completes `seconds` into the
-    wait, polls taking no time."""
-    from mpi_fnas.federation.comm import FIRST_PAUSE, next_pause
+class FakeClock:
+    """`time.perf_counter` and `time.sleep` for `Channel._wait`: sleeping advances the clock, polls take no time."""
 
-    now, pause, sleeps = 0.0, FIRST_PAUSE, 0
-    while now < seconds:
-        waited, now, sleeps = now, now + pause, sleeps + 1
-        pause = next_pause(pause, waited, max_pause, fraction)
-    return sleeps, now - seconds
+    def __init__(self) -> None:
+        self.now, self.sleeps = 0.0, 0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now, self.sleeps = self.now + seconds, self.sleeps + 1
 
 
-def test_the_server_notices_a_completion_within_1_percent_and_wakes_rarely_while_the_parties_compute():
+def waited_out(monkeypatch, seconds: float, role: str) -> tuple[int, float]:
+    """(sleeps, lateness in seconds) of the real `Channel._wait` for an exchange that completes `seconds` into the
+    wait: on a channel of COMM_SELF (rank 0, the server's schedule), or with a party's cap and fraction."""
+    from mpi4py import MPI
+
+    from mpi_fnas.federation import comm
+
+    clock = FakeClock()
+    monkeypatch.setattr(comm.time, "perf_counter", clock.perf_counter)
+    monkeypatch.setattr(comm.time, "sleep", clock.sleep)
+    channel = comm.Channel(MPI.COMM_SELF, timeout=1e6)
+    if role == "party":
+        channel.max_pause, channel.pause_fraction = comm.PARTY_MAX_PAUSE, comm.PARTY_PAUSE_FRACTION
+    done = type("Done", (), {"test": lambda self: clock.now >= seconds})()
+    channel._wait(done, "a simulated exchange")
+    return clock.sleeps, clock.now - seconds
+
+
+def test_the_server_notices_a_completion_within_1_percent_and_wakes_rarely_while_the_parties_compute(monkeypatch):
     """Each wake-up of the server costs CPU and preempts a computing party when ranks outnumber cores. At the old
     fraction (0.1 %) the server woke ~1,600 times in a 0.45 s wait (an augmentation iteration of `make run`)."""
-    from mpi_fnas.federation.comm import (
-        PARTY_MAX_PAUSE,
-        PARTY_PAUSE_FRACTION,
-        SERVER_MAX_PAUSE,
-        SERVER_PAUSE_FRACTION,
-    )
+    from mpi_fnas.federation.comm import PARTY_MAX_PAUSE, SERVER_MAX_PAUSE
 
-    assert simulated_wait(0.45, SERVER_MAX_PAUSE, SERVER_PAUSE_FRACTION)[0] <= 400
+    assert waited_out(monkeypatch, 0.45, "server")[0] <= 400
     for seconds in (1e-4, 1e-3, 0.01, 0.05, 0.45, 2.0, 30.0, 600.0):
-        for max_pause, fraction in ((SERVER_MAX_PAUSE, SERVER_PAUSE_FRACTION), (PARTY_MAX_PAUSE, PARTY_PAUSE_FRACTION)):
-            late = simulated_wait(seconds, max_pause, fraction)[1]
+        for role, max_pause in (("server", SERVER_MAX_PAUSE), ("party", PARTY_MAX_PAUSE)):
+            late = waited_out(monkeypatch, seconds, role)[1]
             assert late <= max(max_pause, 0.01 * seconds), (seconds, max_pause, late)

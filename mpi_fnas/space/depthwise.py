@@ -104,6 +104,10 @@ def _weight_gradient(grad_out: torch.Tensor, x: torch.Tensor, weight: torch.Tens
                                                weight.shape[0], [False, True, False])[1]
 
 
+# torch's private engine query (the one its public register_multi_grad_hook uses); a torch without it computes all.
+_will_engine_execute_node = getattr(torch._C, "_will_engine_execute_node", None)
+
+
 def _engine_needs(ctx: Any, index: int) -> bool:
     """Whether this backward pass uses input `index`'s gradient. ``needs_input_grad`` only says that the input
     requires grad; a private release asks autograd for the layer outputs' gradients alone (the per-example hooks),
@@ -120,9 +124,6 @@ def _engine_needs(ctx: Any, index: int) -> bool:
     except RuntimeError:  # the engine cannot tell for a leaf under torch.autograd.grad (torch.func.grad): compute
         return True
 
-
-# torch's private engine query (the one its public register_multi_grad_hook uses); a torch without it computes all.
-_will_engine_execute_node = getattr(torch._C, "_will_engine_execute_node", None)
 
 
 class DepthwiseConv2d(nn.Conv2d):

@@ -9,7 +9,9 @@ steps, so the checkpoint path is spied too. Then, on every party:
   * it sent exactly its releases of each step (the search: G_k and H_k; the augmentation: its weight release) and
     nothing else (no statistics, no final evaluation);
   * each buffer's gradient part is bit-for-bit the output of a ``party_release`` call, with a zero tail;
-  * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance);
+  * release·B − clipped sum is N(0, (σR)²) per coordinate (chi-square bounds on the pooled variance), the clipped
+    sum recomputed with every GroupNorm normalised again; by the party's own kernels (each GroupNorm from the
+    statistics its forward saved, the route every augmentation release must have taken) it is the same sum;
   * every object it sent is made of short strings, ints and None (its device, its sent-steps count, checkpoint
     acknowledgements): no tensor, no bytes, no stream state;
 and on the server: its checkpoint holds no party state, while each party's own directory does, and the log's
@@ -21,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -33,7 +36,7 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
-from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample_gradients
+from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.runlog import read_run
 
@@ -193,6 +196,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     if stage == "search":  # the H releases are this space's alpha (the parametrisation ran the space it names)
         assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[case.split("-")[0]]}
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
+    if stage == "augment":  # the derived network's affine GroupNorms: the releases went through the statistics route
+        assert all(rel["routed"] > 0 for rel in releases)
     if case.endswith("passes"):  # the releases were made in passes, and each still is the one-pass clipped sum + noise
         assert {rel["passes"] for rel in releases} == {PASSES} and any(rel["b"] > PASSES for rel in releases)
 
@@ -258,18 +263,32 @@ def pin_secret_keys(monkeypatch) -> None:
 
 def recording_release(real_release, releases: list[dict]):
     """`real_release` (a ``party_release``), recording in `releases` each call's output, the clipped sum it noised
-    (recomputed from the same batch in one pass), the realised batch size b, its R, σ and B, and its passes' limit."""
+    (recomputed from the same batch in one pass, each GroupNorm normalised again: independent of the party's route
+    through the statistics its forward saved), the same sum by the party's own route, how many GroupNorm calls of
+    the release took that route, the realised batch size b, its R, σ and B, and its passes' limit."""
 
     def spy(model, params, inputs, targets, **kw):
-        out = real_release(model, params, inputs, targets, **kw)
+        routed: list[bool] = []
+
+        def counted(module, output):
+            statistics = saved_statistics(module, output)
+            routed.append(statistics is not None)
+            return statistics
+
+        with mock.patch.object(per_sample, "_saved_statistics", counted):
+            out = real_release(model, params, inputs, targets, **kw)
+        loss_fn = kw.get("loss_fn", per_example_cross_entropy)
         with torch.no_grad():
-            grads = per_sample_gradients(model, params, inputs, targets, kw.get("loss_fn", per_example_cross_entropy))
-            clean = clipped_sum(grads, kw["clip_bound"])
-        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(), "b": int(inputs.shape[0]),
+            route = clipped_sum(per_sample_gradients(model, params, inputs, targets, loss_fn), kw["clip_bound"])
+            with mock.patch.object(per_sample, "_saved_statistics", lambda module, output: None):
+                clean = clipped_sum(per_sample_gradients(model, params, inputs, targets, loss_fn), kw["clip_bound"])
+        releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(),
+                         "route": route.numpy().copy(), "routed": sum(routed), "b": int(inputs.shape[0]),
                          "clip": kw["clip_bound"], "sigma": kw["noise_multiplier"], "B": kw["expected_batch_size"],
                          "passes": kw.get("max_physical_batch")})
         return out
 
+    saved_statistics = per_sample._saved_statistics
     return spy
 
 
@@ -282,6 +301,8 @@ def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], 
         np.testing.assert_array_equal(sent[:-STATS], rel["out"].astype(np.float32))  # exactly the release
         assert not np.any(sent[-STATS:])  # no loss, accuracy, batch size or timing rides along
         assert rel["B"] == batch and rel["sigma"] == sigma and rel["clip"] in clips
+        # The party's per-example kernels (GroupNorm from its forward's statistics) against normalising again.
+        np.testing.assert_allclose(rel["route"], rel["clean"], rtol=1e-4, atol=1e-6)
         # The clipped sum has norm ≤ b·R; the release adds σR noise per coordinate before dividing by B.
         assert np.linalg.norm(rel["clean"]) <= rel["b"] * rel["clip"] * (1 + 1e-5)
         residuals.append((rel["out"].astype(np.float64) * batch - rel["clean"]) / (sigma * rel["clip"]))
