@@ -216,7 +216,9 @@ def test_joint_target_calibrates_one_sigma_so_the_worst_party_ends_at_the_target
         lambda s: dp_accounting.SelfComposedDpEvent(
             dp_accounting.PoissonSampledDpEvent(B / 350, dp_accounting.GaussianDpEvent(s)), search_steps),
         target, DELTA, bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0), tol=1e-3)
-    assert alone.params.noise_multiplier_w == alone.params.noise_multiplier_a == expected
+    # Equal to the library's up to rounding: ours composes with numpy.fft, the library with scipy.fft
+    # (mpi_fnas.privacy.transforms), so Brent's method ends ~1e-11 apart.
+    assert alone.params.noise_multiplier_w == alone.params.noise_multiplier_a == pytest.approx(expected, rel=1e-9)
     assert alone.params.noise_multiplier_w < sigma  # the augment's releases cost noise
 
 

@@ -32,6 +32,7 @@ from dp_accounting.pld import privacy_loss_distribution
 from scipy import optimize, special
 
 from mpi_fnas.privacy.gaussian_pld import ArrayPLDAccountant, gaussian_pld
+from mpi_fnas.privacy.transforms import numpy_transforms
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 #: dp_accounting's default PLD grid; smaller is tighter and slower. The estimate is pessimistic at any grid.
@@ -108,16 +109,17 @@ def calibrate_noise_multiplier(
     def event(noise_multiplier: float) -> dp_accounting.DpEvent:
         return _poisson_gaussian_event(noise_multiplier, sample_rate, steps)
 
-    return float(
-        dp_accounting.calibrate_dp_mechanism(
-            fresh_accountant,
-            event,
-            target_epsilon,
-            delta,
-            bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
-            tol=tolerance,
+    with numpy_transforms():  # the compositions' FFTs leave no plans behind (mpi_fnas.privacy.transforms)
+        return float(
+            dp_accounting.calibrate_dp_mechanism(
+                fresh_accountant,
+                event,
+                target_epsilon,
+                delta,
+                bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+                tol=tolerance,
+            )
         )
-    )
 
 
 #: A ledger's releases as (noise multiplier σ, Poisson rate q, count) runs.
@@ -286,9 +288,10 @@ def _pld_epsilon(runs: tuple[tuple[float, float, int], ...], delta: float, inter
     if not runs:
         return 0.0
     composed = None
-    for noise_multiplier, sample_rate, count in runs:
-        pld = _one_step_pld(noise_multiplier, sample_rate, interval).self_compose(count)
-        composed = pld if composed is None else composed.compose(pld)
+    with numpy_transforms():  # the compositions' FFTs leave no plans behind (mpi_fnas.privacy.transforms)
+        for noise_multiplier, sample_rate, count in runs:
+            pld = _one_step_pld(noise_multiplier, sample_rate, interval).self_compose(count)
+            composed = pld if composed is None else composed.compose(pld)
     return float(composed.get_epsilon_for_delta(delta))
 
 
