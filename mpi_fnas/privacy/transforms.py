@@ -1,20 +1,22 @@
 """dp_accounting's Fourier transforms computed by numpy.fft, which keeps no plans between calls.
 
 dp_accounting composes privacy loss distributions by FFT: ``self_compose`` through ``scipy.fft.fft``/``ifft``,
-``compose`` through ``scipy.signal.fftconvolve`` (``rfftn``/``irfftn``). scipy's pocketfft keeps the plan of each
-of the last 16 lengths of every transform type in static caches that are never freed, and a plan of length n holds
-~16 n bytes of twiddle factors. The lengths grow with the composed steps, so rank 0, which computes ε at every
-logged row and calibrates σ over dozens of compositions, kept filling those caches. Measured on this machine
-(docs/benchmarks.md, "fifth round"): 20 ε of growing length left 133 MB resident in scipy's caches, 6 MB with
-numpy.fft (numpy ≥ 2, the same pocketfft without a plan cache), in the same time, ε equal to 1e-10 relative.
+``compose`` through ``scipy.signal.fftconvolve`` (``rfftn``/``irfftn``). scipy's pocketfft keeps the plans of the
+last 16 lengths of every transform type in static caches (a plan of length n holds ~8 n bytes of twiddle factors for
+real input, ~16 n for complex), and frees one only when a newer length displaces it. The lengths grow with the
+composed steps, so rank 0, which computes ε at every logged row and calibrates σ over dozens of compositions, kept
+those caches full of ever larger plans. Measured on this machine (docs/benchmarks.md, "fifth round"): 20 ε of growing
+length left 133 MB resident in scipy's caches, 6 MB with numpy.fft (numpy ≥ 2, the same pocketfft without a plan
+cache), in the same time, ε equal to 1e-9 relative or closer.
 
 :func:`numpy_transforms` is a context manager: inside it, on the calling thread only (scipy's backends are
-thread-local), the transforms numpy implements go to :mod:`numpy.fft`; any other, or a call with a precomputed
-``plan``, falls through to scipy's own. No MPI, no autograd.
+thread-local), the transforms numpy implements go to :mod:`numpy.fft`; any other, a call with a precomputed
+``plan`` or one with repeated axes (which scipy refuses), falls through to scipy's own. No MPI, no autograd.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, ClassVar
@@ -45,8 +47,12 @@ def _many_axes(name: str) -> Callable[..., Any]:
                   workers: int | None = None, *, plan: Any = None) -> Any:
         if plan is not None:
             return NotImplemented
+        s = (s,) if isinstance(s, numbers.Integral) else s  # scipy takes one length or axis as a plain integer
+        axes = (axes,) if isinstance(axes, numbers.Integral) else axes
         if s is not None and axes is None:  # numpy (≥ 2.0) wants the axes whenever the shape is given
             axes = tuple(range(-len(s), 0))
+        if axes is not None and len({axis % max(np.ndim(x), 1) for axis in axes}) != len(axes):
+            return NotImplemented  # repeated axes: scipy raises where numpy would transform twice
         return numpy_transform(x, s=s, axes=axes, norm=norm)
 
     return transform
