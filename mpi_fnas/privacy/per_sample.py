@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from functools import partial
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -172,9 +172,7 @@ def _hook_gradients(
     owners = {_owner_name(name) for name in params if name not in copied}
     named = dict(model.named_modules())  # one walk of the module tree, not one per parameter
     modules = {owner: named[owner] for owner in owners}
-    # (module name, layer input, layer output, output version at the call, statistics the forward saved) of every
-    # call, in call order.
-    calls: list[tuple[str, torch.Tensor, torch.Tensor, int, Statistics]] = []
+    calls: list[_Call] = []  # every call of an owner module, in call order
 
     # enable_grad: a caller's no_grad() must not silently turn the layer outputs into constants.
     with torch.enable_grad(), _record_calls(modules, calls):
@@ -189,13 +187,13 @@ def _hook_gradients(
         total_loss = _checked_losses(loss_fn(outputs, targets), batch).sum()
     if not total_loss.requires_grad:  # no owner module ran, no copy was used: the loss does not depend on them
         return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
-    if any(out._version != version for _, _, out, version, _ in calls):
+    if any(call.output._version != call.version for call in calls):
         # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
         raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
-    owner_of = [owner for owner, _, _, _, _ in calls]
-    input_of: list[torch.Tensor | None] = [layer_in for _, layer_in, _, _, _ in calls]
-    statistics_of = [statistics for _, _, _, _, statistics in calls]
-    layer_outputs = [out for _, _, out, _, _ in calls]
+    owner_of = [call.owner for call in calls]
+    input_of: list[torch.Tensor | None] = [call.layer_input for call in calls]
+    statistics_of = [call.statistics for call in calls]
+    layer_outputs = [call.output for call in calls]
     calls.clear()  # input_of holds the only references to the layer inputs, dropped as each is used
     per_param: dict[str, torch.Tensor] = {}
 
@@ -235,15 +233,23 @@ def _hook_gradients(
     return torch.cat(rows, dim=1)
 
 
+class _Call(NamedTuple):
+    """One call of an owner module in the forward, as the per-example hooks need it."""
+
+    owner: str  # the module's name
+    layer_input: torch.Tensor  # its input, detached
+    output: torch.Tensor  # its output, in the graph
+    version: int  # the output's version at the call (an in-place op on it would change it)
+    statistics: Statistics  # what the forward saved for the backward (:func:`_saved_statistics`)
+
+
 @contextmanager
-def _record_calls(
-    modules: Mapping[str, nn.Module], calls: list[tuple[str, torch.Tensor, torch.Tensor, int, Statistics]]
-) -> Iterator[None]:
+def _record_calls(modules: Mapping[str, nn.Module], calls: list[_Call]) -> Iterator[None]:
     handles = []
     for owner, module in modules.items():
 
         def record(mod: nn.Module, args: tuple, output: torch.Tensor, owner: str = owner) -> None:
-            calls.append((owner, args[0].detach(), output, output._version, _saved_statistics(mod, output)))
+            calls.append(_Call(owner, args[0].detach(), output, output._version, _saved_statistics(mod, output)))
 
         handles.append(module.register_forward_hook(record))
     try:

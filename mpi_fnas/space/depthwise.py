@@ -125,7 +125,6 @@ def _engine_needs(ctx: Any, index: int) -> bool:
         return True
 
 
-
 class DepthwiseConv2d(nn.Conv2d):
     """``nn.Conv2d(channels, channels, kernel_size, groups=channels, bias=False)`` (zero padding): ``(N, C, H, W)``
     -> ``(N, C, H', W')``, the same parameters and outputs, with the faster input gradient on the CPU when dilated.

@@ -14,8 +14,9 @@ steps, so the checkpoint path is spied too. Then, on every party:
     statistics its forward saved, the route every augmentation release must have taken) it is the same sum;
   * every object it sent is made of short strings, ints and None (its device, its sent-steps count, checkpoint
     acknowledgements): no tensor, no bytes, no stream state;
-and on the server: its checkpoint holds no party state, while each party's own directory does, and the log's
-release constants are the configured public ones.
+and on the server: its checkpoint holds no party state, while each party's own directory does, the log's
+release constants are the configured public ones, and its last privacy row charges every party one iteration per
+step's worth of releases the party actually sent, at dp_accounting's own ε for them (outside SecProbe).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import itertools
 from pathlib import Path
 from unittest import mock
 
+import dp_accounting
 import numpy as np
 import pytest
 import torch
@@ -174,6 +176,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
     world.Barrier()
+    sent_per_party = world.gather(None if channel.is_server else len(channel.sent), root=0)
     if channel.is_server:
         state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
         assert (state["stage"], state["step"]) == (stage, 2)
@@ -187,6 +190,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
         else:
             privacy = log["augment"]["privacy"]
             assert (privacy["expected_batch_size"], privacy["clip"], privacy["noise_multiplier"]) == (B, CLIP_W, SIGMA)
+        check_every_release_sent_is_charged(privacy, sent_per_party[1:], per_step=len(run["clips"]), stage=stage,
+                                            selecting=selecting)
         return
 
     check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
@@ -200,6 +205,34 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
         assert all(rel["routed"] > 0 for rel in releases)
     if case.endswith("passes"):  # the releases were made in passes, and each still is the one-pass clipped sum + noise
         assert {rel["passes"] for rel in releases} == {PASSES} and any(rel["b"] > PASSES for rel in releases)
+
+
+def independent_epsilon(sample_rate: float, sigma: float, steps: int, delta: float) -> float:
+    """dp_accounting's own PLD accountant (its scipy transforms, not the ledger's route) for `steps` releases."""
+    accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=1e-4)
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(sample_rate, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return accountant.get_epsilon(delta)
+
+
+def check_every_release_sent_is_charged(privacy: dict, sent: list[int], *, per_step: int, stage: str,
+                                        selecting: bool) -> None:
+    """The log's last privacy row (the stage's end) charges each party one iteration per `per_step` releases it
+    handed to MPI, none fewer, and (outside SecProbe, whose selection adds its own ε) its ε is dp_accounting's own
+    for those releases: the larger of its two shards' in the search, its pool's in the augmentation."""
+    assert int(privacy["steps"][-1]) == STEPS
+    charged = np.asarray(privacy["charged_steps"])[-1]
+    assert [count // per_step for count in sent] == charged.tolist()
+    assert all(count % per_step == 0 for count in sent)
+    if selecting:
+        return
+    for k, steps in enumerate(charged.tolist()):
+        delta = float(privacy["delta"][k])
+        if stage == "search":
+            expected = max(independent_epsilon(float(privacy["sample_rate_train"][k]), SIGMA, steps, delta),
+                           independent_epsilon(float(privacy["sample_rate_val"][k]), SIGMA, steps, delta))
+        else:
+            expected = independent_epsilon(float(privacy["sample_rate"][k]), SIGMA, steps, delta)
+        assert float(np.asarray(privacy["epsilon"])[-1, k]) == pytest.approx(expected, rel=1e-9)
 
 
 def check_searched_holds_only_public_facts(run_dir: Path, privacy: dict) -> None:
@@ -267,6 +300,8 @@ def recording_release(real_release, releases: list[dict]):
     through the statistics its forward saved), the same sum by the party's own route, how many GroupNorm calls of
     the release took that route, the realised batch size b, its R, σ and B, and its passes' limit."""
 
+    saved_statistics = per_sample._saved_statistics  # the party's own lookup, counted around each real release
+
     def spy(model, params, inputs, targets, **kw):
         routed: list[bool] = []
 
@@ -288,7 +323,6 @@ def recording_release(real_release, releases: list[dict]):
                          "passes": kw.get("max_physical_batch")})
         return out
 
-    saved_statistics = per_sample._saved_statistics
     return spy
 
 
