@@ -533,6 +533,7 @@ def time_exchange(channel: Channel, num_w: int, num_a: int, repeats: int, lag: f
 
 
 REPORT_KEYS_FROM_STEP = (
+    "onednn_isa", "aten_cpu_capability",
     "step_seconds", "w_release_seconds", "a_release_seconds", "step_cpu_seconds",
     "step_gflop", "step_gflops", "core_peak_gflops",
     "dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_ratio",
@@ -565,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
     timer_rank = 1 if channel.size > 1 else 0
     result: dict[str, Any] = {}
     if channel.rank == timer_rank:
-        result = time_party_step(cfg, args.repeats)
+        from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
+
+        result = {"onednn_isa": onednn_isa(), "aten_cpu_capability": aten_cpu_capability()}  # whose kernels ran
+        result.update(time_party_step(cfg, args.repeats))
         result.update(time_augment_step(cfg, args.repeats))
         if args.aggregation and "dp_step_seconds" in result:
             result.update(compare_aggregation(cfg, args.repeats))

@@ -5,19 +5,35 @@
 #     Slurm across three simulated hosts), then the simulated-cluster tests (tests/test_cluster.py) and the image's
 #     (tests/test_image.py: they skip, saying so, until `make image` has built it). The Slurm tests spend most of their wall time waiting for
 #     slurmctld's scheduling passes and for `sbatch --wait`, which the other lane's jobs fill; the lane is short.
+#     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
+#     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
+#     CPUs too (issue 44: a kernel that corrupted the heap on AVX2 only).
 # Then the MPI tests (CPU-bound: 5 ranks, after both lanes) and ruff. Exit status: the first failure's, after all ran.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
              tests/test_cluster.py tests/test_image.py)
+AVX2_TESTS=(tests/test_cpu_kernels.py tests/test_bench.py tests/test_space.py tests/test_derived.py
+            tests/test_privacy_mechanism.py tests/test_dpnas.py)
+
+# scripts/run_tests.sh --lane2 TMPDIR: lane 2 alone (how the script starts it, below).
+if [ "${1:-}" = --lane2 ]; then
+  # -rs: every skip prints its reason (a missing tool, no image), never silently.
+  "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$2/base" "${LANE2_TESTS[@]}"
+  rc=$?
+  echo "== AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2): ${AVX2_TESTS[*]}"
+  ONEDNN_MAX_CPU_ISA=AVX2 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$2/avx2" "${AVX2_TESTS[@]}"
+  avx2=$?
+  [ "$rc" -ne 0 ] && exit "$rc"
+  exit "$avx2"
+fi
+
 lane2_log=.pytest-lane2.log
 lane2_tmp=$(mktemp -d /tmp/mpi_fnas-lane2.XXXXXX)
 
 # Lane 2 in its own session, so that an interrupted `make test` ends it and everything it started (by its group).
-# -rs: every skip prints its reason (a missing tool, no image), never silently.
-setsid "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$lane2_tmp/base" "${LANE2_TESTS[@]}" \
-  > "$lane2_log" 2>&1 &
+setsid bash "$0" --lane2 "$lane2_tmp" > "$lane2_log" 2>&1 &
 lane2=$!
 cleanup() { kill -TERM -- "-$lane2" 2>/dev/null; wait "$lane2" 2>/dev/null; rm -rf "$lane2_tmp"; }
 trap 'cleanup; exit 130' INT TERM
@@ -28,7 +44,7 @@ wait "$lane2"
 lane2_rc=$?
 trap - INT TERM
 rm -rf "$lane2_tmp"
-echo "== lane 2: ${LANE2_TESTS[*]}"
+echo "== lane 2: ${LANE2_TESTS[*]}, then AVX2 kernels"
 cat "$lane2_log"
 
 make --no-print-directory test-mpi

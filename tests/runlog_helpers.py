@@ -17,11 +17,18 @@ from pathlib import Path
 
 import numpy as np
 
+from mpi_fnas.federation.handshake import SetupReports
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import AUGMENT_METRICS, SEARCH_METRICS, RunLog, StageLog, StagePrivacy
 
 EDGES, OPS = 14, 8
 PARTIES = 3
+
+
+def setup_reports(parties: int) -> SetupReports:
+    """What rank 0 learns at setup in a CPU job of `parties` parties (its ``rank_attrs`` are the log's /ranks)."""
+    return SetupReports(devices=["cpu"] * (parties + 1), sent_steps=[0] * parties,
+                        onednn_isa=["Intel AVX2"] * (parties + 1), aten_cpu_capability=["AVX2"] * (parties + 1))
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GENOTYPE = "Genotype(normal=[('sep_conv_3x3', 0)], reduce=[('max_pool_3x3', 1)])"
 PARAMS = 3_349_342
@@ -78,7 +85,7 @@ def create_log(path: Path, *, mode: str = "fnas", genotype_length: int = 64, **o
 def searched_log(path: Path, *, mode: str = "fnas") -> RunLog:
     """A log whose search logged 3 rows (and a ledger row under dpfnas) and finished with GENOTYPE and SEARCH_COST
     (the writer stays usable for the augment stage)."""
-    runlog = create_log(path, mode=mode, genotype_length=128, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)})
+    runlog = create_log(path, mode=mode, genotype_length=128, rank_attrs=setup_reports(PARTIES).rank_attrs)
     for step in range(3):
         runlog.search.append_metrics({"step": step, "epoch": 0})
     if mode == "dpfnas":

@@ -14,6 +14,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from runlog_helpers import setup_reports
 
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy, read_run
@@ -85,7 +86,7 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
         path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=normal,
         reduce_alpha_shape=reduce, space=space, genotype_length=64,
         privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
-        privacy=privacy, rank_attrs={"devices": ["cpu"] * (PARTIES + 1)},  # what the search passes
+        privacy=privacy, rank_attrs=setup_reports(PARTIES).rank_attrs,  # what the search passes
         unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,
         selection=schema if selection else None,
     )  # fmt: skip

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 from mpi_fnas.config import ServerReportedError
+from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
@@ -37,15 +38,24 @@ AssignmentT = TypeVar("AssignmentT")
 
 @dataclass(frozen=True)
 class SetupReports:
-    """What rank 0 learns at setup: every rank's device (rank 0 first) and each party's count of sent iterations."""
+    """What rank 0 learns at setup: every rank's device and CPU kernels (rank 0 first; :mod:`mpi_fnas.cpu_kernels`)
+    and each party's count of sent iterations."""
 
     devices: list[str]
     sent_steps: list[int]
+    onednn_isa: list[str]
+    aten_cpu_capability: list[str]
 
     @property
     def gpus(self) -> int:
         """Distinct CUDA devices in the job (the cost's GPU count)."""
         return len({d for d in self.devices if d.startswith("cuda")})
+
+    @property
+    def rank_attrs(self) -> dict[str, list[str]]:
+        """The run log's ``/ranks`` attributes."""
+        return {"devices": self.devices, "onednn_isa": self.onednn_isa,
+                "aten_cpu_capability": self.aten_cpu_capability}
 
 
 # -- rank 0 ----------------------------------------------------------------------------------------------------------
@@ -60,7 +70,9 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
     device_for_rank(channel.comm, preference="cpu")  # collective: the parties pick theirs at the same time
     reports = channel.gather_objects(None)[1:]
     return SetupReports(devices=["cpu"] + [str(r["device"]) for r in reports],
-                        sent_steps=[int(r["sent_steps"]) for r in reports])
+                        sent_steps=[int(r["sent_steps"]) for r in reports],
+                        onednn_isa=[onednn_isa()] + [str(r["onednn_isa"]) for r in reports],
+                        aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports])
 
 
 def relay_public_keys(channel: Channel) -> bytes:
@@ -87,8 +99,10 @@ def receive_assignment(channel: Channel, kind: type[AssignmentT], device_prefere
 
 
 def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> None:
-    """The party's only setup message: its device and its count of sent iterations (0 unless DP)."""
-    channel.gather_objects({"device": str(device), "sent_steps": sent_steps})
+    """The party's only setup message: its device, its CPU kernels (the machine's, not the data's) and its count of
+    sent iterations (0 unless DP)."""
+    channel.gather_objects({"device": str(device), "sent_steps": sent_steps, "onednn_isa": onednn_isa(),
+                            "aten_cpu_capability": aten_cpu_capability()})
 
 
 def agree_masks(channel: Channel) -> PairwiseMasks:

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from mpi_fnas.config import AugmentConfig
+from mpi_fnas.cpu_kernels import to_channels_last
 from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.evaluation import EVAL_BATCH, evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
@@ -134,7 +135,7 @@ class Party:
         # stays as it is.
         self.model = model
         if all(p.device.type == "cpu" for p in model.parameters()):
-            model.to(memory_format=torch.channels_last)
+            to_channels_last(model)
             w_shard, a_shard = (channels_last(shard) if shard is not None else None for shard in (w_shard, a_shard))
         self.w_params = list(model.weights())
         self.a_params = list(model.alphas()) if a_shard is not None else []

@@ -152,7 +152,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         ledger.load_state_dict(resume["ledger"])
     if setup.private:
         ledger.charge_sent(reports.sent_steps, stage=name)
-    log = definition.open_log(cfg, run_dir, setup, resume, reports.devices) if run_dir is not None else None
+    log = definition.open_log(cfg, run_dir, setup, resume, reports.rank_attrs) if run_dir is not None else None
     loop: ServerLoop | None = None
     stage: ServedStage | None = None
     startup = math.nan
@@ -252,10 +252,12 @@ def _setup(cfg: Config, name: str, plan: RunPlan | AugmentPlan, ledger: Federati
                       releases)
 
 
-def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
-    """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped)."""
+def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
+                    ranks: dict[str, list[str]]) -> RunLog:
+    """The run log: created, or reopened for a resumed search (rows after the checkpoint dropped). ranks: its
+    ``/ranks`` attributes (:attr:`~mpi_fnas.federation.handshake.SetupReports.rank_attrs`)."""
     if resume is not None:
-        log = RunLog.reopen(run_dir / "search.h5", rank_attrs={"devices": devices})
+        log = RunLog.reopen(run_dir / "search.h5", rank_attrs=ranks)
         log.search.truncate(*resume["log_rows"])
         return log
     plan = setup.search_plan
@@ -270,7 +272,7 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
         metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
-        genotype_length=space.max_genotype_length(cfg.space), privacy=privacy, rank_attrs={"devices": devices},
+        genotype_length=space.max_genotype_length(cfg.space), privacy=privacy, rank_attrs=ranks,
         privacy_guarantee=setup.guarantee, unreliable=plan.unreliable, corruption=cfg.federation.corruption,
         selection=selection_schema(cfg, setup.selector),
     )
@@ -480,12 +482,13 @@ class AugmentStage(ServedStage):
                       partial(search_space(cfg.space.kind).build_augment_network, genotype, cfg, seed=cfg.seed))
 
     @staticmethod
-    def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None, devices: list[str]) -> RunLog:
+    def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
+                 ranks: dict[str, list[str]]) -> RunLog:
         """The search's log, reopened for its ``/augment`` group (created first when the job did not search)."""
         plan: AugmentPlan = setup.plan
         path = run_dir / "search.h5"
         if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
-            log = open_search_log(cfg, run_dir, setup, None, devices)
+            log = open_search_log(cfg, run_dir, setup, None, ranks)
             log.search.finish("finished", reason="no search: augment.genotype was given",
                               final_genotype=plan.genotype.to_string())
         log = RunLog.reopen(path, augment=True)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from mpi_fnas.config import AugmentConfig, SearchConfig
+from mpi_fnas.cpu_kernels import to_channels_last
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
@@ -63,7 +64,7 @@ class Server:
                  a_optimizer: Callable[[nn.Parameter], FlatSGD | FlatAdam] | None = None) -> None:
         # Rank 0 computes on the CPU, where channels-last runs its evaluations (the test split, SecProbe's probes) in
         # about 55 % of the CPU time (docs/benchmarks.md, "Rank 0"); W and A are flattened in the default order.
-        self.model = model.to(memory_format=torch.channels_last)
+        self.model = to_channels_last(model)
         self.rule, self.parties = rule, parties
         self.w = nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))
         self.w_opt = FlatSGD(self.w, lr=rule.lr, momentum=rule.momentum, weight_decay=rule.weight_decay)

@@ -154,10 +154,16 @@ class SepConv(nn.Sequential, ReluFirst):
 
 
 class FactorizedReduce(ReluFirst):
-    """Halve the resolution without losing every other pixel: ReLU, two 1x1 stride-2 convs on the input and on
-    the input shifted by one pixel, concatenated on channels, then norm.
+    """Halve the resolution without losing every other pixel: ReLU, two 1x1 convs, one on the input's even pixels
+    and one on its odd pixels (the input shifted by one), concatenated on channels, then norm.
 
     ``(N, c_in, H, W)`` -> ``(N, c_out, ceil(H / 2), ceil(W / 2))``.
+
+    DARTS writes each branch as a 1x1 convolution of stride 2. Here the stride is a slice and the convolutions
+    have stride 1: the same sums, but never oneDNN's strided 1x1 weight gradient, which in oneDNN 3.12 (torch
+    2.13/2.14) writes past its workspace for a channels-last input of fewer channels than its block, 8 on AVX2 and
+    16 on AVX-512 (uxlfoundation/oneDNN#6035; docs/benchmarks.md, "Issue 44"). That corrupted the heap of every
+    party on an AVX2 CPU.
     """
 
     def __init__(self, c_in: int, c_out: int, norm: str, affine: bool) -> None:
@@ -166,18 +172,19 @@ class FactorizedReduce(ReluFirst):
             raise ValueError(f"FactorizedReduce needs c_out >= 2, got {c_out}")
         half = c_out // 2
         self.relu = nn.ReLU(inplace=False)
-        self.conv_even = nn.Conv2d(c_in, half, 1, stride=2, bias=False)
-        self.conv_odd = nn.Conv2d(c_in, c_out - half, 1, stride=2, bias=False)
+        self.conv_even = nn.Conv2d(c_in, half, 1, bias=False)
+        self.conv_odd = nn.Conv2d(c_in, c_out - half, 1, bias=False)
         self.norm = make_norm(norm, c_out, affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_from_relu(self.relu(x))
 
     def forward_from_relu(self, x: torch.Tensor) -> torch.Tensor:
-        # Zero-pad right/bottom before the one-pixel shift so both branches give ceil(H / 2) rows/cols even
+        # Zero-pad right/bottom before taking the odd pixels so both branches give ceil(H / 2) rows/cols even
         # when H or W is odd.
-        shifted = F.pad(x, (0, 1, 0, 1))[:, :, 1:, 1:]
-        return self.norm(torch.cat([self.conv_even(x), self.conv_odd(shifted)], dim=1))
+        even = x[:, :, ::2, ::2]
+        odd = F.pad(x, (0, 1, 0, 1))[:, :, 1::2, 1::2]
+        return self.norm(torch.cat([self.conv_even(even), self.conv_odd(odd)], dim=1))
 
 
 def make_op(
