@@ -4,8 +4,8 @@ One loop runs every stage (:func:`participate`); a stage says what the party tra
 it (:class:`SearchSide`, :class:`AugmentSide`). What a party hands to MPI, and nothing else
 (tests/mpi/test_release_spy.py checks every call):
 
-* at setup: its device name and how many iterations of the stage it has ever sent (``sent_steps``,
-  data-independent);
+* at setup: its device name, its CPU kernels (:mod:`mpi_fnas.cpu_kernels`: the machine's, not the data's) and how
+  many iterations of the stage it has ever sent (``sent_steps``, data-independent);
 * per iteration: the releases of Algorithm 1 (under DP: clipped and noised, with a zero STATS tail);
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).

@@ -35,6 +35,7 @@ from scipy import stats
 
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
+from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
@@ -98,6 +99,11 @@ class RecordingChannel(Channel):
         if not self.is_server:
             assert objs is None
         return super().scatter_objects(objs)
+
+
+#: A party's setup report in these runs: its device, its CPU kernels (the machine's) and a zero sent-steps count.
+SETUP_REPORT = {"device": "cpu", "sent_steps": 0, "onednn_isa": onednn_isa(),
+                "aten_cpu_capability": aten_cpu_capability()}
 
 
 def plain_data(obj: object) -> bool:
@@ -273,7 +279,7 @@ def check_party_messages(channel: RecordingChannel, exchange: str = "reduce_sum"
     assert exchange in channel.calls
     assert set(channel.calls) <= {exchange, "gather_objects", "bcast", "bcast_object", "scatter_objects"}
     assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
-    assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+    assert channel.objects[0] == SETUP_REPORT
 
 
 def pin_secret_keys(monkeypatch) -> None:

@@ -15,6 +15,7 @@ import pytest
 from mpi4py import MPI
 from test_release_spy import (
     PASSES,
+    SETUP_REPORT,
     STAGES,
     RecordingChannel,
     check_checkpoint_holds_no_party_state,
@@ -69,7 +70,7 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     gathered = world.gather((channel.sent, totals), root=0)
     if not channel.is_server:
         assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
-        assert channel.objects[0] == {"device": "cpu", "sent_steps": 0}
+        assert channel.objects[0] == SETUP_REPORT
         key = channel.objects[1]  # the only object that is not plain data: its public key, 32 bytes
         assert isinstance(key, bytes) and len(key) == PUBLIC_KEY_BYTES
         assert all(plain_data(obj) for obj in channel.objects[2:]), channel.objects
