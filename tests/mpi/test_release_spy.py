@@ -56,6 +56,7 @@ class RecordingChannel(Channel):
         self.sent: list[np.ndarray] = []
         self.objects: list[object] = []
         self.calls: list[str] = []
+        self.peer_messages: list[bytes] = []  # what it sends the other parties (never through the server)
 
     def reduce_sum(self, send, recv=None) -> None:
         self.calls.append("reduce_sum")
@@ -98,6 +99,11 @@ class RecordingChannel(Channel):
         if not self.is_server:
             assert objs is None
         return super().scatter_objects(objs)
+
+    def exchange_among_parties(self, message):  # secure aggregation's key-set confirmation, party to party
+        self.calls.append("exchange_among_parties")
+        self.peer_messages.append(message)
+        return super().exchange_among_parties(message)
 
 
 def plain_data(obj: object) -> bool:
