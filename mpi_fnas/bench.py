@@ -337,7 +337,7 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
     secure = Release(sigma_secure, clip, batch, secure=SecureSum(parties, dimension))
     masks = [PairwiseMasks(rank) for rank in range(1, parties + 1)]
     for m in masks:
-        m.agree({other.rank: other.public_key for other in masks})
+        m.agree({other.rank: other.public_key for other in masks}, parties=parties)
     encoding = secure.encoding(party.num_w)
     series = [SecureSeries(m.run_id, "search", "W", encoding) for m in masks]
     server = SecureSeries(masks[0].run_id, "search", "W", encoding)

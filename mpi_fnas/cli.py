@@ -171,9 +171,13 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
     from mpi_fnas.federation.comm import PartyFailedError
+    from mpi_fnas.secagg.identities import IdentityError
+    from mpi_fnas.secagg.keyset import KeySetError
 
     try:
         return body()
+    except (KeySetError, IdentityError) as exc:  # public by construction, under DP too: one line says why
+        refuse_job(channel, exc)
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line
     except SetupError as exc:  # found while running: on a party only that party knows, so it must fail the job
@@ -195,6 +199,16 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     except BaseException as exc:  # anything else must end the whole job, never hang it
         fail_job(channel, exc, private=private, party_dir=party_dir)
     return EXIT_FAILURE  # not reached: abort ends the process
+
+
+def refuse_job(channel: Channel, exc: BaseException) -> None:
+    """This party refuses to go on (a key set or an identity it cannot accept): its one line on its own stderr and
+    to rank 0, which marks the log failed, then the whole job ends. Such a text names ranks, files and what is
+    wrong, never data or a key, so a DP party sends it as it is."""
+    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+    print(f"[mpi_fnas rank {channel.rank}] error: {message}; aborting the job", file=sys.stderr, flush=True)
+    channel.notify_failure(message)
+    channel.abort(EXIT_FAILURE)
 
 
 def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: Path | None) -> None:

@@ -193,6 +193,10 @@ class PrivacyConfig:
         "local", "local: every party adds the full noise σ·R to its own release; secure: each adds 1/K of the "
         "variance (discrete Gaussian on an integer encoding) and masks it pairwise, so rank 0 sees only the sum "
         "(docs/privacy.md)")
+    party_identities: str = _key(
+        "", "aggregation secure: a file of the parties' Ed25519 public keys (python -m mpi_fnas.identities); each "
+        "party signs its key with its own RUN_DIR/parties/rank<k>/identity.key and checks every other party's "
+        "signature, so rank 0 cannot substitute a key; empty: off, the key relay trusts rank 0 (docs/privacy.md §8)")
 
 
 @dataclass
@@ -556,6 +560,9 @@ def validate(cfg: Config) -> Config:
                 "search.order: second_order is refused under DP: its Hessian term and shared validation gradient "
                 "are releases the accountant does not cover (docs/privacy.md); use first_order"
             )
+        if cfg.privacy.party_identities and cfg.privacy.aggregation != "secure":
+            raise ConfigError("privacy.party_identities authenticates secure aggregation's key relay, and "
+                              f"privacy.aggregation is {cfg.privacy.aggregation}; set it to secure, or drop the file")
         if cfg.privacy.aggregation == "secure" and cfg.federation.selection != "all":
             raise ConfigError(
                 f"privacy.aggregation: secure shows rank 0 only the sum of the releases, and federation.selection "

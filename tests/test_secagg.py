@@ -166,7 +166,7 @@ def agreed_masks(parties: int, run_id: bytes | None = b"run-1") -> list[Pairwise
     masks = [PairwiseMasks(rank, run_id) for rank in range(1, parties + 1)]
     public = {m.rank: m.public_key for m in masks}
     for m in masks:
-        m.agree(public)
+        m.agree(public, parties=parties)
     return masks
 
 
@@ -209,7 +209,7 @@ def test_masks_never_repeat_across_steps_stages_releases_or_runs():
 def test_agreement_refuses_a_key_set_without_its_own_key():
     m = agreed_masks(2)[0]
     with pytest.raises(ValueError, match="own public key"):
-        m.agree({1: bytes(32), 2: bytes(32)})
+        m.agree({1: bytes(32), 2: bytes(32)}, parties=2)
 
 
 def test_a_launch_id_is_shared_and_fresh_with_fresh_keys():

@@ -11,14 +11,16 @@ import re
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, mpirun, mpirun_together
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.flat import numel
+from mpi_fnas.identities import main as make_identities_command
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.accounting import SecureCharge, SummedDiscreteGaussian, composed_rdp, epsilon
 from mpi_fnas.secagg.encoding import padded_length, sensitivity
+from mpi_fnas.secagg.identities import identity_key_path
 from mpi_fnas.space import search_space
 
 pytestmark = pytest.mark.slow  # a real mpirun job
@@ -129,3 +131,28 @@ def test_an_interrupted_secure_run_resumes_with_fresh_keys_and_charges_every_rel
     assert log["status"] == "finished" and log["attempts"] == 2
     np.testing.assert_array_equal(log["privacy"]["charged_steps"][-1], [8, 8])
     assert np.all(np.isfinite(log["metrics"]["test_acc"][-1:]))
+
+
+def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_roster_stops_it(tmp_path):
+    """Issue 45: with ``privacy.party_identities`` (made by ``python -m mpi_fnas.identities``) an honest secure run
+    signs and checks every key and finishes. A second run whose party 2 holds a key the roster does not name
+    stops in one line from that party (under DP too: the refusal is public), quickly, the log marked failed."""
+    runs = {name: tmp_path / name for name in ("honest", "stranger")}
+    for run in runs.values():
+        assert make_identities_command([str(run), "--parties", str(PARTIES)]) == 0
+    stranger_key = identity_key_path(runs["stranger"] / "parties" / "rank2")
+    stranger_key.unlink()
+    assert make_identities_command([str(tmp_path / "elsewhere"), "--parties", str(PARTIES)]) == 0
+    identity_key_path(tmp_path / "elsewhere" / "parties" / "rank2").rename(stranger_key)
+    secure = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure"]
+    honest, stranger = mpirun_together(*[
+        (PARTIES + 1, [*secure, "--set", f"privacy.party_identities={run / 'party_identities.yaml'}", "--out",
+                       str(run)]) for run in runs.values()], timeout=600)
+    assert honest.returncode == 0, honest.stderr[-3000:]
+    log = read_run(runs["honest"] / "search.h5")
+    assert log["status"] == "finished" and len(log["metrics"]["step"]) == 8
+    assert stranger.returncode != 0
+    refusal = [line for line in stranger.stderr.splitlines() if line.startswith("[mpi_fnas rank 2] error:")]
+    assert len(refusal) == 1 and "holds another key at rank 2" in refusal[0], stranger.stderr[-3000:]
+    failed = read_run(runs["stranger"] / "search.h5")
+    assert failed["status"] == "failed" and "party rank 2 failed: IdentityError" in failed["reason"]

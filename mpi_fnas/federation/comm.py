@@ -22,7 +22,9 @@ Why point-to-point exchanges between the server and each party instead of ``MPI_
   that notices it, so an exchange costs one wake-up of the server and one of each party.
 * **Trust.** In a tree reduce party 2 receives party 3's contribution (a raw gradient under plain FNAS). Here a
   party only ever sends to, and receives from, the server, and receives only what is meant for it (setup
-  objects included). The server sums in rank order, so the float32 sum is deterministic.
+  objects included). The server sums in rank order, so the float32 sum is deterministic. The one exception is
+  :meth:`Channel.exchange_among_parties`: secure aggregation's key-set confirmations, public digests (and
+  signatures) that must go party to party precisely so that the server cannot alter them.
 * **Cost.** O(K) traffic and K receive buffers at the server: fine for K up to tens of parties.
 
 The polling schedule: ``SPIN_POLLS`` tight polls (an exchange whose peers are all there completes without
@@ -67,6 +69,8 @@ SERVER = 0
 FAILURE_TAG = 7177  # point-to-point tag of a party's failure notice to the server
 BUFFER_TAG = 7178  # float32 contributions (party → server) and broadcasts (server → party)
 OBJECT_TAG = 7179  # pickled setup objects, both directions
+PEER_TAG = 7180  # party to party, never through the server: secure aggregation's key-set confirmations (raw bytes)
+MAX_PEER_MESSAGE = 4096  # bytes of one such message
 _MAX_NOTICE = 4096  # bytes of a failure notice
 
 SPIN_POLLS = 32  # polls before the first sleep
@@ -238,6 +242,27 @@ class Channel:
         self._wait(_AllOf(incoming), "gather_objects")
         return [obj, *(item.value() for item in incoming)]
 
+    # -- among the parties, never through the server ----------------------------------------------------------
+    def exchange_among_parties(self, message: bytes) -> dict[int, bytes]:
+        """Party: send `message` (raw bytes, at most ``MAX_PEER_MESSAGE``) to every other party and return
+        ``{rank: its message}`` from each. Every party calls it; the server does not.
+
+        Point to point between the parties, never relayed by rank 0: MPI stamps every message with its sender and
+        the receives name their source, so rank 0 can neither alter a party's message nor send one in its name.
+        Secure aggregation's key-set confirmation rests on this (:mod:`mpi_fnas.secagg.keyset`). Polled like every
+        exchange, so a party that never answers ends in :class:`CollectiveTimeoutError`, not a hang.
+        """
+        if self.is_server:
+            raise RuntimeError("exchange_among_parties: the server takes no part in it")
+        if len(message) > MAX_PEER_MESSAGE:
+            raise ValueError(f"exchange_among_parties: {len(message)} bytes, at most {MAX_PEER_MESSAGE}")
+        payload = np.frombuffer(bytes(message), dtype=np.uint8).copy()  # a buffer MPI may read until the send ends
+        peers = [k for k in range(1, self.size) if k != self.rank]
+        incoming = [_IncomingBytes(self.comm, k, PEER_TAG) for k in peers]
+        sends = _Requests([self.comm.Isend(payload, dest=k, tag=PEER_TAG) for k in peers])
+        self._wait(_AllOf([sends, *incoming]), "exchange_among_parties")
+        return {k: item.value() for k, item in zip(peers, incoming, strict=True)}
+
     def _receive_object(self, what: str) -> object:
         incoming = _IncomingObject(self.comm, SERVER)
         self._wait(incoming, what)
@@ -364,6 +389,32 @@ class _IncomingObject(_Pending):
     def value(self) -> object:
         assert self.payload is not None
         return pickle.loads(self.payload)
+
+
+class _IncomingBytes(_Pending):
+    """One raw message of at most ``MAX_PEER_MESSAGE`` bytes from `source` with `tag` (probed, then received)."""
+
+    def __init__(self, comm: MPI.Comm, source: int, tag: int) -> None:
+        self.comm, self.source, self.tag = comm, source, tag
+        self.payload: bytearray | None = None
+        self.request: MPI.Request | None = None
+
+    def test(self) -> bool:
+        if self.request is None:
+            status = MPI.Status()
+            message = self.comm.Improbe(source=self.source, tag=self.tag, status=status)
+            if message is None:
+                return False
+            size = status.Get_count(MPI.BYTE)
+            if size > MAX_PEER_MESSAGE:
+                raise ValueError(f"rank {self.source} sent {size} bytes, at most {MAX_PEER_MESSAGE} are taken")
+            self.payload = bytearray(size)
+            self.request = message.Irecv(self.payload)
+        return self.request.Test()
+
+    def value(self) -> bytes:
+        assert self.payload is not None
+        return bytes(self.payload)
 
 
 class _AllOf(_Pending):

@@ -7,7 +7,10 @@ server charges the replays).
 
 Under secure aggregation (``privacy.aggregation: secure``), one more round after the reports: every party sends
 its fresh X25519 public key, rank 0 relays all of them (:func:`relay_public_keys`, :func:`agree_masks`), and each
-pair of parties derives its mask keys; the server sees only public keys.
+pair of parties derives its mask keys; the server sees only public keys. Before any masked upload each party
+checks the set it was shown (exactly the job's K parties) and the parties confirm among themselves, not through
+rank 0, that they were all shown the same set, signed by each party's identity under ``privacy.party_identities``
+(:func:`confirm_key_set`, :mod:`mpi_fnas.secagg.keyset`).
 
 Then the party's steps: before anything of a step leaves a DP party, its send count grows on its own disk; at a
 checkpoint step it saves its own state, then acknowledges with an empty message; at a stop it waits for the server
@@ -28,6 +31,8 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
+from mpi_fnas.secagg.identities import PartyIdentity
+from mpi_fnas.secagg.keyset import check_confirmations, confirmation
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
 
 if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
@@ -105,13 +110,34 @@ def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> Non
                             "aten_cpu_capability": aten_cpu_capability()})
 
 
-def agree_masks(channel: Channel) -> PairwiseMasks:
+def agree_masks(channel: Channel, identity: PartyIdentity | None = None) -> PairwiseMasks:
     """Secure aggregation's key round on a party: a fresh X25519 key pair (its private key never leaves the
-    object), the public key to rank 0, every party's public key back, the pairwise secrets derived."""
+    object), the public key to rank 0, every party's public key back, the set checked and confirmed among the
+    parties (:func:`confirm_key_set`; with `identity`, signed), the pairwise secrets derived.
+
+    Raises :class:`~mpi_fnas.secagg.keyset.KeySetError` (one line) before this party masks anything if the set
+    is not this job's K parties, if another party was shown another set, or if a key is not its party's.
+    """
     masks = PairwiseMasks(channel.rank)
     channel.gather_objects(masks.public_key)
-    masks.agree(channel.bcast_object(None))
+    relayed = channel.bcast_object(None)
+    masks.agree(relayed, parties=channel.parties)  # K from this party's own communicator, not from rank 0
+    confirm_key_set(channel, relayed, identity)
     return masks
+
+
+def confirm_key_set(channel: Channel, public_keys: dict[int, bytes], identity: PartyIdentity | None) -> None:
+    """The parties' hash round: each sends every other party, directly, the digest of the set it was shown (with
+    `identity`, its signature of its own key and that digest) and checks what the others sent.
+
+    Why among the parties: a confirmation relayed by rank 0 would be rank 0's word, and rank 0 is the party that
+    could show different sets. :meth:`~mpi_fnas.federation.comm.Channel.exchange_among_parties` sends point to
+    point (MPI names each message's sender), so every party sees every other party's digest as sent, and
+    every party finds a difference, each raising its own one-line error: no party waits for one that refused.
+    What it cannot see without identities, and what signatures add: :mod:`mpi_fnas.secagg.keyset`.
+    """
+    received = channel.exchange_among_parties(confirmation(public_keys, channel.rank, identity))
+    check_confirmations(public_keys, channel.rank, received, identity)
 
 
 def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,

@@ -37,6 +37,7 @@ from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
+from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity
 from mpi_fnas.space import search_space
 
 
@@ -53,7 +54,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
     report_setup(channel, device, store.sent_steps if store and party.private else 0)
     if party.secure:
-        party.use_secure_aggregation(agree_masks(channel), side.name)
+        party.use_secure_aggregation(agree_masks(channel, own_identity(cfg, run_dir, channel)), side.name)
 
     buf = PartyBuffers(party.num_w, party.num_a)
     channel.bcast(buf.w[:-1])  # the initial W (and A)
@@ -70,6 +71,17 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     if not stopped:
         side.finish(party, channel)
     return stopped
+
+
+def own_identity(cfg: Config, run_dir: Path | None, channel: Channel) -> PartyIdentity | None:
+    """This party's identity under ``privacy.party_identities`` (its private key from its own directory, the
+    roster checked against this job's K), or None when the setting is off."""
+    if not cfg.privacy.party_identities:
+        return None
+    if run_dir is None:
+        raise SetupError("privacy.party_identities needs the run directory (the party's identity.key is there)")
+    return load_party_identity(Path(cfg.privacy.party_identities), party_dir(run_dir, channel.rank), channel.rank,
+                               channel.parties)
 
 
 class StageSide:

@@ -145,8 +145,6 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         refuse_setup(channel, str(exc))
         raise
     reports = hand_out(channel, setup.plan.assignments)
-    if setup.secure:
-        setup.launch_id = relay_public_keys(channel)
     ledger = setup.ledger
     if ledger is not None and resume is not None:
         ledger.load_state_dict(resume["ledger"])
@@ -157,6 +155,8 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     stage: ServedStage | None = None
     startup = math.nan
     try:
+        if setup.secure:  # once the log is open: a party that refuses the key set (issue 45) fails the log
+            setup.launch_id = relay_public_keys(channel)
         stage = definition(cfg, channel, setup, log)
         if resume is not None:
             stage.server.load_state_dict(resume["server"])

@@ -181,7 +181,7 @@ def audit_secure_sum(
     run_id = f"audit/{seed}".encode()
     masks = [PairwiseMasks(rank, run_id=run_id) for rank in range(1, parties + 1)]
     for party in masks:
-        party.agree({mask.rank: mask.public_key for mask in masks})
+        party.agree({mask.rank: mask.public_key for mask in masks}, parties=parties)
     series = [SecureSeries(run_id, "audit", "canary", encoding) for _ in range(parties + 1)]  # rank 0, 1..K
     stream = Keystream.from_labels("audit/secure", seed)  # the auditor's: every party's coins and noise
 

@@ -4,7 +4,10 @@ stream that the peer subtracts, so the masks cancel in the sum mod 2^32 and only
 
 * **Key agreement.** Each party draws an X25519 key pair (the private key from the OS, through ``cryptography``),
   sends its public key to rank 0, which relays all K of them; parties i and j then hold the same X25519 shared
-  secret, which no one else can compute (the server and the other parties see only public keys).
+  secret, which no one else can compute (the server and the other parties see only public keys). A party accepts
+  only a set of exactly its job's K parties (:func:`~mpi_fnas.secagg.keyset.check_key_set`: a server that relays
+  a party a short set would zero its mask); that the parties saw one set is confirmed among them
+  (:mod:`mpi_fnas.secagg.keyset`).
 * **Key derivation.** One mask key per (run, stage, step, release, pair): HKDF-SHA256 of the shared secret with
   those labels as ``info``, so no keystream is ever used twice and a mask of one step says nothing of another.
 * **Mask stream.** ChaCha20 of zeros under that key: n uniform uint32 words. The lower rank of the pair adds it,
@@ -27,8 +30,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-#: Bytes of an X25519 public key as it travels to rank 0 and back.
-PUBLIC_KEY_BYTES = 32
+from mpi_fnas.secagg.keyset import PUBLIC_KEY_BYTES, check_key_set
+
+__all__ = ["PUBLIC_KEY_BYTES", "PairwiseMasks", "launch_id", "mask_stream"]
 _NONCE = bytes(16)  # each (run, stage, step, release, pair) has its own key: a fixed nonce never repeats a stream
 
 
@@ -40,9 +44,9 @@ class PairwiseMasks:
         run_id: public bytes naming the run, bound into every key; None (a launch): :func:`launch_id` of the
             relayed public keys, set by :meth:`agree` (fresh keys every launch, so a fresh id every launch).
 
-    Use: send :attr:`public_key` to rank 0; give :meth:`agree` every party's public key; then :meth:`mask` gives the
-    uint32 words this party adds to a release. The private key and the shared secrets never leave the object (and
-    are not saved: a resumed run agrees new keys).
+    Use: send :attr:`public_key` to rank 0; give :meth:`agree` every party's public key and the job's K; then
+    :meth:`mask` gives the uint32 words this party adds to a release. The private key and the shared secrets never
+    leave the object (and are not saved: a resumed run agrees new keys).
     """
 
     def __init__(self, rank: int, run_id: bytes | None = None) -> None:
@@ -55,16 +59,19 @@ class PairwiseMasks:
     def __repr__(self) -> str:
         return f"PairwiseMasks(rank={self.rank}, peers={sorted(self._shared)})"
 
-    def agree(self, public_keys: dict[int, bytes]) -> None:
-        """Compute the shared secret with every other party from its public key ({rank: 32 bytes})."""
-        if public_keys.get(self.rank) != self.public_key:
-            raise ValueError(f"party {self.rank}'s own public key is not among the relayed keys")
+    def agree(self, public_keys: dict[int, bytes], *, parties: int) -> None:
+        """Compute the shared secret with every other party from its public key ({rank: 32 bytes}).
+
+        `parties`: the job's K, as this party knows it (its communicator's size − 1), never a number from the
+        server. Raises :class:`~mpi_fnas.secagg.keyset.KeySetError` unless `public_keys` is exactly ranks 1..K with
+        distinct 32-byte keys, this party's own at its rank: a shorter set would leave peers out of the mask (a
+        singleton set, no mask at all).
+        """
+        check_key_set(public_keys, parties=parties, rank=self.rank, own_key=self.public_key)
         if self.run_id is None:
             self.run_id = launch_id(public_keys)
         for peer, key in public_keys.items():
             if peer != self.rank:
-                if len(key) != PUBLIC_KEY_BYTES:
-                    raise ValueError(f"party {peer}'s public key is {len(key)} bytes, expected {PUBLIC_KEY_BYTES}")
                 self._shared[peer] = self._private.exchange(X25519PublicKey.from_public_bytes(key))
 
     def mask(self, n: int, *, stage: str, step: int, release: str) -> np.ndarray:

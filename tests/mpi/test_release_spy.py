@@ -57,6 +57,7 @@ class RecordingChannel(Channel):
         self.sent: list[np.ndarray] = []
         self.objects: list[object] = []
         self.calls: list[str] = []
+        self.peer_messages: list[bytes] = []  # what it sends the other parties (never through the server)
 
     def reduce_sum(self, send, recv=None) -> None:
         self.calls.append("reduce_sum")
@@ -99,6 +100,11 @@ class RecordingChannel(Channel):
         if not self.is_server:
             assert objs is None
         return super().scatter_objects(objs)
+
+    def exchange_among_parties(self, message):  # secure aggregation's key-set confirmation, party to party
+        self.calls.append("exchange_among_parties")
+        self.peer_messages.append(message)
+        return super().exchange_among_parties(message)
 
 
 #: A party's setup report in these runs: its device, its CPU kernels (the machine's) and a zero sent-steps count.

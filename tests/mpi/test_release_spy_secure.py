@@ -28,6 +28,7 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length, wrap
+from mpi_fnas.secagg.keyset import DIGEST_BYTES
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES
 
 STEPS = 3
@@ -69,7 +70,10 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     world.Barrier()
     gathered = world.gather((channel.sent, totals), root=0)
     if not channel.is_server:
-        assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+        assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects",
+                                      "exchange_among_parties"}
+        # To its peers, once: the digest of the key set it was shown (issue 45), public and nothing else.
+        assert [len(m) for m in channel.peer_messages] == [DIGEST_BYTES]
         assert channel.objects[0] == SETUP_REPORT
         key = channel.objects[1]  # the only object that is not plain data: its public key, 32 bytes
         assert isinstance(key, bytes) and len(key) == PUBLIC_KEY_BYTES

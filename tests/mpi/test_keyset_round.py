@@ -1,0 +1,100 @@
+"""The parties' hash round over MPI (issue 45, docs/privacy.md §8): rank 0 plays the adversary. When it shows
+different parties different key sets, every party refuses, in one line, before any masked upload, and no rank
+hangs; with identities, an impostor at a party's rank is refused by every honest party. The same checks without
+MPI: tests/test_keyset.py.
+
+Run with: mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi/test_keyset_round.py (any size >= 3).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from mpi4py import MPI
+
+from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.handshake import agree_masks, relay_public_keys
+from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity, make_identities
+from mpi_fnas.secagg.keyset import KeySetError
+
+TIMEOUT = 60.0  # seconds: a round that does not complete fails the test instead of hanging it
+
+
+@pytest.fixture
+def channel() -> Iterator[Channel]:
+    """A channel on a communicator of its own, so that nothing a test leaves behind reaches another test."""
+    comm = MPI.COMM_WORLD.Dup()
+    yield Channel(comm, timeout=TIMEOUT)
+    comm.Barrier()
+    comm.Free()
+
+
+def mitm_relay(channel: Channel, fooled: set[int]) -> None:
+    """Rank 0 as the adversary: a key of its own at the last rank in the sets of the `fooled` parties, the true set
+    for the others."""
+    keys = {rank: key for rank, key in enumerate(channel.gather_objects(None)[1:], start=1)}
+    own = X25519PrivateKey.generate().public_key().public_bytes_raw()
+    mitm = {**keys, channel.parties: own}
+    channel.scatter_objects([None, *(mitm if rank in fooled else keys for rank in range(1, channel.size))])
+
+
+@pytest.mark.mpi(min_size=3)
+def test_an_honest_relay_is_confirmed_by_every_party(channel):
+    if channel.is_server:
+        relay_public_keys(channel)
+        return
+    masks = agree_masks(channel)
+    assert sorted(masks._shared) == [k for k in range(1, channel.size) if k != channel.rank]
+
+
+@pytest.mark.mpi(min_size=3)
+def test_different_sets_for_different_parties_are_refused_by_every_party(channel):
+    """Parties 1..K-1 see rank 0's key at rank K; party K sees the true set (its own key must be there). Each
+    party finds that another party saw another set."""
+    if channel.is_server:
+        mitm_relay(channel, fooled=set(range(1, channel.parties)))
+        return
+    with pytest.raises(KeySetError, match=rf"^rank {channel.rank} refuses the key set rank 0 relayed: parties "
+                                          r"\[.*\] were shown another set") as refused:
+        agree_masks(channel)
+    assert "\n" not in str(refused.value)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_with_identities_an_impostor_at_a_partys_rank_is_refused_by_every_honest_party(channel, shared_dir):
+    """Rank 0 runs its own process at rank 2 (the omission attack: the hospital never joins). It is shown the same
+    set as everyone, so the digests agree, but it cannot sign as party 2: every other party refuses."""
+    directory = shared_dir("keyset-identities-")
+    if channel.is_server:
+        make_identities(directory, channel.parties, directory / "roster.yaml")
+    channel.comm.Barrier()
+    if channel.is_server:
+        relay_public_keys(channel)
+        return
+    identity = own_identity(directory, channel)
+    if channel.rank == 2:
+        agree_masks(channel, PartyIdentity(2, Ed25519PrivateKey.generate(), identity.roster))  # the impostor
+        return
+    with pytest.raises(KeySetError, match=rf"^rank {channel.rank} refuses.*keys at ranks \[2\] are not signed"):
+        agree_masks(channel, identity)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_with_identities_an_honest_relay_is_confirmed(channel, shared_dir):
+    directory = shared_dir("keyset-honest-identities-")
+    if channel.is_server:
+        make_identities(directory, channel.parties, directory / "roster.yaml")
+    channel.comm.Barrier()
+    if channel.is_server:
+        relay_public_keys(channel)
+        return
+    agree_masks(channel, own_identity(directory, channel))
+
+
+def own_identity(directory: Path, channel: Channel) -> PartyIdentity:
+    return load_party_identity(directory / "roster.yaml", directory / "parties" / f"rank{channel.rank}",
+                               channel.rank, channel.parties)
