@@ -10,8 +10,9 @@ it (:class:`SearchSide`, :class:`AugmentSide`). What a party hands to MPI, and n
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
 
-Its stream keys and positions never leave it: they are saved in its own directory
-(:class:`~mpi_fnas.federation.party_store.PartyStore`), restored by the party itself on a resume. An unreliable
+Its stream keys never leave its memory: a resumed party keys new streams (a replayed step draws fresh randomness)
+and restores only its batch positions, from its own directory
+(:class:`~mpi_fnas.federation.party_store.PartyStore`). An unreliable
 party holds its corrupted shards here too (:func:`own_examples`).
 """
 
@@ -50,7 +51,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
-        # Its own stream keys and positions: the resumed run continues its streams.
+        # Its own batch positions; its secret streams stay the new ones this launch keyed (Party.state_dict).
         party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
     report_setup(channel, device, store.sent_steps if store and party.private else 0)
     if party.secure:

@@ -187,17 +187,27 @@ class Party:
 
     # -- checkpointing ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        """Everything that makes this party's future releases what they will be, besides W and A. It holds the
-        party's stream keys: it goes to the party's own state file, never to MPI."""
-        state = {"sampling": self.randomness.sampling.state_dict(), "noise": self.randomness.noise.state_dict(),
-                 "train_stream": self.train_stream.state_dict()}
+        """What a resumed party continues from, besides W and A: its batch streams' positions, and with
+        ``reproducible`` randomness its streams (public keys: a resume is then bit-identical). It goes to the
+        party's own state file, never to MPI.
+
+        Never a secret stream's key: a resumed party keeps the streams it keyed from the OS when it was built, so
+        every release after a resume, the replay of a step it may have sent before included, draws new Poisson
+        coins, rounding coins, augmentations and noise. A replay with the first attempt's noise would hand the
+        server the difference of two releases with the noise cancelled (docs/privacy.md §2.2); with fresh noise
+        it is an independent release, as the ledger charges it."""
+        state = {"train_stream": self.train_stream.state_dict()}
         if self.val_stream is not None:
             state["val_stream"] = self.val_stream.state_dict()
+        if not self.randomness.secret:
+            state.update(sampling=self.randomness.sampling.state_dict(), noise=self.randomness.noise.state_dict())
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.randomness.sampling.load_state_dict(state["sampling"])
-        self.randomness.noise.load_state_dict(state["noise"])
+        """Continue from :meth:`state_dict`'s state (a secret key saved by an older release is never used)."""
+        if not self.randomness.secret:
+            self.randomness.sampling.load_state_dict(state["sampling"])
+            self.randomness.noise.load_state_dict(state["noise"])
         self.train_stream.load_state_dict(state["train_stream"] if "train_stream" in state else state["stream"])
         if self.val_stream is not None:
             self.val_stream.load_state_dict(state["val_stream"])

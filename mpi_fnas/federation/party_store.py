@@ -2,9 +2,10 @@
 
 In the simulation every party's directory is ``RUN_DIR/parties/rank<k>/``; in a real deployment it is the party's
 own disk. Nothing in it is ever sent to the server: the server's checkpoint holds only what the server owns. The
-directory is 0700 and every file in it 0600 (whatever the umask): its state files hold the party's stream keys.
+directory is 0700 and every file in it 0600 (whatever the umask): its state files say where its batches stand.
 
-* ``state-<step>.pt``: the party's stream keys and positions and its batch-stream positions at a checkpoint step
+* ``state-<step>.pt``: the party's batch-stream positions at a checkpoint step (and, only under reproducible
+  randomness, its public stream keys: a secret key is never saved, so a resumed party draws fresh randomness)
   (written before the server writes its own checkpoint of that step, so every server checkpoint has its party
   states).
 * ``sent_steps``: how many iterations' releases this party has ever handed to MPI, across every attempt of the

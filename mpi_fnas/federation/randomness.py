@@ -6,8 +6,8 @@ number a DP party draws comes from a :class:`~mpi_fnas.privacy.keystream.Keystre
 party itself (docs/privacy.md §2.1):
 
 * ``secret`` (always under dpfnas): each stream's key is 256 bits of ``os.urandom``, drawn by the party when its
-  stage starts. The keys and positions never leave the party: they live in its memory and, for resuming, in its
-  own state file (0600).
+  stage starts, in every launch: a resumed party does not restore its keys, so a replayed step draws fresh
+  randomness. The keys never leave the party's memory, not even to its own state file.
 * ``reproducible`` (``privacy.reproducible_noise``, and every non-DP run): the keys are SHA-256 of (seed, rank,
   stage, purpose). Anyone holding the config rebuilds the streams, so under DP the run's ε is void; for tests
   and debugging only. The draws go through the same code as the secret ones.
@@ -44,6 +44,11 @@ class PartyRandomness:
     source: Randomness
     sampling: Keystream
     noise: Keystream
+
+    @property
+    def secret(self) -> bool:
+        """Keyed from the OS: never saved, never restored (a resumed party draws new keys)."""
+        return self.source == "secret"
 
     @classmethod
     def create(cls, source: Randomness, *, seed: int, rank: int, stage: str = "search") -> PartyRandomness:
