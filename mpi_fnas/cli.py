@@ -18,6 +18,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -171,12 +172,13 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
     from mpi_fnas.federation.comm import PartyFailedError
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
     from mpi_fnas.secagg.identities import IdentityError
     from mpi_fnas.secagg.keyset import KeySetError
 
     try:
         return body()
-    except (KeySetError, IdentityError) as exc:  # public by construction, under DP too: one line says why
+    except (KeySetError, IdentityError, AssignmentRefusedError) as exc:  # public by construction: one line says why
         refuse_job(channel, exc)
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line
@@ -201,13 +203,28 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     return EXIT_FAILURE  # not reached: abort ends the process
 
 
+def refusal_line(rank: int, exc: BaseException) -> str:
+    """The one line a refusing party prints on its own stderr."""
+    return f"[mpi_fnas rank {rank}] error: {type(exc).__name__}: {exc}".splitlines()[0] + "; aborting the job"
+
+
 def refuse_job(channel: Channel, exc: BaseException) -> None:
-    """This party refuses to go on (a key set or an identity it cannot accept): its one line on its own stderr and
-    to rank 0, which marks the log failed, then the whole job ends. Such a text names ranks, files and what is
-    wrong, never data or a key, so a DP party sends it as it is."""
+    """This party refuses to go on (a key set, an identity, a config or an assignment it cannot accept): its one
+    line on its own stderr and to rank 0, which marks the log failed, then the whole job ends. Such a text names
+    ranks, files, config keys and what is wrong, never data or a key, so a DP party sends it as it is.
+
+    `exc` with ``reported`` set (a refused assignment: :func:`mpi_fnas.federation.participate.participate`): the
+    party printed its line and put it in its setup report already; a notice now could reach rank 0 before the
+    other parties' reports, and the job would end before its log exists. It only waits for rank 0 to end the job,
+    and ends it itself after the same grace as a notice."""
     message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    print(f"[mpi_fnas rank {channel.rank}] error: {message}; aborting the job", file=sys.stderr, flush=True)
-    channel.notify_failure(message)
+    if getattr(exc, "reported", False):
+        from mpi_fnas.federation.comm import FAILURE_GRACE
+
+        time.sleep(min(FAILURE_GRACE, channel.timeout))
+    else:
+        print(refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
+        channel.notify_failure(message)
     channel.abort(EXIT_FAILURE)
 
 

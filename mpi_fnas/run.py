@@ -85,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args, made))
         state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
+        if not channel.is_server:
+            accept_config(cfg, args, text, state["cfg"], Path(path), channel.rank)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
@@ -92,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         return _tidy_bad_input(code, channel.rank, made)
     run_cfg, run_dir = state["cfg"], state["run_dir"]
     channel.timeout = run_cfg.runtime.comm_timeout
-    private_party = run_cfg.mode == "dpfnas" and not channel.is_server
+    # Its own config's mode too: a party whose user asked for DP keeps its error texts even if rank 0 said otherwise.
+    private_party = "dpfnas" in (run_cfg.mode, cfg.mode if cfg is not None else None) and not channel.is_server
     from mpi_fnas.federation.party_store import party_dir
 
     code = cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, state["stage"], args, stop),
@@ -100,6 +103,24 @@ def main(argv: list[str] | None = None) -> int:
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
     stop.disarm()
     return _tidy_bad_input(code, channel.rank, made)
+
+
+def accept_config(own: Config | None, args: argparse.Namespace, text: str, received: Config, run_dir: Path,
+                  rank: int) -> None:
+    """A party checks the config rank 0 broadcast against the one it trusts and pins it in its own directory.
+
+    Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
+    :func:`cli.refuse_job`) on a difference in a privacy-relevant key. The directory is the one this party named
+    itself (``--resume``/``--augment``), else the run directory rank 0 chose for a fresh run."""
+    from mpi_fnas.privacy import trusted_config as trusted
+
+    own_dir = args.augment or args.resume
+    directory = trusted.pin_directory(Path(own_dir) if own_dir else run_dir, rank)
+    expected, name = trusted.trusted_config(own, explicit=bool(args.config or args.overrides),
+                                            resume=bool(args.resume), augment=bool(args.augment),
+                                            overrides=args.overrides, pin=trusted.read_pin(directory), rank=rank)
+    trusted.check_config(expected, received, rank=rank, trusted_name=name)
+    trusted.write_pin(directory, text)
 
 
 def check_memory(channel: Channel, cfg: Config, stage: str) -> list[str]:

@@ -20,7 +20,7 @@ to finish its checkpoint and the log. The iteration itself (what is computed and
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
 
 import torch
@@ -50,6 +50,7 @@ class SetupReports:
     sent_steps: list[int]
     onednn_isa: list[str]
     aten_cpu_capability: list[str]
+    refusals: dict[int, str] = field(default_factory=dict)  # rank -> its one line: it refused its assignment
 
     @property
     def gpus(self) -> int:
@@ -77,7 +78,9 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
     return SetupReports(devices=["cpu"] + [str(r["device"]) for r in reports],
                         sent_steps=[int(r["sent_steps"]) for r in reports],
                         onednn_isa=[onednn_isa()] + [str(r["onednn_isa"]) for r in reports],
-                        aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports])
+                        aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports],
+                        refusals={rank: str(r["refused"]) for rank, r in enumerate(reports, start=1)
+                                  if r.get("refused") is not None})
 
 
 def relay_public_keys(channel: Channel) -> bytes:
@@ -103,11 +106,15 @@ def receive_assignment(channel: Channel, kind: type[AssignmentT], device_prefere
     return got, torch.device(device_for_rank(channel.comm, preference=device_preference))
 
 
-def report_setup(channel: Channel, device: torch.device, sent_steps: int) -> None:
+def report_setup(channel: Channel, device: torch.device, sent_steps: int, refused: str | None = None) -> None:
     """The party's only setup message: its device, its CPU kernels (the machine's, not the data's) and its count of
-    sent iterations (0 unless DP)."""
-    channel.gather_objects({"device": str(device), "sent_steps": sent_steps, "onednn_isa": onednn_isa(),
-                            "aten_cpu_capability": aten_cpu_capability()})
+    sent iterations (0 unless DP); with `refused`, its one public line refusing its assignment
+    (:mod:`mpi_fnas.federation.verify`): rank 0 learns every refusal at once, opens its log and marks it failed."""
+    report: dict[str, object] = {"device": str(device), "sent_steps": sent_steps, "onednn_isa": onednn_isa(),
+                                 "aten_cpu_capability": aten_cpu_capability()}
+    if refused is not None:
+        report["refused"] = refused
+    channel.gather_objects(report)
 
 
 def agree_masks(channel: Channel, identity: PartyIdentity | None = None) -> PairwiseMasks:

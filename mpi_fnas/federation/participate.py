@@ -18,12 +18,14 @@ party holds its corrupted shards here too (:func:`own_examples`).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from mpi_fnas import cli
 from mpi_fnas.config import Config
 from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
@@ -35,9 +37,11 @@ from mpi_fnas.federation.handshake import agree_masks, party_steps, receive_assi
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split
+from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split, secure_dimension
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
+from mpi_fnas.federation.verify import calibrated, check_augment, check_checkpoint_step, check_params, expected_params
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity
 from mpi_fnas.space import search_space
 
@@ -47,6 +51,15 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank), stage=side.name) if run_dir is not None else None
+    refusal = check_assignment(cfg, side, got, channel, store)
+    if refusal is not None:
+        # Its line on its own stderr first, then in its setup report: rank 0 gathers every party's report (so every
+        # refusing party has printed before the job ends), opens its log, marks it failed and aborts the job.
+        print(cli.refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
+        refusal.reported = True  # type: ignore[attr-defined]  # cli.refuse_job: printed and in its report
+        report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
+                     refused=f"{type(refusal).__name__}: {refusal}".splitlines()[0])
+        raise refusal
     party = side.build(cfg, got, channel.rank, device)
     if got.checkpoint_step > 0:
         if store is None:
@@ -72,6 +85,31 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     if not stopped:
         side.finish(party, channel)
     return stopped
+
+
+def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel,
+                     store: PartyStore | None) -> AssignmentRefusedError | None:
+    """Why this party refuses its assignment `got` (:mod:`mpi_fnas.federation.verify`), or None: its DP parameters
+    against those it derives (K from its own communicator, D recomputed here) and a checkpoint step it must hold
+    its own state for."""
+    try:
+        dimension = own_dimension(cfg, channel.rank)
+        side.check(cfg, got, parties=channel.parties, dimension=dimension, rank=channel.rank)
+        step = got.checkpoint_step
+        saved = store is not None and isinstance(step, int) and store.has_state(step)
+        check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
+    except AssignmentRefusedError as exc:
+        return exc
+    return None
+
+
+def own_dimension(cfg: Config, rank: int) -> int | None:
+    """D of secure aggregation as this party computes it (the planner's :func:`secure_dimension`, from the shape
+    of its own train split: < 1 s, docs/privacy.md §2.3), or None when its releases are not securely aggregated."""
+    if cfg.mode != "dpfnas" or cfg.privacy.aggregation != "secure":
+        return None
+    data = open_split(cfg, "train", party=rank)
+    return secure_dimension(cfg, data.in_channels, data.num_classes)
 
 
 def own_identity(cfg: Config, run_dir: Path | None, channel: Channel) -> PartyIdentity | None:
@@ -100,6 +138,13 @@ class StageSide:
     def build(self, cfg: Config, got: Any, rank: int, device: torch.device) -> Party:
         """The stage's party of `rank` on `device`, from its assignment `got` (each side says how)."""
 
+    def check(self, cfg: Config, got: Any, *, parties: int, dimension: int | None, rank: int) -> None:
+        """Raise AssignmentRefusedError unless `got`'s DP parameters are those this party derives (each side)."""
+
+    def private(self, cfg: Config) -> bool:
+        """Whether this stage's releases are DP under `cfg` (each side)."""
+        return False
+
     def step(self, party: Party, step: int) -> dict[str, Any]:
         """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""
 
@@ -115,6 +160,13 @@ class SearchSide(StageSide):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.search.w_optimizer)
+
+    def check(self, cfg: Config, got: Assignment, *, parties: int, dimension: int | None, rank: int) -> None:
+        check_params(expected_params(cfg, parties, dimension), got.dp, calibrated=calibrated(cfg), rank=rank,
+                     what="search assignment")
+
+    def private(self, cfg: Config) -> bool:
+        return cfg.mode == "dpfnas"
 
     def build(self, cfg: Config, got: Assignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)
@@ -148,6 +200,12 @@ class AugmentSide(StageSide):
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.augment.optimizer)
+
+    def check(self, cfg: Config, got: AugmentAssignment, *, parties: int, dimension: int | None, rank: int) -> None:
+        check_augment(cfg, got.releases, got.params, parties=parties, dimension=dimension, rank=rank)
+
+    def private(self, cfg: Config) -> bool:
+        return cfg.mode == "dpfnas" and cfg.augment.private
 
     def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)

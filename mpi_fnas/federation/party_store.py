@@ -85,6 +85,10 @@ class PartyStore:
             if s > step or (older and s < max(older)):
                 (self.directory / self._state_name.format(step=s)).unlink(missing_ok=True)
 
+    def has_state(self, step: int) -> bool:
+        """Whether this party saved its own state at checkpoint `step` (a resume from any other step is refused)."""
+        return (self.directory / self._state_name.format(step=step)).exists()
+
     def load_state(self, step: int) -> dict[str, Any]:
         """The state saved at checkpoint `step`. Raises FileNotFoundError when this party has none."""
         path = self.directory / self._state_name.format(step=step)

@@ -154,15 +154,19 @@ def augment_is_private(cfg: Config) -> bool:
     return cfg.mode == "dpfnas" and cfg.augment.private
 
 
-def secure_dimension(cfg: Config) -> int:
+def secure_dimension(cfg: Config, in_channels: int | None = None, num_classes: int | None = None) -> int:
     """D of secure aggregation's accountant (:class:`~mpi_fnas.privacy.release.SecureSum`): the padded length of
     the run's largest release. That is the supernet's W or A or, when the augmentation is private, the evaluation
     network of the space's largest cell (:meth:`~mpi_fnas.space.kinds.DartsSpace.largest_genotype`): its ε is
     planned before the search has picked a cell, and a searched cell and a random one are then accounted alike.
-    Public: it follows from the config and the data's shape. Rank 0's (it builds the networks once, < 1 s)."""
+    Public: it follows from the config and the data's shape (`in_channels`, `num_classes`; None: rank 0's test
+    split's). Rank 0 plans with it, and each party recomputes it from its own train split to check its assignment
+    (:mod:`mpi_fnas.federation.verify`): it builds the networks once, see docs/privacy.md §2.3 for the cost."""
     space = search_space(cfg.space.kind)
-    test = open_split(cfg, "test")
-    shape = {"in_channels": test.in_channels, "num_classes": test.num_classes}
+    if in_channels is None or num_classes is None:
+        test = open_split(cfg, "test")
+        in_channels, num_classes = test.in_channels, test.num_classes
+    shape = {"in_channels": in_channels, "num_classes": num_classes}
     supernet = space.build_supernet(cfg.space, seed=cfg.seed, **shape)
     sizes = [numel(supernet.weights()), numel(supernet.alphas())]
     if augment_is_private(cfg) and cfg.augment.epochs > 0:

@@ -30,7 +30,7 @@ from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.comm import Channel, PartyFailedError
 from mpi_fnas.federation.handshake import hand_out, refuse_setup, relay_public_keys
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import (
@@ -155,6 +155,9 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     stage: ServedStage | None = None
     startup = math.nan
     try:
+        if reports.refusals:  # once the log is open: a party refused its assignment (issue 45), the log says failed
+            rank, line = min(reports.refusals.items())
+            raise PartyFailedError(f"party rank {rank} failed: {line} (refused by parties {sorted(reports.refusals)})")
         if setup.secure:  # once the log is open: a party that refuses the key set (issue 45) fails the log
             setup.launch_id = relay_public_keys(channel)
         stage = definition(cfg, channel, setup, log)

@@ -1,0 +1,122 @@
+"""A party checks its assignment: the DP parameters it derives itself, against what rank 0 asks of it (issue 45).
+
+Rank 0 plans every stage (:mod:`mpi_fnas.federation.plan`) and sends each party its assignment, with the privacy
+parameters the party's releases are made with. A server that lies could ask for less noise than the user
+configured: a smaller σ, a larger clip or B, a larger K (under secure aggregation each party adds 1/K of the noise
+variance), a smaller local variance σ_k², another accounted dimension D, reproducible randomness, or a checkpoint
+step whose state the party never saved. So a party derives each of them itself and refuses an assignment that
+differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one line):
+
+* K from its own communicator, never from rank 0;
+* the clips, B, δ, the aggregation, the randomness source and the ε settings from its config, whose
+  privacy-relevant keys it has checked against the config it trusts (:mod:`mpi_fnas.privacy.trusted_config`);
+* σ_k² and the 32-bit modulus from the code (:data:`~mpi_fnas.privacy.release.LOCAL_VARIANCE`);
+* D as the planner computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`, from its own split's shape);
+* σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
+  party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
+  §2.3).
+
+No MPI and no autograd: the party's side (:mod:`mpi_fnas.federation.participate`) calls these and sends nothing
+until they pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+from mpi_fnas.config import Config
+from mpi_fnas.federation.adadp import w_rounds
+from mpi_fnas.privacy.params import DPParams
+from mpi_fnas.privacy.release import AugmentReleases, SecureSum
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+
+_SIGMAS = ("noise_multiplier_w", "noise_multiplier_a")
+
+
+def expected_params(cfg: Config, parties: int, dimension: int | None) -> DPParams | None:
+    """The search's DP parameters as this party derives them (None unless ``mode: dpfnas``): `parties` is K from
+    its own communicator, `dimension` the D it computed (used under ``secure`` only)."""
+    if cfg.mode != "dpfnas":
+        return None
+    secure = cfg.privacy.aggregation == "secure"
+    return DPParams.from_config(cfg.privacy, cfg.search.batch_size, parties, dimension if secure else None)
+
+
+def calibrated(cfg: Config) -> bool:
+    """Whether rank 0's planner calibrates σ (``privacy.target_epsilon``): the party cannot re-derive it cheaply."""
+    return cfg.privacy.target_epsilon is not None
+
+
+def _refuse(rank: int, what: str, reason: str) -> AssignmentRefusedError:
+    return AssignmentRefusedError(f"rank {rank} refuses the {what} rank 0 sent: {reason}; nothing was computed or "
+                                  "sent")
+
+
+def _positive_sigma(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def check_params(expected: DPParams | None, got: Any, *, calibrated: bool, rank: int, what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless rank 0's `got` DP parameters are `expected` (σ aside when
+    `calibrated`: then σ_W = σ_A, positive and finite). `what` names the assignment in the line."""
+    if expected is None:
+        return  # not private: the party's config says the server may see its gradients
+    if type(got) is not DPParams:
+        raise _refuse(rank, what, f"no DP parameters ({type(got).__name__}) where this party's config says mode "
+                                  "dpfnas: its releases would carry no noise")
+    for field in dataclasses.fields(DPParams):
+        mine, theirs = getattr(expected, field.name), getattr(got, field.name)
+        if field.name in _SIGMAS and calibrated:
+            continue
+        if mine != theirs:
+            raise _refuse(rank, what, f"{field.name} {theirs!r} where this party derives {mine!r}")
+    if calibrated:
+        sigma_w, sigma_a = got.noise_multiplier_w, got.noise_multiplier_a
+        if not (_positive_sigma(sigma_w) and sigma_w == sigma_a):
+            raise _refuse(rank, what, f"calibrated σ_W {sigma_w!r} and σ_A {sigma_a!r}: privacy.target_epsilon "
+                                      "calibrates one positive, finite σ for both")
+
+
+def expected_secure_sum(cfg: Config, parties: int, dimension: int | None) -> SecureSum | None:
+    """Secure aggregation's constants as this party derives them (σ_k² and the modulus: the code's), or None."""
+    if cfg.mode != "dpfnas" or cfg.privacy.aggregation != "secure":
+        return None
+    assert dimension is not None
+    return SecureSum(parties, dimension)
+
+
+def check_augment(cfg: Config, releases: Any, params: Any, *, parties: int, dimension: int | None,
+                  rank: int) -> None:
+    """Raise :class:`AssignmentRefusedError` unless the augmentation's `releases` and `params` (an
+    :class:`~mpi_fnas.federation.plan.AugmentAssignment`'s) are what this party's config makes them: private
+    when ``augment.private`` under dpfnas, with its clip, B, releases per step (2 under ADADP), σ (unless
+    calibrated: positive, finite) and secure aggregation's constants; `params` as the search's."""
+    what = "augmentation assignment"
+    if not (cfg.mode == "dpfnas" and cfg.augment.private):
+        return  # exact gradients, as the party's own config says
+    if type(releases) is not AugmentReleases:
+        raise _refuse(rank, what, f"no DP releases ({type(releases).__name__}) where this party's config says "
+                                  "augment.private: its gradients would leave it exact")
+    check_params(expected_params(cfg, parties, dimension), params, calibrated=calibrated(cfg), rank=rank, what=what)
+    expected = {"clip": float(cfg.augment.clip), "expected_batch_size": float(cfg.augment.batch_size),
+                "releases_per_step": w_rounds(cfg.augment.optimizer),
+                "secure": expected_secure_sum(cfg, parties, dimension)}
+    if not calibrated(cfg):
+        expected["noise_multiplier"] = float(cfg.augment.noise_multiplier)
+    for name, mine in expected.items():
+        theirs = getattr(releases, name)
+        if mine != theirs:
+            raise _refuse(rank, what, f"augment {name} {theirs!r} where this party derives {mine!r}")
+    if not _positive_sigma(releases.noise_multiplier):
+        raise _refuse(rank, what, f"augment noise_multiplier {releases.noise_multiplier!r}: not positive and finite")
+
+
+def check_checkpoint_step(step: Any, saved: bool, *, rank: int, what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless `step` is 0 (start) or a checkpoint step this party saved its
+    own state for (`saved`): a party resumes only from its own state."""
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise _refuse(rank, what, f"checkpoint_step {step!r} is not a step")
+    if step > 0 and not saved:
+        raise _refuse(rank, what, f"checkpoint_step {step}: this party saved no state of its own for that step")
