@@ -1,4 +1,4 @@
-"""A party checks what rank 0 asks of it (issue 45, docs/privacy.md §2.3): the config it runs and the DP parameters
+"""A party checks what rank 0 asks of it (issue 45, docs/privacy.md §2.10): the config it runs and the DP parameters
 of its assignments, against what it derives itself. Without MPI; over MPI: tests/mpi/test_assignment_refusal.py;
 a whole job: test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line."""
 
@@ -94,7 +94,7 @@ def test_no_dp_parameters_under_dpfnas_are_refused():
 
 def test_a_calibrated_sigma_is_checked_for_one_positive_value_only():
     # Under privacy.target_epsilon rank 0's accountant sets σ: a party checks σ_W = σ_A > 0 and takes the value on
-    # trust (docs/privacy.md §2.3); everything else is still derived.
+    # trust (docs/privacy.md §2.10); everything else is still derived.
     cfg = config("privacy.target_epsilon=8")
     params, _, _ = honest(cfg)
     search_check(cfg, params, None)

@@ -105,7 +105,7 @@ def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel,
 
 def own_dimension(cfg: Config, rank: int) -> int | None:
     """D of secure aggregation as this party computes it (the planner's :func:`secure_dimension`, from the shape
-    of its own train split: < 1 s, docs/privacy.md §2.3), or None when its releases are not securely aggregated."""
+    of its own train split: < 1 s, docs/privacy.md §2.10), or None when its releases are not securely aggregated."""
     if cfg.mode != "dpfnas" or cfg.privacy.aggregation != "secure":
         return None
     data = open_split(cfg, "train", party=rank)

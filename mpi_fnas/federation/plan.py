@@ -161,7 +161,7 @@ def secure_dimension(cfg: Config, in_channels: int | None = None, num_classes: i
     planned before the search has picked a cell, and a searched cell and a random one are then accounted alike.
     Public: it follows from the config and the data's shape (`in_channels`, `num_classes`; None: rank 0's test
     split's). Rank 0 plans with it, and each party recomputes it from its own train split to check its assignment
-    (:mod:`mpi_fnas.federation.verify`): it builds the networks once, see docs/privacy.md §2.3 for the cost."""
+    (:mod:`mpi_fnas.federation.verify`): it builds the networks once, see docs/privacy.md §2.10 for the cost."""
     space = search_space(cfg.space.kind)
     if in_channels is None or num_classes is None:
         test = open_split(cfg, "test")

@@ -14,7 +14,7 @@ differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one l
 * D as the planner computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`, from its own split's shape);
 * σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
   party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
-  §2.3).
+  §2.10).
 
 No MPI and no autograd: the party's side (:mod:`mpi_fnas.federation.participate`) calls these and sends nothing
 until they pass.

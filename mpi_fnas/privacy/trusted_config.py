@@ -5,7 +5,7 @@ could send a party a config with less noise than the user set. A party therefore
 keys (:data:`PRIVACY_KEYS`) of that text with the config it trusts (:func:`trusted_config`) and refuses any
 difference with one line (:class:`AssignmentRefusedError`); after a check it pins the accepted text in its own
 directory (``RUN_DIR/parties/rank<k>/config.yaml``, 0600), which is what it trusts on ``--resume`` and
-``--augment``, where it may have no ``--config`` of its own. docs/privacy.md §2.3.
+``--augment``, where it may have no ``--config`` of its own. docs/privacy.md §2.10.
 
 Pure: no MPI, no torch (the launch layer checks the config before any rank imports torch). The assignment's DP
 parameters are checked against this config by :mod:`mpi_fnas.federation.verify`.

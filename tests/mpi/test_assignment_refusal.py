@@ -1,4 +1,4 @@
-"""A party's checks of its assignment over MPI (issue 45, docs/privacy.md §2.3): rank 0 plays the adversary and
+"""A party's checks of its assignment over MPI (issue 45, docs/privacy.md §2.10): rank 0 plays the adversary and
 sends every party an assignment with a larger K or a smaller σ. Every party refuses, in one line, before it builds
 anything or sends a release, and rank 0 learns every refusal from the setup reports; no rank hangs. Without MPI:
 tests/test_party_checks.py (which also runs a whole job whose rank 0 lies). The honest assignment passes the same
