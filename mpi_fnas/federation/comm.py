@@ -50,28 +50,36 @@ mpi_fnas.bench``: 0.6-1.0 % of a party step instead of 3.5-7.8 %), while the CPU
 party's compute went from ~16.5 % to ~18.5 % of one core in total. Tighter caps made exchanges slower, not faster
 (the wake-ups compete for the 2 cores).
 
-Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, pickled
-objects) and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a
-message's size is that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (no pickling;
-a secure reduce sums uint32 words).
+Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, setup objects)
+and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a message's size is
+that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (a secure reduce sums uint32
+words).
+
+Trust: nothing received is executed. Setup objects travel in a data-only format (:mod:`mpi_fnas.wire`: a JSON header
+and raw array bytes, decoded against the registered dataclasses' fields), never as pickles, which run whatever code
+the sender chose when loaded; a message that is not data, or is larger than ``MAX_OBJECT_MESSAGE``, is refused.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from mpi_fnas.wire import WireError, decode, encode
+
 SERVER = 0
 FAILURE_TAG = 7177  # point-to-point tag of a party's failure notice to the server
 BUFFER_TAG = 7178  # float32 contributions (party → server) and broadcasts (server → party)
-OBJECT_TAG = 7179  # pickled setup objects, both directions
+OBJECT_TAG = 7179  # setup objects in the data-only format (mpi_fnas.wire), both directions
 PEER_TAG = 7180  # party to party, never through the server: secure aggregation's key-set confirmations (raw bytes)
 MAX_PEER_MESSAGE = 4096  # bytes of one such message
 _MAX_NOTICE = 4096  # bytes of a failure notice
+# Bytes of one setup object at most (an assignment's index arrays for 60k examples take ~0.5 MB): a larger message is
+# refused before it is received, so a hostile peer cannot make a rank allocate without bound.
+MAX_OBJECT_MESSAGE = 64 * 2**20
 
 SPIN_POLLS = 32  # polls before the first sleep
 FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
@@ -210,12 +218,12 @@ class Channel:
     def barrier(self) -> None:
         self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
 
-    # -- picklable objects (setup, checkpoints) ----------------------------------------------------------------
+    # -- setup objects: plain data and registered dataclasses (mpi_fnas.wire), never pickles ------------------------
     def bcast_object(self, obj: object = None) -> object:
-        """The server's `obj` on every rank (parties pass nothing; they get an unpickled copy)."""
+        """The server's `obj` on every rank (parties pass nothing; they get a decoded copy)."""
         if not self.is_server:
             return self._receive_object("bcast_object")
-        payload = _pickle(obj)
+        payload = encode(obj)
         self._wait(_Requests([self.comm.Isend(payload, dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]),
                    "bcast_object")
         return obj
@@ -229,14 +237,14 @@ class Channel:
             return self._receive_object("scatter_objects")
         if objs is None or len(objs) != self.size:
             raise ValueError(f"scatter_objects: the server must pass {self.size} objects (one per rank)")
-        requests = [self.comm.Isend(_pickle(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
+        requests = [self.comm.Isend(encode(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
         self._wait(_Requests(requests), "scatter_objects")
         return objs[SERVER]
 
     def gather_objects(self, obj: object) -> list | None:
         """Server: ``[obj of rank 0, obj of rank 1, …]``; parties send `obj` and get None."""
         if not self.is_server:
-            self._wait(_Requests([self.comm.Isend(_pickle(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
+            self._wait(_Requests([self.comm.Isend(encode(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
             return None
         incoming = [_IncomingObject(self.comm, k) for k in range(1, self.size)]
         self._wait(_AllOf(incoming), "gather_objects")
@@ -369,7 +377,8 @@ class _Requests(_Pending):
 
 
 class _IncomingObject(_Pending):
-    """One pickled object from `source`: probed first, so the receive buffer has exactly the message's size."""
+    """One setup object from `source`: probed first, so the receive buffer has exactly the message's size (at most
+    ``MAX_OBJECT_MESSAGE``), then decoded as data (:func:`mpi_fnas.wire.decode`: nothing in it is executed)."""
 
     def __init__(self, comm: MPI.Comm, source: int) -> None:
         self.comm, self.source = comm, source
@@ -382,13 +391,19 @@ class _IncomingObject(_Pending):
             message = self.comm.Improbe(source=self.source, tag=OBJECT_TAG, status=status)
             if message is None:
                 return False
-            self.payload = bytearray(status.Get_count(MPI.BYTE))
+            size = status.Get_count(MPI.BYTE)
+            if size > MAX_OBJECT_MESSAGE:
+                raise WireError(f"rank {self.source} sent a {size}-byte object, at most {MAX_OBJECT_MESSAGE} are taken")
+            self.payload = bytearray(size)
             self.request = message.Irecv(self.payload)
         return self.request.Test()
 
     def value(self) -> object:
         assert self.payload is not None
-        return pickle.loads(self.payload)
+        try:
+            return decode(self.payload)
+        except WireError as exc:
+            raise WireError(f"rank {self.source} sent a message that is not data: {exc}") from None
 
 
 class _IncomingBytes(_Pending):
@@ -423,10 +438,6 @@ class _AllOf(_Pending):
 
     def test(self) -> bool:
         return all([item.test() for item in self.items])  # a list, not a generator: drive every item each poll
-
-
-def _pickle(obj: object) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _check_buffer(buf: np.ndarray, *also: type) -> None:
