@@ -246,9 +246,9 @@ class Channel:
         if not self.is_server:
             self._wait(_Requests([self.comm.Isend(encode(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
             return None
-        incoming = [_IncomingObject(self.comm, k) for k in range(1, self.size)]
+        incoming = [_incoming_object(self.comm, k) for k in range(1, self.size)]
         self._wait(_AllOf(incoming), "gather_objects")
-        return [obj, *(item.value() for item in incoming)]
+        return [obj, *(_decoded(item) for item in incoming)]
 
     # -- among the parties, never through the server ----------------------------------------------------------
     def exchange_among_parties(self, message: bytes) -> dict[int, bytes]:
@@ -266,15 +266,15 @@ class Channel:
             raise ValueError(f"exchange_among_parties: {len(message)} bytes, at most {MAX_PEER_MESSAGE}")
         payload = np.frombuffer(bytes(message), dtype=np.uint8).copy()  # a buffer MPI may read until the send ends
         peers = [k for k in range(1, self.size) if k != self.rank]
-        incoming = [_IncomingBytes(self.comm, k, PEER_TAG) for k in peers]
+        incoming = [_Incoming(self.comm, k, PEER_TAG, MAX_PEER_MESSAGE) for k in peers]
         sends = _Requests([self.comm.Isend(payload, dest=k, tag=PEER_TAG) for k in peers])
         self._wait(_AllOf([sends, *incoming]), "exchange_among_parties")
         return {k: item.value() for k, item in zip(peers, incoming, strict=True)}
 
     def _receive_object(self, what: str) -> object:
-        incoming = _IncomingObject(self.comm, SERVER)
+        incoming = _incoming_object(self.comm, SERVER)
         self._wait(incoming, what)
-        return incoming.value()
+        return _decoded(incoming)
 
     # -- failure handling --------------------------------------------------------------------------------------
     def notify_failure(self, message: str, grace: float | None = None) -> None:
@@ -376,41 +376,13 @@ class _Requests(_Pending):
                 raise ValueError(f"rank {status.Get_source()} sent {got} {noun}, expected {expected}")
 
 
-class _IncomingObject(_Pending):
-    """One setup object from `source`: probed first, so the receive buffer has exactly the message's size (at most
-    ``MAX_OBJECT_MESSAGE``), then decoded as data (:func:`mpi_fnas.wire.decode`: nothing in it is executed)."""
+class _Incoming(_Pending):
+    """One message of at most `limit` bytes from `source` with `tag`: probed first, so the receive buffer has exactly
+    the message's size, and a larger message is refused before anything is received (a hostile peer cannot make a
+    rank allocate without bound)."""
 
-    def __init__(self, comm: MPI.Comm, source: int) -> None:
-        self.comm, self.source = comm, source
-        self.payload: bytearray | None = None
-        self.request: MPI.Request | None = None
-
-    def test(self) -> bool:
-        if self.request is None:
-            status = MPI.Status()
-            message = self.comm.Improbe(source=self.source, tag=OBJECT_TAG, status=status)
-            if message is None:
-                return False
-            size = status.Get_count(MPI.BYTE)
-            if size > MAX_OBJECT_MESSAGE:
-                raise WireError(f"rank {self.source} sent a {size}-byte object, at most {MAX_OBJECT_MESSAGE} are taken")
-            self.payload = bytearray(size)
-            self.request = message.Irecv(self.payload)
-        return self.request.Test()
-
-    def value(self) -> object:
-        assert self.payload is not None
-        try:
-            return decode(self.payload)
-        except WireError as exc:
-            raise WireError(f"rank {self.source} sent a message that is not data: {exc}") from None
-
-
-class _IncomingBytes(_Pending):
-    """One raw message of at most ``MAX_PEER_MESSAGE`` bytes from `source` with `tag` (probed, then received)."""
-
-    def __init__(self, comm: MPI.Comm, source: int, tag: int) -> None:
-        self.comm, self.source, self.tag = comm, source, tag
+    def __init__(self, comm: MPI.Comm, source: int, tag: int, limit: int) -> None:
+        self.comm, self.source, self.tag, self.limit = comm, source, tag, limit
         self.payload: bytearray | None = None
         self.request: MPI.Request | None = None
 
@@ -421,8 +393,8 @@ class _IncomingBytes(_Pending):
             if message is None:
                 return False
             size = status.Get_count(MPI.BYTE)
-            if size > MAX_PEER_MESSAGE:
-                raise ValueError(f"rank {self.source} sent {size} bytes, at most {MAX_PEER_MESSAGE} are taken")
+            if size > self.limit:
+                raise ValueError(f"rank {self.source} sent {size} bytes, at most {self.limit} are taken")
             self.payload = bytearray(size)
             self.request = message.Irecv(self.payload)
         return self.request.Test()
@@ -430,6 +402,19 @@ class _IncomingBytes(_Pending):
     def value(self) -> bytes:
         assert self.payload is not None
         return bytes(self.payload)
+
+
+def _incoming_object(comm: MPI.Comm, source: int) -> _Incoming:
+    """A setup object from `source`, at most ``MAX_OBJECT_MESSAGE`` bytes (decode its value with :func:`_decoded`)."""
+    return _Incoming(comm, source, OBJECT_TAG, MAX_OBJECT_MESSAGE)
+
+
+def _decoded(incoming: _Incoming) -> object:
+    """The setup object `incoming` carried, decoded as data (:func:`mpi_fnas.wire.decode`: nothing in it is run)."""
+    try:
+        return decode(incoming.value())
+    except WireError as exc:
+        raise WireError(f"rank {incoming.source} sent a message that is not data: {exc}") from None
 
 
 class _AllOf(_Pending):
