@@ -50,28 +50,36 @@ mpi_fnas.bench``: 0.6-1.0 % of a party step instead of 3.5-7.8 %), while the CPU
 party's compute went from ~16.5 % to ~18.5 % of one core in total. Tighter caps made exchanges slower, not faster
 (the wake-ups compete for the 2 cores).
 
-Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, pickled
-objects) and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a
-message's size is that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (no pickling;
-a secure reduce sums uint32 words).
+Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, setup objects)
+and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a message's size is
+that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (a secure reduce sums uint32
+words).
+
+Trust: nothing received is executed. Setup objects travel in a data-only format (:mod:`mpi_fnas.wire`: a JSON header
+and raw array bytes, decoded against the registered dataclasses' fields), never as pickles, which run whatever code
+the sender chose when loaded; a message that is not data, or is larger than ``MAX_OBJECT_MESSAGE``, is refused.
 """
 
 from __future__ import annotations
 
-import pickle
 import time
 from collections.abc import Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from mpi_fnas.wire import WireError, decode, encode
+
 SERVER = 0
 FAILURE_TAG = 7177  # point-to-point tag of a party's failure notice to the server
 BUFFER_TAG = 7178  # float32 contributions (party → server) and broadcasts (server → party)
-OBJECT_TAG = 7179  # pickled setup objects, both directions
+OBJECT_TAG = 7179  # setup objects in the data-only format (mpi_fnas.wire), both directions
 PEER_TAG = 7180  # party to party, never through the server: secure aggregation's key-set confirmations (raw bytes)
 MAX_PEER_MESSAGE = 4096  # bytes of one such message
 _MAX_NOTICE = 4096  # bytes of a failure notice
+# Bytes of one setup object at most (an assignment's index arrays for 60k examples take ~0.5 MB): a larger message is
+# refused before it is received, so a hostile peer cannot make a rank allocate without bound.
+MAX_OBJECT_MESSAGE = 64 * 2**20
 
 SPIN_POLLS = 32  # polls before the first sleep
 FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
@@ -210,12 +218,12 @@ class Channel:
     def barrier(self) -> None:
         self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
 
-    # -- picklable objects (setup, checkpoints) ----------------------------------------------------------------
+    # -- setup objects: plain data and registered dataclasses (mpi_fnas.wire), never pickles ------------------------
     def bcast_object(self, obj: object = None) -> object:
-        """The server's `obj` on every rank (parties pass nothing; they get an unpickled copy)."""
+        """The server's `obj` on every rank (parties pass nothing; they get a decoded copy)."""
         if not self.is_server:
             return self._receive_object("bcast_object")
-        payload = _pickle(obj)
+        payload = encode(obj)
         self._wait(_Requests([self.comm.Isend(payload, dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]),
                    "bcast_object")
         return obj
@@ -229,18 +237,18 @@ class Channel:
             return self._receive_object("scatter_objects")
         if objs is None or len(objs) != self.size:
             raise ValueError(f"scatter_objects: the server must pass {self.size} objects (one per rank)")
-        requests = [self.comm.Isend(_pickle(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
+        requests = [self.comm.Isend(encode(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
         self._wait(_Requests(requests), "scatter_objects")
         return objs[SERVER]
 
     def gather_objects(self, obj: object) -> list | None:
         """Server: ``[obj of rank 0, obj of rank 1, …]``; parties send `obj` and get None."""
         if not self.is_server:
-            self._wait(_Requests([self.comm.Isend(_pickle(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
+            self._wait(_Requests([self.comm.Isend(encode(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
             return None
-        incoming = [_IncomingObject(self.comm, k) for k in range(1, self.size)]
+        incoming = [_incoming_object(self.comm, k) for k in range(1, self.size)]
         self._wait(_AllOf(incoming), "gather_objects")
-        return [obj, *(item.value() for item in incoming)]
+        return [obj, *(_decoded(item) for item in incoming)]
 
     # -- among the parties, never through the server ----------------------------------------------------------
     def exchange_among_parties(self, message: bytes) -> dict[int, bytes]:
@@ -258,15 +266,15 @@ class Channel:
             raise ValueError(f"exchange_among_parties: {len(message)} bytes, at most {MAX_PEER_MESSAGE}")
         payload = np.frombuffer(bytes(message), dtype=np.uint8).copy()  # a buffer MPI may read until the send ends
         peers = [k for k in range(1, self.size) if k != self.rank]
-        incoming = [_IncomingBytes(self.comm, k, PEER_TAG) for k in peers]
+        incoming = [_Incoming(self.comm, k, PEER_TAG, MAX_PEER_MESSAGE) for k in peers]
         sends = _Requests([self.comm.Isend(payload, dest=k, tag=PEER_TAG) for k in peers])
         self._wait(_AllOf([sends, *incoming]), "exchange_among_parties")
         return {k: item.value() for k, item in zip(peers, incoming, strict=True)}
 
     def _receive_object(self, what: str) -> object:
-        incoming = _IncomingObject(self.comm, SERVER)
+        incoming = _incoming_object(self.comm, SERVER)
         self._wait(incoming, what)
-        return incoming.value()
+        return _decoded(incoming)
 
     # -- failure handling --------------------------------------------------------------------------------------
     def notify_failure(self, message: str, grace: float | None = None) -> None:
@@ -368,34 +376,13 @@ class _Requests(_Pending):
                 raise ValueError(f"rank {status.Get_source()} sent {got} {noun}, expected {expected}")
 
 
-class _IncomingObject(_Pending):
-    """One pickled object from `source`: probed first, so the receive buffer has exactly the message's size."""
+class _Incoming(_Pending):
+    """One message of at most `limit` bytes from `source` with `tag`: probed first, so the receive buffer has exactly
+    the message's size, and a larger message is refused before anything is received (a hostile peer cannot make a
+    rank allocate without bound)."""
 
-    def __init__(self, comm: MPI.Comm, source: int) -> None:
-        self.comm, self.source = comm, source
-        self.payload: bytearray | None = None
-        self.request: MPI.Request | None = None
-
-    def test(self) -> bool:
-        if self.request is None:
-            status = MPI.Status()
-            message = self.comm.Improbe(source=self.source, tag=OBJECT_TAG, status=status)
-            if message is None:
-                return False
-            self.payload = bytearray(status.Get_count(MPI.BYTE))
-            self.request = message.Irecv(self.payload)
-        return self.request.Test()
-
-    def value(self) -> object:
-        assert self.payload is not None
-        return pickle.loads(self.payload)
-
-
-class _IncomingBytes(_Pending):
-    """One raw message of at most ``MAX_PEER_MESSAGE`` bytes from `source` with `tag` (probed, then received)."""
-
-    def __init__(self, comm: MPI.Comm, source: int, tag: int) -> None:
-        self.comm, self.source, self.tag = comm, source, tag
+    def __init__(self, comm: MPI.Comm, source: int, tag: int, limit: int) -> None:
+        self.comm, self.source, self.tag, self.limit = comm, source, tag, limit
         self.payload: bytearray | None = None
         self.request: MPI.Request | None = None
 
@@ -406,8 +393,8 @@ class _IncomingBytes(_Pending):
             if message is None:
                 return False
             size = status.Get_count(MPI.BYTE)
-            if size > MAX_PEER_MESSAGE:
-                raise ValueError(f"rank {self.source} sent {size} bytes, at most {MAX_PEER_MESSAGE} are taken")
+            if size > self.limit:
+                raise ValueError(f"rank {self.source} sent {size} bytes, at most {self.limit} are taken")
             self.payload = bytearray(size)
             self.request = message.Irecv(self.payload)
         return self.request.Test()
@@ -417,16 +404,25 @@ class _IncomingBytes(_Pending):
         return bytes(self.payload)
 
 
+def _incoming_object(comm: MPI.Comm, source: int) -> _Incoming:
+    """A setup object from `source`, at most ``MAX_OBJECT_MESSAGE`` bytes (decode its value with :func:`_decoded`)."""
+    return _Incoming(comm, source, OBJECT_TAG, MAX_OBJECT_MESSAGE)
+
+
+def _decoded(incoming: _Incoming) -> object:
+    """The setup object `incoming` carried, decoded as data (:func:`mpi_fnas.wire.decode`: nothing in it is run)."""
+    try:
+        return decode(incoming.value())
+    except WireError as exc:
+        raise WireError(f"rank {incoming.source} sent a message that is not data: {exc}") from None
+
+
 class _AllOf(_Pending):
     def __init__(self, items: Sequence[_Pending]) -> None:
         self.items = items
 
     def test(self) -> bool:
         return all([item.test() for item in self.items])  # a list, not a generator: drive every item each poll
-
-
-def _pickle(obj: object) -> bytes:
-    return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def _check_buffer(buf: np.ndarray, *also: type) -> None:

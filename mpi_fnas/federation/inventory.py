@@ -19,8 +19,10 @@ from mpi_fnas.config import Config
 from mpi_fnas.data import DatasetNotFoundError, open_dataset
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.plan import SetupError, open_split
+from mpi_fnas.wire import wire_type
 
 
+@wire_type
 @dataclass(frozen=True)
 class LocalInventory:
     """The public facts of one party's folder."""

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpi_fnas.config import Config
+from mpi_fnas.wire import wire_type
 
 PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch (255 MB against torch's 243, measured)
 PARTY_WORKING_MB = 30.0  # what a party's allocator keeps whatever its steps (passes of 16: 0.41-0.44 GB measured)
@@ -45,6 +46,7 @@ AUGMENT_STEP_FACTOR = 3.0  # the same per MB of an augmentation step (least squa
 POISSON_MARGIN_SIGMAS = 3.0  # B_max = B + 3 √B for a Poisson batch of mean B
 
 
+@wire_type
 @dataclass(frozen=True)
 class NodeFacts:
     """What one rank reports: its host and the memory its node gives the job (MB), with where that came from."""

@@ -31,6 +31,7 @@ from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, SecureSum, augment_sample_rates
 from mpi_fnas.secagg.encoding import padded_length
 from mpi_fnas.space import search_space
+from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:
     from mpi_fnas.privacy.ledger import FederationLedger
@@ -45,6 +46,7 @@ def _setup_errors(prefix: str = "", errors: tuple[type[Exception], ...] = (Value
         raise SetupError(f"{prefix}{exc}") from None
 
 
+@wire_type
 @dataclass
 class Assignment:
     """What the server tells a party at setup (global indices into the dataset's train split)."""
@@ -238,6 +240,7 @@ def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
         assignment.checkpoint_step = int(checkpoint["step"])
 
 
+@wire_type
 @dataclass
 class AugmentAssignment:
     """What the server tells a party at the start of the augmentation."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from mpi_fnas.privacy.release import Release, SecureSum
+from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:  # rank 0's accountant (scipy): the type only
     from mpi_fnas.secagg.accounting import SecureAccounting
@@ -24,6 +25,7 @@ Randomness = Literal["secret", "reproducible"]
 Aggregation = Literal["local", "secure"]
 
 
+@wire_type
 @dataclass(frozen=True)
 class DPParams:
     """Public constants of the party releases (Algorithm 1) and the budget they are planned against.

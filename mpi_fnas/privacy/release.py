@@ -29,6 +29,7 @@ from mpi_fnas.privacy.mechanism import party_release, secure_party_release
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.sampling import poisson_sample
 from mpi_fnas.secagg.encoding import Encoding, padded_length
+from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:  # params builds the search's releases: the type only, no import cycle
     from mpi_fnas.privacy.params import DPParams
@@ -47,6 +48,7 @@ Examples = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 LOCAL_VARIANCE = 8000**2
 
 
+@wire_type
 @dataclass(frozen=True)
 class SecureSum:
     """Public constants of secure aggregation (``privacy.aggregation: secure``, docs/privacy.md): K parties each add
@@ -152,6 +154,7 @@ def securely_aggregated(releases: Mapping[str, Release] | None) -> bool:
 AugmentPool = Literal["all", "train"]
 
 
+@wire_type
 @dataclass(frozen=True)
 class AugmentReleases:
     """Public constants of the augment stage's releases. Arrays are (K,), party k at index k - 1.

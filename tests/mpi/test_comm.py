@@ -6,13 +6,12 @@ Run with: mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi (any size
 
 from __future__ import annotations
 
-import pickle
-
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 from mpi_fnas.federation.comm import SERVER, Channel
+from mpi_fnas.wire import encode
 
 BIG = 300_000  # bytes: well above MPICH's eager limit, so the large-message path is exercised too
 
@@ -146,7 +145,7 @@ def test_a_party_sends_only_its_callers_payloads_to_the_server():
         return
     assert [(dest, data) for data, dest, _ in recorder.sent] == [
         (SERVER, g.tobytes()),  # exactly the contribution: no timing, size or statistic appended
-        (SERVER, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),  # exactly the object
+        (SERVER, encode(obj)),  # exactly the object, as data (mpi_fnas.wire)
     ]
 
 

@@ -68,10 +68,7 @@ def test_different_sets_for_different_parties_are_refused_by_every_party(channel
 def test_with_identities_an_impostor_at_a_partys_rank_is_refused_by_every_honest_party(channel, shared_dir):
     """Rank 0 runs its own process at rank 2 (the omission attack: the hospital never joins). It is shown the same
     set as everyone, so the digests agree, but it cannot sign as party 2: every other party refuses."""
-    directory = shared_dir("keyset-identities-")
-    if channel.is_server:
-        make_identities(directory, channel.parties, directory / "roster.yaml")
-    channel.comm.Barrier()
+    directory = identities(channel, shared_dir("keyset-identities-"))
     if channel.is_server:
         relay_public_keys(channel)
         return
@@ -85,14 +82,19 @@ def test_with_identities_an_impostor_at_a_partys_rank_is_refused_by_every_honest
 
 @pytest.mark.mpi(min_size=3)
 def test_with_identities_an_honest_relay_is_confirmed(channel, shared_dir):
-    directory = shared_dir("keyset-honest-identities-")
-    if channel.is_server:
-        make_identities(directory, channel.parties, directory / "roster.yaml")
-    channel.comm.Barrier()
+    directory = identities(channel, shared_dir("keyset-honest-identities-"))
     if channel.is_server:
         relay_public_keys(channel)
         return
     agree_masks(channel, own_identity(directory, channel))
+
+
+def identities(channel: Channel, directory: Path) -> Path:
+    """`directory`, where rank 0 has made every party's identity and the roster before any rank goes on."""
+    if channel.is_server:
+        make_identities(directory, channel.parties, directory / "roster.yaml")
+    channel.comm.Barrier()
+    return directory
 
 
 def own_identity(directory: Path, channel: Channel) -> PartyIdentity:
