@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
         if not channel.is_server:
-            accept_config(cfg, args, text, state["cfg"], Path(path), channel.rank)
+            accept_config(cfg, args, state["cfg"], Path(path), channel.rank)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
@@ -105,9 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     return _tidy_bad_input(code, channel.rank, made)
 
 
-def accept_config(own: Config | None, args: argparse.Namespace, text: str, received: Config, run_dir: Path,
-                  rank: int) -> None:
-    """A party checks the config rank 0 broadcast against the one it trusts and pins it in its own directory.
+def accept_config(own: Config | None, args: argparse.Namespace, received: Config, run_dir: Path, rank: int) -> None:
+    """A party checks the config rank 0 broadcast against the one it trusts (it pins it once its stage starts:
+    :func:`mpi_fnas.federation.participate.participate`, so that a launch refused as bad input leaves nothing).
 
     Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
     :func:`cli.refuse_job`) on a difference in a privacy-relevant key. The directory is the one this party named
@@ -120,7 +120,6 @@ def accept_config(own: Config | None, args: argparse.Namespace, text: str, recei
                                             resume=bool(args.resume), augment=bool(args.augment),
                                             overrides=args.overrides, pin=trusted.read_pin(directory), rank=rank)
     trusted.check_config(expected, received, rank=rank, trusted_name=name)
-    trusted.write_pin(directory, text)
 
 
 def check_memory(channel: Channel, cfg: Config, stage: str) -> list[str]:

@@ -41,7 +41,7 @@ from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, 
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.federation.verify import calibrated, check_augment, check_checkpoint_step, check_params, expected_params
-from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
 from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity
 from mpi_fnas.space import search_space
 
@@ -60,6 +60,11 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
                      refused=f"{type(refusal).__name__}: {refusal}".splitlines()[0])
         raise refusal
+    if run_dir is not None:
+        # The config this party runs, pinned only now that rank 0 has accepted the setup as well (a launch refused as
+        # bad input leaves nothing behind): what it trusts on a --resume or --augment without a --config of its own
+        # (mpi_fnas.run checked it against its own first; docs/privacy.md §2.10).
+        write_pin(pin_directory(run_dir, channel.rank), cfg.to_yaml())
     party = side.build(cfg, got, channel.rank, device)
     if got.checkpoint_step > 0:
         if store is None:
