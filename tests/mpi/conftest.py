@@ -29,3 +29,21 @@ def shared_dir() -> Iterator[Callable[[str], Path]]:
     if world.Get_rank() == 0:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
+
+
+#: Seconds one exchange of a `channel` may take: a round that does not complete fails the test instead of hanging it.
+CHANNEL_TIMEOUT = 60.0
+
+
+@pytest.fixture
+def channel():
+    """A :class:`~mpi_fnas.federation.comm.Channel` on a communicator of its own (every rank of COMM_WORLD), so
+    that nothing a test leaves behind reaches another test; freed once every rank is done with it."""
+    from mpi4py import MPI
+
+    from mpi_fnas.federation.comm import Channel
+
+    comm = MPI.COMM_WORLD.Dup()
+    yield Channel(comm, timeout=CHANNEL_TIMEOUT)
+    comm.Barrier()
+    comm.Free()

@@ -10,33 +10,20 @@ Run with: mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi/test_assi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
-from mpi4py import MPI
 
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import hand_out
 from mpi_fnas.federation.participate import SearchSide, participate
 from mpi_fnas.federation.plan import plan_run
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 
-TIMEOUT = 60.0  # seconds: a round that does not complete fails the test instead of hanging it
 CONFIG = ["mode=dpfnas", "data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4",
           "space.layers=3", "space.nodes=2", "search.batch_size=8", "search.steps_per_epoch=2", "augment.epochs=0",
           "runtime.progress=off"]
 LIES = {"K": lambda dp: dataclasses.replace(dp, parties=dp.parties + 1),
         "sigma": lambda dp: dp.with_noise(dp.noise_multiplier_w, dp.noise_multiplier_a / 4)}
-
-
-@pytest.fixture
-def channel() -> Iterator[Channel]:
-    """A channel on a communicator of its own, so that nothing a test leaves behind reaches another test."""
-    comm = MPI.COMM_WORLD.Dup()
-    yield Channel(comm, timeout=TIMEOUT)
-    comm.Barrier()
-    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)

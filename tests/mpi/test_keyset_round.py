@@ -8,29 +8,16 @@ Run with: mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi/test_keys
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
-from mpi4py import MPI
 
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import agree_masks, relay_public_keys
 from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity, make_identities
 from mpi_fnas.secagg.keyset import KeySetError
-
-TIMEOUT = 60.0  # seconds: a round that does not complete fails the test instead of hanging it
-
-
-@pytest.fixture
-def channel() -> Iterator[Channel]:
-    """A channel on a communicator of its own, so that nothing a test leaves behind reaches another test."""
-    comm = MPI.COMM_WORLD.Dup()
-    yield Channel(comm, timeout=TIMEOUT)
-    comm.Barrier()
-    comm.Free()
 
 
 def mitm_relay(channel: Channel, fooled: set[int]) -> None:

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import os
 import pickle
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from mpi4py import MPI
 
-from mpi_fnas.federation.comm import OBJECT_TAG, Channel
+from mpi_fnas.federation.comm import OBJECT_TAG
 from mpi_fnas.federation.handshake import receive_assignment
 from mpi_fnas.federation.plan import Assignment
 from mpi_fnas.wire import WireError
@@ -29,14 +28,6 @@ class Exploit:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.marker}",))
-
-
-@pytest.fixture
-def channel() -> Iterator[Channel]:
-    comm = MPI.COMM_WORLD.Dup()
-    yield Channel(comm, timeout=60.0)
-    comm.Barrier()
-    comm.Free()
 
 
 @pytest.mark.mpi(min_size=2)
