@@ -203,9 +203,14 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     return EXIT_FAILURE  # not reached: abort ends the process
 
 
+def refusal_text(exc: BaseException) -> str:
+    """A refusal as the one line rank 0 gets: its kind and the first line of its reason."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
 def refusal_line(rank: int, exc: BaseException) -> str:
     """The one line a refusing party prints on its own stderr."""
-    return f"[mpi_fnas rank {rank}] error: {type(exc).__name__}: {exc}".splitlines()[0] + "; aborting the job"
+    return f"[mpi_fnas rank {rank}] error: {refusal_text(exc)}; aborting the job"
 
 
 def refuse_job(channel: Channel, exc: BaseException) -> None:
@@ -213,18 +218,19 @@ def refuse_job(channel: Channel, exc: BaseException) -> None:
     line on its own stderr and to rank 0, which marks the log failed, then the whole job ends. Such a text names
     ranks, files, config keys and what is wrong, never data or a key, so a DP party sends it as it is.
 
-    `exc` with ``reported`` set (a refused assignment: :func:`mpi_fnas.federation.participate.participate`): the
-    party printed its line and put it in its setup report already; a notice now could reach rank 0 before the
+    An :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` marked ``reported``: the party printed its
+    line and put it in its setup report already; a notice now could reach rank 0 before the
     other parties' reports, and the job would end before its log exists. It only waits for rank 0 to end the job,
     and ends it itself after the same grace as a notice."""
-    message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-    if getattr(exc, "reported", False):
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+
+    if isinstance(exc, AssignmentRefusedError) and exc.reported:
         from mpi_fnas.federation.comm import FAILURE_GRACE
 
         time.sleep(min(FAILURE_GRACE, channel.timeout))
     else:
         print(refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
-        channel.notify_failure(message)
+        channel.notify_failure(refusal_text(exc))
     channel.abort(EXIT_FAILURE)
 
 
@@ -248,7 +254,7 @@ def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: 
     else:
         sys.stderr.write(details)
         sys.stderr.flush()
-        channel.notify_failure(message)
+        channel.notify_failure(refusal_text(exc))
     channel.abort(EXIT_FAILURE)
 
 

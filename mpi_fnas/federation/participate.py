@@ -56,9 +56,9 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # Its line on its own stderr first, then in its setup report: rank 0 gathers every party's report (so every
         # refusing party has printed before the job ends), opens its log, marks it failed and aborts the job.
         print(cli.refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
-        refusal.reported = True  # type: ignore[attr-defined]  # cli.refuse_job: printed and in its report
+        refusal.reported = True
         report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
-                     refused=f"{type(refusal).__name__}: {refusal}".splitlines()[0])
+                     refused=cli.refusal_text(refusal))
         raise refusal
     if run_dir is not None:
         # The config this party runs, pinned only now that rank 0 has accepted the setup as well (a launch refused as

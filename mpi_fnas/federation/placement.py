@@ -23,6 +23,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 if TYPE_CHECKING:  # mpi4py is only needed by node_local_rank; keep the pure rule importable without MPI
     from mpi4py import MPI
 
@@ -77,7 +79,10 @@ def node_local_rank(comm: MPI.Comm) -> int:
     localid = os.environ.get("SLURM_LOCALID", "")
     srun_task = (localid.isdigit() and os.environ.get("SLURM_PROCID") == str(rank)
                  and os.environ.get("SLURM_STEP_NUM_TASKS") == str(size))
-    if comm.allreduce(srun_task, op=MPI.LAND):
+    # A numpy buffer, not mpi4py's pickling allreduce: nothing a rank receives is unpickled (docs/privacy.md §2.11).
+    agreed = np.array([1 if srun_task else 0], dtype=np.int32)
+    comm.Allreduce(MPI.IN_PLACE, agreed, op=MPI.MIN)
+    if agreed[0]:
         return int(localid)
     # key=rank keeps world order inside the node, so local ranks are consecutive like SLURM_LOCALID's.
     node_comm = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)

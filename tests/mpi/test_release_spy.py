@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import stat
 from pathlib import Path
 from unittest import mock
 
 import dp_accounting
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -34,13 +36,14 @@ from mpi4py import MPI
 from scipy import stats
 
 import mpi_fnas.privacy.release as release_module
-from mpi_fnas.config import load_config
+from mpi_fnas.config import config_from_text, load_config
 from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.trusted_config import privacy_view
 from mpi_fnas.runlog import read_run
 
 B = 8
@@ -262,18 +265,27 @@ def check_searched_holds_only_public_facts(run_dir: Path, privacy: dict) -> None
 
 def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, party_state: str) -> dict:
     """Rank 0's checkpoint holds exactly `keys` and no party state; each party's own `party_state` file, in its
-    own directory, holds its batch positions and none of its secret stream keys. Returns the server's checkpoint."""
+    own directory, holds its batch positions and none of its secret stream keys (the keys `pin_secret_keys` gave
+    it); its pinned config (0600) is the run's public config. Returns the server's checkpoint."""
     state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert "parties" not in state and not any("generator" in key or "stream" in key for key in state)
     assert sorted(state) == sorted(keys)
     server_bytes = (run_dir / "checkpoint.pt").read_bytes()
+    with h5py.File(run_dir / "search.h5", "r") as log:
+        run_config = config_from_text(str(log.attrs["config"]), stored=True)
     for rank in range(1, MPI.COMM_WORLD.Get_size()):  # each party keeps its own state, on its own disk
-        own = torch.load(run_dir / "parties" / f"rank{rank}" / party_state, weights_only=True)
+        own_dir = run_dir / "parties" / f"rank{rank}"
+        own = torch.load(own_dir / party_state, weights_only=True)
         assert own["randomness"] == "secret"
         # Its batch positions and no stream key, not even on its own disk: a resumed party keys new streams, so a
         # replayed step draws fresh randomness (issue 45).
         assert set(own["party"]) <= {"train_stream", "val_stream"} and "train_stream" in own["party"]
-        assert not any(isinstance(v, bytes) and v in server_bytes for v in own["party"].values())
+        own_bytes = (own_dir / party_state).read_bytes()
+        assert not any(pinned_key(rank, call) in own_bytes + server_bytes for call in range(PINNED_CALLS_CHECKED))
+        # The config it pinned (what it trusts on a resume): the run's own, public, readable by the party alone.
+        pin = own_dir / "config.yaml"
+        assert stat.S_IMODE(pin.stat().st_mode) == 0o600
+        assert privacy_view(config_from_text(pin.read_text(), stored=True)) == privacy_view(run_config)
     return state
 
 
@@ -286,6 +298,15 @@ def check_party_messages(channel: RecordingChannel, exchange: str = "reduce_sum"
     assert set(channel.calls) <= {exchange, "gather_objects", "bcast", "bcast_object", "scatter_objects"}
     assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
     assert channel.objects[0] == SETUP_REPORT
+
+
+#: How many of a rank's pinned keys the state checks look for (a rank keys 2 streams a stage, and the noise probes).
+PINNED_CALLS_CHECKED = 64
+
+
+def pinned_key(rank: int, call: int) -> bytes:
+    """The key :func:`pin_secret_keys` gives the `call`-th ``Keystream.from_os`` of `rank`."""
+    return hashlib.sha256(f"test_release_spy/{rank}/{call}".encode()).digest()
 
 
 def pin_secret_keys(monkeypatch) -> None:
@@ -301,7 +322,7 @@ def pin_secret_keys(monkeypatch) -> None:
     calls = itertools.count()
 
     def from_os(cls) -> Keystream:
-        return cls(hashlib.sha256(f"test_release_spy/{rank}/{next(calls)}".encode()).digest(), secret=True)
+        return cls(pinned_key(rank, next(calls)), secret=True)
 
     monkeypatch.setattr(Keystream, "from_os", classmethod(from_os))
 
