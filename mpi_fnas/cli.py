@@ -178,7 +178,7 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
 
     try:
         return body()
-    except (KeySetError, IdentityError, AssignmentRefusedError) as exc:  # public by construction: one line says why
+    except (KeySetError, IdentityError, AssignmentRefusedError, ReportedRefusalError) as exc:  # public: one line
         refuse_job(channel, exc)
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line
@@ -213,18 +213,21 @@ def refusal_line(rank: int, exc: BaseException) -> str:
     return f"[mpi_fnas rank {rank}] error: {refusal_text(exc)}; aborting the job"
 
 
+class ReportedRefusalError(Exception):
+    """This party refused its setup (an assignment, or an identity it cannot use) and has printed its line and put
+    it in its setup report already (:func:`mpi_fnas.federation.participate.participate`): rank 0 marks the log
+    failed and ends the job, so the party sends no notice (one now could reach rank 0 before the other parties'
+    reports, and the job would end before its log exists)."""
+
+
 def refuse_job(channel: Channel, exc: BaseException) -> None:
     """This party refuses to go on (a key set, an identity, a config or an assignment it cannot accept): its one
     line on its own stderr and to rank 0, which marks the log failed, then the whole job ends. Such a text names
     ranks, files, config keys and what is wrong, never data or a key, so a DP party sends it as it is.
 
-    An :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` marked ``reported``: the party printed its
-    line and put it in its setup report already; a notice now could reach rank 0 before the
-    other parties' reports, and the job would end before its log exists. It only waits for rank 0 to end the job,
-    and ends it itself after the same grace as a notice."""
-    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
-
-    if isinstance(exc, AssignmentRefusedError) and exc.reported:
+    A :class:`ReportedRefusalError`: it only waits for rank 0 to end the job, and ends it itself after the same grace
+    as a notice."""
+    if isinstance(exc, ReportedRefusalError):
         from mpi_fnas.federation.comm import FAILURE_GRACE
 
         time.sleep(min(FAILURE_GRACE, channel.timeout))

@@ -136,7 +136,10 @@ def test_an_interrupted_secure_run_resumes_with_fresh_keys_and_charges_every_rel
 def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_roster_stops_it(tmp_path):
     """Issue 45: with ``privacy.party_identities`` (made by ``python -m mpi_fnas.identities``) an honest secure run
     signs and checks every key and finishes. A second run whose party 2 holds a key the roster does not name
-    stops in one line from that party (under DP too: the refusal is public), quickly, the log marked failed."""
+    stops in one line from that party (under DP too: the refusal is public), quickly, the log marked failed: also
+    when another party reports its setup late (party 1 sleeps 5 s first), so the refusal cannot end the job
+    before rank 0 has every report and its log open (CI once saw no log: the identity was read after the setup
+    report, and its notice overtook party 1's report)."""
     runs = {name: tmp_path / name for name in ("honest", "stranger")}
     for run in runs.values():
         assert make_identities_command([str(run), "--parties", str(PARTIES)]) == 0
@@ -145,9 +148,10 @@ def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_ros
     assert make_identities_command([str(tmp_path / "elsewhere"), "--parties", str(PARTIES)]) == 0
     identity_key_path(tmp_path / "elsewhere" / "parties" / "rank2").rename(stranger_key)
     secure = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure"]
+    late_setup = {"honest": {}, "stranger": {"MPI_FNAS_INJECT_SLEEP": "1:0:5"}}
     honest, stranger = mpirun_together(*[
         (PARTIES + 1, [*secure, "--set", f"privacy.party_identities={run / 'party_identities.yaml'}", "--out",
-                       str(run)]) for run in runs.values()], timeout=600)
+                       str(run)], late_setup[name]) for name, run in runs.items()], timeout=600)
     assert honest.returncode == 0, honest.stderr[-3000:]
     log = read_run(runs["honest"] / "search.h5")
     assert log["status"] == "finished" and len(log["metrics"]["step"]) == 8

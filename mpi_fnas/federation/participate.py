@@ -40,9 +40,10 @@ from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split, secure_dimension
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
+from mpi_fnas.federation.stage import Injections
 from mpi_fnas.federation.verify import calibrated, check_augment, check_checkpoint_step, check_params, expected_params
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
-from mpi_fnas.secagg.identities import PartyIdentity, load_party_identity
+from mpi_fnas.secagg.identities import IdentityError, PartyIdentity, load_party_identity
 from mpi_fnas.space import search_space
 
 
@@ -51,15 +52,20 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
     store = PartyStore(party_dir(run_dir, channel.rank), stage=side.name) if run_dir is not None else None
-    refusal = check_assignment(cfg, side, got, channel, store)
-    if refusal is not None:
+    Injections(channel.rank, side.name).at(0)  # the failure tests' late setup report (step 0: the setup)
+    try:
+        check_assignment(cfg, side, got, channel, store)
+        # Its identity now, not at the key round: a key the roster does not name is a refusal like any other, in
+        # this setup report (a notice sent later could reach rank 0 before another party's report, and the job
+        # would end before its log exists).
+        identity = own_identity(cfg, run_dir, channel) if side.secure(cfg) else None
+    except (AssignmentRefusedError, IdentityError) as refusal:
         # Its line on its own stderr first, then in its setup report: rank 0 gathers every party's report (so every
         # refusing party has printed before the job ends), opens its log, marks it failed and aborts the job.
         print(cli.refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
-        refusal.reported = True
         report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
                      refused=cli.refusal_text(refusal))
-        raise refusal
+        raise cli.ReportedRefusalError(cli.refusal_text(refusal)) from refusal
     if run_dir is not None:
         # The config this party runs, pinned only now that rank 0 has accepted the setup as well (a launch refused as
         # bad input leaves nothing behind): what it trusts on a --resume or --augment without a --config of its own
@@ -73,7 +79,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
     report_setup(channel, device, store.sent_steps if store and party.private else 0)
     if party.secure:
-        party.use_secure_aggregation(agree_masks(channel, own_identity(cfg, run_dir, channel)), side.name)
+        party.use_secure_aggregation(agree_masks(channel, identity), side.name)
 
     buf = PartyBuffers(party.num_w, party.num_a)
     channel.bcast(buf.w[:-1])  # the initial W (and A)
@@ -92,20 +98,15 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     return stopped
 
 
-def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel,
-                     store: PartyStore | None) -> AssignmentRefusedError | None:
-    """Why this party refuses its assignment `got` (:mod:`mpi_fnas.federation.verify`), or None: its DP parameters
-    against those it derives (K from its own communicator, D recomputed here) and a checkpoint step it must hold
-    its own state for."""
-    try:
-        dimension = own_dimension(cfg, channel.rank)
-        side.check(cfg, got, parties=channel.parties, dimension=dimension, rank=channel.rank)
-        step = got.checkpoint_step
-        saved = store is not None and isinstance(step, int) and store.has_state(step)
-        check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
-    except AssignmentRefusedError as exc:
-        return exc
-    return None
+def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, store: PartyStore | None) -> None:
+    """Raise AssignmentRefusedError unless this party accepts its assignment `got`
+    (:mod:`mpi_fnas.federation.verify`): its DP parameters against those it derives (K from its own communicator,
+    D recomputed here) and a checkpoint step it must hold its own state for."""
+    dimension = own_dimension(cfg, channel.rank)
+    side.check(cfg, got, parties=channel.parties, dimension=dimension, rank=channel.rank)
+    step = got.checkpoint_step
+    saved = store is not None and isinstance(step, int) and store.has_state(step)
+    check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
 
 
 def own_dimension(cfg: Config, rank: int) -> int | None:
@@ -149,6 +150,10 @@ class StageSide:
     def private(self, cfg: Config) -> bool:
         """Whether this stage's releases are DP under `cfg` (each side)."""
         return False
+
+    def secure(self, cfg: Config) -> bool:
+        """Whether this stage's releases are securely aggregated under `cfg` (a key round, an identity to use)."""
+        return self.private(cfg) and cfg.privacy.aggregation == "secure"
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
         """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""

@@ -7,7 +7,8 @@
 * the test hooks that stop a run, fail a party or slow it down at a given step (environment variables, off by
   default): ``MPI_FNAS_STOP_AFTER=STEP`` acts as if SIGUSR1 arrived during that step, ``MPI_FNAS_INJECT_FAULT=
   RANK:STEP`` makes that party raise, ``MPI_FNAS_INJECT_SLEEP=RANK:STEP:SECONDS`` makes it sleep. A STEP written
-  ``augment:N`` means step N of the augmentation, a plain number a step of the search.
+  ``augment:N`` means step N of the augmentation, a plain number a step of the search; step 0 is the party's
+  setup, before its setup report (a party that reports late).
 """
 
 from __future__ import annotations

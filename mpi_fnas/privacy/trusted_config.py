@@ -45,12 +45,7 @@ _DIR_MODE = 0o700
 
 class AssignmentRefusedError(ValueError):
     """A party refuses what rank 0 asks of it: a config or an assignment that differs from what the party derives
-    itself. One line of public facts (config keys and values, parameter names, ranks, steps), never data.
-
-    ``reported``: the party has printed the line and put it in its setup report already
-    (:func:`mpi_fnas.federation.participate.participate`), so :func:`mpi_fnas.cli.refuse_job` sends no notice."""
-
-    reported: bool = False
+    itself. One line of public facts (config keys and values, parameter names, ranks, steps), never data."""
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 
+from mpi_fnas.cli import ReportedRefusalError
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.handshake import hand_out
 from mpi_fnas.federation.participate import SearchSide, participate
@@ -42,8 +43,9 @@ def test_a_changed_assignment_is_refused_by_every_party(channel, lie, shared_dir
             assert "\n" not in line
         return
     name = {"K": "parties", "sigma": "noise_multiplier_a"}[lie]
-    with pytest.raises(AssignmentRefusedError, match=rf"^rank {channel.rank} refuses the search assignment rank 0 "
-                                                     rf"sent: {name} ") as refused:
+    # Printed, and in its setup report (rank 0 marks the log failed): the party raises ReportedRefusalError.
+    with pytest.raises(ReportedRefusalError, match=rf"^AssignmentRefusedError: rank {channel.rank} refuses the search "
+                                                   rf"assignment rank 0 sent: {name} ") as refused:
         participate(cfg, channel, run_dir, SearchSide(cfg))
-    assert refused.value.reported  # printed, and in its setup report: rank 0 marks the log failed
+    assert isinstance(refused.value.__cause__, AssignmentRefusedError)
     assert not (run_dir / "parties" / f"rank{channel.rank}" / "sent_steps").exists()  # nothing was released
