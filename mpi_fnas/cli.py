@@ -172,13 +172,13 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
     from mpi_fnas.federation.comm import PartyFailedError
-    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, BudgetRefusedError
     from mpi_fnas.secagg.identities import IdentityError
     from mpi_fnas.secagg.keyset import KeySetError
 
     try:
         return body()
-    except (KeySetError, IdentityError, AssignmentRefusedError, ReportedRefusalError) as exc:  # public: one line
+    except (KeySetError, IdentityError, AssignmentRefusedError, BudgetRefusedError, ReportedRefusalError) as exc:
         refuse_job(channel, exc)
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line

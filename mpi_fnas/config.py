@@ -183,6 +183,10 @@ class PrivacyConfig:
         None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
     max_epsilon: float | None = _key(
         None, "if set: stop (status finished) before a step would take any party past this ε")
+    party_max_epsilon: float | None = _key(
+        None, "if set: each party's own cap, which rank 0 cannot change (it does not plan with it): a party refuses, "
+        "before sending anything, a stage whose iterations would take its own ε past it, or past "
+        "privacy.target_epsilon or max_epsilon (docs/privacy.md §2.12)")
     search_share: float | None = _key(
         None, "with target_epsilon and an augmentation: the share of the target the search alone may spend (its "
         "σ_W = σ_A calibrated to share·target, σ_aug to the whole target after it); null: one σ for every stage")
@@ -408,6 +412,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("privacy.delta", lambda v: v is None or 0 < v < 1, "must be in (0, 1) or null"),
     ("privacy.target_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("privacy.max_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("privacy.party_max_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("runtime.threads_per_rank", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("checkpoint.every_steps", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("runtime.log_every", lambda v: v >= 1, "must be >= 1"),

@@ -57,17 +57,20 @@ def mpirun_background(ranks: int, *args: str, env: dict | None = None) -> subpro
 
 
 def mpirun_together(*launches: tuple, timeout: float = 600) -> list[subprocess.CompletedProcess]:
-    """Run independent jobs at the same time, each ``(ranks, args)`` or ``(ranks, args, env)``; their results in order.
+    """Run independent jobs at the same time, each ``(ranks, args)``, ``(ranks, args, env)`` or ``(ranks, args, env,
+    module)`` (default ``mpi_fnas.run``); their results in order.
 
     Why: a 3-rank run leaves the 2 cores partly idle (every rank importing torch, rank 0 alone evaluating or writing
     the log, waiters sleeping between polls), so two runs side by side take well under twice one run's wall time.
     """
     procs = []
     try:
-        for ranks, args, *env in launches:
-            cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.run", *args]
+        for ranks, args, *rest in launches:
+            env = rest[0] if rest else None
+            module = rest[1] if len(rest) > 1 else "mpi_fnas.run"
+            cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", module, *args]
             procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                          env=_env(env[0] if env else None)))
+                                          env=_env(env)))
         deadline = time.monotonic() + timeout
         results = []
         for proc in procs:

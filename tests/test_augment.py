@@ -127,6 +127,8 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
         assert log["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
             independent_epsilon(log, k, augment_steps), rel=1e-6)
         assert log["augment"]["privacy"]["epsilon"][-1][k] > log["privacy"]["epsilon"][-1][k]  # it costs privacy
+        # Each party's own ledger (its record and journals, issue 45) composes both stages to the same ε.
+        assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == log["augment"]["privacy"]["epsilon"][-1][k]
 
 
 @pytest.fixture(scope="module")
@@ -221,6 +223,8 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
         assert a["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
             independent_epsilon(a, k, releases), rel=1e-6)
         assert a["augment"]["privacy"]["epsilon"][-1][k] > independent_epsilon(a, k, 6)  # replays cost privacy
+        # The party's own ledger agrees, its replays included.
+        assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == a["augment"]["privacy"]["epsilon"][-1][k]
 
 
 def test_exact_augmentation_under_dpfnas_says_loudly_it_is_not_private(given_genotype_runs):

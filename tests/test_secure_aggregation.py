@@ -15,6 +15,7 @@ from conftest import TINY, mpirun, mpirun_together
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.flat import numel
+from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.identities import main as make_identities_command
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.runlog import read_run
@@ -155,6 +156,8 @@ def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_ros
     assert honest.returncode == 0, honest.stderr[-3000:]
     log = read_run(runs["honest"] / "search.h5")
     assert log["status"] == "finished" and len(log["metrics"]["step"]) == 8
+    for rank in range(1, PARTIES + 1):  # each party's own ledger (issue 45): the secure RDP bound, the log's ε
+        assert PartyStore(party_dir(runs["honest"], rank)).recorded_epsilon() == log["privacy"]["epsilon"][-1][rank - 1]
     assert stranger.returncode != 0
     refusal = [line for line in stranger.stderr.splitlines() if line.startswith("[mpi_fnas rank 2] error:")]
     assert len(refusal) == 1 and "holds another key at rank 2" in refusal[0], stranger.stderr[-3000:]

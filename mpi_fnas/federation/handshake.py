@@ -5,6 +5,10 @@ for a decision that never comes); every rank picks its device in one collective;
 how many iterations it has ever sent in this stage (data-independent; non-zero only after a crash, and then the
 server charges the replays).
 
+Under DP, rank 0 then announces how many iterations the stage will run (:func:`announce_last_step`): the plan's,
+or fewer when a resume's replays leave less of the ε cap; each party checks that number against its own ledger
+and its own cap before it sends anything (:mod:`mpi_fnas.privacy.party_ledger`).
+
 Under secure aggregation (``privacy.aggregation: secure``), one more round after the reports: every party sends
 its fresh X25519 public key, rank 0 relays all of them (:func:`relay_public_keys`, :func:`agree_masks`), and each
 pair of parties derives its mask keys; the server sees only public keys. Before any masked upload each party
@@ -31,6 +35,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.secagg.identities import PartyIdentity
 from mpi_fnas.secagg.keyset import check_confirmations, confirmation
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
@@ -94,7 +99,22 @@ def relay_public_keys(channel: Channel) -> bytes:
     return launch_id(keys)
 
 
+def announce_last_step(channel: Channel, last: int) -> None:
+    """Under DP: tell every party the stage's last step (a JSON integer), which each checks against its own cap."""
+    channel.bcast_object(int(last))
+
+
 # -- a party ---------------------------------------------------------------------------------------------------------
+def receive_last_step(channel: Channel, *, first: int, planned: int) -> int:
+    """The last step rank 0 announced (:func:`announce_last_step`); AssignmentRefusedError unless it is an integer
+    from `first` − 1 (no iteration) to `planned`, the assignment's."""
+    last = channel.bcast_object(None)
+    if not isinstance(last, int) or isinstance(last, bool) or not first - 1 <= last <= planned:
+        raise AssignmentRefusedError(f"rank {channel.rank} refuses the last step {last!r} rank 0 announced: not a "
+                                     f"step from {first - 1} to the assignment's {planned}; nothing was sent")
+    return last
+
+
 def receive_assignment(channel: Channel, kind: type[AssignmentT], device_preference: str,
                        ) -> tuple[AssignmentT, torch.device]:
     """This party's assignment (of type `kind`) and its device. Raises ServerReportedError if rank 0 refused."""

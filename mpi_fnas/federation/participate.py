@@ -33,7 +33,13 @@ from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.handshake import agree_masks, party_steps, receive_assignment, report_setup
+from mpi_fnas.federation.handshake import (
+    agree_masks,
+    party_steps,
+    receive_assignment,
+    receive_last_step,
+    report_setup,
+)
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -42,6 +48,8 @@ from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.federation.stage import Injections
 from mpi_fnas.federation.verify import calibrated, check_augment, check_checkpoint_step, check_params, expected_params
+from mpi_fnas.privacy.params import DPParams
+from mpi_fnas.privacy.release import augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
 from mpi_fnas.secagg.identities import IdentityError, PartyIdentity, load_party_identity
 from mpi_fnas.space import search_space
@@ -78,6 +86,10 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # Its own batch positions; its secret streams stay the new ones this launch keyed (Party.state_dict).
         party.load_state_dict(store.load_party(got.checkpoint_step, party.randomness.source))
     report_setup(channel, device, store.sent_steps if store and party.private else 0)
+    last = got.steps
+    if party.private:
+        last = receive_last_step(channel, first=got.checkpoint_step + 1, planned=got.steps)
+        keep_own_ledger(cfg, side, got, store, channel.rank, last - got.checkpoint_step)
     if party.secure:
         party.use_secure_aggregation(agree_masks(channel, identity), side.name)
 
@@ -91,7 +103,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     def iterate(step: int) -> int:
         return party_iteration(party, channel, buf, gathered=got.gathered, **side.step(party, step))
 
-    stopped = party_steps(channel, stage=side.name, first=got.checkpoint_step + 1, last=got.steps, store=store,
+    stopped = party_steps(channel, stage=side.name, first=got.checkpoint_step + 1, last=last, store=store,
                           party=party, iterate=iterate)
     if not stopped:
         side.finish(party, channel)
@@ -107,6 +119,28 @@ def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, s
     step = got.checkpoint_step
     saved = store is not None and isinstance(step, int) and store.has_state(step)
     check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
+
+
+def keep_own_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | None, rank: int,
+                    requested: int) -> None:
+    """This party's own budget (:mod:`mpi_fnas.privacy.party_ledger`), before it sends anything of this launch:
+    BudgetRefusedError when the `requested` iterations rank 0 announced would take its ε, composed from its own
+    record and journals, past its own cap; then this launch's releases recorded in its directory."""
+    train, val, sizes = side.per_iteration(got)
+    record = store.release_record() if store is not None else []
+    params = side.params(got)
+    secure = params.secure_sum
+    cap = params.party_cap(cfg.privacy.party_max_epsilon)
+    if cap is not None:
+        from mpi_fnas.privacy import party_ledger  # rank 0's accountant: loaded only by a party with a cap
+
+        sent = store.sent_by_stage() if store is not None else {}
+        party_ledger.check_request(cap, record, sent, party_ledger.IterationReleases.from_lists(train, val),
+                                   cfg.privacy.delta, sizes, secure.accounting if secure is not None else None,
+                                   requested, rank=rank, stage=side.name)
+    if store is not None:
+        store.begin_releases(train, val, sizes, [secure.parties, secure.local_variance, secure.dimension]
+                             if secure is not None else None)
 
 
 def own_dimension(cfg: Config, rank: int) -> int | None:
@@ -151,6 +185,15 @@ class StageSide:
         """Whether this stage's releases are DP under `cfg` (each side)."""
         return False
 
+    def params(self, got: Any) -> DPParams:
+        """The run's DP parameters in a private stage's assignment `got` (checked by :meth:`check`)."""
+        raise NotImplementedError
+
+    def per_iteration(self, got: Any) -> tuple[list[float], list[float], list[int]]:
+        """A private stage's ``[σ, q, releases]`` per iteration on the train and on the validation shard (q from
+        the shards this party samples: B / N), and its search shards' sizes (N_tr, N_val)."""
+        raise NotImplementedError
+
     def secure(self, cfg: Config) -> bool:
         """Whether this stage's releases are securely aggregated under `cfg` (a key round, an identity to use)."""
         return self.private(cfg) and cfg.privacy.aggregation == "secure"
@@ -177,6 +220,15 @@ class SearchSide(StageSide):
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas"
+
+    def params(self, got: Assignment) -> DPParams:
+        return got.dp
+
+    def per_iteration(self, got: Assignment) -> tuple[list[float], list[float], list[int]]:
+        sizes = [len(got.train_indices), len(got.val_indices)]
+        releases = got.dp.search_releases(self.rounds)
+        return ([releases["W"].noise_multiplier, releases["W"].sample_rate(sizes[0]), releases["W"].per_step],
+                [releases["A"].noise_multiplier, releases["A"].sample_rate(sizes[1]), releases["A"].per_step], sizes)
 
     def build(self, cfg: Config, got: Assignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)
@@ -216,6 +268,16 @@ class AugmentSide(StageSide):
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas" and cfg.augment.private
+
+    def params(self, got: AugmentAssignment) -> DPParams:
+        return got.params
+
+    def per_iteration(self, got: AugmentAssignment) -> tuple[list[float], list[float], list[int]]:
+        sizes = [got.train_count, len(got.pool_indices) - got.train_count]
+        release = got.releases.release
+        rates = augment_sample_rates([sizes[0]], [sizes[1]], release.expected_batch_size, self.cfg.augment.pool)
+        return ([release.noise_multiplier, float(rates[0][0]), release.per_step],
+                [release.noise_multiplier, float(rates[1][0]), release.per_step], sizes)
 
     def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)

@@ -15,6 +15,9 @@ directory is 0700 and every file in it 0600 (whatever the umask): its state file
   died, not what the data is.
 * the augmentation (``stage="augment"``) keeps its own ``augment-state-<step>.pt`` files and its own
   ``augment_sent_steps`` count: its releases are charged at the augmentation's (σ, q).
+* ``releases.pt``: what one iteration of each launch of a stage released on its two shards (σ, q, how many), from
+  which journal count on: with the journals, its own privacy ledger (:mod:`mpi_fnas.privacy.party_ledger`). Written
+  before the launch's first send; public facts (the config's σ, its shard sizes).
 * ``error.log``: the full text of a failure under DP, where the party sends the server only a generic reason.
 """
 
@@ -29,6 +32,9 @@ from mpi_fnas.checkpoint import PRIVATE_FILE_MODE, atomic_load, atomic_save
 from mpi_fnas.config import SetupError
 
 PRIVATE_DIR_MODE = 0o700
+#: The stages a party keeps a journal for, and the file of each.
+JOURNALS = {"search": "sent_steps", "augment": "augment_sent_steps"}
+RELEASES_NAME = "releases.pt"
 
 
 def party_dir(run_dir: Path, rank: int) -> Path:
@@ -40,14 +46,14 @@ class PartyStore:
     """The files of one party and one stage (``search`` or ``augment``) in its own directory (created on first use)."""
 
     def __init__(self, directory: Path, stage: str = "search") -> None:
-        self.directory = Path(directory)
+        self.directory, self.stage = Path(directory), stage
         self.directory.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
         os.chmod(self.directory, PRIVATE_DIR_MODE)  # also when it existed, and whatever the umask
         prefix = "" if stage == "search" else f"{stage}-"
         self._state_name = f"{prefix}state-{{step}}.pt"
         self._state_pattern = re.compile(rf"^{re.escape(prefix)}state-(\d+)\.pt$")
-        self._journal = self.directory / ("sent_steps" if stage == "search" else f"{stage}_sent_steps")
-        self._sent = self._read_journal()
+        self._journal = self.directory / JOURNALS[stage]
+        self._sent = _read_journal(self._journal)
         self._fd: int | None = None
 
     # -- sent releases -------------------------------------------------------------------------------------------
@@ -65,12 +71,38 @@ class PartyStore:
         os.pwrite(self._fd, f"{self._sent:020d}\n".encode(), 0)
         os.fsync(self._fd)
 
-    def _read_journal(self) -> int:
-        try:
-            text = self._journal.read_text().strip()
-        except FileNotFoundError:
-            return 0
-        return int(text) if text else 0
+    def sent_by_stage(self) -> dict[str, int]:
+        """Every stage's count of sent iterations (this one's as this store holds it)."""
+        return {stage: self._sent if stage == self.stage else _read_journal(self.directory / name)
+                for stage, name in JOURNALS.items()}
+
+    # -- what each launch released -------------------------------------------------------------------------------
+    def release_record(self) -> list[dict[str, Any]]:
+        """Every launch's ``{"stage", "from", "train", "val", "sizes", "secure"}``, both stages, in the order written
+        ([] before the first): see :func:`mpi_fnas.privacy.party_ledger.spent_runs`."""
+        path = self.directory / RELEASES_NAME
+        return list(atomic_load(path)["segments"]) if path.exists() else []
+
+    def recorded_epsilon(self, delta: float | None = None) -> float:
+        """This party's ε from its own directory alone (its record and journals; `delta`: ``privacy.delta``, None
+        for the default): :func:`mpi_fnas.privacy.party_ledger.recorded_epsilon` (loads the accountant)."""
+        from mpi_fnas.privacy.party_ledger import recorded_epsilon
+
+        return recorded_epsilon(self.release_record(), self.sent_by_stage(), delta)
+
+    def begin_releases(self, train: list[float], val: list[float], sizes: list[int],
+                       secure: list[int] | None) -> None:
+        """Record what one iteration of this launch releases on each shard (``[σ, q, releases]``; `sizes`: the
+        search shards' (N_tr, N_val); `secure`: secure aggregation's [K, σ_k², D] or None), before its first send:
+        from the journal's count on, or from 0 for a stage with no record yet (a directory of an older version:
+        its past sends are taken to be these)."""
+        segments = self.release_record()
+        mine = [segment for segment in segments if segment["stage"] == self.stage]
+        if mine and (mine[-1]["train"], mine[-1]["val"], mine[-1]["secure"]) == (train, val, secure):
+            return  # the same releases as the launch before: its segment goes on
+        entry = {"stage": self.stage, "from": self._sent if mine else 0, "train": train, "val": val,
+                 "sizes": [int(n) for n in sizes], "secure": secure}
+        atomic_save(self.directory / RELEASES_NAME, {"segments": [*segments, entry]})
 
     # -- stream states -------------------------------------------------------------------------------------------
     def save_state(self, step: int, state: dict[str, Any]) -> None:
@@ -125,3 +157,11 @@ class PartyStore:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _read_journal(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return 0
+    return int(text) if text else 0

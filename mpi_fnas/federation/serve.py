@@ -31,7 +31,7 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel, PartyFailedError
-from mpi_fnas.federation.handshake import hand_out, refuse_setup, relay_public_keys
+from mpi_fnas.federation.handshake import announce_last_step, hand_out, refuse_setup, relay_public_keys
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.plan import (
     AugmentPlan,
@@ -158,9 +158,16 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         if reports.refusals:  # once the log is open: a party refused its assignment (issue 45), the log says failed
             rank, line = min(reports.refusals.items())
             raise PartyFailedError(f"party rank {rank} failed: {line} (refused by parties {sorted(reports.refusals)})")
+        first = int(resume["step"]) + 1 if resume is not None else 1
+        last, cut = setup.plan.steps, None
+        if setup.private:  # every party checks it against its own ledger and cap before it sends anything
+            last, cut = last_step_within_cap(ledger, name, first, last)
+            announce_last_step(channel, last)
         if setup.secure:  # once the log is open: a party that refuses the key set (issue 45) fails the log
             setup.launch_id = relay_public_keys(channel)
         stage = definition(cfg, channel, setup, log)
+        if cut is not None:
+            stage.steps, stage.stop_reason = last, cut
         if resume is not None:
             stage.server.load_state_dict(resume["server"])
             if resume.get("selection") is not None:
@@ -171,7 +178,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
                 channel.bcast(buffer)
         loop = ServerLoop(stage, cfg, channel, log, progress, run_dir, stop_requested)
         startup = process_age()  # launch -> this stage's first step (public: rank 0's own clock)
-        step, stopped = loop.run(int(resume["step"]) + 1 if resume is not None else 1)
+        step, stopped = loop.run(first)
         outcome = stage.outcome(step, stopped, loop.test)
     except BaseException as exc:
         if loop is not None and setup.private:
@@ -204,6 +211,23 @@ def _ledger(privacy: PrivacyPlan) -> FederationLedger:
     """The job's privacy ledgers for its privacy plan (imported here: a non-DP job never loads the accountant)."""
     from mpi_fnas.privacy.ledger import FederationLedger
     return FederationLedger(privacy)
+
+
+def last_step_within_cap(ledger: FederationLedger, name: str, first: int, planned: int) -> tuple[int, str | None]:
+    """(the stage's last step, why it is before the plan's `planned` or None). Under ``privacy.target_epsilon`` or
+    ``max_epsilon`` (:attr:`~mpi_fnas.privacy.params.DPParams.cap`) it is the last step from `first` every party's
+    ε stays within, after the replays of a resume charged: the plan keeps a fresh run within the cap, and this
+    keeps a resumed one there too. The parties check it with the same function on their own records."""
+    cap = ledger.plan.params.cap
+    if cap is None or planned < first:
+        return planned, None
+    allowed = ledger.iterations_within(cap[0], name, planned - first + 1)
+    last = first - 1 + int(allowed.min())
+    if last >= planned:
+        return planned, None
+    worst = int(np.argmin(allowed)) + 1
+    return last, (f"{cap[1]} reached: {cap[0]:g} allows {last} of {planned} {name} steps after what the parties "
+                  f"had sent (party {worst})")
 
 
 def guarantee(cfg: Config, private: bool, ledger: FederationLedger | None) -> str:
@@ -298,6 +322,7 @@ class ServedStage:
         self.log_path = log.path if log is not None else None
         self.plan = setup.plan
         self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
+        self.stop_reason = self.plan.stop_reason  # or why a resumed stage ends before its plan (its ε cap)
         self.charging = setup.ledger if setup.private else None  # the ledger of this stage's releases (None: not DP)
         self.test = setup.test.render(np.arange(len(setup.test.labels)))
         self.test_loss = self.test_acc = math.nan  # of the last evaluation
@@ -365,7 +390,7 @@ class ServedStage:
         """The stage's result once its loop ended at `step` (`stopped`: the signal that stopped it, or None;
         `test`: the last evaluation's [loss_sum, correct, count])."""
         plan, ledger = self.plan, self.setup.ledger
-        stop_reason = plan.stop_reason if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}"
+        stop_reason = self.stop_reason if stopped is None else f"interrupted by {stopped}: checkpointed at step {step}"
         outcome = self.result(stopped, test, mode=self.cfg.mode, epochs=math.ceil(plan.steps / plan.steps_per_epoch),
                               steps=step, stop_reason=stop_reason, interrupted=stopped is not None,
                               log_path=self.log_path)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import dp_accounting
+import numpy as np
 from dp_accounting.pld import privacy_loss_distribution
 from scipy import optimize, special
 
@@ -51,6 +52,24 @@ def default_delta(num_examples: int) -> float:
     if num_examples < 1:
         raise ValueError(f"num_examples must be >= 1, got {num_examples}")
     return min(1e-5, 0.1 / num_examples)
+
+
+def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: float | None) -> np.ndarray:
+    """(K,) δ per party: the configured ``delta``, refused unless below 1/N_k, or the default per party.
+
+    N_k is the party's larger shard. Each ledger's δ must be below 1 over the size of the shard it covers (the
+    mechanism that publishes each record with probability δ is (0, δ)-DP; see ``default_delta``), and one δ
+    covers both of a party's ledgers, so the larger shard binds. Raises ValueError, one line naming the party."""
+    largest = np.maximum(np.asarray(train_sizes, dtype=np.int64), np.asarray(val_sizes, dtype=np.int64))
+    if delta is None:
+        return np.array([default_delta(int(n)) for n in largest], dtype=np.float64)
+    if not 0.0 < delta < 1.0:
+        raise ValueError(f"privacy.delta must be in (0, 1), got {delta:g}")
+    for party, n in enumerate(largest.tolist(), start=1):
+        if delta * n >= 1.0:
+            raise ValueError(f"privacy.delta {delta:g} is not below 1/N_k = {1.0 / n:.3g} for party {party} "
+                             f"(N_k = {n}, its larger shard); set a smaller delta, or null for min(1e-5, 1/(10·N_k))")
+    return np.full(len(largest), float(delta))
 
 
 def gdp_epsilon(mu: float, delta: float) -> float:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
+from mpi_fnas.privacy.party_ledger import IterationReleases, iterations_within
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
 from mpi_fnas.secagg.accounting import SecureAccounting
 
@@ -189,6 +190,30 @@ class FederationLedger:
             self._worker.close(timeout)
             self._worker = None
 
+    # -- what an iteration releases, and how many fit under a cap ------------------------------------------------
+    def iteration_releases(self, party: int, stage: Stage) -> IterationReleases:
+        """What one iteration of `stage` releases on party ``party``'s (index 0..K-1) two shards: the search's
+        ``w_releases_per_step`` W releases (train) and one A release (validation); the augmentation's releases
+        of its pool (:meth:`start_augment` first)."""
+        if stage == "search":
+            return IterationReleases(
+                (float(self.plan.params.noise_multiplier_w), float(self.plan.sample_rate_train[party]),
+                 int(self.plan.w_releases_per_step)),
+                (float(self.plan.params.noise_multiplier_a), float(self.plan.sample_rate_val[party]), 1))
+        augment = self.augment
+        if augment is None:
+            raise RuntimeError("augment releases asked for before start_augment")
+        return IterationReleases(*((float(augment.noise_multiplier), float(rates[party]), augment.releases_per_step)
+                                   for rates in (augment.sample_rate_train, augment.sample_rate_val)))
+
+    def iterations_within(self, cap: float, stage: Stage, requested: int) -> np.ndarray:
+        """(K,) for each party, the most iterations ≤ `requested` of `stage` after what it was charged that keep
+        its ε ≤ `cap`: :func:`~mpi_fnas.privacy.party_ledger.iterations_within`, the function each party checks
+        rank 0's announcement with, on its own record."""
+        return np.array([iterations_within(cap, (self.train[k].runs(), self.val[k].runs()),
+                                           self.iteration_releases(k, stage), float(self.plan.delta[k]), self.secure,
+                                           requested) for k in range(len(self.train))], dtype=np.int64)
+
     # -- misc ----------------------------------------------------------------------------------------------------
     def description(self) -> str:
         return self.train[0].description()
@@ -231,20 +256,13 @@ class FederationLedger:
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _charge(self, party: int, steps: int, stage: Stage) -> None:
-        if stage == "search":
-            self.train[party].step(noise_multiplier=self.plan.params.noise_multiplier_w,
-                                   sample_rate=float(self.plan.sample_rate_train[party]),
-                                   num_steps=steps * self.plan.w_releases_per_step)
-            self.val[party].step(noise_multiplier=self.plan.params.noise_multiplier_a,
-                                 sample_rate=float(self.plan.sample_rate_val[party]), num_steps=steps)
-        elif self.augment is None:
+        if stage == "augment" and self.augment is None:
             raise RuntimeError("augment releases charged before start_augment")
-        else:
-            for ledger, rate in ((self.train[party], float(self.augment.sample_rate_train[party])),
-                                 (self.val[party], float(self.augment.sample_rate_val[party]))):
-                if rate > 0:  # a shard outside the pool is never touched: nothing to pay
-                    ledger.step(noise_multiplier=self.augment.noise_multiplier, sample_rate=rate,
-                                num_steps=steps * self.augment.releases_per_step)
+        releases = self.iteration_releases(party, stage)
+        for ledger, (sigma, rate, per_iteration) in ((self.train[party], releases.train),
+                                                     (self.val[party], releases.val)):
+            if rate > 0:  # a shard outside the augment pool is never touched: nothing to pay
+                ledger.step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps * per_iteration)
         self._steps[stage][party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:

@@ -82,6 +82,21 @@ class DPParams:
         return self.secure_sum.accounting if self.secure_sum is not None else None
 
     @property
+    def cap(self) -> tuple[float, str] | None:
+        """(ε, its config key): the smaller of ``target_epsilon`` and ``max_epsilon``, the ε no party may pass (a
+        resumed stage's replays included); None when neither is set."""
+        caps = [(float(value), f"privacy.{key}") for key, value in
+                (("target_epsilon", self.target_epsilon), ("max_epsilon", self.max_epsilon)) if value is not None]
+        return min(caps) if caps else None
+
+    def party_cap(self, party_max_epsilon: float | None) -> tuple[float, str] | None:
+        """(ε, its config key): a party's own cap, the smaller of :attr:`cap` and its ``privacy.party_max_epsilon``
+        (:mod:`mpi_fnas.privacy.party_ledger`); None when none is set."""
+        own = (float(party_max_epsilon), "privacy.party_max_epsilon") if party_max_epsilon is not None else None
+        caps = [cap for cap in (self.cap, own) if cap is not None]
+        return min(caps) if caps else None
+
+    @property
     def randomness(self) -> Randomness:
         """Where the party's noise and Poisson coins come from (docs/privacy.md §2.1): ``secret`` (a keystream keyed
         from the OS, the default) or ``reproducible`` (keyed from the public config)."""

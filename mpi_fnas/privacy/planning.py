@@ -1,8 +1,8 @@
 """Planning a run's privacy, on rank 0 before any release, from public facts only (shard sizes, B, σ, T): what
 the run will release and at what cost. The runtime ledger that charges the releases is :mod:`mpi_fnas.privacy.ledger`.
 
-* sample rates q = B / N per shard; δ per party (:func:`party_deltas`: ``privacy.delta`` or min(1e-5, 1/(10·N_k)),
-  N_k the party's LARGER shard);
+* sample rates q = B / N per shard; δ per party (:func:`~mpi_fnas.privacy.accountant.party_deltas`:
+  ``privacy.delta`` or min(1e-5, 1/(10·N_k)), N_k the party's LARGER shard);
 * with ``privacy.target_epsilon``: one σ for W and A (and the augmentation's, planned in the same job; or the
   search its ``privacy.search_share`` of the target and the augmentation the rest), calibrated so the worst party
   ends the job at the target;
@@ -26,7 +26,7 @@ from mpi_fnas.privacy.accountant import (
     PrivacyLedger,
     Runs,
     calibrate_noise_multiplier,
-    default_delta,
+    party_deltas,
 )
 from mpi_fnas.privacy.ledger import FederationLedger
 from mpi_fnas.privacy.params import DPParams
@@ -161,24 +161,6 @@ def plan_augment(ledger: FederationLedger, releases: AugmentReleases, params: DP
                 f"max_epsilon reached: {max_epsilon:g} allows {steps} of {planned} augment steps after the "
                 f"{spent[worst]:.4g} already spent (party {worst + 1})"))
     return releases
-
-
-def party_deltas(train_sizes: Sequence[int], val_sizes: Sequence[int], delta: float | None) -> np.ndarray:
-    """(K,) δ per party: the configured ``delta``, refused unless below 1/N_k, or the default per party.
-
-    N_k is the party's larger shard. Each ledger's δ must be below 1 over the size of the shard it covers (the
-    mechanism that publishes each record with probability δ is (0, δ)-DP; see ``default_delta``), and one δ
-    covers both of a party's ledgers, so the larger shard binds. Raises ValueError, one line naming the party."""
-    largest = np.maximum(np.asarray(train_sizes, dtype=np.int64), np.asarray(val_sizes, dtype=np.int64))
-    if delta is None:
-        return np.array([default_delta(int(n)) for n in largest], dtype=np.float64)
-    if not 0.0 < delta < 1.0:
-        raise ValueError(f"privacy.delta must be in (0, 1), got {delta:g}")
-    for party, n in enumerate(largest.tolist(), start=1):
-        if delta * n >= 1.0:
-            raise ValueError(f"privacy.delta {delta:g} is not below 1/N_k = {1.0 / n:.3g} for party {party} "
-                             f"(N_k = {n}, its larger shard); set a smaller delta, or null for min(1e-5, 1/(10·N_k))")
-    return np.full(len(largest), float(delta))
 
 
 def _steps_within(budget: float, shards: set[_Shard], planned: int) -> int:

@@ -48,6 +48,11 @@ class AssignmentRefusedError(ValueError):
     itself. One line of public facts (config keys and values, parameter names, ranks, steps), never data."""
 
 
+class BudgetRefusedError(ValueError):
+    """A party refuses iterations its own ε cap does not allow (:mod:`mpi_fnas.privacy.party_ledger`; one line of
+    public facts: counts, ε, the cap)."""
+
+
 def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in tree.items():

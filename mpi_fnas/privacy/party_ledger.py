@@ -1,0 +1,151 @@
+"""A party's own privacy ledger and the cap no assignment can change (issue 45; docs/privacy.md §2.12).
+
+Rank 0's :class:`~mpi_fnas.privacy.ledger.FederationLedger` counts every party's ε, but rank 0 may be the
+adversary: a server that asks for more iterations than the plan, or resumes a run again and again, would spend a
+party's budget without saying so. So each DP party keeps its own account, from what only it knows:
+
+* what one iteration of each launch of a stage released on its two shards (σ, q = B / N of the shard it really
+  samples from, and how many releases), written to its own directory before that launch's first send
+  (:meth:`~mpi_fnas.federation.party_store.PartyStore.begin_releases`);
+* how many iterations it has sent in each stage: its journals, written before every send.
+
+Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.accountant.PrivacyLedger`, the same PLD or secure
+RDP bound at the same δ), that is the party's ε; in an honest run it equals the log's to the last bit
+(tests/test_party_ledger.py). Before a stage's first iteration rank 0 announces how many iterations it will ask
+for; the party refuses, in one line and before it sends anything, when they would take its ε past its cap: the
+smallest of ``privacy.target_epsilon``, ``privacy.max_epsilon`` and ``privacy.party_max_epsilon`` in the config
+it verified itself (:meth:`~mpi_fnas.privacy.params.DPParams.party_cap`). Rank 0 announces the same number for
+every party from the same function (:func:`iterations_within`), so an honest run, resumed or not, never meets a
+refusal unless a party's own ``party_max_epsilon`` is below what the run plans.
+
+No MPI, no autograd. It loads rank 0's accountant (dp_accounting, scipy): the party side imports it only when it
+has a cap to check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_deltas, party_epsilon
+from mpi_fnas.privacy.trusted_config import BudgetRefusedError
+
+if TYPE_CHECKING:
+    from mpi_fnas.secagg.accounting import SecureAccounting
+
+
+@dataclass(frozen=True)
+class IterationReleases:
+    """What one iteration of a stage releases on a party's two shards: ``(σ, q, releases)`` on each (q = 0: the
+    stage never touches that shard)."""
+
+    train: tuple[float, float, int]
+    val: tuple[float, float, int]
+
+    @classmethod
+    def from_lists(cls, train: Sequence[float], val: Sequence[float]) -> IterationReleases:
+        """From the ``[σ, q, releases]`` lists of a party's record."""
+        return cls(*((float(s), float(q), int(r)) for s, q, r in (train, val)))
+
+    def runs(self, iterations: int) -> tuple[Runs, Runs]:
+        """((σ, q, count) runs on the train shard, the same on the validation shard) of `iterations` iterations."""
+        return _shard_runs(self.train, iterations), _shard_runs(self.val, iterations)
+
+
+def own_delta(delta: float | None, record: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> float:
+    """The party's δ as rank 0's planner gives it (:func:`~mpi_fnas.privacy.accountant.party_deltas`:
+    ``privacy.delta``, or the default of its larger search shard), from its first search launch's shard sizes in
+    its `record`, else from `sizes` (an augmentation without a search)."""
+    searched = [segment["sizes"] for segment in record if segment["stage"] == "search"]
+    n_train, n_val = searched[0] if searched else sizes
+    return float(party_deltas([int(n_train)], [int(n_val)], delta)[0])
+
+
+def spent_runs(segments: Sequence[Mapping[str, Any]], sent: Mapping[str, int]) -> tuple[Runs, Runs]:
+    """A party's releases so far on (its train shard, its validation shard), from its own record.
+
+    `segments`: every launch's ``{"stage", "from", "train", "val"}`` in the order written (``from``: the stage's
+    journal count when that launch began sending); `sent`: each stage's journal count now. A segment's
+    iterations run from its ``from`` to the next segment's of its stage, the last one's to the journal."""
+    train: list[tuple[float, float, int]] = []
+    val: list[tuple[float, float, int]] = []
+    for index, segment in enumerate(segments):
+        later = [s["from"] for s in segments[index + 1:] if s["stage"] == segment["stage"]]
+        end = later[0] if later else int(sent.get(segment["stage"], 0))
+        iterations = end - int(segment["from"])
+        if iterations < 0:
+            raise ValueError(f"the party's release record runs past its {segment['stage']} journal")
+        on_train, on_val = IterationReleases.from_lists(segment["train"], segment["val"]).runs(iterations)
+        train.extend(on_train)
+        val.extend(on_val)
+    return PrivacyLedger.from_runs(tuple(train)).runs(), PrivacyLedger.from_runs(tuple(val)).runs()
+
+
+def epsilon_after(spent: tuple[Runs, Runs], per_iteration: IterationReleases, iterations: int, delta: float,
+                  secure: SecureAccounting | None) -> float:
+    """The party's ε at `delta` once `iterations` more iterations of `per_iteration` follow `spent`: the larger
+    of its two shards' composed ε (as :meth:`~mpi_fnas.privacy.ledger.FederationLedger.epsilons`)."""
+    more = per_iteration.runs(iterations)
+    return epsilon_of((spent[0] + more[0], spent[1] + more[1]), delta, secure)
+
+
+def epsilon_of(runs: tuple[Runs, Runs], delta: float, secure: SecureAccounting | None) -> float:
+    """ε at `delta` of a party whose (train, validation) shards released `runs`: the larger of the two."""
+    train, val = (PrivacyLedger.from_runs(shard, secure=secure) for shard in runs)
+    return party_epsilon(train, val, delta)
+
+
+def iterations_within(cap: float, spent: tuple[Runs, Runs], per_iteration: IterationReleases, delta: float,
+                      secure: SecureAccounting | None, requested: int) -> int:
+    """The most iterations n ≤ `requested` whose releases after `spent` keep the party's ε ≤ `cap` (ε grows with
+    n: one evaluation when all fit, else a bisection). Rank 0 announces with it, the party checks with it."""
+    def within(n: int) -> bool:
+        return epsilon_after(spent, per_iteration, n, delta, secure) <= cap
+
+    if requested <= 0 or within(requested):
+        return max(int(requested), 0)
+    if not within(0):
+        return 0
+    lo, hi = 0, int(requested)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if within(mid) else (lo, mid)
+    return lo
+
+
+def recorded_epsilon(record: Sequence[Mapping[str, Any]], sent: Mapping[str, int], delta: float | None) -> float:
+    """A party's ε from its own directory alone: its `record` (``releases.pt``), its journals' counts `sent` and
+    ``privacy.delta`` (None: the default); secure aggregation's constants are its last launch's."""
+    if not record:
+        return 0.0
+    secure = record[-1]["secure"]
+    accounting = None
+    if secure is not None:
+        from mpi_fnas.secagg.accounting import SecureAccounting
+
+        accounting = SecureAccounting(*(int(value) for value in secure))
+    return epsilon_of(spent_runs(record, sent), own_delta(delta, record, record[-1]["sizes"]), accounting)
+
+
+def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], sent: Mapping[str, int],
+                  per_iteration: IterationReleases, delta: float | None, sizes: Sequence[int],
+                  secure: SecureAccounting | None, requested: int, *, rank: int, stage: str) -> float:
+    """The party's ε after the `requested` iterations of `stage` rank 0 announced, following what its `record`
+    and journals (`sent`) say it released; raises :class:`~mpi_fnas.privacy.trusted_config.BudgetRefusedError`
+    when they would take it past `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this
+    launch's search shard sizes (:func:`own_delta`)."""
+    spent, at = spent_runs(record, sent), own_delta(delta, record, sizes)
+    allowed = iterations_within(cap[0], spent, per_iteration, at, secure, requested)
+    if allowed < requested:
+        now = epsilon_of(spent, at, secure)
+        raise BudgetRefusedError(
+            f"rank {rank} refuses the {requested} {stage} iterations rank 0 asks for: its own cap {cap[1]} "
+            f"{cap[0]:g} allows {allowed} after what it has sent (ε = {now:.4g}, {sent.get(stage, 0)} {stage} "
+            "iterations); nothing more was sent")
+    return epsilon_after(spent, per_iteration, requested, at, secure)
+
+
+def _shard_runs(kind: tuple[float, float, int], iterations: int) -> Runs:
+    sigma, rate, releases = kind
+    return ((sigma, rate, releases * int(iterations)),) if rate > 0 and iterations > 0 else ()
