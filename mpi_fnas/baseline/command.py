@@ -22,6 +22,7 @@ from mpi_fnas.baseline.results import (
     write_csv,
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
+from mpi_fnas.privacy.trusted_config import check_own
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -65,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                             "--seeds 0 1 2")
         text, path = cli.decide_on_root(channel, lambda: (base.to_yaml(), str(_decide_dir(base, args))))
         resolved = config_from_text(text, stored=True)
+        if not channel.is_server:  # a party runs what its own command line says, not what rank 0 claims it says
+            check_own(base, resolved, channel.rank)
         check_world(resolved, channel.size)
         return resolved, Path(path)
 

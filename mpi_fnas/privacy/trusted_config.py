@@ -93,6 +93,12 @@ def check_config(trusted: Config, received: Config, *, rank: int, trusted_name: 
                                  "or sent")
 
 
+def check_own(own: Config, received: Config, rank: int) -> None:
+    """A series command's party (``mpi_fnas.sweep``, ``mpi_fnas.baseline``) checks rank 0's config against its own
+    command line's: :func:`check_config`."""
+    check_config(own, received, rank=rank, trusted_name="its own --config/--set")
+
+
 def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment: bool,
                    overrides: Sequence[str], pin: str | None, rank: int) -> tuple[Config, str]:
     """The config a party checks rank 0's against, and its name for the refusal line.

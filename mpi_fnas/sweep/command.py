@@ -13,6 +13,7 @@ import yaml
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own
 from mpi_fnas.sweep.points import (
     SWEEP_KEY,
     SweepSpec,
@@ -82,6 +83,11 @@ def main(argv: list[str] | None = None) -> int:
         tree = yaml.safe_load(text)
         resolved_spec = parse_sweep_section(tree.pop(SWEEP_KEY))
         resolved = config_from_text(yaml.safe_dump(tree, sort_keys=False))
+        if not channel.is_server:  # a party runs what its own command line says, not what rank 0 claims it says
+            check_own(base, resolved, channel.rank)
+            if resolved_spec != spec:
+                raise AssignmentRefusedError(f"rank {channel.rank} refuses the sweep rank 0 sent: its points differ "
+                                             "from this party's own sweep section; nothing was computed or sent")
         check_world(resolved, channel.size)
         return resolved, resolved_spec, Path(path)
 
