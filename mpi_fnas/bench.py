@@ -27,6 +27,7 @@ Speed and memory targets are checked here, never in timed tests.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -100,8 +101,10 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     if not private:
         return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1),
                             max_physical_batch=cfg.runtime.max_physical_batch)
-    # The private party draws from secret streams (keyed from the OS), exactly as a DP party of a run does.
-    dp = DPParams.from_config(cfg.privacy, n)
+    # The private party draws from secret streams (keyed from the OS), exactly as a DP party of a run does. Its step
+    # is the local release (per-example clipping and Gaussian noise, no masks: one party has no pairs to mask with);
+    # what secure aggregation adds to a step is timed apart (secure_* fields).
+    dp = DPParams.from_config(dataclasses.replace(cfg.privacy, aggregation="local"), n)
     return search_party(model, train, val, n, PartyRandomness.create(dp.randomness, seed=cfg.seed, rank=1), dp=dp,
                         max_physical_batch=cfg.runtime.max_physical_batch)
 
@@ -284,8 +287,6 @@ def equal_epsilon_sigmas(cfg: Config, parties: int, dimension: int) -> tuple[flo
     """(σ local, σ secure, ε): the configured σ_W = σ_A of a search of the configured length over `parties` parties
     (the default run's shards, augmentation left out), its worst party's ε against the server under local noise
     (tight PLD), and the σ the secure accountant (at the accounted `dimension`) needs for that same ε."""
-    import dataclasses
-
     from mpi_fnas.federation.plan import plan_assignments
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.accountant import PrivacyLedger

@@ -194,9 +194,10 @@ class PrivacyConfig:
         False, "tests/debugging only: noise and sampling keyed from (seed, rank) instead of 256 bits of OS "
         "entropy; VOIDS ε (the noise is predictable)")
     aggregation: Literal["local", "secure"] = _key(
-        "local", "local: every party adds the full noise σ·R to its own release; secure: each adds 1/K of the "
-        "variance (discrete Gaussian on an integer encoding) and masks it pairwise, so rank 0 sees only the sum "
-        "(docs/privacy.md)")
+        "secure", "secure (the default): each party adds 1/K of the noise variance (discrete Gaussian on an integer "
+        "encoding) and masks its release pairwise, so rank 0 sees only the sum; local: every party adds the full "
+        "noise σ·R to its own release (the DP-FNAS paper's mechanism; needed by federation.selection other than "
+        "all) (docs/privacy.md)")
     party_identities: str = _key(
         "", "aggregation secure: a file of the parties' Ed25519 public keys (python -m mpi_fnas.identities); each "
         "party signs its key with its own RUN_DIR/parties/rank<k>/identity.key and checks every other party's "
@@ -570,8 +571,9 @@ def validate(cfg: Config) -> Config:
                               f"privacy.aggregation is {cfg.privacy.aggregation}; set it to secure, or drop the file")
         if cfg.privacy.aggregation == "secure" and cfg.federation.selection != "all":
             raise ConfigError(
-                f"privacy.aggregation: secure shows rank 0 only the sum of the releases, and federation.selection "
-                f"{cfg.federation.selection} needs each party's own release; use selection all, or aggregation local"
+                "privacy.aggregation: secure (the default under dpfnas) shows rank 0 only the sum of the releases, "
+                f"and federation.selection {cfg.federation.selection} needs each party's own release; set "
+                "privacy.aggregation: local, or use selection all"
             )
     _validate_data(cfg)
     _validate_selection(cfg)

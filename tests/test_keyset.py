@@ -228,4 +228,4 @@ def test_the_identities_command_makes_a_roster_the_config_takes(tmp_path, capsys
     cfg = load_config(None, ["mode=dpfnas", "privacy.aggregation=secure", f"privacy.party_identities={roster}"])
     assert cfg.privacy.party_identities == str(roster)
     with pytest.raises(ConfigError, match=r"privacy\.party_identities authenticates secure aggregation"):
-        load_config(None, ["mode=dpfnas", f"privacy.party_identities={roster}"])
+        load_config(None, ["mode=dpfnas", "privacy.aggregation=local", f"privacy.party_identities={roster}"])

@@ -96,13 +96,13 @@ def test_a_calibrated_sigma_is_checked_for_one_positive_value_only():
     # Under privacy.target_epsilon rank 0's accountant sets σ: a party checks σ_W = σ_A > 0 and takes the value on
     # trust (docs/privacy.md §2.10); everything else is still derived.
     cfg = config("privacy.target_epsilon=8")
-    params, _, _ = honest(cfg)
-    search_check(cfg, params, None)
+    params, _, dimension = honest(cfg)
+    search_check(cfg, params, dimension)
     for bad in ((params.noise_multiplier_w, params.noise_multiplier_w / 2), (0.0, 0.0), (float("nan"),) * 2):
         with pytest.raises(AssignmentRefusedError, match="calibrates one positive, finite σ"):
-            search_check(cfg, params.with_noise(*bad), None)
+            search_check(cfg, params.with_noise(*bad), dimension)
     with pytest.raises(AssignmentRefusedError, match="clip_w"):
-        search_check(cfg, dataclasses.replace(params, clip_w=5.0), None)
+        search_check(cfg, dataclasses.replace(params, clip_w=5.0), dimension)
 
 
 # -- the augmentation's ------------------------------------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_a_config_that_differs_in_a_privacy_key_is_refused_in_one_line():
     assert config_differences(own, config("runtime.log_every=9", "name=other", "search.w_lr=0.5")) == []
     check_config(own, config("runtime.log_every=9"), rank=2, trusted_name="its own config")
     for key, value in (("privacy.noise_multiplier_w", "0.5"), ("search.batch_size", "4"), ("mode", "fnas"),
-                       ("privacy.aggregation", "secure"), ("augment.private", "false"), ("space.channels", "16")):
+                       ("privacy.aggregation", "local"), ("augment.private", "false"), ("space.channels", "16")):
         with pytest.raises(AssignmentRefusedError, match=rf"^rank 2 refuses the config rank 0 sent: {key}: ") as no:
             check_config(own, config(f"{key}={value}"), rank=2, trusted_name="its own config")
         assert "\n" not in str(no.value)

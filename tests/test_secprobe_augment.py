@@ -48,7 +48,8 @@ def _config(*extra: str, mode: str = "fnas", steps: int = 30):
     """The test network's config; under dpfnas (used only for its ``federation`` section: the selection needs it)
     with GroupNorm, as DP requires."""
     network = [o for o in NETWORK if mode != "dpfnas" or o != "space.norm=batchnorm"]
-    return load_config(overrides=[*network, f"augment.steps_per_epoch={steps}", f"mode={mode}", *extra])
+    return load_config(overrides=[*network, f"augment.steps_per_epoch={steps}", f"mode={mode}",
+                                  "privacy.aggregation=local", *extra])  # a selection needs each party's release
 
 
 class PartiesChannel:

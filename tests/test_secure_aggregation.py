@@ -75,10 +75,17 @@ def test_a_secure_run_logs_both_epsilons_each_reproduced(secure_run):
     assert "against the server (secure aggregation" in stdout and "collude with the server" in stdout
 
 
-def test_secure_aggregation_refuses_a_selection_in_one_line():
-    with pytest.raises(ConfigError, match=r"privacy\.aggregation: secure.*federation\.selection random"):
-        load_config(None, ["mode=dpfnas", "privacy.aggregation=secure", "federation.selection=random",
-                           "federation.select=1"])
+def test_secure_aggregation_is_the_dp_default_and_refuses_a_selection_in_one_line_naming_local():
+    """Issue 46: ``mode: dpfnas`` aggregates securely unless the config says ``local``; a selection, which needs
+    each party's own release, is refused in one line that says which key to set (the default or asked for)."""
+    assert load_config(None, []).privacy.aggregation == "secure" and load_config(None, []).mode == "dpfnas"
+    for asked in ([], ["privacy.aggregation=secure"]):
+        with pytest.raises(ConfigError, match=r"privacy\.aggregation: secure.*federation\.selection random.*set "
+                                              r"privacy\.aggregation: local") as refused:
+            load_config(None, ["mode=dpfnas", *asked, "federation.selection=random", "federation.select=1"])
+        assert "\n" not in str(refused.value)
+    assert load_config(None, ["privacy.aggregation=local", "federation.selection=random",
+                              "federation.select=1"]).federation.selection == "random"
 
 
 def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
