@@ -231,9 +231,14 @@ def test_the_cache_is_reused_and_rebuilt_when_the_csv_or_the_cache_changes(monke
     (npy,) = cache.glob("*.npy")
     stamp = npy.stat().st_mtime_ns
 
-    mnist_full.split_digits.cache_clear()  # a new process: no memo, the cache is there
-    data = open_fake(csv, cache, statistics_of(first))
-    assert len(parsed) == 1 and npy.stat().st_mtime_ns == stamp  # read back, neither parsed nor written again
+    def read_only(*args):
+        raise OSError(30, "Read-only file system")
+
+    with monkeypatch.context() as patch:  # a new process, where nothing can be written: the cache is read back
+        patch.setattr(array_cache.fcntl, "flock", read_only)
+        mnist_full.split_digits.cache_clear()
+        data = open_fake(csv, cache, statistics_of(first))
+    assert len(parsed) == 1 and npy.stat().st_mtime_ns == stamp  # neither parsed nor written again
     torch.testing.assert_close(data.render(np.arange(30))[0].reshape(30, 784) * MNIST_STD[0] + MNIST_MEAN[0],
                                torch.from_numpy(first[:, 1:]).float() / 255)
 
