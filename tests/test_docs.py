@@ -45,6 +45,7 @@ NOT_REPO_FILES = {
     "train/": "an imagefolder tree's train folder under data.root, brought by the user",
     "test/": "an imagefolder tree's test folder under data.root, brought by the user",
     "data.root/test/": "the same, named with its config key",
+    "data.root/mnist-cache/": "where data.dataset mnist writes its parsed splits at run time (data/mnist_full.py)",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")
 PLACEHOLDER = re.compile(r"[<>$…]|RUN_DIR|TABLE1_ROOT|RUN_ROOT")

