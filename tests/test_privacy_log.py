@@ -32,7 +32,7 @@ def dp_log(tmp_path_factory) -> dict:
            "--set", "data.dirichlet_alpha=1.0", "--set", "data.test_size=20", "--set", "data.image_size=8",
            "--set", "space.channels=4", "--set", "space.nodes=1", "--set", "search.batch_size=8",
            "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--set", "privacy.noise_multiplier_a=1.3",
-           "--set", "privacy.clip_w=0.01",
+           "--set", "privacy.clip_w=0.01", "--set", "privacy.aggregation=local",  # the PLD path is what is checked
            "--set", "runtime.log_every=2", "--set", "runtime.progress=off",
            "--set", "augment.epochs=0",  # the search's /privacy is what is checked: no augmentation
            "--out", str(run))

@@ -183,7 +183,9 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     cfg = load_config(None, [
-        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *settings,
+        # Local noise: each party's own noised release is what this spy sees (test_release_spy_secure: the sealed one).
+        "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
+        "data.image_size=8", *settings,
         *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
     ])
     world = MPI.COMM_WORLD
