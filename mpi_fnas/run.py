@@ -398,7 +398,8 @@ def _augment_lines(outcome, search) -> list[str]:
         f"epochs          {outcome.epochs} ({outcome.steps} steps; {outcome.stop_reason})",
         f"test acc        {outcome.test_acc:.4f}  (test error {1 - outcome.test_acc:.4f}; the "
         f"{'cell' if cell else 'network'} trained from scratch)",
-        f"params          {outcome.params / 1e6:.4f} M ({outcome.params} without the auxiliary head)",
+        f"params          {outcome.params / 1e6:.4f} M ({outcome.params}"
+        f"{' without the auxiliary head' if cell else ''})",
     ]
     if outcome.private and outcome.privacy_guarantee != "holds":
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
