@@ -22,7 +22,7 @@ from mpi_fnas.baseline.results import (
     write_csv,
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
-from mpi_fnas.privacy.trusted_config import check_own
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -134,8 +134,7 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
         def one_arm(arm: Arm = arm, run_dir: Path = run_dir, tag: str = tag) -> int:
             text, done = cli.decide_on_root(channel, decide)
             cfg = config_from_text(text, stored=True)
-            if not channel.is_server:  # the arm as this party derives it (rank 0 tells only the ε to calibrate to)
-                check_own(arm_config(base, arm, cfg.privacy.target_epsilon), cfg, channel.rank)
+            _accept_arm(channel, base, arm, cfg)
             if not done:
                 stage = "search" if arm.searched else "augment"
                 if channel.is_server:
@@ -168,6 +167,30 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
         print("\n" + format_comparison(compare(results)), flush=True)
         print(f"results         {out / CSV_NAME} (report: python -m mpi_fnas.report {out})", flush=True)
     return cli.EXIT_OK
+
+
+def _accept_arm(channel: Channel, base: Config, arm: Arm, received: Config) -> None:
+    """Every party derives `arm`'s config itself from `base` (rank 0 tells only the ε a calibrated arm is calibrated
+    to) and checks rank 0's `received` one against it (:func:`check_own`); the verdicts are gathered, so rank 0
+    learns a refusal before it plans the arm and ends the job at once, after every refusing party printed its line.
+    """
+    refusal = None
+    if not channel.is_server:
+        try:
+            check_own(arm_config(base, arm, received.privacy.target_epsilon), received, channel.rank)
+        except AssignmentRefusedError as exc:
+            print(cli.refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
+            refusal = cli.refusal_text(exc)
+    verdicts = channel.gather_objects(refusal)
+    if refusal is not None:
+        raise cli.ReportedRefusalError(refusal)  # rank 0 ends the job (or this party does, after the grace)
+    if channel.is_server:
+        refused = {rank: line for rank, line in enumerate(verdicts[1:], start=1) if line is not None}
+        if refused:
+            from mpi_fnas.federation.comm import PartyFailedError
+
+            rank = min(refused)
+            raise PartyFailedError(f"party rank {rank} failed: {refused[rank]} (refused by parties {sorted(refused)})")
 
 
 def _print_arm(tag: str, result: ArmResult, *, reused: bool) -> None:
