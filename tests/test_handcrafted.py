@@ -13,7 +13,7 @@ from torch import nn
 
 from mpi_fnas.config import AUGMENT_NETWORKS, HANDCRAFTED_NETWORKS, AugmentConfig, load_config
 from mpi_fnas.federation.flat import numel
-from mpi_fnas.federation.plan import secure_dimension
+from mpi_fnas.federation.plan import SetupError, attach_resume, plan_augment_stage, plan_run, secure_dimension
 from mpi_fnas.privacy import check_model_for_dp, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.per_sample import hooks_supported
 from mpi_fnas.secagg.encoding import padded_length
@@ -155,3 +155,20 @@ def test_the_secure_dimension_is_the_largest_network_the_augmentation_may_train(
     tanh = load_config(None, [*common, "augment.network=cnn-tanh"])
     assert secure_dimension(tanh, 3, 10) == padded_length(TanhCifarNet(3, 10, 8).num_params())
     assert secure_dimension(load_config(None, common), 3, 10) < padded_length(TanhCifarNet(3, 10, 8).num_params())
+
+
+def test_a_resume_must_continue_the_checkpointed_network():
+    """The augmentation's checkpoint names its network: a resume of another one is refused in one line, and a
+    checkpoint written before augment.network existed counts as a cell's."""
+    cfg = load_config(None, ["data.train_size=400", "data.test_size=40", "data.image_size=8",
+                             "augment.network=cnn-gn", "augment.steps_per_epoch=2", "mode=fnas"])
+    search = plan_run(cfg, 2, search=False)
+    plan = plan_augment_stage(cfg, search.assignments, None, None, None)
+    assert (plan.network, plan.genotype_text) == ("cnn-gn", "")
+    assert {(a.network, a.genotype) for a in plan.assignments} == {("cnn-gn", "")}
+    attach_resume(plan, {"plan_steps": plan.steps, "genotype": "", "network": "cnn-gn", "step": 3})
+    assert {a.checkpoint_step for a in plan.assignments} == {3}
+    for checkpoint in ({"plan_steps": plan.steps, "genotype": "", "network": "cnn-tanh", "step": 3},
+                       {"plan_steps": plan.steps, "genotype": "", "step": 3}):  # no key: a cell's
+        with pytest.raises(SetupError, match=r"different plan \(.* steps, network cnn-tanh|network cell"):
+            attach_resume(plan, checkpoint)
