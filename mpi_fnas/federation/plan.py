@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import Config, SetupError
+from mpi_fnas.config import CELL_NETWORK, Config, SetupError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
@@ -230,7 +230,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
 def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
     """Check that the re-planned stage is the checkpointed one; tell each party which state to restore."""
     if isinstance(plan, AugmentPlan):
-        network = checkpoint.get("network", "cell")  # a checkpoint from before augment.network trained a cell
+        network = checkpoint.get("network", CELL_NETWORK)  # a checkpoint from before augment.network trained a cell
         if (checkpoint["plan_steps"], checkpoint["genotype"], network) != (plan.steps, plan.genotype_text,
                                                                            plan.network):
             raise SetupError("--resume: the augmentation checkpoint was written by a run with a different plan "
@@ -260,7 +260,7 @@ class AugmentAssignment:
     train_count: int = 0  # the first train_count pool indices are the search's train shard, the rest its val shard
     corruption: float = 0.0  # the fraction of each shard the party replaces by noise, as in the search
     gathered: bool = False  # the server gathers every release (a selection) instead of a Reduce
-    network: str = "cell"  # augment.network: what is trained (the party checks it against its own config)
+    network: str = CELL_NETWORK  # augment.network: what is trained (the party checks it against its own config)
 
 
 @dataclass
@@ -274,7 +274,7 @@ class AugmentPlan:
     steps: int
     releases: AugmentReleases | None
     stop_reason: str
-    network: str = "cell"  # augment.network
+    network: str = CELL_NETWORK  # augment.network
 
     @property
     def pool_sizes(self) -> list[int]:

@@ -42,7 +42,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpi_fnas.config import MODES
+from mpi_fnas.config import CELL_NETWORK, MODES
 from mpi_fnas.runlog.liveness import WRITER_GROUP, alive_here, current_writer, read_writer_record, store_writer_record
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
@@ -429,7 +429,7 @@ class RunLog:
 
     def begin_augment(self, *, genotype: str, params: int, private: bool, privacy: StagePrivacy | None, parties: int,
                       privacy_guarantee: str, selection: SelectionSchema | None = None,
-                      network: str = "cell") -> StageLog:
+                      network: str = CELL_NETWORK) -> StageLog:
         """Start (or resume) the augment stage: training ``network`` (``genotype``'s cell, or a hand-designed one)
         from scratch across the search's parties; returns its :class:`StageLog` (also ``self.augment``).
 
@@ -459,7 +459,7 @@ class RunLog:
         count = _integral("params", params)
         if count < 0:
             raise ValueError(f"params must be a parameter count >= 0, got {params}")
-        if not network or (network == "cell") == (genotype == ""):
+        if not network or (network == CELL_NETWORK) == (genotype == ""):
             raise ValueError(f"network {network!r} with genotype {genotype!r}: a cell has a genotype, a hand-designed "
                              "network none")
         arrays = None if privacy is None else privacy_arrays(AUGMENT_LAYOUT, privacy, self.parties)
@@ -472,7 +472,7 @@ class RunLog:
                     privacy=arrays, privacy_guarantee=privacy_guarantee, selection=selection, network=network,
                 )  # fmt: skip
             else:
-                stored = (str(group.attrs.get("network", "cell")), str(group.attrs["genotype"]),
+                stored = (str(group.attrs.get("network", CELL_NETWORK)), str(group.attrs["genotype"]),
                           int(group.attrs["params"]), bool(group.attrs["private"]))
                 if stored != (network, genotype, count, bool(private)):
                     raise ValueError(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
+from mpi_fnas.config import CELL_NETWORK
 from mpi_fnas.space.handcrafted import build_handcrafted
 from mpi_fnas.space.kinds import search_space
 
@@ -23,7 +24,7 @@ __all__ = ["augment_network", "largest_augment_network", "trains_cell"]
 
 def trains_cell(cfg: Config) -> bool:
     """Whether the augmentation of `cfg` trains a cell (``augment.network: cell``) rather than a hand-designed net."""
-    return cfg.augment.network == "cell"
+    return cfg.augment.network == CELL_NETWORK
 
 
 def augment_network(cfg: Config, genotype: Any, *, seed: int, in_channels: int, num_classes: int) -> nn.Module:
