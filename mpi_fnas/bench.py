@@ -225,22 +225,24 @@ def _noise_jobs(size: int) -> dict[str, Callable[[], Any]]:
 
 def make_augment_party(cfg: Config, private: bool):
     """An augmentation party on random data: a pool of exactly B = ``augment.batch_size`` examples (so a private
-    Poisson batch, at rate 1, is the plain batch), the network of ``augment.genotype`` or, if unset, of the
-    genotype the supernet starts from (its near-uniform alphas, derived from ``cfg.seed``)."""
+    Poisson batch, at rate 1, is the plain batch), the network of ``augment.network``: a hand-designed one, or the
+    cell of ``augment.genotype`` or, if unset, of the genotype the supernet starts from (its near-uniform alphas,
+    derived from ``cfg.seed``)."""
     import torch
 
     from mpi_fnas.federation.party import Shard, augment_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.privacy.release import AugmentReleases
-    from mpi_fnas.space import search_space
+    from mpi_fnas.space import augment_network, search_space, trains_cell
 
     c, h, w, classes = _input_shape(cfg)
     space = search_space(cfg.space.kind)
+    genotype = None  # a hand-designed network has none
     if cfg.augment.genotype is not None:
         genotype = space.parse_genotype(cfg.augment.genotype)
-    else:
+    elif trains_cell(cfg):
         genotype = space.build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes).genotype()
-    model = space.build_augment_network(genotype, cfg, seed=cfg.seed, in_channels=c, num_classes=classes)
+    model = augment_network(cfg, genotype, seed=cfg.seed, in_channels=c, num_classes=classes)
     n = cfg.augment.batch_size
     data_gen = torch.Generator().manual_seed(0)
     pool = Shard(torch.randn(n, c, h, w, generator=data_gen), torch.randint(0, classes, (n,), generator=data_gen))

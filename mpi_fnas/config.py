@@ -38,6 +38,11 @@ class SetupError(ConfigError):
 
 
 MODES = ("vanilla", "fnas", "dpfnas")
+#: What the augmentation trains (``augment.network``): the cell's network, or a hand-designed network
+#: (:mod:`mpi_fnas.space.handcrafted`, whose builders are keyed by the same names).
+CELL_NETWORK = "cell"
+HANDCRAFTED_NETWORKS = ("cnn-tanh", "cnn-gn")
+AUGMENT_NETWORKS = (CELL_NETWORK, *HANDCRAFTED_NETWORKS)
 
 # Metadata key of every leaf field: its meaning, one line, printed by --help and written into configs/default.yaml.
 # The meanings live on the fields (not in a separate table) so a key cannot be added or renamed without its text.
@@ -217,6 +222,11 @@ class AugmentConfig:
     steps_per_epoch: int | None = _key(
         None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
     batch_size: int = _key(64, "examples per party and step (under DP: the expected Poisson batch size)")
+    network: Literal["cell", "cnn-tanh", "cnn-gn"] = _key(
+        "cell", "what the augmentation trains: cell (the network of the searched cell, or of augment.genotype), "
+        "cnn-tanh (Papernot et al. 2021's tanh CNN: their MNIST net for one-channel images, their CIFAR-10 net "
+        "for colour) or cnn-gn (a 3-block GroupNorm + ReLU CNN); a hand-designed network needs no cell, so a new "
+        "job with one does not search")
     genotype: str | None = _key(
         None, "train this genotype (the string the search prints) instead of searching; null: the searched one")
     layers: int = _key(
@@ -555,6 +565,7 @@ def validate(cfg: Config) -> Config:
                               f"example); set space.norm: groupnorm, got {cfg.space.norm}")
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
+    _validate_network(cfg)
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":
@@ -582,6 +593,20 @@ def validate(cfg: Config) -> Config:
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
     return cfg
+
+
+def _validate_network(cfg: Config) -> None:
+    """A hand-designed ``augment.network`` has no cell: no genotype to train, no path to drop, no auxiliary head."""
+    network = cfg.augment.network
+    if network == CELL_NETWORK:
+        return
+    if cfg.augment.genotype is not None:
+        raise ConfigError(f"augment.genotype: augment.network {network} trains a hand-designed network, not a cell; "
+                          "drop the genotype, or set augment.network: cell")
+    if cfg.augment.drop_path > 0:
+        raise ConfigError(f"augment.drop_path: augment.network {network} has no cell paths to drop; set it to 0")
+    if cfg.augment.auxiliary_weight > 0:
+        raise ConfigError(f"augment.auxiliary_weight: augment.network {network} has no auxiliary head; set it to 0")
 
 
 def _validate_selection(cfg: Config) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpi_fnas import __version__, cli
-from mpi_fnas.config import Config, ConfigError, check_world, config_from_text, describe_keys
+from mpi_fnas.config import CELL_NETWORK, Config, ConfigError, check_world, config_from_text, describe_keys
 
 if TYPE_CHECKING:  # mpi4py loads with the channel, after the argument and config checks
     from mpi_fnas.federation.comm import Channel
@@ -30,7 +30,8 @@ configuration keys (every key can be set in a YAML file or with --set; defaults 
 {keys}
 
 stages: the search, then (augment.epochs > 0) the augmentation: the found cell trained from scratch by the same
-  parties (augment.genotype: train that genotype, no search; augment.epochs=0: search only).
+  parties (augment.genotype: train that genotype, no search; augment.network cnn-tanh or cnn-gn: train that
+  hand-designed network, no search; augment.epochs=0: search only).
 output: runs/<name>-<YYYYmmdd-HHMMSS>/search.h5 (HDF5, schema in docs/hdf5.md; the augmentation in /augment)
   unless --out is given; RUN_DIR/searched.pt when the search finishes; RUN_DIR/checkpoint.pt every
   checkpoint.every_steps steps and on SIGTERM/SIGUSR1/SIGINT (then exit 75).
@@ -218,12 +219,17 @@ def _decide(cfg: Config | None, args: argparse.Namespace, made: list[Path]) -> t
 
 
 def _first_stage(cfg: Config) -> str:
-    return "augment" if cfg.augment.genotype is not None else "search"
+    """A new job searches unless it needs no searched cell: a given ``augment.genotype``, or a hand-designed
+    ``augment.network`` (a search whose cell is not trained would spend ε on nothing)."""
+    return "augment" if cfg.augment.genotype is not None or cfg.augment.network != CELL_NETWORK else "search"
 
 
 def _check_stages(cfg: Config) -> None:
     if cfg.augment.genotype is not None and cfg.augment.epochs == 0:
         raise ConfigError("augment.genotype: training a given genotype needs augment.epochs > 0")
+    if cfg.augment.network != CELL_NETWORK and cfg.augment.epochs == 0:
+        raise ConfigError(f"augment.network: training the hand-designed {cfg.augment.network} needs augment.epochs > 0 "
+                          "(it does not search)")
 
 
 def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
@@ -383,14 +389,17 @@ def _collusion_lines(outcome) -> list[str]:
 
 def _augment_lines(outcome, search) -> list[str]:
     mins, secs = divmod(outcome.wall_seconds, 60)
+    cell = outcome.network == CELL_NETWORK
     lines = [
         "" if search is not None else None,
         "== mpi_fnas augmentation finished ==",
-        f"genotype        {outcome.genotype}",
+        f"genotype        {outcome.genotype}" if cell else
+        f"network         {outcome.network} (hand-designed, no cell)",
         f"epochs          {outcome.epochs} ({outcome.steps} steps; {outcome.stop_reason})",
-        f"test acc        {outcome.test_acc:.4f}  (test error {1 - outcome.test_acc:.4f}; the cell trained from "
-        "scratch)",
-        f"params          {outcome.params / 1e6:.4f} M ({outcome.params} without the auxiliary head)",
+        f"test acc        {outcome.test_acc:.4f}  (test error {1 - outcome.test_acc:.4f}; the "
+        f"{'cell' if cell else 'network'} trained from scratch)",
+        f"params          {outcome.params / 1e6:.4f} M ({outcome.params}"
+        f"{' without the auxiliary head' if cell else ''})",
     ]
     if outcome.private and outcome.privacy_guarantee != "holds":
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]

@@ -23,6 +23,7 @@ from mpi_fnas.federation.serve import AugmentStage
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
+from mpi_fnas.space.handcrafted import TanhCifarNet
 
 pytestmark = pytest.mark.slow  # real mpirun jobs
 
@@ -164,6 +165,33 @@ def test_given_genotype_is_trained_exactly_without_a_search(given_genotype_runs)
 def test_darts_v2_baseline_parses_from_the_command_line(given_genotype_runs):
     _, out = given_genotype_runs["darts_v2"]
     assert out.returncode == 2 and "augment.genotype" in out.stderr  # needs epochs > 0: one clear line
+
+
+def test_a_hand_designed_network_is_trained_by_the_same_private_augmentation(tmp_path):
+    """augment.network cnn-tanh (issue 46): no genotype and no search; the same DP releases, ledgers (rank 0's and
+    each party's own) and log as a cell's, with the network's exact size. Beside it, the same network with
+    augment.epochs=0 is refused in one line (nothing to train, and no search)."""
+    hand = [*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.network=cnn-tanh", "--set", "augment.steps_per_epoch=3"]
+    run = tmp_path / "cnn"
+    done, refused = mpirun_together((3, [*hand, "--out", str(run)]),
+                                    (3, [*hand, "--set", "augment.epochs=0", "--out", str(tmp_path / "none")]))
+    assert refused.returncode == 2 and "augment.network: training the hand-designed cnn-tanh needs augment.epochs > 0" \
+        in refused.stderr, refused.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = read_run(run / "search.h5")
+    assert len(log["metrics"]["step"]) == 0 and log["final_genotype"] == ""  # no search ran, no cell
+    assert log["reason"] == "no search: augment.network cnn-tanh is hand-designed (no cell)"
+    augment = log["augment"]
+    assert (augment["status"], augment["network"], augment["genotype"]) == ("finished", "cnn-tanh", "")
+    assert augment["private"] and augment["privacy_guarantee"] == "holds"
+    assert augment["params"] == TanhCifarNet(3, 10, 8).num_params()  # colour 8x8: the CIFAR-10 net, 304,810
+    assert int(augment["privacy"]["steps"][-1]) == 3
+    epsilon = augment["privacy"]["epsilon"][-1]
+    assert np.all(np.isfinite(epsilon)) and np.all(epsilon > 0)
+    for k in range(log["parties"]):  # each party's own ledger composes its releases to the same ε
+        assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == epsilon[k]
+    assert "network         cnn-tanh (hand-designed, no cell)" in done.stdout
+    assert "== mpi_fnas search finished ==" not in done.stdout
 
 
 def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path):

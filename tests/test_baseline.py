@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, mpirun, mpirun_together
 from scipy import stats
 
 from mpi_fnas.baseline import (
@@ -27,6 +27,8 @@ from mpi_fnas.baseline import (
     arms,
     check_base,
     compare,
+    format_comparison,
+    parse_handcrafted,
     random_genotype_text,
     read_csv,
     write_csv,
@@ -103,9 +105,62 @@ def test_arms_and_their_configs():
             check_base(load_config(None, overrides))
 
 
+def test_hand_designed_arms_and_their_configs():
+    base = load_config(None, ["privacy.max_epsilon=9", "augment.drop_path=0.2", "augment.auxiliary_weight=0.4"])
+    order = arms([3], 1, ["cnn-tanh", "cnn-gn"])
+    assert [a.name for a in order] == ["searched", "random-0", "cnn-tanh", "cnn-gn"]
+    assert [(a.handcrafted, a.network, a.index) for a in order] == [
+        (False, "cell", -1), (False, "cell", 0), (True, "cnn-tanh", -1), (True, "cnn-gn", -1)]
+    for arm in order[2:]:  # the same total ε as the searched arm: its whole budget goes to the augmentation
+        cfg = arm_config(base, arm, 2.5)
+        assert (cfg.seed, cfg.augment.network, cfg.augment.genotype) == (3, arm.name, None)
+        assert cfg.privacy.target_epsilon == 2.5 and cfg.privacy.max_epsilon is None
+        assert cfg.augment.drop_path == 0 and cfg.augment.auxiliary_weight == 0  # no cell paths, no auxiliary head
+        with pytest.raises(ConfigError, match="no ε to calibrate cnn"):
+            arm_config(base, arm, None)
+    searched = arm_config(base, order[0], None)
+    assert searched.augment.network == "cell" and searched.augment.drop_path == 0.2  # the configured job as it is
+    assert parse_handcrafted("cnn-tanh, cnn-gn") == ["cnn-tanh", "cnn-gn"] and parse_handcrafted(None) == []
+    for text, match in (("cnn-tanh,resnet", "unknown network 'resnet'"), ("cnn-gn,cnn-gn", "named twice"),
+                        ("cell", "unknown network 'cell'")):
+        with pytest.raises(ConfigError, match=match):
+            parse_handcrafted(text)
+    with pytest.raises(ConfigError, match="--handcrafted cnn-gn"):  # the searched arm needs a cell
+        check_base(load_config(None, ["augment.network=cnn-gn"]))
+
+
 def _row(arm: str, seed: int, acc: float, eps: float = 2.0) -> ArmResult:
     return ArmResult(arm=arm, seed=seed, genotype="g", params=100, test_acc=acc, epsilon_worst=eps,
-                     epsilon_searched=2.0, augment_noise_multiplier=0.8, status="finished", wall_seconds=1.0)
+                     epsilon_searched=2.0, augment_noise_multiplier=0.8, status="finished", wall_seconds=1.0,
+                     network=arm if arm.startswith("cnn-") else "cell")
+
+
+def test_the_comparison_with_hand_designed_networks_against_hand_computations(tmp_path):
+    rows = [_row(SEARCHED, 0, 0.80), _row("random-0", 0, 0.70), _row("cnn-tanh", 0, 0.60), _row("cnn-gn", 0, 0.75),
+            _row(SEARCHED, 1, 0.50), _row("cnn-tanh", 1, 0.55, eps=2.01), _row("cnn-gn", 1, 0.40)]
+    comparison = compare(rows)
+    first, second = comparison.seeds  # seed 1 has no random arm: compared with the hand-designed ones only
+    assert first.best_handcrafted == ("cnn-gn", 0.75) and second.best_handcrafted == ("cnn-tanh", 0.55)
+    assert math.isclose(first.relative_improvement_handcrafted, 100 * (0.80 - 0.75) / 0.75)
+    assert math.isclose(second.relative_improvement_handcrafted, 100 * (0.50 - 0.55) / 0.55)
+    assert math.isnan(second.random_mean) and math.isnan(second.relative_improvement)
+    ri, ri_std = comparison.relative_improvement_against("handcrafted")
+    hand = [100 * 0.05 / 0.75, -100 * 0.05 / 0.55]
+    assert math.isclose(ri, np.mean(hand)) and math.isclose(ri_std, np.std(hand, ddof=1))
+    d, se = comparison.difference_against("handcrafted")
+    assert math.isclose(d, 0.0, abs_tol=1e-12) and math.isclose(se, np.std([0.05, -0.05], ddof=1) / math.sqrt(2))
+    assert comparison.beats("handcrafted") is False  # 0 is not above its standard error
+    assert [s.seed for s in comparison.against("random")] == [0] and comparison.beats_random is None  # one seed
+    assert math.isclose(comparison.relative_improvement[0], 100 * 0.10 / 0.70)
+    assert math.isclose(second.epsilon_handcrafted_max_deviation, 0.005) and comparison.epsilon_agrees
+    assert not compare([*rows, _row("cnn-gn", 0, 0.7, eps=2.1)]).epsilon_agrees  # a hand-designed arm 5 % off
+    text = format_comparison(comparison)
+    assert "best hand-designed" in text and "vs the best hand-designed network over 2 seed(s)" in text
+    write_csv(tmp_path, rows)
+    assert read_csv(tmp_path / "baseline.csv") == rows
+    old = (tmp_path / "baseline.csv").read_text().replace(",network", "").replace(",cnn-tanh\n", "\n")
+    (tmp_path / "old.csv").write_text(old.replace(",cnn-gn\n", "\n").replace(",cell\n", "\n"))
+    assert {r.network for r in read_csv(tmp_path / "old.csv")} == {"cell"}  # a CSV from before the column
 
 
 def test_the_comparison_against_hand_computations(tmp_path):
@@ -136,28 +191,71 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
     out = tmp_path / "baseline"
     small = [*TINY, "--set", "search.epochs=1", "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=3",
              "--set", "augment.layers=2", "--set", "augment.channels=4", "--set", "augment.batch_size=8"]
-    first = mpirun(3, *small, "--random", "2", "--seeds", "0", "--out", str(out), module="mpi_fnas.baseline",
-                   timeout=600)
+    arguments = [*small, "--random", "2", "--handcrafted", "cnn-tanh,cnn-gn", "--seeds", "0"]
+    first, unknown = mpirun_together((3, [*arguments, "--out", str(out)], None, "mpi_fnas.baseline"),
+                                     (3, [*small, "--random", "1", "--handcrafted", "cnn-relu", "--seeds", "0", "--out",
+                                          str(tmp_path / "unknown")], None, "mpi_fnas.baseline"))
+    assert unknown.returncode == 2 and "--handcrafted: unknown network 'cnn-relu'" in unknown.stderr, unknown.stderr
     assert first.returncode == 0, first.stderr[-3000:]
     rows = read_csv(out / "baseline.csv")
-    assert [r.arm for r in rows] == ["searched", "random-0", "random-1"] and all(r.status == "finished" for r in rows)
-    searched, randoms = rows[0], rows[1:]
+    assert [r.arm for r in rows] == ["searched", "random-0", "random-1", "cnn-tanh", "cnn-gn"]
+    assert all(r.status == "finished" for r in rows)
+    searched, randoms, handcrafted = rows[0], rows[1:3], rows[3:]
     assert math.isfinite(searched.epsilon_worst) and searched.epsilon_worst > 0
-    for row in randoms:  # the same total ε: the whole budget of the searched arm went to the augmentation
+    for row in (*randoms, *handcrafted):  # the same total ε: the searched arm's whole budget went to the augmentation
         assert abs(row.epsilon_worst / searched.epsilon_worst - 1) <= EPSILON_TOLERANCE, row
-        assert row.epsilon_searched == searched.epsilon_worst and row.genotype == random_genotype_text(
-            load_config(None, []), 0, int(row.arm.split("-")[1]))
+        assert row.epsilon_searched == searched.epsilon_worst
         assert row.augment_noise_multiplier < searched.augment_noise_multiplier  # more budget: less noise
-    assert "RI = " in first.stdout
-    again = mpirun(3, *small, "--random", "2", "--seeds", "0", "--out", str(out), module="mpi_fnas.baseline",
-                   timeout=600)
-    assert again.returncode == 0 and again.stdout.count("finished earlier: read back") == 3, again.stdout
+    for row in randoms:
+        assert row.network == "cell" and row.genotype == random_genotype_text(load_config(None, []), 0,
+                                                                              int(row.arm.split("-")[1]))
+    for row in handcrafted:
+        assert (row.network, row.genotype) == (row.arm, "")
+    assert [r.params for r in handcrafted] == [304_810, 24_346]  # TINY's 8x8 colour images
+    assert "RI = " in first.stdout and "vs the best hand-designed network" in first.stdout
+    again = mpirun(3, *arguments, "--out", str(out), module="mpi_fnas.baseline", timeout=600)
+    assert again.returncode == 0 and again.stdout.count("finished earlier: read back") == 5, again.stdout
     report = mpirun(1, str(out), "--out", str(tmp_path / "report"), module="mpi_fnas.report")
     assert report.returncode == 0, report.stderr
     page = (tmp_path / "report" / "report.md").read_text()
-    assert "Random-architecture baseline" in page and "RI = " in page
-    assert (tmp_path / "report" / "baseline_table.csv").read_text().count("\n") == 1 + 4  # searched, pooled, 2 cells
+    assert "Random-architecture baseline" in page and "RI = " in page and "best hand-designed (acc)" in page
+    # searched, pooled, 2 cells, 2 hand-designed networks
+    assert (tmp_path / "report" / "baseline_table.csv").read_text().count("\n") == 1 + 6
     assert "dpfnas" not in (tmp_path / "report" / "table1.csv").read_text()  # baseline runs are not Table 1
+
+
+#: A baseline whose rank 0 alone (MPICH's PMI_RANK, read before mpi4py loads) hands out every arm with a larger
+#: augment.clip than the command line says; the parties run the real code.
+LOOSER_ARMS_SERVER = """
+import os, sys
+from mpi_fnas.baseline import command
+if os.environ.get("PMI_RANK") == "0":
+    honest = command.arm_config
+    def looser(*args, **kwargs):
+        cfg = honest(*args, **kwargs)
+        cfg.augment.clip = 100.0
+        return cfg
+    command.arm_config = looser
+sys.exit(command.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_party_derives_each_arm_itself_and_refuses_rank_0s_other_one(tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import MPIRUN, ROOT, _env
+
+    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", LOOSER_ARMS_SERVER, *TINY, "--set",
+                           "augment.epochs=1", "--random", "0",
+                           "--handcrafted", "cnn-gn", "--seeds", "0", "--out", str(tmp_path / "b")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
+    assert done.returncode != 0
+    for rank in (1, 2):
+        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the config rank 0 sent: "
+                "augment.clip: 100.0 where its own --config/--set says 1.0") in done.stderr, done.stderr
+    assert not (tmp_path / "b" / "seed0" / "searched" / "search.h5").exists()  # refused before the first arm ran
 
 
 def test_an_arm_is_named_and_placed_by_seed(tmp_path):

@@ -131,6 +131,25 @@ def test_bad_input_is_one_line_naming_the_key(override, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["augment.network=cnn-relu"], r"^augment\.network: 'cnn-relu' is not one of 'cell', 'cnn-tanh', 'cnn-gn'$"),
+        (["augment.network=cnn-tanh", "augment.genotype=normal=skip_connect@0"],
+         r"^augment\.genotype: augment\.network cnn-tanh trains a hand-designed network, not a cell"),
+        (["augment.network=cnn-gn", "augment.drop_path=0.2"], r"^augment\.drop_path: augment\.network cnn-gn has no "
+                                                              r"cell paths to drop; set it to 0$"),
+        (["augment.network=cnn-gn", "augment.auxiliary_weight=0.4"], r"^augment\.auxiliary_weight: augment\.network "
+                                                                     r"cnn-gn has no auxiliary head; set it to 0$"),
+    ],
+)
+def test_a_hand_designed_network_refuses_what_only_a_cell_has(overrides, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, overrides)
+    assert "\n" not in str(info.value)
+    assert load_config(None, ["augment.network=cnn-tanh"]).augment.network == "cnn-tanh"
+
+
 def test_a_stored_config_of_an_older_version_is_read_without_its_removed_keys():
     """Logs, checkpoints and searched.pt written before privacy.secure_rng was removed still read (report, sweep,
     --resume, --augment); a config the user gives does not."""

@@ -19,6 +19,7 @@ from mpi_fnas.federation.verify import (
     calibrated,
     check_augment,
     check_checkpoint_step,
+    check_network,
     check_params,
     expected_params,
 )
@@ -138,6 +139,21 @@ def test_exact_gradients_or_other_params_in_a_private_augmentation_are_refused()
     assert AugmentAssignment.__dataclass_fields__["releases"]  # the fields checked are the assignment's
 
 
+def test_an_augmentation_of_another_network_is_refused():
+    """The network sets the released dimension (and secure aggregation's D): the party trains only its own
+    config's, whatever the assignment says, with or without DP."""
+    for own in ("cell", "cnn-tanh", "cnn-gn"):
+        for mode in ("dpfnas", "fnas"):
+            cfg = config(f"augment.network={own}", f"mode={mode}")
+            check_network(cfg, own, rank=1)
+            for other in {"cell", "cnn-tanh", "cnn-gn", None} - {own}:
+                with pytest.raises(AssignmentRefusedError, match=rf"^rank 1 refuses the augmentation assignment rank 0 "
+                                                                 rf"sent: augment network {other!r} where this party's "
+                                                                 rf"config says {own!r}; nothing was computed"):
+                    check_network(cfg, other, rank=1)
+    assert AugmentAssignment.__dataclass_fields__["network"].default == "cell"
+
+
 def test_a_checkpoint_step_the_party_never_saved_is_refused(tmp_path):
     store = PartyStore(party_dir(tmp_path, 1))
     store.save_party(4, "secret", {"positions": 1})
@@ -154,7 +170,8 @@ def test_a_config_that_differs_in_a_privacy_key_is_refused_in_one_line():
     assert config_differences(own, config("runtime.log_every=9", "name=other", "search.w_lr=0.5")) == []
     check_config(own, config("runtime.log_every=9"), rank=2, trusted_name="its own config")
     for key, value in (("privacy.noise_multiplier_w", "0.5"), ("search.batch_size", "4"), ("mode", "fnas"),
-                       ("privacy.aggregation", "local"), ("augment.private", "false"), ("space.channels", "16")):
+                       ("privacy.aggregation", "local"), ("augment.private", "false"), ("space.channels", "16"),
+                       ("augment.network", "cnn-gn")):
         with pytest.raises(AssignmentRefusedError, match=rf"^rank 2 refuses the config rank 0 sent: {key}: ") as no:
             check_config(own, config(f"{key}={value}"), rank=2, trusted_name="its own config")
         assert "\n" not in str(no.value)
@@ -220,3 +237,40 @@ def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(tmp_path):
                 "rank 0 sent: noise_multiplier_w 0.5 where this party derives 1.0") in done.stderr, done.stderr
     assert read_run(out / "search.h5")["status"] == "failed"
     assert took < 120, took  # FAILURE_GRACE is 60 s: rank 0 must have aborted the job on the notice
+
+
+#: Rank 0 keeps the honest config (augment.network: cnn-tanh) but asks every party to train cnn-gn.
+OTHER_NETWORK_SERVER = """
+import sys
+from mpi_fnas.federation import plan
+honest = plan.plan_augment_stage
+def lying(*args, **kwargs):
+    augment = honest(*args, **kwargs)
+    for a in augment.assignments:
+        a.network = "cnn-gn"
+    return augment
+plan.plan_augment_stage = lying
+from mpi_fnas.run import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_line(tmp_path):
+    import subprocess
+
+    from mpi_fnas.runlog import read_run
+
+    out = tmp_path / "run"
+    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", OTHER_NETWORK_SERVER, *TINY, "--set", "mode=dpfnas",
+                           "--set", "augment.network=cnn-tanh", "--set", "augment.epochs=1", "--set",
+                           "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
+    assert done.returncode != 0, done.stderr
+    for rank in (1, 2):
+        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the augmentation "
+                "assignment rank 0 sent: augment network 'cnn-gn' where this party's config says 'cnn-tanh'"
+                ) in done.stderr, done.stderr
+    log = read_run(out / "search.h5")
+    assert log["augment"]["status"] == "failed" and log["augment"]["network"] == "cnn-tanh"
+    assert not (party_dir(out, 1) / "sent_steps").exists()  # nothing was released

@@ -89,10 +89,10 @@ def test_full_lifecycle_in_one_process(tmp_path: Path, monkeypatch: pytest.Monke
         group = f["augment"]
         assert set(group) == {"metrics", "cost"}
         assert set(group.attrs) == {
-            "status", "reason", "genotype", "params", "test_acc", "test_error", "private", "privacy_guarantee",
-            "attempts",
+            "status", "reason", "network", "genotype", "params", "test_acc", "test_error", "private",
+            "privacy_guarantee", "attempts",
         }  # fmt: skip
-        for name in ("status", "reason", "genotype", "privacy_guarantee"):
+        for name in ("status", "reason", "network", "genotype", "privacy_guarantee"):
             string_info = h5py.check_string_dtype(group.attrs.get_id(name).dtype)
             assert string_info is not None and string_info.encoding == "utf-8", name
         assert group.attrs.get_id("params").dtype == np.int64 and group.attrs["params"] == PARAMS
@@ -142,6 +142,9 @@ def test_augment_calls_are_checked_before_anything_is_written(tmp_path: Path) ->
         begin_augment(runlog, private=True, privacy=StagePrivacy([1e-5] * PARTIES, {"W": release}, {"W": [0.1]}))
     with pytest.raises(ValueError, match="noise_multiplier must be a scalar or have shape"):
         begin_augment(runlog, private=True, privacy=augment_privacy(noise_multiplier=np.ones(PARTIES + 1)))
+    for network, genotype in (("cnn-tanh", GENOTYPE), ("cell", "")):  # a cell has a genotype, a hand-designed none
+        with pytest.raises(ValueError, match="a cell has a genotype, a hand-designed network none"):
+            begin_augment(runlog, network=network, genotype=genotype)
     assert read_run(path)["augment"] is None  # nothing was created by the refused calls
 
     begin_augment(runlog)
@@ -187,6 +190,8 @@ def test_reopen_for_augment_counts_attempts_and_truncates(tmp_path: Path) -> Non
     assert resumed.augment.row_counts() == (5, 3, 0)
     with pytest.raises(ValueError, match="a resumed augment must train the same network"):
         begin_augment(resumed, private=True, genotype="another genotype")
+    with pytest.raises(ValueError, match="a resumed augment must train the same network"):
+        begin_augment(resumed, private=True, network="cnn-gn", genotype="")
     assert read_run(path)["augment"]["attempts"] == 1  # the refused resume changed nothing
     begin_augment(resumed, private=True)
     resumed.augment.truncate(*checkpoint)
@@ -373,3 +378,14 @@ def test_a_concurrent_swmr_reader_keeps_reading_through_begin_augment(tmp_path: 
     assert all(report["search_steps"] == [0.0, 1.0] for report in reports)
     assert (after["status"], after["augment"]["status"], after["augment"]["test_acc"]) == ("finished", "finished", 0.9)
     assert final == {"status": "finished", "augment_status": "finished", "augment_steps": [0, 1, 2]}
+
+
+def test_a_hand_designed_network_is_logged_and_an_older_log_reads_as_a_cell(tmp_path: Path) -> None:
+    path = tmp_path / "search.h5"
+    runlog = searched_log(path)
+    begin_augment(runlog, network="cnn-tanh", genotype="")
+    runlog.augment.finish("finished", reason="completed", test_acc=0.5, cost={})
+    assert (read_run(path)["augment"]["network"], read_run(path)["augment"]["genotype"]) == ("cnn-tanh", "")
+    with h5py.File(path, "r+") as f:  # as a log written before /augment had the attribute
+        del f["augment"].attrs["network"]
+    assert read_run(path)["augment"]["network"] == "cell"

@@ -1,7 +1,7 @@
-"""Does the search beat random? A random-architecture baseline at equal ε, in one MPI job.
+"""Does the search beat random, and the hand-designed networks? A baseline at equal ε, in one MPI job.
 
     mpirun -n K+1 python -m mpi_fnas.baseline [--config FILE] [--set key=value ...] --random R --seeds S [S ...]
-                                              [--out DIR]
+                                              [--handcrafted cnn-tanh,cnn-gn] [--out DIR]
     python -m mpi_fnas.report DIR        # the baseline table, RI and the searched cell's rank
 
 A NAS product whose search does not beat random cells trained the same way has no reason to exist (Li & Talwalkar
@@ -9,19 +9,34 @@ A NAS product whose search does not beat random cells trained the same way has n
 
 * the **searched** arm: the configured job, a search then the augmentation of the cell it found;
 * R **random** arms: cells drawn uniformly from the same space (``space.kind``, ``space.nodes``) from a public seed,
-  each trained by the same augmentation. Under ``dpfnas`` they spent nothing on a search, so each augmentation is
-  calibrated (``privacy.target_epsilon``) to the searched arm's whole worst-party ε: every arm ends at the same ε,
-  which ``baseline.csv`` shows for both.
+  each trained by the same augmentation;
+* the **hand-designed** arms of ``--handcrafted`` (``augment.network``: ``cnn-tanh``, Papernot et al. 2021's tanh
+  CNN; ``cnn-gn``, a GroupNorm CNN): what a DP practitioner would train instead of searching, by the same
+  augmentation.
+
+Under ``dpfnas`` the random and hand-designed arms spent nothing on a search, so each augmentation is calibrated
+(``privacy.target_epsilon``) to the searched arm's whole worst-party ε: every arm ends at the same ε, which
+``baseline.csv`` shows for both.
 
 Every arm is an ordinary run with its own ``search.h5`` (``DIR/seed<S>/<arm>/``), so ``mpi_fnas.run --resume``,
 the report and the log readers work on it. After every arm rank 0 rewrites ``DIR/baseline.csv``; at the end it
-prints the comparison (:mod:`mpi_fnas.baseline.results`: RI, rank, searched − random against its standard error).
+prints the comparison (:mod:`mpi_fnas.baseline.results`: RI, rank, searched − random mean and searched − best
+hand-designed network against their standard errors).
 
 Modules: ``arms`` (the arms, their draws and configs), ``results`` (reading the arms back, baseline.csv, the
 comparison) and ``command`` (the command line).
 """
 
-from mpi_fnas.baseline.arms import RANDOM_TAG, SEARCHED, Arm, arm_config, arms, check_base, random_genotype_text
+from mpi_fnas.baseline.arms import (
+    RANDOM_TAG,
+    SEARCHED,
+    Arm,
+    arm_config,
+    arms,
+    check_base,
+    parse_handcrafted,
+    random_genotype_text,
+)
 from mpi_fnas.baseline.command import build_parser, main
 from mpi_fnas.baseline.results import (
     CSV_NAME,
@@ -33,6 +48,7 @@ from mpi_fnas.baseline.results import (
     format_comparison,
     read_arm,
     read_csv,
+    verdict,
     write_csv,
 )
 
@@ -52,8 +68,10 @@ __all__ = [
     "compare",
     "format_comparison",
     "main",
+    "parse_handcrafted",
     "random_genotype_text",
     "read_arm",
     "read_csv",
+    "verdict",
     "write_csv",
 ]

@@ -1,24 +1,30 @@
-"""The arms of a random-architecture baseline: for each seed, the searched arm and R random cells, each one's
-run directory and config. No MPI, no autograd.
+"""The arms of a baseline: for each seed, the searched arm, R random cells and the hand-designed networks asked
+for, each one's run directory and config. No MPI, no autograd.
 
 * ``searched``: the configured job as it is (search, then the augmentation of the cell it found), at ``seed``;
 * ``random-<i>``: the same augmentation of a genotype drawn uniformly from the same space
   (``search_space(kind).random_genotype``), with no search. Its draw is public: a numpy generator seeded with
   (RANDOM_TAG, seed, i), so the same command draws the same cells, and the cell is logged (``augment.genotype``,
-  ``baseline.csv``). Under DP it spent nothing on a search, so its augmentation gets the searched arm's whole
-  budget: ``privacy.target_epsilon`` is set to the searched arm's final worst-party ε (search + augmentation),
-  which calibrates σ_aug (docs/privacy.md §3.1), and ``privacy.max_epsilon`` is cleared.
+  ``baseline.csv``);
+* ``cnn-tanh``, ``cnn-gn`` (``--handcrafted``): the same augmentation of that hand-designed network
+  (``augment.network``), with no search: what a DP practitioner would train instead of searching. It has no cell
+  paths to drop and no auxiliary head, so its ``augment.drop_path`` and ``augment.auxiliary_weight`` are 0.
+
+Under DP an arm other than the searched one spent nothing on a search, so its augmentation gets the searched arm's
+whole budget: ``privacy.target_epsilon`` is set to the searched arm's final worst-party ε (search + augmentation),
+which calibrates σ_aug (docs/privacy.md §3.1), and ``privacy.max_epsilon`` is cleared.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mpi_fnas.config import Config, ConfigError, validate
+from mpi_fnas.config import CELL_NETWORK, HANDCRAFTED_NETWORKS, Config, ConfigError, validate
 
 SEARCHED = "searched"
 RANDOM_PREFIX = "random-"
@@ -28,7 +34,7 @@ RANDOM_TAG = 0xBA5E
 
 @dataclass(frozen=True)
 class Arm:
-    """One run of the baseline: `name` (``searched`` or ``random-<i>``) at `seed`."""
+    """One run of the baseline: `name` (``searched``, ``random-<i>`` or a hand-designed network's) at `seed`."""
 
     name: str
     seed: int
@@ -38,18 +44,43 @@ class Arm:
         return self.name == SEARCHED
 
     @property
+    def handcrafted(self) -> bool:
+        """Whether the arm trains a hand-designed network (its name is the network's, ``augment.network``)."""
+        return self.name in HANDCRAFTED_NETWORKS
+
+    @property
+    def network(self) -> str:
+        """The arm's ``augment.network``: its own name for a hand-designed arm, else ``cell``."""
+        return self.name if self.handcrafted else CELL_NETWORK
+
+    @property
     def index(self) -> int:
-        """i of ``random-<i>`` (−1 for the searched arm)."""
-        return -1 if self.searched else int(self.name[len(RANDOM_PREFIX):])
+        """i of ``random-<i>`` (−1 for the searched and the hand-designed arms)."""
+        return int(self.name[len(RANDOM_PREFIX):]) if self.name.startswith(RANDOM_PREFIX) else -1
 
     def run_dir(self, out: Path) -> Path:
         """``OUT/seed<seed>/<name>``: where the arm's ``search.h5`` goes."""
         return Path(out) / f"seed{self.seed}" / self.name
 
 
-def arms(seeds: list[int], random: int) -> list[Arm]:
-    """Every arm, seed by seed: the searched arm first (the random arms need its ε), then random-0 .. random-(R-1)."""
-    return [Arm(name, seed) for seed in seeds for name in (SEARCHED, *(f"{RANDOM_PREFIX}{i}" for i in range(random)))]
+def arms(seeds: list[int], random: int, handcrafted: Sequence[str] = ()) -> list[Arm]:
+    """Every arm, seed by seed: the searched arm first (the others need its ε), then random-0 .. random-(R-1), then
+    the `handcrafted` networks in the order given."""
+    return [Arm(name, seed) for seed in seeds
+            for name in (SEARCHED, *(f"{RANDOM_PREFIX}{i}" for i in range(random)), *handcrafted)]
+
+
+def parse_handcrafted(text: str | None) -> list[str]:
+    """The networks of ``--handcrafted`` (comma-separated, e.g. ``cnn-tanh,cnn-gn``; None or "": none); ConfigError
+    (one line) for an unknown or repeated name."""
+    names = [name.strip() for name in (text or "").split(",") if name.strip()]
+    unknown = [name for name in names if name not in HANDCRAFTED_NETWORKS]
+    if unknown:
+        raise ConfigError(f"--handcrafted: unknown network {unknown[0]!r}; expected a comma-separated list of "
+                          f"{', '.join(HANDCRAFTED_NETWORKS)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--handcrafted: a network is named twice in {text!r}")
+    return names
 
 
 def random_genotype_text(cfg: Config, seed: int, index: int) -> str:
@@ -67,21 +98,28 @@ def check_base(cfg: Config) -> None:
     if cfg.augment.genotype is not None:
         raise ConfigError("augment.genotype: the baseline draws the random cells itself and searches the other; "
                           "leave augment.genotype unset")
+    if cfg.augment.network != CELL_NETWORK:
+        raise ConfigError(f"augment.network: the baseline's searched arm trains its cell; leave augment.network: cell "
+                          f"and ask for {cfg.augment.network} with --handcrafted {cfg.augment.network}")
     if cfg.mode == "dpfnas" and not cfg.augment.private:
         raise ConfigError("augment.private: false trains with exact gradients, so the arms' ε cannot be made equal; "
                           "the baseline needs a private augmentation under dpfnas")
 
 
 def arm_config(base: Config, arm: Arm, searched_epsilon: float | None) -> Config:
-    """The run config of `arm`: `base` at the arm's seed; a random arm trains its drawn cell, under DP calibrated to
-    `searched_epsilon` (the searched arm's final worst-party ε)."""
+    """The run config of `arm`: `base` at the arm's seed; a random arm trains its drawn cell, a hand-designed arm its
+    network (no drop-path, no auxiliary head), both under DP calibrated to `searched_epsilon` (the searched arm's
+    final worst-party ε)."""
     cfg = copy.deepcopy(base)
     cfg.seed = arm.seed
-    if not arm.searched:
+    if arm.handcrafted:
+        cfg.augment.network = arm.network
+        cfg.augment.drop_path = cfg.augment.auxiliary_weight = 0.0
+    elif not arm.searched:
         cfg.augment.genotype = random_genotype_text(base, arm.seed, arm.index)
-        if cfg.mode == "dpfnas":
-            if searched_epsilon is None or not np.isfinite(searched_epsilon):
-                raise ConfigError(f"seed {arm.seed}: the searched arm reported no ε to calibrate {arm.name} to")
-            cfg.privacy.target_epsilon = float(searched_epsilon)
-            cfg.privacy.max_epsilon = None
+    if not arm.searched and cfg.mode == "dpfnas":
+        if searched_epsilon is None or not np.isfinite(searched_epsilon):
+            raise ConfigError(f"seed {arm.seed}: the searched arm reported no ε to calibrate {arm.name} to")
+        cfg.privacy.target_epsilon = float(searched_epsilon)
+        cfg.privacy.max_epsilon = None
     return validate(cfg)

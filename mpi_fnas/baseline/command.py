@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpi_fnas import __version__, cli
-from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base
+from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, parse_handcrafted
 from mpi_fnas.baseline.results import (
     CSV_NAME,
     LOG_NAME,
@@ -22,30 +22,37 @@ from mpi_fnas.baseline.results import (
     write_csv,
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
-from mpi_fnas.privacy.trusted_config import check_own
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
 
 _EPILOG = """\
-for every seed: the searched arm (the config's search, then the augmentation of the cell it found) and --random R
-  cells drawn uniformly from the same space (public draw from the seed, logged), each trained by the same
-  augmentation; under dpfnas a random arm spent nothing on a search, so its augmentation is calibrated to the
-  searched arm's whole ε (privacy.target_epsilon), and both ε are reported (they agree within 1 %).
-output: DIR/seed<S>/searched/search.h5, DIR/seed<S>/random-<i>/search.h5, DIR/baseline.csv (one row per arm and
-  seed, rewritten after every arm), DIR/baseline.yaml (the base config). An arm that already finished in DIR is
-  read back, not rerun; an unfinished one is refused (resume it with mpi_fnas.run --resume, or remove it).
-report: python -m mpi_fnas.report DIR adds the baseline table, RI and the searched cell's rank among the random ones.
+for every seed: the searched arm (the config's search, then the augmentation of the cell it found), --random R
+  cells drawn uniformly from the same space (public draw from the seed, logged) and the --handcrafted networks
+  (augment.network cnn-tanh, cnn-gn: what a DP practitioner would train instead), each trained by the same
+  augmentation; under dpfnas an arm other than the searched one spent nothing on a search, so its augmentation is
+  calibrated to the searched arm's whole ε (privacy.target_epsilon), and both ε are reported (they agree within 1 %).
+output: DIR/seed<S>/searched/search.h5, DIR/seed<S>/random-<i>/search.h5, DIR/seed<S>/<network>/search.h5,
+  DIR/baseline.csv (one row per arm and seed, rewritten after every arm), DIR/baseline.yaml (the base config). An
+  arm that already finished in DIR is read back, not rerun; an unfinished one is refused (resume it with
+  mpi_fnas.run --resume, or remove it).
+report: python -m mpi_fnas.report DIR adds the baseline table, RI against the random cells' mean and against the
+  best hand-designed network, and the searched cell's rank among the random ones.
 exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (the current arm checkpointed).
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.command_parser(
-        "mpi_fnas.baseline", "Does the search beat random? The searched cell against R random cells of the same "
-        "space, trained by the same augmentation at the same total ε, over several seeds, in one MPI job.", _EPILOG)
+        "mpi_fnas.baseline", "Does the search beat random, and the hand-designed networks? The searched cell against "
+        "R random cells of the same space and the hand-designed CNNs asked for, trained by the same augmentation at "
+        "the same total ε, over several seeds, in one MPI job.", _EPILOG)
     parser.add_argument("--random", type=int, required=True, metavar="R",
-                        help="random cells per seed (NAS practice: at least 8)")
+                        help="random cells per seed (NAS practice: at least 8; 0 only with --handcrafted)")
+    parser.add_argument("--handcrafted", metavar="NETWORKS", default="",
+                        help="hand-designed networks to train as arms too, comma-separated: cnn-tanh,cnn-gn "
+                        "(augment.network)")
     parser.add_argument("--seeds", type=int, nargs="+", required=True, metavar="S", help="seeds (at least 3 to "
                         "judge a difference against its standard error)")
     parser.add_argument("--out", metavar="DIR", help="baseline directory (default runs/<name>-baseline-<timestamp>)")
@@ -77,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _check_arguments(base: Config, args: argparse.Namespace) -> None:
     check_base(base)
-    if args.random < 1:
-        raise ConfigError(f"--random: expected at least 1 random cell per seed, got {args.random}")
+    args.handcrafted = parse_handcrafted(args.handcrafted)
+    if args.random < (0 if args.handcrafted else 1):
+        raise ConfigError(f"--random: expected at least {0 if args.handcrafted else 1} random cell(s) per seed"
+                          f"{'' if args.handcrafted else ' (or --handcrafted networks to compare with)'}, got "
+                          f"{args.random}")
     if any(seed < 0 for seed in args.seeds) or len(set(args.seeds)) != len(args.seeds):
         raise ConfigError(f"--seeds: expected distinct seeds >= 0, got {' '.join(map(str, args.seeds))}")
 
@@ -86,7 +96,7 @@ def _check_arguments(base: Config, args: argparse.Namespace) -> None:
 def _decide_dir(base: Config, args: argparse.Namespace) -> Path:
     """Rank 0: the baseline directory; refuses (one line) an arm left unfinished there, before anything runs."""
     path = Path(args.out) if args.out else Path("runs") / f"{base.name}-baseline-{time.strftime('%Y%m%d-%H%M%S')}"
-    for arm in arms(args.seeds, args.random):
+    for arm in arms(args.seeds, args.random, args.handcrafted):
         run_dir = arm.run_dir(path)
         if (run_dir / LOG_NAME).exists() and not finished(run_dir):
             raise ConfigError(f"--out: {run_dir} holds an unfinished run; resume it with mpi_fnas.run --resume "
@@ -102,10 +112,11 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
     from mpi_fnas.progress import Progress
 
     threads = cli.limit_torch_threads(base)
-    todo = arms(args.seeds, args.random)
+    todo = arms(args.seeds, args.random, args.handcrafted)
     if channel.is_server:
-        print(f"mpi_fnas {__version__}: random baseline: {len(args.seeds)} seed(s) x (searched + {args.random} "
-              f"random cells) = {len(todo)} arms, mode={base.mode} space={base.space.kind} "
+        handcrafted = f" + {', '.join(args.handcrafted)}" if args.handcrafted else ""
+        print(f"mpi_fnas {__version__}: baseline: {len(args.seeds)} seed(s) x (searched + {args.random} "
+              f"random cells{handcrafted}) = {len(todo)} arms, mode={base.mode} space={base.space.kind} "
               f"parties={channel.parties} threads/rank={threads} out={out}", flush=True)
     results: list[ArmResult] = []
     searched_epsilon: dict[int, float] = {}
@@ -123,6 +134,7 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
         def one_arm(arm: Arm = arm, run_dir: Path = run_dir, tag: str = tag) -> int:
             text, done = cli.decide_on_root(channel, decide)
             cfg = config_from_text(text, stored=True)
+            _accept_arm(channel, base, arm, cfg)
             if not done:
                 stage = "search" if arm.searched else "augment"
                 if channel.is_server:
@@ -155,6 +167,30 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
         print("\n" + format_comparison(compare(results)), flush=True)
         print(f"results         {out / CSV_NAME} (report: python -m mpi_fnas.report {out})", flush=True)
     return cli.EXIT_OK
+
+
+def _accept_arm(channel: Channel, base: Config, arm: Arm, received: Config) -> None:
+    """Every party derives `arm`'s config itself from `base` (rank 0 tells only the ε a calibrated arm is calibrated
+    to) and checks rank 0's `received` one against it (:func:`check_own`); the verdicts are gathered, so rank 0
+    learns a refusal before it plans the arm and ends the job at once, after every refusing party printed its line.
+    """
+    refusal = None
+    if not channel.is_server:
+        try:
+            check_own(arm_config(base, arm, received.privacy.target_epsilon), received, channel.rank)
+        except AssignmentRefusedError as exc:
+            print(cli.refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
+            refusal = cli.refusal_text(exc)
+    verdicts = channel.gather_objects(refusal)
+    if refusal is not None:
+        raise cli.ReportedRefusalError(refusal)  # rank 0 ends the job (or this party does, after the grace)
+    if channel.is_server:
+        refused = {rank: line for rank, line in enumerate(verdicts[1:], start=1) if line is not None}
+        if refused:
+            from mpi_fnas.federation.comm import PartyFailedError
+
+            rank = min(refused)
+            raise PartyFailedError(f"party rank {rank} failed: {refused[rank]} (refused by parties {sorted(refused)})")
 
 
 def _print_arm(tag: str, result: ArmResult, *, reused: bool) -> None:

@@ -8,11 +8,13 @@ No MPI, no torch. Every number comes from an arm's ``search.h5`` (:func:`mpi_fna
   composed; NaN without DP).
 
 The comparison (Yang et al., ICLR 2020, "NAS evaluation is frustratingly hard"), per seed s with the searched cell's
-accuracy a_s and the random cells' mean m_s:
+accuracy a_s and a reference accuracy r_s: the random cells' mean m_s, and the best hand-designed network's h_s (the
+most accurate ``--handcrafted`` arm of the seed: the practitioner's best choice, so the comparison favours it):
 
-* RI_s = 100 · (a_s − m_s) / m_s, the relative improvement; reported as mean ± sample std over seeds;
+* RI_s = 100 · (a_s − r_s) / r_s, the relative improvement; reported as mean ± sample std over seeds;
 * the searched cell's rank among the random cells of its seed (1 = better than every one);
-* d_s = a_s − m_s; the search "beats random" when mean(d) exceeds its standard error std(d)/√S (S ≥ 2 seeds).
+* d_s = a_s − r_s; the search "beats" the reference when mean(d) exceeds its standard error std(d)/√S (S ≥ 2
+  seeds with that reference).
 """
 
 from __future__ import annotations
@@ -25,16 +27,22 @@ from pathlib import Path
 import numpy as np
 
 from mpi_fnas.baseline.arms import RANDOM_PREFIX, SEARCHED, Arm
+from mpi_fnas.config import CELL_NETWORK, HANDCRAFTED_NETWORKS
 
 CSV_NAME = "baseline.csv"
 LOG_NAME = "search.h5"
-#: Relative agreement required between a random arm's ε and its searched arm's (issue 24: within 1 %).
+#: Relative agreement required between a random or hand-designed arm's ε and its searched arm's (issue 24: within
+#: 1 %).
 EPSILON_TOLERANCE = 0.01
+#: The references the searched cell is compared with (:meth:`SeedComparison.reference`).
+RANDOM, HANDCRAFTED = "random", "handcrafted"
 
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One row of ``baseline.csv`` (the first six columns are the issue's; the rest say how it was made)."""
+    """One row of ``baseline.csv`` (the first six columns are the issue's; the rest say how it was made). A
+    hand-designed arm's ``genotype`` is empty: its ``network`` (last, so that a CSV written before it reads back as
+    ``cell``) names what it trained."""
 
     arm: str
     seed: int
@@ -46,6 +54,7 @@ class ArmResult:
     augment_noise_multiplier: float  # σ_aug the augmentation ran with (NaN without DP)
     status: str
     wall_seconds: float  # search + augmentation
+    network: str = CELL_NETWORK  # /augment network: cell, or the hand-designed network trained
 
 
 def read_arm(run_dir: Path, arm: Arm, epsilon_searched: float) -> ArmResult:
@@ -66,7 +75,7 @@ def read_arm(run_dir: Path, arm: Arm, epsilon_searched: float) -> ArmResult:
         test_acc=float(augment.get("test_acc", math.nan)), epsilon_worst=epsilon_worst,
         epsilon_searched=epsilon_worst if arm.searched else float(epsilon_searched),
         augment_noise_multiplier=float(np.max(sigma)) if np.size(sigma) else math.nan, status=str(status),
-        wall_seconds=wall,
+        wall_seconds=wall, network=str(augment.get("network", arm.network)),
     )
 
 
@@ -107,46 +116,92 @@ def read_csv(path: Path) -> list[ArmResult]:
 
 @dataclass(frozen=True)
 class SeedComparison:
-    """One seed: the searched cell against that seed's random cells."""
+    """One seed: the searched cell against that seed's random cells and hand-designed networks (either may be
+    absent: an empty tuple, its numbers NaN)."""
 
     seed: int
     searched_acc: float
-    random_mean: float
+    random_mean: float  # NaN without random arms
     random_accs: tuple[float, ...]
-    relative_improvement: float  # RI_s, %
+    relative_improvement: float  # RI_s against the random mean, %
     rank: int  # 1 + the random cells strictly better than the searched one
     epsilon_searched: float
     epsilon_random_max_deviation: float  # max over the random arms of |ε_random / ε_searched − 1|
+    handcrafted: tuple[tuple[str, float], ...] = ()  # (network, test accuracy) of each hand-designed arm
+    epsilon_handcrafted_max_deviation: float = math.nan  # max over the hand-designed arms of |ε / ε_searched − 1|
+
+    @property
+    def epsilon_max_deviation(self) -> float:
+        """max over every random and hand-designed arm of |ε / ε_searched − 1|; NaN without DP."""
+        finite = [d for d in (self.epsilon_random_max_deviation, self.epsilon_handcrafted_max_deviation)
+                  if math.isfinite(d)]
+        return max(finite, default=math.nan)
+
+    @property
+    def best_handcrafted(self) -> tuple[str, float]:
+        """(network, accuracy) of the seed's most accurate hand-designed arm; ("", NaN) without one."""
+        return max(self.handcrafted, key=lambda item: item[1], default=("", math.nan))
+
+    @property
+    def relative_improvement_handcrafted(self) -> float:
+        """RI_s against the best hand-designed network, %."""
+        return _relative_improvement(self.searched_acc, self.best_handcrafted[1])
+
+    def reference(self, kind: str) -> float:
+        """r_s: the random cells' mean (``RANDOM``) or the best hand-designed network's accuracy (``HANDCRAFTED``)."""
+        return {RANDOM: self.random_mean, HANDCRAFTED: self.best_handcrafted[1]}[kind]
 
 
 @dataclass(frozen=True)
 class Comparison:
-    """The baseline over every seed that has a finished searched arm and at least one finished random arm."""
+    """The baseline over every seed that has a finished searched arm and at least one finished random or
+    hand-designed arm. Each statistic is over the seeds that have its reference."""
 
     seeds: tuple[SeedComparison, ...]
 
-    @property
-    def relative_improvement(self) -> tuple[float, float]:
-        """RI: mean and sample std over seeds (std NaN with one seed), %."""
-        return _mean_std([s.relative_improvement for s in self.seeds])
+    def against(self, kind: str) -> tuple[SeedComparison, ...]:
+        """The seeds that have the reference `kind` (``RANDOM`` or ``HANDCRAFTED``)."""
+        return tuple(s for s in self.seeds if math.isfinite(s.reference(kind)))
 
-    @property
-    def difference(self) -> tuple[float, float]:
-        """mean over seeds of d_s = a_s − m_s, and its standard error std(d)/√S (NaN with one seed)."""
-        d = [s.searched_acc - s.random_mean for s in self.seeds]
+    def relative_improvement_against(self, kind: str) -> tuple[float, float]:
+        """RI against the reference `kind`: mean and sample std over its seeds (std NaN with one seed), %."""
+        return _mean_std([_relative_improvement(s.searched_acc, s.reference(kind)) for s in self.against(kind)])
+
+    def difference_against(self, kind: str) -> tuple[float, float]:
+        """mean over the seeds of `kind` of d_s = a_s − r_s, and its standard error std(d)/√S (NaN with one seed)."""
+        d = [s.searched_acc - s.reference(kind) for s in self.against(kind)]
         mean, std = _mean_std(d)
         return mean, std / math.sqrt(len(d)) if len(d) > 1 else math.nan
 
-    @property
-    def beats_random(self) -> bool | None:
-        """mean(d) > SE(d); None with fewer than 2 seeds."""
-        mean, se = self.difference
+    def beats(self, kind: str) -> bool | None:
+        """mean(d) > SE(d) against the reference `kind`; None with fewer than 2 of its seeds."""
+        mean, se = self.difference_against(kind)
         return None if not math.isfinite(se) else bool(mean > se)
 
     @property
+    def relative_improvement(self) -> tuple[float, float]:
+        """RI against the random cells' mean: mean and sample std over seeds, %."""
+        return self.relative_improvement_against(RANDOM)
+
+    @property
+    def difference(self) -> tuple[float, float]:
+        """mean over seeds of d_s = a_s − m_s (random mean), and its standard error."""
+        return self.difference_against(RANDOM)
+
+    @property
+    def beats_random(self) -> bool | None:
+        """mean(d) > SE(d) against the random mean; None with fewer than 2 seeds."""
+        return self.beats(RANDOM)
+
+    @property
+    def has_handcrafted(self) -> bool:
+        return bool(self.against(HANDCRAFTED))
+
+    @property
     def epsilon_agrees(self) -> bool:
-        """Every random arm's ε is within EPSILON_TOLERANCE of its searched arm's (vacuously true without DP)."""
-        return all(not s.epsilon_random_max_deviation > EPSILON_TOLERANCE for s in self.seeds)
+        """Every random and hand-designed arm's ε is within EPSILON_TOLERANCE of its searched arm's (vacuously true
+        without DP)."""
+        return all(not s.epsilon_max_deviation > EPSILON_TOLERANCE for s in self.seeds)
 
 
 def compare(rows: list[ArmResult]) -> Comparison:
@@ -159,36 +214,68 @@ def compare(rows: list[ArmResult]) -> Comparison:
     for seed in sorted(by_seed):
         searched = [r for r in by_seed[seed] if r.arm == SEARCHED]
         randoms = [r for r in by_seed[seed] if r.arm.startswith(RANDOM_PREFIX)]
-        if not searched or not randoms:
+        handcrafted = [r for r in by_seed[seed] if r.arm in HANDCRAFTED_NETWORKS]
+        if not searched or not (randoms or handcrafted):
             continue
         a = searched[0].test_acc
         accs = tuple(r.test_acc for r in randoms)
-        mean = float(np.mean(accs))
+        mean = float(np.mean(accs)) if accs else math.nan
         eps = searched[0].epsilon_worst
-        deviations = [abs(r.epsilon_worst / eps - 1.0) for r in randoms if math.isfinite(eps) and eps > 0]
         seeds.append(SeedComparison(
             seed=seed, searched_acc=a, random_mean=mean, random_accs=accs,
-            relative_improvement=100.0 * (a - mean) / mean if mean > 0 else math.nan,
+            relative_improvement=_relative_improvement(a, mean),
             rank=1 + sum(acc > a for acc in accs), epsilon_searched=eps,
-            epsilon_random_max_deviation=max(deviations) if deviations else math.nan,
+            epsilon_random_max_deviation=_max_deviation(randoms, eps),
+            handcrafted=tuple((r.arm, r.test_acc) for r in handcrafted),
+            epsilon_handcrafted_max_deviation=_max_deviation(handcrafted, eps),
         ))
     return Comparison(tuple(seeds))
 
 
+def _relative_improvement(acc: float, reference: float) -> float:
+    """100 · (acc − reference) / reference, %; NaN without a positive reference."""
+    return 100.0 * (acc - reference) / reference if reference > 0 else math.nan
+
+
+def _max_deviation(rows: list[ArmResult], epsilon: float) -> float:
+    """max over `rows` of |ε_row / `epsilon` − 1|; NaN without rows or without a positive `epsilon` (no DP)."""
+    deviations = [abs(r.epsilon_worst / epsilon - 1.0) for r in rows if math.isfinite(epsilon) and epsilon > 0]
+    return max(deviations) if deviations else math.nan
+
+
+#: What the verdict line says, by reference and by ``Comparison.beats``.
+_VERDICTS = {RANDOM: "random", HANDCRAFTED: "the best hand-designed network"}
+
+
+def verdict(comparison: Comparison, kind: str) -> str:
+    """One line: RI against the reference `kind`, the difference and its standard error, and whether the search
+    beats it."""
+    ri, ri_std = comparison.relative_improvement_against(kind)
+    d, se = comparison.difference_against(kind)
+    name = _VERDICTS[kind]
+    beats = comparison.beats(kind)
+    said = ("one seed: no standard error" if beats is None else
+            f"searched {'beats' if beats else 'does NOT beat'} {name} by more than one standard error")
+    return (f"RI = {ri:+.2f} ± {_fmt(ri_std, '.2f')} % vs {name} over {len(comparison.against(kind))} seed(s); "
+            f"searched − {name} = {d:+.4f} (SE {_fmt(se, '.4f')}): {said}")
+
+
 def format_comparison(comparison: Comparison) -> str:
     """The lines printed at the end of a baseline (and in the report's text)."""
-    lines = ["seed  searched acc  random acc (mean ± std, n)   rank   RI %     ε searched  max |Δε|"]
+    hand = comparison.has_handcrafted
+    header = "seed  searched acc  random acc (mean ± std, n)   rank   RI %     ε searched  max |Δε|"
+    lines = [header + ("   best hand-designed (acc)   RI vs hand %" if hand else "")]
     for s in comparison.seeds:
         mean, std = _mean_std(list(s.random_accs))
-        lines.append(f"{s.seed:<5} {s.searched_acc:<13.4f} {mean:.4f} ± {_fmt(std, '.4f')} ({len(s.random_accs)})"
-                     f"{'':<8}{s.rank:<6} {s.relative_improvement:<+8.2f} {_fmt(s.epsilon_searched, '.4g'):<11} "
-                     f"{_fmt(100 * s.epsilon_random_max_deviation, '.2f')} %")
-    ri, ri_std = comparison.relative_improvement
-    d, se = comparison.difference
-    verdict = {None: "one seed: no standard error", True: "searched beats random by more than one standard error",
-               False: "searched does NOT beat random by more than one standard error"}[comparison.beats_random]
-    lines.append(f"RI = {ri:+.2f} ± {_fmt(ri_std, '.2f')} % over {len(comparison.seeds)} seed(s); "
-                 f"searched − random = {d:+.4f} (SE {_fmt(se, '.4f')}): {verdict}")
+        line = (f"{s.seed:<5} {s.searched_acc:<13.4f} {_fmt(mean, '.4f')} ± {_fmt(std, '.4f')} "
+                f"({len(s.random_accs)}){'':<8}{s.rank:<6} {_fmt(s.relative_improvement, '+.2f'):<8} "
+                f"{_fmt(s.epsilon_searched, '.4g'):<11} "
+                f"{_fmt(100 * s.epsilon_max_deviation, '.2f')} %")
+        if hand:
+            network, acc = s.best_handcrafted
+            line += f"   {network or '—'} ({_fmt(acc, '.4f')}){'':<6}{_fmt(s.relative_improvement_handcrafted, '+.2f')}"
+        lines.append(line)
+    lines += [verdict(comparison, kind) for kind in (RANDOM, HANDCRAFTED) if comparison.against(kind)]
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@
 * ``stage="search"``: search (fresh or resumed), write ``RUN_DIR/searched.pt``, then augment unless
   ``augment.epochs`` is 0;
 * ``stage="augment"``: augment only: a finished search's cell (``--augment RUN_DIR``, or a job resumed after its
-  search finished), or ``augment.genotype`` (no search at all).
+  search finished), or ``augment.genotype`` or a hand-designed ``augment.network`` (no search at all).
 
 ``searched.pt`` is the search's result as rank 0 owns it: the genotype, the privacy ledgers at the end of the
 search, the count of the selection's draws on the aux set and the parties' shard sizes (public counts; the

@@ -161,7 +161,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
     "augment"). Builds the networks once on a 2-example input (< 1 s)."""
     from mpi_fnas.federation.plan import open_split
-    from mpi_fnas.space import search_space
+    from mpi_fnas.space import augment_network, largest_augment_network, search_space
 
     parties = len(facts) - 1
     test = open_split(cfg, "test", download=cfg.data.download)  # rank 0 would fetch a missing CIFAR-10 next anyway
@@ -176,9 +176,10 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
         steps.append(StepTerm(SEARCH_STEP_FACTOR * step_mb(supernet, shape, 1),
                               _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
-        genotype = (space.parse_genotype(cfg.augment.genotype) if cfg.augment.genotype is not None
-                    else space.largest_genotype(cfg.space))
-        network = space.build_augment_network(genotype, cfg, seed=cfg.seed, **dims)
+        if cfg.augment.genotype is not None:
+            network = augment_network(cfg, space.parse_genotype(cfg.augment.genotype), seed=cfg.seed, **dims)
+        else:  # the searched cell is not known yet: the largest it could be (or the hand-designed network)
+            network = largest_augment_network(cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private
         steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, shape, 1),
                               _largest_batch(cfg.augment.batch_size, private)))

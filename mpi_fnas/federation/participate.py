@@ -47,12 +47,19 @@ from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, 
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.federation.stage import Injections
-from mpi_fnas.federation.verify import calibrated, check_augment, check_checkpoint_step, check_params, expected_params
+from mpi_fnas.federation.verify import (
+    calibrated,
+    check_augment,
+    check_checkpoint_step,
+    check_network,
+    check_params,
+    expected_params,
+)
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
 from mpi_fnas.secagg.identities import IdentityError, PartyIdentity, load_party_identity
-from mpi_fnas.space import search_space
+from mpi_fnas.space import augment_network, search_space, trains_cell
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide) -> bool:
@@ -255,7 +262,8 @@ class SearchSide(StageSide):
 
 
 class AugmentSide(StageSide):
-    """The augmentation on a party: the found cell's network on its pool, every example augmented on its own."""
+    """The augmentation on a party: the network of ``augment.network`` (the found cell's, or a hand-designed one) on
+    its pool, every example augmented on its own."""
 
     name = "augment"
     assignment = AugmentAssignment
@@ -264,6 +272,7 @@ class AugmentSide(StageSide):
         super().__init__(cfg, cfg.augment.optimizer)
 
     def check(self, cfg: Config, got: AugmentAssignment, *, parties: int, dimension: int | None, rank: int) -> None:
+        check_network(cfg, got.network, rank=rank)
         check_augment(cfg, got.releases, got.params, parties=parties, dimension=dimension, rank=rank)
 
     def private(self, cfg: Config) -> bool:
@@ -282,9 +291,10 @@ class AugmentSide(StageSide):
     def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
         data = open_split(cfg, "train", party=rank)
         x, y = own_pool(cfg, data, got, rank)
-        space = search_space(cfg.space.kind)
-        model = space.build_augment_network(space.parse_genotype(got.genotype), cfg, seed=cfg.seed,
-                                            in_channels=data.in_channels, num_classes=data.num_classes)
+        # Its own config's network (check_network made rank 0's agree); a cell's genotype is rank 0's to choose.
+        genotype = search_space(cfg.space.kind).parse_genotype(got.genotype) if trains_cell(cfg) else None
+        model = augment_network(cfg, genotype, seed=cfg.seed, in_channels=data.in_channels,
+                                num_classes=data.num_classes)
         private = got.releases is not None and got.params is not None
         source = got.params.randomness if private else "reproducible"  # exact gradients: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch

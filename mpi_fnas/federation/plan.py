@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import Config, SetupError
+from mpi_fnas.config import CELL_NETWORK, Config, SetupError
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
@@ -30,7 +30,7 @@ from mpi_fnas.federation.flat import numel
 from mpi_fnas.privacy import DPParams
 from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, SecureSum, augment_sample_rates
 from mpi_fnas.secagg.encoding import padded_length
-from mpi_fnas.space import search_space
+from mpi_fnas.space import largest_augment_network, search_space
 from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:
@@ -158,9 +158,11 @@ def augment_is_private(cfg: Config) -> bool:
 
 def secure_dimension(cfg: Config, in_channels: int | None = None, num_classes: int | None = None) -> int:
     """D of secure aggregation's accountant (:class:`~mpi_fnas.privacy.release.SecureSum`): the padded length of
-    the run's largest release. That is the supernet's W or A or, when the augmentation is private, the evaluation
-    network of the space's largest cell (:meth:`~mpi_fnas.space.kinds.DartsSpace.largest_genotype`): its ε is
-    planned before the search has picked a cell, and a searched cell and a random one are then accounted alike.
+    the run's largest release. That is the supernet's W or A or, when the augmentation is private, the largest
+    network it may train (:func:`~mpi_fnas.space.largest_augment_network`): under ``augment.network: cell`` the
+    evaluation network of the space's largest cell (:meth:`~mpi_fnas.space.kinds.DartsSpace.largest_genotype`): its
+    ε is planned before the search has picked a cell, and a searched cell and a random one are then accounted alike;
+    under a hand-designed ``augment.network``, that network (so the key is one of those a party checks).
     Public: it follows from the config and the data's shape (`in_channels`, `num_classes`; None: rank 0's test
     split's). Rank 0 plans with it, and each party recomputes it from its own train split to check its assignment
     (:mod:`mpi_fnas.federation.verify`): it builds the networks once, see docs/privacy.md §2.10 for the cost."""
@@ -172,7 +174,7 @@ def secure_dimension(cfg: Config, in_channels: int | None = None, num_classes: i
     supernet = space.build_supernet(cfg.space, seed=cfg.seed, **shape)
     sizes = [numel(supernet.weights()), numel(supernet.alphas())]
     if augment_is_private(cfg) and cfg.augment.epochs > 0:
-        largest = space.build_augment_network(space.largest_genotype(cfg.space), cfg, seed=cfg.seed, **shape)
+        largest = largest_augment_network(cfg, seed=cfg.seed, **shape)
         sizes.append(numel(largest.weights()))
     return padded_length(max(sizes))
 
@@ -228,9 +230,12 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
 def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
     """Check that the re-planned stage is the checkpointed one; tell each party which state to restore."""
     if isinstance(plan, AugmentPlan):
-        if checkpoint["plan_steps"] != plan.steps or checkpoint["genotype"] != plan.genotype.to_string():
+        network = checkpoint.get("network", CELL_NETWORK)  # a checkpoint from before augment.network trained a cell
+        if (checkpoint["plan_steps"], checkpoint["genotype"], network) != (plan.steps, plan.genotype_text,
+                                                                           plan.network):
             raise SetupError("--resume: the augmentation checkpoint was written by a run with a different plan "
-                             f"({checkpoint['plan_steps']} steps, genotype {checkpoint['genotype']})")
+                             f"({checkpoint['plan_steps']} steps, network {network}, genotype "
+                             f"{checkpoint['genotype'] or '-'})")
     elif checkpoint["plan_steps"] != plan.steps or len(checkpoint["shard_sizes"]) != len(plan.assignments):
         raise SetupError("--resume: the checkpoint was written by a run with a different plan "
                          f"({checkpoint['plan_steps']} steps, {len(checkpoint['shard_sizes'])} parties)")
@@ -246,7 +251,7 @@ class AugmentAssignment:
     """What the server tells a party at the start of the augmentation."""
 
     pool_indices: np.ndarray  # global indices into the train split: the party's train shard (then its val shard)
-    genotype: str
+    genotype: str  # the cell's genotype text; "" when `network` is hand-designed
     steps_per_epoch: int
     steps: int
     releases: AugmentReleases | None  # the DP releases' public constants (None: exact gradients)
@@ -255,6 +260,7 @@ class AugmentAssignment:
     train_count: int = 0  # the first train_count pool indices are the search's train shard, the rest its val shard
     corruption: float = 0.0  # the fraction of each shard the party replaces by noise, as in the search
     gathered: bool = False  # the server gathers every release (a selection) instead of a Reduce
+    network: str = CELL_NETWORK  # augment.network: what is trained (the party checks it against its own config)
 
 
 @dataclass
@@ -262,15 +268,22 @@ class AugmentPlan:
     """Rank 0's plan of the augmentation."""
 
     assignments: list[AugmentAssignment]
-    genotype: Any  # the space's genotype (mpi_fnas.space.Genotype, mpi_fnas.space.dpnas.DpnasGenotype)
+    genotype: Any  # the space's genotype (mpi_fnas.space.Genotype, mpi_fnas.space.dpnas.DpnasGenotype); None for a
+    # hand-designed network
     steps_per_epoch: int
     steps: int
     releases: AugmentReleases | None
     stop_reason: str
+    network: str = CELL_NETWORK  # augment.network
 
     @property
     def pool_sizes(self) -> list[int]:
         return [len(a.pool_indices) for a in self.assignments]
+
+    @property
+    def genotype_text(self) -> str:
+        """The trained cell's genotype text, or "" when the network is hand-designed (no cell)."""
+        return self.genotype.to_string() if self.genotype is not None else ""
 
 
 def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
@@ -285,9 +298,10 @@ def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
 
 def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
                        ledger: FederationLedger | None, params: DPParams | None) -> AugmentPlan:
-    """The augmentation's plan, its privacy planned against what the search has spent (``ledger``: under DP, every
-    release the search made, replays included), so ``privacy.target_epsilon`` and ``privacy.max_epsilon`` bound
-    the whole job: see docs/privacy.md, "Privacy across the search and the augmentation"."""
+    """The augmentation's plan of ``augment.network`` (`genotype`: the cell's, None for a hand-designed network),
+    its privacy planned against what the search has spent (``ledger``: under DP, every release the search made,
+    replays included), so ``privacy.target_epsilon`` and ``privacy.max_epsilon`` bound the whole job: see
+    docs/privacy.md, "Privacy across the search and the augmentation"."""
     party_pools = augment_pools(cfg, search)
     per_epoch, steps = augment_steps(cfg, [len(p) for p in party_pools])
     releases, reason = None, "completed"
@@ -299,10 +313,11 @@ def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
 
             releases = plan_augment(ledger, demand, params)
         steps, reason = releases.steps, releases.stop_reason
+    text = genotype.to_string() if genotype is not None else ""
     assignments = [
-        AugmentAssignment(pool, genotype.to_string(), per_epoch, steps, releases,
+        AugmentAssignment(pool, text, per_epoch, steps, releases,
                           params if releases is not None else None, train_count=len(shards.train_indices),
-                          corruption=shards.corruption, gathered=shards.gathered)
+                          corruption=shards.corruption, gathered=shards.gathered, network=cfg.augment.network)
         for pool, shards in zip(party_pools, search, strict=True)
     ]
-    return AugmentPlan(assignments, genotype, per_epoch, steps, releases, reason)
+    return AugmentPlan(assignments, genotype, per_epoch, steps, releases, reason, cfg.augment.network)

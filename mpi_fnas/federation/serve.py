@@ -51,7 +51,7 @@ from mpi_fnas.federation.stage import IterationClock, attempt_cost, process_age,
 from mpi_fnas.privacy.release import securely_aggregated
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
 from mpi_fnas.secagg.series import SecureSeries
-from mpi_fnas.space import search_space
+from mpi_fnas.space import augment_network, search_space, trains_cell
 
 if TYPE_CHECKING:  # the ledgers import dp_accounting and scipy (~1 s): only a DP stage imports them (_ledger)
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
@@ -97,8 +97,9 @@ class SearchOutcome(StageOutcome):
 
 @dataclass(kw_only=True)
 class AugmentOutcome(StageOutcome):
-    """Rank 0's result of the augmentation."""
+    """Rank 0's result of the augmentation (its ``genotype``: "" when ``network`` is hand-designed)."""
 
+    network: str  # augment.network: "cell", or the hand-designed network trained
     params: int  # parameters of the network without the auxiliary head (Table 1's "Params")
     test_loss: float
     private: bool  # the releases were DP (dpfnas with augment.private)
@@ -487,7 +488,9 @@ class AugmentStage(ServedStage):
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments=None) -> StageSetup:
-        search_plan = plan_run(cfg, channel.parties, search=cfg.augment.genotype is None,
+        # The job's privacy plan covers a search exactly when one ran: the same job's, or --augment's finished one
+        # (none for augment.genotype, or for a hand-designed augment.network, which needs no cell).
+        search_plan = plan_run(cfg, channel.parties, search=searched.get("genotype") is not None,
                                local_sizes=gather_inventory(cfg, channel))
         if searched.get("shard_sizes") not in (None, search_plan.shard_sizes):
             # The search's ledgers were charged at the rates of its shards; a pool of other shards would be
@@ -495,8 +498,10 @@ class AugmentStage(ServedStage):
             raise SetupError("--augment: the parties' shards differ from the search's (shard sizes "
                              f"{search_plan.shard_sizes}, the search had {searched['shard_sizes']}): the ledgers it "
                              "left cannot be continued; augment with the data the search used")
-        where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
-        genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
+        genotype = None  # a hand-designed network: no cell (a search's, if any, is not used)
+        if trains_cell(cfg):
+            where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
+            genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
         ledger = _ledger(search_plan.privacy) if search_plan.privacy is not None else None
         if ledger is not None and searched.get("ledger") is not None:
@@ -507,7 +512,7 @@ class AugmentStage(ServedStage):
         if private:
             ledger.start_augment(plan.releases)  # a resume then loads the checkpointed ledgers over this
         return _setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
-                      partial(search_space(cfg.space.kind).build_augment_network, genotype, cfg, seed=cfg.seed))
+                      partial(augment_network, cfg, genotype, seed=cfg.seed))
 
     @staticmethod
     def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
@@ -515,15 +520,16 @@ class AugmentStage(ServedStage):
         """The search's log, reopened for its ``/augment`` group (created first when the job did not search)."""
         plan: AugmentPlan = setup.plan
         path = run_dir / "search.h5"
-        if not path.exists():  # augment.genotype: no search; the log still says so, and where the genotype came from
+        if not path.exists():  # no search; the log still says so, and where the genotype came from
             log = open_search_log(cfg, run_dir, setup, None, ranks)
-            log.search.finish("finished", reason="no search: augment.genotype was given",
-                              final_genotype=plan.genotype.to_string())
+            reason = ("no search: augment.genotype was given" if plan.genotype is not None else
+                      f"no search: augment.network {plan.network} is hand-designed (no cell)")
+            log.search.finish("finished", reason=reason, final_genotype=plan.genotype_text)
         log = RunLog.reopen(path, augment=True)
         # the pool's rate (its train records'; its validation records' are the same or 0: augment.pool)
         privacy = StagePrivacy(delta=setup.ledger.plan.delta, releases={"W": plan.releases.release},
                                sample_rates={"W": plan.releases.sample_rate_train}) if setup.private else None
-        log.begin_augment(genotype=plan.genotype.to_string(), params=setup.model.num_params(),
+        log.begin_augment(network=plan.network, genotype=plan.genotype_text, params=setup.model.num_params(),
                           private=setup.private, privacy=privacy, parties=len(plan.assignments),
                           privacy_guarantee=setup.guarantee, selection=selection_schema(cfg, setup.selector))
         if resume is not None:
@@ -546,11 +552,12 @@ class AugmentStage(ServedStage):
         self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
 
     def checkpoint(self, step: int) -> dict:
-        return {**super().checkpoint(step), "genotype": self.plan.genotype.to_string(),
+        return {**super().checkpoint(step), "network": self.plan.network, "genotype": self.plan.genotype_text,
                 "stats": self.acc.train.tolist(), "test_acc": self.test_acc, "test_loss": self.test_loss}
 
     def result(self, stopped: str | None, test: np.ndarray, **common: Any) -> AugmentOutcome:
-        return AugmentOutcome(genotype=self.plan.genotype.to_string(), params=self.setup.model.num_params(),
+        return AugmentOutcome(network=self.plan.network, genotype=self.plan.genotype_text,
+                              params=self.setup.model.num_params(),
                               test_acc=self.test_acc, test_loss=self.test_loss, private=self.setup.private, **common)
 
 

@@ -12,6 +12,8 @@ differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one l
   privacy-relevant keys it has checked against the config it trusts (:mod:`mpi_fnas.privacy.trusted_config`);
 * σ_k² and the 32-bit modulus from the code (:data:`~mpi_fnas.privacy.release.LOCAL_VARIANCE`);
 * D as the planner computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`, from its own split's shape);
+* the augmented network (``augment.network``) from its config (:func:`check_network`): it sets the released
+  dimension;
 * σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
   party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
   §2.10).
@@ -111,6 +113,15 @@ def check_augment(cfg: Config, releases: Any, params: Any, *, parties: int, dime
             raise _refuse(rank, what, f"augment {name} {theirs!r} where this party derives {mine!r}")
     if not _positive_sigma(releases.noise_multiplier):
         raise _refuse(rank, what, f"augment noise_multiplier {releases.noise_multiplier!r}: not positive and finite")
+
+
+def check_network(cfg: Config, network: Any, *, rank: int) -> None:
+    """Raise :class:`AssignmentRefusedError` unless the augmentation assignment's `network` is this party's own
+    ``augment.network``: the network decides the released dimension (and, under secure aggregation, the accounted
+    D), so the party trains only the one its config names, whatever rank 0 says."""
+    if network != cfg.augment.network:
+        raise _refuse(rank, "augmentation assignment", f"augment network {network!r} where this party's config says "
+                                                       f"{cfg.augment.network!r}")
 
 
 def check_checkpoint_step(step: Any, saved: bool, *, rank: int, what: str) -> None:

@@ -24,7 +24,8 @@ from mpi_fnas.config import Config, config_from_text
 #: the noise and what it is calibrated to (``privacy.*``, ``mode``, the batch sizes B, ``augment.private``, clip
 #: and σ), the number of releases (epochs, steps, optimizers: ADADP releases twice per step), the shards the
 #: sample rates q = B/N follow from (the data split, the partition, the seed, the aux slice) and the networks
-#: whose size is secure aggregation's accounted dimension D (``space.*``, the augmented network's shape).
+#: whose size is secure aggregation's accounted dimension D (``space.*``, the augmented network: ``augment.network``
+#: and its shape).
 PRIVACY_KEYS: tuple[str, ...] = (
     "mode", "seed", "privacy.*",
     "data.dataset", "data.train_size", "data.val_fraction", "data.partition", "data.dirichlet_alpha",
@@ -32,7 +33,8 @@ PRIVACY_KEYS: tuple[str, ...] = (
     "space.*",
     "search.batch_size", "search.epochs", "search.steps_per_epoch", "search.w_optimizer",
     "augment.private", "augment.batch_size", "augment.noise_multiplier", "augment.clip", "augment.epochs",
-    "augment.steps_per_epoch", "augment.optimizer", "augment.pool", "augment.layers", "augment.channels",
+    "augment.steps_per_epoch", "augment.optimizer", "augment.pool", "augment.network", "augment.layers",
+    "augment.channels",
     "augment.auxiliary_weight",
     "federation.parties", "federation.aux_size", "federation.selection",
 )

@@ -1,5 +1,7 @@
-"""The report's random-baseline section: for each baseline directory given (one holding ``baseline.csv``, written
-by ``python -m mpi_fnas.baseline``), a table per arm, the per-seed comparison (rank, RI), the verdict and a figure.
+"""The report's baseline section: for each baseline directory given (one holding ``baseline.csv``, written by
+``python -m mpi_fnas.baseline``), a table per arm (the searched cell, the random cells, the hand-designed networks),
+the per-seed comparison (rank, RI against the random mean and against the best hand-designed network), the verdicts
+and a figure.
 
 The numbers are read again from the arms' logs (:func:`mpi_fnas.baseline.results.read_arm`), not from the CSV, so
 the report and the tool cannot disagree; the CSV only names the arms. Runs under a baseline directory are left out
@@ -15,7 +17,20 @@ from pathlib import Path
 import numpy as np
 
 from mpi_fnas.baseline.arms import RANDOM_PREFIX, SEARCHED, Arm
-from mpi_fnas.baseline.results import CSV_NAME, LOG_NAME, ArmResult, Comparison, compare, read_arm, read_csv
+from mpi_fnas.baseline.results import (
+    CSV_NAME,
+    HANDCRAFTED,
+    LOG_NAME,
+    RANDOM,
+    ArmResult,
+    Comparison,
+    compare,
+    read_arm,
+    read_csv,
+    verdict,
+)
+from mpi_fnas.config import HANDCRAFTED_NETWORKS
+from mpi_fnas.report.collect import RunRecord
 from mpi_fnas.report.figures import new_figure, png_bytes
 from mpi_fnas.report.page import Block, Heading, Image, Paragraph, Table
 
@@ -45,6 +60,13 @@ def under(path: Path, baselines: Sequence[Path]) -> bool:
     return any(base in resolved.parents for base in baselines)
 
 
+def table_runs(runs: Sequence[RunRecord], baselines: Sequence[Path]) -> list[RunRecord]:
+    """The runs Tables 1 and 2 may average: a searched (or given) cell's, outside every baseline. An arm of a
+    baseline (a random cell is not a searched one) and a hand-designed network's run (no cell) are compared in a
+    baseline's own section and listed under Runs."""
+    return [run for run in runs if not under(run.path, baselines) and not run.handcrafted]
+
+
 def baseline_rows(directory: Path) -> list[ArmResult]:
     """The arms named in ``directory/baseline.csv``, read from their logs (the searched arm of each seed first)."""
     named = read_csv(directory / CSV_NAME)
@@ -70,28 +92,35 @@ def baseline_section(directory: Path, label: str, slug: str
     figure = f"baseline-{slug}.png"
     blocks: list[Block] = [
         Heading(f"Random-architecture baseline: `{label}`"),
-        Paragraph("Does the search beat random? The searched cell against random cells of the same space, drawn "
-                  "uniformly from a public seed and trained by the same augmentation at the same total ε (under DP "
-                  "each random arm's augmentation is calibrated to its seed's searched arm's ε: the two ε columns "
-                  "below). RI = 100·(acc_searched − mean acc_random) / mean acc_random per seed (Yang et al., ICLR "
-                  "2020); rank 1 = the searched cell beats every random cell of its seed."),
+        Paragraph("Does the search beat random, and the hand-designed networks a DP practitioner would train instead? "
+                  "The searched cell against random cells of the same space, drawn uniformly from a public seed, and "
+                  "against the hand-designed networks asked for (`--handcrafted`: `cnn-tanh`, Papernot et al. 2021's "
+                  "tanh CNN; `cnn-gn`, a GroupNorm CNN), each trained by the same augmentation at the same total ε "
+                  "(under DP each other arm's augmentation is calibrated to its seed's searched arm's ε: the ε "
+                  "columns below). RI = 100·(acc_searched − acc_ref) / acc_ref per seed (Yang et al., ICLR 2020), "
+                  "with acc_ref the random cells' mean, or the seed's best hand-designed network; rank 1 = the "
+                  "searched cell beats every random cell of its seed."),
     ]
     per_arm = _per_arm(rows)
     blocks.append(Table(("arm", "seeds", "test acc (mean ± std)", "params (mean)", "ε worst (mean)"),
                         tuple((f"`{arm}`", str(n), f"{_f(m, '.4f')} ± {_f(s, '.4f')}", _f(p, '.0f'), _f(e, '.4g'))
                               for arm, n, m, s, p, e in per_arm)))
     if comparison.seeds:
+        hand = comparison.has_handcrafted
         blocks.append(Table(
-            ("seed", "searched acc", "random acc (mean ± std)", "rank", "RI (%)", "ε searched", "max |ε random − ε "
-             "searched| (%)"),
+            ("seed", "searched acc", "random acc (mean ± std)", "rank", "RI (%)",
+             *(("best hand-designed (acc)", "RI vs hand-designed (%)") if hand else ()), "ε searched",
+             "max |ε other − ε searched| (%)"),
             tuple((str(s.seed), _f(s.searched_acc, ".4f"),
-                   f"{_f(np.mean(s.random_accs), '.4f')} ± {_f(_std(s.random_accs), '.4f')} ({len(s.random_accs)})",
+                   f"{_f(_mean(s.random_accs), '.4f')} ± {_f(_std(s.random_accs), '.4f')} ({len(s.random_accs)})",
                    f"{s.rank} of {len(s.random_accs) + 1}", _f(s.relative_improvement, "+.2f"),
-                   _f(s.epsilon_searched, ".4g"), _f(100 * s.epsilon_random_max_deviation, ".2f"))
+                   *((f"`{s.best_handcrafted[0] or '–'}` ({_f(s.best_handcrafted[1], '.4f')})",
+                      _f(s.relative_improvement_handcrafted, "+.2f")) if hand else ()),
+                   _f(s.epsilon_searched, ".4g"), _f(100 * s.epsilon_max_deviation, ".2f"))
                   for s in comparison.seeds)))
         blocks.append(Paragraph(_verdict(comparison)))
-        blocks.append(Image(figure, f"{label}: test accuracy of the searched cell (star) and the random cells (dots), "
-                                    "per seed"))
+        blocks.append(Image(figure, f"{label}: test accuracy of the searched cell (star), the random cells (dots) and "
+                                    "the hand-designed networks (diamonds), per seed"))
         figures = {figure: _figure(comparison, label)}
     else:
         blocks.append(Paragraph("No seed has both a finished searched arm and a finished random arm yet."))
@@ -102,11 +131,11 @@ def baseline_section(directory: Path, label: str, slug: str
 
 def _per_arm(rows: list[ArmResult]) -> list[tuple]:
     """(arm, seeds, acc mean, acc std, params mean, ε mean): ``searched``, then the random arms pooled (as
-    ``random``), then each random arm."""
+    ``random``), then each random arm, then each hand-designed network."""
     done = [r for r in rows if r.status == "finished"]
     groups: dict[str, list[ArmResult]] = {SEARCHED: [r for r in done if r.arm == SEARCHED],
                                           "random (all cells)": [r for r in done if r.arm.startswith(RANDOM_PREFIX)]}
-    for name in sorted({r.arm for r in done if r.arm.startswith(RANDOM_PREFIX)}, key=_arm_order):
+    for name in sorted({r.arm for r in done if r.arm != SEARCHED}, key=_arm_order):
         groups[name] = [r for r in done if r.arm == name]
     table = []
     for name, members in groups.items():
@@ -119,31 +148,28 @@ def _per_arm(rows: list[ArmResult]) -> list[tuple]:
 
 
 def _verdict(comparison: Comparison) -> str:
-    ri, ri_std = comparison.relative_improvement
-    d, se = comparison.difference
-    seeds = len(comparison.seeds)
-    ranks = ", ".join(str(s.rank) for s in comparison.seeds)
-    text = (f"Over {seeds} seed(s): RI = {_f(ri, '+.2f')} ± {_f(ri_std, '.2f')} %; searched − random mean = "
-            f"{_f(d, '+.4f')} (standard error {_f(se, '.4f')}); the searched cell's rank per seed: {ranks}. ")
-    if comparison.beats_random is None:
-        text += "One seed: no standard error, no verdict."
-    elif comparison.beats_random:
-        text += "The searched cell beats the random cells' mean by more than one standard error."
-    else:
-        text += "The searched cell does NOT beat the random cells' mean by more than one standard error."
+    """The verdict against each reference the baseline has (the random mean, the best hand-designed network)."""
+    lines = [verdict(comparison, kind) for kind in (RANDOM, HANDCRAFTED) if comparison.against(kind)]
+    if comparison.against(RANDOM):
+        lines.append(f"The searched cell's rank among the random cells per seed: "
+                     f"{', '.join(str(s.rank) for s in comparison.against(RANDOM))}.")
     if not comparison.epsilon_agrees:
-        text += " WARNING: a random arm's ε differs from its searched arm's by more than 1 %."
-    return text
+        lines.append("WARNING: a random or hand-designed arm's ε differs from its searched arm's by more than 1 %.")
+    return " ".join(f"{line}." if not line.endswith(".") else line for line in lines)
 
 
 def _figure(comparison: Comparison, label: str) -> bytes:
     figure = new_figure()
     ax = figure.subplots()
     for i, s in enumerate(comparison.seeds):
-        jitter = np.linspace(-0.15, 0.15, len(s.random_accs)) if len(s.random_accs) > 1 else np.zeros(1)
-        ax.scatter(i + jitter, s.random_accs, color="#7f7f7f", s=25, label="random cells" if i == 0 else None)
-        ax.plot([i - 0.25, i + 0.25], [s.random_mean] * 2, color="#7f7f7f", linewidth=1.5,
-                label="random mean" if i == 0 else None)
+        if s.random_accs:
+            jitter = np.linspace(-0.15, 0.15, len(s.random_accs)) if len(s.random_accs) > 1 else np.zeros(1)
+            ax.scatter(i + jitter, s.random_accs, color="#7f7f7f", s=25, label="random cells" if i == 0 else None)
+            ax.plot([i - 0.25, i + 0.25], [s.random_mean] * 2, color="#7f7f7f", linewidth=1.5,
+                    label="random mean" if i == 0 else None)
+        for j, (network, acc) in enumerate(s.handcrafted):
+            ax.scatter([i + 0.3], [acc], marker="D", s=45, color=_HAND_COLORS[j % len(_HAND_COLORS)],
+                       edgecolor="black", zorder=3, label=network if i == 0 else None)
         ax.scatter([i], [s.searched_acc], marker="*", s=220, color="#d62728", edgecolor="black", zorder=3,
                    label="searched cell" if i == 0 else None)
     ax.set_xticks(range(len(comparison.seeds)), [f"seed {s.seed}" for s in comparison.seeds])
@@ -156,8 +182,20 @@ def _figure(comparison: Comparison, label: str) -> bytes:
     return png_bytes(figure)
 
 
+_HAND_COLORS = ("#1f77b4", "#2ca02c", "#9467bd")  # one per hand-designed network
+
+
 def _arm_order(name: str) -> tuple[int, str]:
-    return (int(name[len(RANDOM_PREFIX):]), name) if name.startswith(RANDOM_PREFIX) else (-1, name)
+    """searched, random-0 .. random-(R-1), then the hand-designed networks in HANDCRAFTED_NETWORKS order."""
+    if name.startswith(RANDOM_PREFIX):
+        return int(name[len(RANDOM_PREFIX):]), name
+    if name in HANDCRAFTED_NETWORKS:
+        return 1_000_000 + HANDCRAFTED_NETWORKS.index(name), name
+    return -1, name
+
+
+def _mean(values: Sequence[float]) -> float:
+    return float(np.mean(values)) if len(values) else math.nan
 
 
 def _std(values: Sequence[float]) -> float:

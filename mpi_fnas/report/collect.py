@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mpi_fnas.config import ConfigError
+from mpi_fnas.config import CELL_NETWORK, ConfigError
 from mpi_fnas.runlog import DEFAULT_STALE_SECONDS, read_run
 from mpi_fnas.runlog.liveness import WriterRecord, writer_gone_reason
 from mpi_fnas.sweep import LOG_NAME
@@ -68,7 +68,14 @@ class RunRecord:
     epsilon_covers: str  # "search + augment", "search" or "" (no DP ledger row)
     privacy_guarantee: str  # of the released model: /augment's attribute when augmented, else the root's
     genotype: str  # the cell the run found (final, else the last epoch's), or the augmented one
+    network: str  # what the augmentation trained (/augment network): cell, or a hand-designed network; cell when
+    # not augmented
     log: dict[str, Any] = field(repr=False, compare=False)  # the whole read_run dict, for the figures
+
+    @property
+    def handcrafted(self) -> bool:
+        """Whether the run trained a hand-designed network (no cell: left out of Tables 1 and 2)."""
+        return self.network != CELL_NETWORK
 
     @property
     def final(self) -> bool:
@@ -150,7 +157,7 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
         epsilon_best=float(np.min(epsilon)) if epsilon.size else math.nan,
         epsilon_covers=covers,
         privacy_guarantee=str(augment["privacy_guarantee"] if augment is not None else log["privacy_guarantee"]),
-        genotype=genotype, log=log,
+        genotype=genotype, network=str(augment["network"]) if augment is not None else CELL_NETWORK, log=log,
     )
 
 

@@ -82,7 +82,7 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
         return cli.report_bad_input(0, exc, debug)
 
     from mpi_fnas.baseline.results import compare, format_comparison
-    from mpi_fnas.report.baseline import baseline_rows, find_baselines, under
+    from mpi_fnas.report.baseline import baseline_rows, find_baselines, table_runs
     from mpi_fnas.report.document import build_report  # matplotlib, torch (genotypes): only for a real report
     from mpi_fnas.report.tables import augment_noise_label, group_runs, noise_label, table1_groups, table2_groups
 
@@ -101,7 +101,7 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
         if not r.final:
             print(f"  left out  {r.label}: {r.status} ({r.reason or 'no reason recorded'})")
     baselines = find_baselines(paths)
-    groups = group_runs([r for r in runs if not under(r.path, baselines)])
+    groups = group_runs(table_runs(runs, baselines))
     table2 = table2_groups(groups)
     for g, study in [*((g, False) for g in table1_groups(groups)), *((g, True) for g in table2)]:
         std = f" ± {100 * g.test_error_std:.2f}" if math.isfinite(g.test_error_std) else ""
@@ -110,7 +110,7 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
         print(f"  {g.mode:<8} K={g.parties:<3}{noise}  runs {len(g.runs)}  test error "
               f"{100 * g.test_error_mean:.2f}{std} % ({g.stage})  search {g.search_wall_hours:.3g} h{eps}")
     for directory in baselines:
-        print(f"  random baseline {directory}:\n" + "\n".join(
+        print(f"  baseline {directory}:\n" + "\n".join(
             f"    {line}" for line in format_comparison(compare(baseline_rows(directory))).splitlines()))
     figures = sum(name.startswith("figures/") for name in files)
     print(f"wrote {out / 'report.html'}, {out / 'report.md'}, the tables and {figures} figures in {out / 'figures'}",

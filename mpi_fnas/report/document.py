@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 
 from mpi_fnas import __version__
-from mpi_fnas.report.baseline import BASELINE_COLUMNS, BASELINE_CSV, baseline_section, find_baselines, under
+from mpi_fnas.report.baseline import BASELINE_COLUMNS, BASELINE_CSV, baseline_section, find_baselines, table_runs
 from mpi_fnas.report.collect import RunRecord, slugify
 from mpi_fnas.report.figures import (
     COST_FIGURE,
@@ -56,10 +56,11 @@ TITLE = "mpi_fnas report"
 def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, bytes]:
     """Every file of the report directory, by relative path: report.md, report.html, table1.csv, table2.csv (when
     Table 2 exists), baseline_table.csv (when a random baseline is among the inputs) and figures/<name>.png.
-    `inputs`: the paths given, named in the report's first line. Runs of a random baseline are left out of Tables 1
-    and 2 (a random cell is not a searched one) and compared in the baseline's own section."""
+    `inputs`: the paths given, named in the report's first line. Runs of a baseline and runs of a hand-designed
+    network are left out of Tables 1 and 2 (:func:`~mpi_fnas.report.baseline.table_runs`) and compared in a
+    baseline's own section."""
     baselines = find_baselines(inputs)
-    groups = group_runs([run for run in runs if not under(run.path, baselines)])
+    groups = group_runs(table_runs(runs, baselines))
     table1, table2 = table1_groups(groups), table2_groups(groups)
     across: dict[str, bytes] = {}
     if table1:
@@ -177,6 +178,8 @@ def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Blo
               for r in left_out.values()]
     notes += [f"`{r.label}`: privacy guarantee: {r.privacy_guarantee}"
               for r in runs if r.mode == "dpfnas" and r.privacy_guarantee != "holds"]
+    notes += [f"`{r.label}`: trained the hand-designed network `{r.network}`, not a cell; left out of Tables 1 and "
+              "2 (compare it in a baseline: python -m mpi_fnas.baseline --handcrafted)" for r in runs if r.handcrafted]
     if notes:
         blocks.append(Bullets(tuple(notes)))
     return blocks
@@ -185,8 +188,10 @@ def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Blo
 def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
     blocks: list[Block] = [
         Heading(f"Run {run.label}", 3),
-        Paragraph(f"{run.mode}, K = {run.parties}, seed {_opt(run.seed)}, status {run.status}; genotype "
-                  f"`{run.genotype or 'none yet'}`"),
+        Paragraph(f"{run.mode}, K = {run.parties}, seed {_opt(run.seed)}, status {run.status}; "
+                  + (f"genotype `{run.genotype or 'none yet'}`" if not run.handcrafted else
+                     f"network `{run.network}` (hand-designed, no cell)"
+                     + (f"; the searched genotype, not trained: `{run.genotype}`" if run.genotype else ""))),
     ]
     captions = {"alphas": "final alphas (edge × op)", "alphas-epochs": "alphas over epochs",
                 "cells": "derived cells", "curves": "loss and accuracy", "epsilon": "ε per party over steps",

@@ -26,7 +26,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from mpi_fnas import cli
-from mpi_fnas.config import ConfigError, config_from_text
+from mpi_fnas.config import CELL_NETWORK, ConfigError, config_from_text
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.report.collect import (
     AUGMENT_PENDING,
@@ -60,9 +60,10 @@ class Snapshot:
     epsilon_worst: float | None
     epsilon_best: float | None
     test_acc: float | None
-    genotype: str
+    genotype: str  # what the stage trains: the cell's genotype, or the hand-designed network's name (see network)
     outcome: str | None
     reason: str
+    network: str = CELL_NETWORK  # augment.network of the augmentation (cell in the search)
 
 
 def locate_log(run_dir: str | Path, wait_seconds: float = LOG_WAIT_SECONDS,
@@ -114,7 +115,8 @@ def snapshot(log: dict[str, Any], *, now: float | None = None,
     seconds = _per_step(augment["cost"]["wall_seconds"], step) if outcome is not None and step else None
     return Snapshot("augment", step, _planned_augment_steps(log, config), _epoch(metrics),
                     config_value(config, "augment.epochs"), seconds, eps_worst, eps_best,
-                    float(tests[-1]) if tests.size else None, augment["genotype"], outcome, augment["reason"])
+                    float(tests[-1]) if tests.size else None, augment["genotype"] or augment["network"], outcome,
+                    augment["reason"], augment["network"])
 
 
 class LiveView:
@@ -139,7 +141,7 @@ class LiveView:
         if snap.genotype and snap.genotype != self._genotype:
             self._genotype = snap.genotype
             self._end_line()
-            self.stream.write(f"genotype {snap.genotype}\n")
+            self.stream.write(f"{'genotype' if snap.network == CELL_NETWORK else 'network'} {snap.genotype}\n")
         line = status_line(snap, seconds)
         key = (snap.stage, snap.step, snap.outcome, snap.test_acc, snap.epsilon_worst)
         if self.tty:
@@ -196,6 +198,8 @@ def final_lines(log: dict[str, Any], snap: Snapshot) -> list[str]:
     if record.epsilon_covers:
         lines.append(f"ε           worst {record.epsilon_worst:.4g}, best {record.epsilon_best:.4g} "
                      f"({record.epsilon_covers}; guarantee: {record.privacy_guarantee})")
+    if record.handcrafted:
+        lines.append(f"network     {record.network} (hand-designed, no cell)")
     lines.append(f"genotype    {record.genotype or '-'}")
     return lines
 

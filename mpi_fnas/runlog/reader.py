@@ -41,11 +41,12 @@ def read_run(
     (rows, K), epsilon (rows, K), mu_gdp (rows, K), epsilon_collusion (rows, K), aggregation (``local`` or
     ``secure``), sample_rate_train (K,), sample_rate_val (K,) and each release's
     ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a); selection None or the
-    ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, genotype,
-    params, test_acc, test_error, private, privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,)
-    array; step, epoch int64, the rest float64}, cost, privacy (as the search's, with sample_rate (K,) and the
-    release's ``RELEASE_FIELDS`` by their own names; no accountant) and selection. A dataset an older log never
-    wrote is absent (docs/hdf5.md says which).
+    ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, network
+    (``cell`` in a log from before the attribute), genotype, params, test_acc, test_error, private,
+    privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the rest
+    float64}, cost, privacy (as the search's, with sample_rate (K,) and the release's ``RELEASE_FIELDS`` by their
+    own names; no accountant) and selection. A dataset an older log never wrote is absent (docs/hdf5.md says
+    which).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
     ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
@@ -117,6 +118,7 @@ def _read_augment(handle: h5py.File) -> dict[str, Any]:
     """``/augment`` as stored (status not yet judged against the writer), with ``last_step`` for the reason."""
     attrs = handle[AUGMENT_GROUP].attrs
     return _read_stage(handle, AUGMENT_LAYOUT, {
+        "network": str(attrs.get("network", "cell")),  # logs from before augment.network trained a cell
         "genotype": str(attrs["genotype"]),
         "params": int(attrs["params"]),
         "test_acc": float(attrs["test_acc"]),

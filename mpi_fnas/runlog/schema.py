@@ -221,13 +221,13 @@ def _privacy_and_selection(parent: h5py.Group, layout: StageLayout, privacy: Map
 
 def build_augment(handle: h5py.File, *, genotype: str, params: int, private: bool, parties: int,
                   privacy: Mapping[str, Any] | None, privacy_guarantee: str,
-                  selection: SelectionSchema | None = None) -> None:
+                  selection: SelectionSchema | None = None, network: str = "cell") -> None:
     """Create ``/augment`` (status ``running``, attempts 1) with empty growing datasets, and its ``privacy`` and
     ``selection`` as ``build_skeleton`` does the search's (privacy: the augmentation's :func:`privacy_arrays`).
     Only outside SWMR mode."""
     group = handle.create_group(AUGMENT_GROUP, track_order=True)
     group.attrs.update({
-        "status": "running", "reason": "", "genotype": genotype, "params": np.int64(params),
+        "status": "running", "reason": "", "network": network, "genotype": genotype, "params": np.int64(params),
         # NaN until the stage finishes and reports it
         "test_acc": np.float64(math.nan), "test_error": np.float64(math.nan),
         "private": np.bool_(private), "privacy_guarantee": privacy_guarantee, "attempts": np.int64(1),

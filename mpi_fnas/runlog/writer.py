@@ -42,7 +42,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from mpi_fnas.config import MODES
+from mpi_fnas.config import CELL_NETWORK, MODES
 from mpi_fnas.runlog.liveness import WRITER_GROUP, alive_here, current_writer, read_writer_record, store_writer_record
 from mpi_fnas.runlog.schema import (
     AUGMENT_GROUP,
@@ -428,9 +428,10 @@ class RunLog:
     # ------------------------------------------------------------------ augment stage
 
     def begin_augment(self, *, genotype: str, params: int, private: bool, privacy: StagePrivacy | None, parties: int,
-                      privacy_guarantee: str, selection: SelectionSchema | None = None) -> StageLog:
-        """Start (or resume) the augment stage: training ``genotype`` from scratch across the search's parties;
-        returns its :class:`StageLog` (also ``self.augment``).
+                      privacy_guarantee: str, selection: SelectionSchema | None = None,
+                      network: str = CELL_NETWORK) -> StageLog:
+        """Start (or resume) the augment stage: training ``network`` (``genotype``'s cell, or a hand-designed one)
+        from scratch across the search's parties; returns its :class:`StageLog` (also ``self.augment``).
 
         Creates ``/augment`` (with ``privacy`` and ``selection`` when given) with status ``running`` and attempts 1;
         on a resume (after a crash or requeue) increments its ``attempts``, sets status ``running``, clears
@@ -438,13 +439,14 @@ class RunLog:
         ``/writer/heartbeat``. Runs outside SWMR mode: a SWMR reader attached before keeps reading the search's
         datasets but must reopen the file to see ``/augment`` (docs/hdf5.md).
 
-        genotype: the derived genotype's text. params: exact parameter count of the augment network. private:
+        network: ``augment.network``, ``cell`` or the hand-designed network's name. genotype: the derived
+        genotype's text ("" for a hand-designed network). params: exact parameter count of the augment network. private:
         whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal the
         search's. privacy_guarantee: what the final weights may claim, ``"holds"`` or one line saying why not (e.g.
         exact gradients under dpfnas: ε covers the search only); rewritten on resume. selection: the server's
         selection in this stage (needs privacy), or None. The search must have ended first (its ``finish``, or
-        ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored genotype, params and private
-        (ValueError otherwise).
+        ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored network, genotype, params and
+        private (ValueError otherwise).
         """
         if self.search._state != "ended":
             raise RuntimeError("the search is still running: finish() it before begin_augment")
@@ -457,6 +459,9 @@ class RunLog:
         count = _integral("params", params)
         if count < 0:
             raise ValueError(f"params must be a parameter count >= 0, got {params}")
+        if not network or (network == CELL_NETWORK) == (genotype == ""):
+            raise ValueError(f"network {network!r} with genotype {genotype!r}: a cell has a genotype, a hand-designed "
+                             "network none")
         arrays = None if privacy is None else privacy_arrays(AUGMENT_LAYOUT, privacy, self.parties)
 
         def start(handle: h5py.File) -> None:
@@ -464,13 +469,14 @@ class RunLog:
             if group is None:
                 build_augment(
                     handle, genotype=genotype, params=count, private=bool(private), parties=self.parties,
-                    privacy=arrays, privacy_guarantee=privacy_guarantee, selection=selection,
+                    privacy=arrays, privacy_guarantee=privacy_guarantee, selection=selection, network=network,
                 )  # fmt: skip
             else:
-                stored = (str(group.attrs["genotype"]), int(group.attrs["params"]), bool(group.attrs["private"]))
-                if stored != (genotype, count, bool(private)):
+                stored = (str(group.attrs.get("network", CELL_NETWORK)), str(group.attrs["genotype"]),
+                          int(group.attrs["params"]), bool(group.attrs["private"]))
+                if stored != (network, genotype, count, bool(private)):
                     raise ValueError(
-                        f"{self._path} holds an augment of (genotype, params, private) = {stored}; "
+                        f"{self._path} holds an augment of (network, genotype, params, private) = {stored}; "
                         "a resumed augment must train the same network"
                     )
                 _begin_attempt(group, privacy_guarantee=privacy_guarantee)

@@ -157,8 +157,8 @@ STAGES = {
         "settings": [f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={STEPS}",
                      f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4",
                      f"augment.noise_multiplier={SIGMA}", f"augment.clip={CLIP_W}"],
-        "checkpoint": ["format_version", "stage", "step", "plan_steps", "genotype", "config", "server", "selection",
-                       "ledger", "stats", "test_acc", "test_loss", "log_rows"],
+        "checkpoint": ["format_version", "stage", "step", "plan_steps", "network", "genotype", "config", "server",
+                       "selection", "ledger", "stats", "test_acc", "test_loss", "log_rows"],
         "party_state": "augment-state-2.pt", "clips": (CLIP_W,),
     },
 }

@@ -1,0 +1,185 @@
+"""Hand-designed networks: what a DP practitioner would train instead of a searched cell (``augment.network``).
+
+* ``cnn-tanh`` — the CNNs of Papernot et al. 2021 ("Tempered sigmoid activations for deep learning with differential
+  privacy"), tanh throughout: their MNIST net for one-channel images (:class:`TanhMnistNet`), their CIFAR-10 net for
+  colour (:class:`TanhCifarNet`);
+* ``cnn-gn`` — a small 3-block CNN with GroupNorm and ReLU (:class:`GroupNormNet`): GroupNorm, not BatchNorm,
+  because BatchNorm mixes the examples of a batch and is refused under DP
+  (:func:`mpi_fnas.privacy.validators.check_model_for_dp`).
+
+Each is sized to its input (``in_channels``, ``image_size``, ``num_classes``; any side >= 8) and trained by the same
+augmentation as a cell's network: the same interface (``weights``, ``main_parameters``, ``num_params``), no drop-path
+(``drop_path_prob`` must stay 0: there are no paths to drop) and no auxiliary head. Every layer owning parameters is
+a Conv2d, Linear or GroupNorm, so the per-example gradients take the ``hooks`` method.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:  # the type only: the network never imports the privacy package
+    from mpi_fnas.privacy.keystream import Keystream
+
+__all__ = ["HANDCRAFTED", "GroupNormNet", "HandcraftedNetwork", "TanhCifarNet", "TanhMnistNet", "build_handcrafted",
+           "tanh_cnn"]
+
+MIN_IMAGE_SIZE = 8  # data.image_size's minimum: every network here works from it up
+_GROUPS = 4  # GroupNorm groups of cnn-gn: per example, as DP-SGD needs
+
+
+def _conv_side(side: int, kernel: int, stride: int, padding: int) -> int:
+    """Output side of a convolution or pool of `kernel`, `stride`, `padding` on a `side` x `side` map."""
+    return (side + 2 * padding - kernel) // stride + 1
+
+
+class HandcraftedNetwork(nn.Module):
+    """``features`` (conv blocks) -> flatten -> ``classifier``: ``forward(x)``, ``x`` (N, in_channels, S, S) with S
+    the ``image_size`` it was built for -> logits (N, num_classes).
+
+    ``drop_path_prob`` and ``mask_stream`` exist because the augmentation sets them on every network it trains; a
+    hand-designed network has no paths to drop, so it refuses a ``drop_path_prob`` other than 0 in training.
+    """
+
+    #: The ``augment.network`` name of the design.
+    network: str = ""
+
+    def __init__(self, features: nn.Sequential, classifier: nn.Sequential, *, in_channels: int, image_size: int,
+                 num_classes: int) -> None:
+        super().__init__()
+        self.features = features
+        self.classifier = classifier
+        self.in_channels = in_channels
+        self.image_size = image_size
+        self.num_classes = num_classes
+        self.drop_path_prob: float = 0.0
+        self.mask_stream: Keystream | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, self.image_size, self.image_size):
+            raise ValueError(f"{type(self).__name__} input: expected (N, {self.in_channels}, {self.image_size}, "
+                             f"{self.image_size}), got {tuple(x.shape)}")
+        if self.training and self.drop_path_prob != 0.0:
+            raise ValueError(f"{type(self).__name__}: a hand-designed network has no paths to drop; drop_path_prob "
+                             f"must be 0, got {self.drop_path_prob}")
+        return self.classifier(self.features(x).flatten(1))
+
+    def weights(self) -> list[nn.Parameter]:
+        """Every parameter, in ``named_parameters`` order: what the server federates."""
+        return list(self.parameters())
+
+    def main_parameters(self) -> list[nn.Parameter]:
+        """The evaluated model's parameters (all of them: there is no auxiliary head)."""
+        return self.weights()
+
+    def num_params(self) -> int:
+        """Number of scalar parameters."""
+        return sum(p.numel() for p in self.parameters())
+
+
+def _check_sizes(owner: str, in_channels: int, image_size: int, num_classes: int) -> None:
+    for name, value, minimum in (("in_channels", in_channels, 1), ("num_classes", num_classes, 1),
+                                 ("image_size", image_size, MIN_IMAGE_SIZE)):
+        if value < minimum:
+            raise ValueError(f"{owner}: {name} must be >= {minimum}, got {value}")
+
+
+class TanhMnistNet(HandcraftedNetwork):
+    """Papernot et al.'s MNIST net: conv 16@8x8 stride 2 padding 3, tanh, max pool 2 stride 1, conv 32@4x4 stride 2,
+    tanh, max pool 2 stride 1, fc 32, tanh, fc ``num_classes``.
+
+    Shapes at 28x28: (N, 1, 28, 28) -> (N, 16, 14, 14) -> (N, 16, 13, 13) -> (N, 32, 5, 5) -> (N, 32, 4, 4) -> 512
+    -> 32 -> 10: 26,010 parameters, the paper's. At 14x14 and 16x16 the maps end at (N, 32, 1, 1). Below 14 the
+    second conv's map would vanish (8x8: 3x3 after the first pool, under its 4x4 kernel), so it gets the least zero
+    padding that leaves its pool a 2x2 map (8x8: padding 2; 14 and up: 0, as the paper); the first fc takes
+    ``32 * S2 * S2`` inputs, S2 the final side.
+    """
+
+    network = "cnn-tanh"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        _check_sizes(type(self).__name__, in_channels, image_size, num_classes)
+        side = _conv_side(_conv_side(image_size, 8, 2, 3), 2, 1, 0)
+        # (side + 2p - 4) // 2 + 1 >= 2 for the last pool to see a 2x2 map: p >= (6 - side) / 2.
+        padding = max(0, math.ceil((6 - side) / 2))
+        side = _conv_side(_conv_side(side, 4, 2, padding), 2, 1, 0)
+        features = nn.Sequential(
+            nn.Conv2d(in_channels, 16, 8, stride=2, padding=3), nn.Tanh(), nn.MaxPool2d(2, stride=1),
+            nn.Conv2d(16, 32, 4, stride=2, padding=padding), nn.Tanh(), nn.MaxPool2d(2, stride=1),
+        )
+        classifier = nn.Sequential(nn.Linear(32 * side * side, 32), nn.Tanh(), nn.Linear(32, num_classes))
+        super().__init__(features, classifier, in_channels=in_channels, image_size=image_size,
+                         num_classes=num_classes)
+
+
+class TanhCifarNet(HandcraftedNetwork):
+    """Papernot et al.'s CIFAR-10 net: three blocks of [conv 3x3 padding 1, tanh, conv 3x3 padding 1, tanh, max pool
+    2 stride 2] of 32, 64 and 128 channels, then fc 128, tanh, fc ``num_classes``.
+
+    Shapes at 32x32: (N, 3, 32, 32) -> (N, 32, 16, 16) -> (N, 64, 8, 8) -> (N, 128, 4, 4) -> 2048 -> 128 -> 10:
+    550,570 parameters, the paper's. Each block halves the side (floored), so S >= 8 ends at least at 1x1 (8x8:
+    (N, 128, 1, 1); 16x16: (N, 128, 2, 2)); the first fc takes ``128 * (S // 8)^2`` inputs.
+    """
+
+    network = "cnn-tanh"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        _check_sizes(type(self).__name__, in_channels, image_size, num_classes)
+        layers: list[nn.Module] = []
+        channels, side = in_channels, image_size
+        for width in (32, 64, 128):
+            layers += [nn.Conv2d(channels, width, 3, padding=1), nn.Tanh(),
+                       nn.Conv2d(width, width, 3, padding=1), nn.Tanh(), nn.MaxPool2d(2, stride=2)]
+            channels, side = width, side // 2
+        classifier = nn.Sequential(nn.Linear(channels * side * side, 128), nn.Tanh(), nn.Linear(128, num_classes))
+        super().__init__(nn.Sequential(*layers), classifier, in_channels=in_channels, image_size=image_size,
+                         num_classes=num_classes)
+
+
+class GroupNormNet(HandcraftedNetwork):
+    """``cnn-gn``: three blocks of [conv 3x3 padding 1 (no bias: the GroupNorm shift replaces it), GroupNorm of 4
+    groups, ReLU, max pool 2 stride 2] of 16, 32 and 64 channels, global average pooling, fc ``num_classes``.
+
+    Shapes at 28x28: (N, 1, 28, 28) -> (N, 16, 14, 14) -> (N, 32, 7, 7) -> (N, 64, 3, 3) -> (N, 64, 1, 1) -> 64 ->
+    10: 24,058 parameters (24,346 for 3 input channels), at any S >= 8 (8x8 ends at (N, 64, 1, 1) before the
+    pooling): the global pooling makes the size independent of S.
+    """
+
+    network = "cnn-gn"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        _check_sizes(type(self).__name__, in_channels, image_size, num_classes)
+        layers: list[nn.Module] = []
+        channels = in_channels
+        for width in (16, 32, 64):
+            layers += [nn.Conv2d(channels, width, 3, padding=1, bias=False), nn.GroupNorm(_GROUPS, width), nn.ReLU(),
+                       nn.MaxPool2d(2, stride=2)]
+            channels = width
+        layers.append(nn.AdaptiveAvgPool2d(1))
+        super().__init__(nn.Sequential(*layers), nn.Sequential(nn.Linear(channels, num_classes)),
+                         in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+
+
+def tanh_cnn(in_channels: int, num_classes: int, image_size: int) -> HandcraftedNetwork:
+    """``cnn-tanh`` for the input: :class:`TanhMnistNet` for one-channel images, :class:`TanhCifarNet` for colour
+    (the paper's net for each kind of image)."""
+    net = TanhMnistNet if in_channels == 1 else TanhCifarNet
+    return net(in_channels, num_classes, image_size)
+
+
+#: The builders by ``augment.network`` name (the config's ``HANDCRAFTED_NETWORKS``).
+HANDCRAFTED: dict[str, Callable[[int, int, int], HandcraftedNetwork]] = {"cnn-tanh": tanh_cnn, "cnn-gn": GroupNormNet}
+
+
+def build_handcrafted(name: str, *, seed: int, in_channels: int, num_classes: int,
+                      image_size: int) -> HandcraftedNetwork:
+    """The hand-designed network `name` for (in_channels, image_size, image_size) inputs, initialised from `seed`:
+    every rank calling it with the same arguments gets bit-identical weights. ValueError for an unknown name."""
+    if name not in HANDCRAFTED:
+        raise ValueError(f"unknown hand-designed network {name!r}; expected one of {', '.join(HANDCRAFTED)}")
+    torch.manual_seed(seed)
+    return HANDCRAFTED[name](in_channels, num_classes, image_size)
