@@ -20,6 +20,9 @@ timed the same way, plain and private, interleaved.
 Peak memory of each variant is the peak RSS of a fresh subprocess during one step (see docs/benchmarks.md).
 Secure against local aggregation of the W release (K = 8, equal ε against the server) is compared on the same
 party: the noise in the server's sum, the cost of sealing and opening, the bits the sum needs.
+The private step of the hand-designed ``cnn-tanh`` (one party, one batch) is timed beside Opacus's
+(``GradSampleModule`` + ``DPOptimizer``, noise included) on the same network, weights, inputs and threads:
+``dp_step_vs_opacus`` = CPU seconds ours / theirs (:func:`compare_opacus`).
 
 Speed and memory targets are checked here, never in timed tests.
 """
@@ -59,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-memory", dest="memory", action="store_false",
                    help="skip the peak-memory subprocesses (the rss fields are then null)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--no-opacus", dest="opacus", action="store_false",
+                   help="skip the comparison with Opacus (the opacus_* fields and dp_step_vs_opacus are then null)")
     p.add_argument("--no-aggregation", dest="aggregation", action="store_false",
                    help="skip the secure-against-local aggregation comparison (the aggregate_* and secure_* fields "
                         "are then null)")
@@ -71,7 +76,8 @@ def _input_shape(cfg: Config) -> tuple[int, int, int, int]:
     """(channels, height, width, classes) of the configured dataset, without loading it."""
     if cfg.data.dataset == "cifar10":
         return 3, 32, 32, 10
-    return 3, cfg.data.image_size, cfg.data.image_size, 10
+    grey = cfg.data.dataset in ("mnist", "mnist-5k")  # the digits have one channel (they were timed as 3 before)
+    return 1 if grey else 3, cfg.data.image_size, cfg.data.image_size, 10
 
 
 def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:
@@ -285,6 +291,53 @@ def time_augment_step(cfg: Config, repeats: int) -> dict[str, Any]:
 
 
 # -- peak memory ------------------------------------------------------------------------------------------------
+def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
+    """The private step of ``augment.network: cnn-tanh`` beside Opacus's, interleaved, medians of CPU seconds.
+
+    Ours: the augmentation party's release of one Poisson batch at rate 1 (exactly ``augment.batch_size``
+    examples: per-example gradients, clip, Gaussian noise from the AES keystream, ÷ B). Theirs: the same network
+    (a copy, same weights) in ``GradSampleModule``, one forward and backward on the same batch, then
+    ``DPOptimizer.step`` (clip, Gaussian noise from torch's generator, ÷ B, the SGD update: O(P), negligible
+    here). Same clip, σ and B (the ``augment`` section). ``dp_step_vs_opacus`` = ours / theirs: ≤ 1 means ours
+    is no slower. Without Opacus installed (the ``test`` extra has it) only ``opacus_note`` says why.
+    """
+    try:
+        from opacus import GradSampleModule
+        from opacus import __version__ as opacus_version
+        from opacus.optimizers import DPOptimizer
+    except ImportError:
+        return {"opacus_note": "Opacus is not installed (pip install opacus; the test extra installs it)"}
+    import copy
+
+    import torch
+    import torch.nn.functional as F
+
+    augment = dataclasses.replace(cfg.augment, network="cnn-tanh", genotype=None, drop_path=0.0,
+                                  auxiliary_weight=0.0, cutout=0, crop_padding=0, flip=False)
+    ours = make_augment_party(dataclasses.replace(cfg, augment=augment), private=True)
+    x, y = ours.train.x, ours.train.y  # the whole pool: the Poisson batch at rate 1
+    theirs = GradSampleModule(copy.deepcopy(ours.model))
+    optimizer = DPOptimizer(torch.optim.SGD(theirs.parameters(), lr=augment.lr),
+                            noise_multiplier=augment.noise_multiplier, max_grad_norm=augment.clip,
+                            expected_batch_size=augment.batch_size)
+
+    def opacus_step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(theirs(x), y).backward()
+        optimizer.step()
+
+    cpu: dict[str, list[float]] = {"ours": [], "opacus": []}
+    for i in range(repeats + 1):
+        for key, job in (("ours", ours.w_release), ("opacus", opacus_step)):
+            _, seconds = _timed(job)
+            if i:  # the first round warms up allocators and kernels
+                cpu[key].append(seconds)
+    mine, other = statistics.median(cpu["ours"]), statistics.median(cpu["opacus"])
+    return {"opacus_version": opacus_version, "cnn_tanh_params": sum(p.numel() for p in ours.model.parameters()),
+            "cnn_tanh_dp_step_cpu_seconds": mine, "opacus_dp_step_cpu_seconds": other,
+            "dp_step_vs_opacus": mine / other}
+
+
 def equal_epsilon_sigmas(cfg: Config, parties: int, dimension: int) -> tuple[float, float, float]:
     """(σ local, σ secure, ε): the configured σ_W = σ_A of a search of the configured length over `parties` parties
     (the default run's shards, augmentation left out), its worst party's ε against the server under local noise
@@ -550,6 +603,8 @@ REPORT_KEYS_FROM_STEP = (
     "aggregate_noise_std_ratio", "aggregate_noise_std_ratio_expected", "secure_w_release_cpu_seconds",
     "local_w_release_cpu_seconds", "secure_open_cpu_seconds", "secure_overhead_fraction", "secure_bits_needed",
     "secure_bits", "secure_overflow_rate",
+    "opacus_version", "cnn_tanh_params", "cnn_tanh_dp_step_cpu_seconds", "opacus_dp_step_cpu_seconds",
+    "dp_step_vs_opacus",
 )
 
 
@@ -574,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
         result = {"onednn_isa": onednn_isa(), "aten_cpu_capability": aten_cpu_capability()}  # whose kernels ran
         result.update(time_party_step(cfg, args.repeats))
         result.update(time_augment_step(cfg, args.repeats))
+        if args.opacus:
+            result.update(compare_opacus(cfg, args.repeats))
         if args.aggregation and "dp_step_seconds" in result:
             result.update(compare_aggregation(cfg, args.repeats))
             result["secure_overhead_fraction"] = (
@@ -609,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         report["split_compute_fraction"] = step["step_seconds"] / whole
         report["split_dp_fraction"] = report["dp_work_seconds"] / whole
         report["split_comm_fraction"] = comm_seconds / whole
-    for note in ("dp_note", "augment_dp_note"):
+    for note in ("dp_note", "augment_dp_note", "opacus_note"):
         if note in step:
             report[note] = step[note]
     if args.json:
