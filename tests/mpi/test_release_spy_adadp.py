@@ -50,7 +50,8 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir)
         monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
     cfg = load_config(None, [
-        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
+        "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
+        "data.image_size=8",
         "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
         f"search.steps_per_epoch={2 * STEPS}", "search.w_optimizer=adadp", "search.w_momentum=0",
         f"privacy.noise_multiplier_w={SIGMA}", f"privacy.noise_multiplier_a={SIGMA}", f"privacy.clip_w={CLIP_W}",
@@ -99,7 +100,8 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
         monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
     cfg = load_config(None, [
-        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
+        "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
+        "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={2 * STEPS}",
         f"augment.batch_size={B}", "augment.layers=2", "augment.channels=4", f"augment.noise_multiplier={SIGMA}",
         f"augment.clip={CLIP_W}", "augment.optimizer=adadp", "augment.momentum=0", "runtime.progress=off",
