@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from mpi_fnas.space.scaffold import WholeNetwork
+
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.privacy.keystream import Keystream
 
@@ -37,7 +39,7 @@ def _conv_side(side: int, kernel: int, stride: int, padding: int) -> int:
     return (side + 2 * padding - kernel) // stride + 1
 
 
-class HandcraftedNetwork(nn.Module):
+class HandcraftedNetwork(WholeNetwork):
     """``features`` (conv blocks) -> flatten -> ``classifier``: ``forward(x)``, ``x`` (N, in_channels, S, S) with S
     the ``image_size`` it was built for -> logits (N, num_classes).
 
@@ -67,18 +69,6 @@ class HandcraftedNetwork(nn.Module):
             raise ValueError(f"{type(self).__name__}: a hand-designed network has no paths to drop; drop_path_prob "
                              f"must be 0, got {self.drop_path_prob}")
         return self.classifier(self.features(x).flatten(1))
-
-    def weights(self) -> list[nn.Parameter]:
-        """Every parameter, in ``named_parameters`` order: what the server federates."""
-        return list(self.parameters())
-
-    def main_parameters(self) -> list[nn.Parameter]:
-        """The evaluated model's parameters (all of them: there is no auxiliary head)."""
-        return self.weights()
-
-    def num_params(self) -> int:
-        """Number of scalar parameters."""
-        return sum(p.numel() for p in self.parameters())
 
 
 def _check_sizes(owner: str, in_channels: int, image_size: int, num_classes: int) -> None:

@@ -81,6 +81,23 @@ def cell_inputs(c_prev_prev: int, c_prev: int, channels: int, reduction_prev: bo
     return preprocess0, ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=affine)
 
 
+class WholeNetwork(nn.Module):
+    """An evaluation network without an auxiliary head (the DPNAS network, the hand-designed ones): every parameter
+    is a weight the server federates, and every one is evaluated."""
+
+    def weights(self) -> list[nn.Parameter]:
+        """Every parameter, in ``named_parameters`` order: what the server federates."""
+        return list(self.parameters())
+
+    def main_parameters(self) -> list[nn.Parameter]:
+        """The evaluated model's parameters (all of them: there is no auxiliary head)."""
+        return self.weights()
+
+    def num_params(self) -> int:
+        """Number of scalar parameters."""
+        return sum(p.numel() for p in self.parameters())
+
+
 class CellNetwork(nn.Module):
     """A DARTS network around its cells: stem, ``layers`` cells of :func:`cell_stack` (built by `make_cell`),
     global average pooling, linear classifier; it records the sizes it was built with. The supernet and the augment

@@ -21,6 +21,7 @@ from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasSearchCell
 from mpi_fnas.space.dpnas.genotype import DpnasGenotype, derive_dpnas_genotype, num_edges
 from mpi_fnas.space.dpnas.ops import PRIMITIVES
 from mpi_fnas.space.ops import make_norm
+from mpi_fnas.space.scaffold import WholeNetwork
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.privacy.keystream import Keystream
@@ -114,7 +115,7 @@ class DpnasSearchNetwork(nn.Module):
         return derive_dpnas_genotype(self.alpha, self.nodes)
 
 
-class DpnasNetwork(nn.Module):
+class DpnasNetwork(WholeNetwork):
     """A derived DPNAS cell stacked like the supernet, trained from scratch.
 
     ``forward(x)``: ``x`` (N, in_channels, H, W) -> logits (N, num_classes). Drop-path: ``drop_path_prob`` (set by
@@ -156,15 +157,3 @@ class DpnasNetwork(nn.Module):
         for cell in self.cells:
             x = self.pool(cell(x, drop_prob, self.mask_stream))
         return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
-
-    def weights(self) -> list[nn.Parameter]:
-        """Every parameter, in ``named_parameters`` order: what the server federates."""
-        return list(self.parameters())
-
-    def main_parameters(self) -> list[nn.Parameter]:
-        """The evaluated model's parameters (all of them: there is no auxiliary head)."""
-        return self.weights()
-
-    def num_params(self) -> int:
-        """Number of scalar parameters."""
-        return sum(p.numel() for p in self.parameters())
