@@ -15,7 +15,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
              tests/test_cluster.py tests/test_image.py)
 AVX2_TESTS=(tests/test_cpu_kernels.py tests/test_bench.py tests/test_space.py tests/test_derived.py
-            tests/test_privacy_mechanism.py tests/test_dpnas.py)
+            tests/test_privacy_mechanism.py tests/test_dpnas.py tests/test_handcrafted.py)
 
 # scripts/run_tests.sh --lane2 TMPDIR: lane 2 alone (how the script starts it, below).
 if [ "${1:-}" = --lane2 ]; then

@@ -130,11 +130,11 @@ def recorded_epsilon(record: Sequence[Mapping[str, Any]], sent: Mapping[str, int
 
 def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], sent: Mapping[str, int],
                   per_iteration: IterationReleases, delta: float | None, sizes: Sequence[int],
-                  secure: SecureAccounting | None, requested: int, *, rank: int, stage: str) -> float:
-    """The party's ε after the `requested` iterations of `stage` rank 0 announced, following what its `record`
-    and journals (`sent`) say it released; raises :class:`~mpi_fnas.privacy.trusted_config.BudgetRefusedError`
-    when they would take it past `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this
-    launch's search shard sizes (:func:`own_delta`)."""
+                  secure: SecureAccounting | None, requested: int, *, rank: int, stage: str) -> None:
+    """Raise :class:`~mpi_fnas.privacy.trusted_config.BudgetRefusedError` when the `requested` iterations of
+    `stage` rank 0 announced, after what the party's `record` and journals (`sent`) say it released, would take
+    its ε past `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this launch's search shard
+    sizes (:func:`own_delta`)."""
     spent, at = spent_runs(record, sent), own_delta(delta, record, sizes)
     allowed = iterations_within(cap[0], spent, per_iteration, at, secure, requested)
     if allowed < requested:
@@ -143,7 +143,6 @@ def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], s
             f"rank {rank} refuses the {requested} {stage} iterations rank 0 asks for: its own cap {cap[1]} "
             f"{cap[0]:g} allows {allowed} after what it has sent (ε = {now:.4g}, {sent.get(stage, 0)} {stage} "
             "iterations); nothing more was sent")
-    return epsilon_after(spent, per_iteration, requested, at, secure)
 
 
 def _shard_runs(kind: tuple[float, float, int], iterations: int) -> Runs:

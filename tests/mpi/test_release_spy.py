@@ -43,8 +43,10 @@ from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.job import run_job
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample, per_sample_gradients
 from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.privacy.trusted_config import privacy_view
 from mpi_fnas.runlog import read_run
+from mpi_fnas.secagg.encoding import padded_length
 
 B = 8
 SIGMA = 1.5
@@ -275,6 +277,7 @@ def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, par
     server_bytes = (run_dir / "checkpoint.pt").read_bytes()
     with h5py.File(run_dir / "search.h5", "r") as log:
         run_config = config_from_text(str(log.attrs["config"]), stored=True)
+    run_log = read_run(run_dir / "search.h5")
     for rank in range(1, MPI.COMM_WORLD.Get_size()):  # each party keeps its own state, on its own disk
         own_dir = run_dir / "parties" / f"rank{rank}"
         own = torch.load(own_dir / party_state, weights_only=True)
@@ -288,7 +291,38 @@ def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, par
         pin = own_dir / "config.yaml"
         assert stat.S_IMODE(pin.stat().st_mode) == 0o600
         assert privacy_view(config_from_text(pin.read_text(), stored=True)) == privacy_view(run_config)
+        check_release_record(own_dir, rank, run_log, secure=run_config.privacy.aggregation == "secure")
     return state
+
+
+def check_release_record(own_dir: Path, rank: int, log: dict, *, secure: bool) -> None:
+    """The party's own ledger record (releases.pt, issue 45; 0600, no stream key): per launch and stage only public
+    constants, each equal to what rank 0's log says of that party's releases: σ, q = B / N of each shard (N: the
+    shard sizes rank 0 assigned), releases per iteration, and under `secure` the public (K, σ_k², D) of secure
+    aggregation; nothing the data decides."""
+    path = own_dir / "releases.pt"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not any(pinned_key(rank, call) in path.read_bytes() for call in range(PINNED_CALLS_CHECKED))
+    segments = torch.load(path, weights_only=True)["segments"]
+    assert segments and all(set(s) == {"stage", "from", "train", "val", "sizes", "secure"} for s in segments)
+    for segment in segments:
+        assert segment["from"] == 0  # one launch
+        if secure:  # K from the communicator, σ_k² from the code, D a padded length of the network's shapes
+            parties, variance, dimension = segment["secure"]
+            assert (parties, variance) == (log["parties"], LOCAL_VARIANCE) and dimension == padded_length(dimension)
+        else:
+            assert segment["secure"] is None
+        if segment["stage"] == "search":
+            search = log["privacy"]
+            q_tr, q_val = (float(search[key][rank - 1]) for key in ("sample_rate_train", "sample_rate_val"))
+            assert segment["train"] == [float(search["noise_multiplier_w"]), q_tr, 1]
+            assert segment["val"] == [float(search["noise_multiplier_a"]), q_val, 1]
+            assert segment["sizes"] == [round(B / q_tr), round(B / q_val)]
+        else:
+            augment = log["augment"]["privacy"]
+            sigma, rate = float(augment["noise_multiplier"]), float(augment["sample_rate"][rank - 1])
+            assert segment["train"] == segment["val"] == [sigma, rate, 1]  # the pool: both shards, one rate
+            assert rate == B / sum(segment["sizes"])
 
 
 def check_party_messages(channel: RecordingChannel, exchange: str = "reduce_sum") -> None:
