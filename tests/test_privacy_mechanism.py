@@ -209,6 +209,28 @@ def test_depthwise_per_example_gradients_by_correlation_match_the_loop(kernel, s
         assert max_relative_row_error(actual, expected) <= 1e-5
 
 
+@pytest.mark.parametrize(("kernel", "stride", "padding", "side"), [(3, 1, 1, 2), (3, 2, 1, 4), (2, 1, 0, 3)])
+def test_dense_per_example_gradients_by_unfold_match_the_loop(monkeypatch, kernel, stride, padding, side):
+    # 8 input channels and at most 4 output pixels: the unfolded patches' batched matmul, not the grouped kernel.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 5, kernel, stride=stride, padding=padding, bias=True), nn.Flatten(),
+                          nn.LazyLinear(3))
+    inputs, targets = torch.randn(5, 8, side, side), torch.randint(0, 3, (5,))
+    model(inputs)  # materialise the head
+    names = ["0.weight", "0.bias"]
+    expected = loop_gradients(model, names, inputs, targets)
+    unfolded = []
+    original = per_sample._conv_weight_grads_by_unfold
+    monkeypatch.setattr(per_sample, "_conv_weight_grads_by_unfold",
+                        lambda *args: unfolded.append(1) or original(*args))
+    for layout in (torch.contiguous_format, torch.channels_last):
+        model.to(memory_format=layout)
+        actual = per_sample_gradients(model, {n: dict(model.named_parameters())[n] for n in names},
+                                      inputs.contiguous(memory_format=layout), targets, method="hooks")
+        assert max_relative_row_error(actual, expected) <= 1e-5
+    assert len(unfolded) == 2
+
+
 def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(monkeypatch):
     # A private step's peak memory: when the backward reaches the first conv, the later convs' inputs and outputs
     # must already be freed (not held to the end of the backward by the per-example machinery).

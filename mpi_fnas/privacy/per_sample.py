@@ -8,7 +8,8 @@ Two exact methods behind one function:
   and, as the backward reaches each layer, its per-example weight gradient from its input and output gradient (the
   layer's tensors are then let go, so a step's peak does not hold every layer at once): for convolutions one depthwise
   convolution of the input with the output gradients (depthwise kernels), one batched matmul (dense 1x1 kernels),
-  a loop over kernel offsets, or one grouped weight-gradient kernel with the batch folded into the groups; an outer
+  a loop over kernel offsets, one batched matmul of unfolded patches (dense kernels on few output pixels), or one
+  grouped weight-gradient kernel with the batch folded into the groups; an outer
   product for linear layers, ``x_hat * grad`` for GroupNorm/LayerNorm. Autograd is never asked for parameter gradients,
   so the backward skips the batched weight-gradient kernels that the per-example ones replace.
   Supported owners: ``nn.Conv2d`` (zero padding, any stride/dilation/groups), ``nn.Linear``, ``nn.GroupNorm``,
@@ -45,6 +46,13 @@ Statistics = tuple[torch.Tensor, torch.Tensor] | None  # a GroupNorm call's save
 Method = Literal["auto", "vmap", "hooks"]
 
 _HOOKABLE = (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.LayerNorm)
+
+#: A dense convolution's per-example weight gradients come from unfolded patches (one batched matmul) when its input
+#: channels are at least this many times its output pixels, from a grouped weight-gradient kernel otherwise. At 64
+#: examples on one thread (docs/benchmarks.md, issue 46) unfolding is 1.2–6× faster at 32–128 channels on 4×4 or
+#: 128 channels on 8×8 (Papernot et al.'s CIFAR-10 tanh net's last blocks), and 1.3–8× slower at 8–64 channels on
+#: 8×8 to 16×16 (the stems and the cells of the DARTS networks here).
+UNFOLD_CHANNELS_PER_PIXEL = 2
 
 
 def per_example_cross_entropy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -277,10 +285,12 @@ def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Te
     batch = x.shape[0]
     result: dict[str, torch.Tensor] = {}
     if isinstance(module, nn.Conv2d):
-        # Four exact ways, picked by speed (measured on CPU, see docs/benchmarks.md): for a depthwise kernel, one
+        # Five exact ways, picked by speed (measured on CPU, see docs/benchmarks.md): for a depthwise kernel, one
         # depthwise convolution of the input with the output gradient; for a dense 1x1 kernel, one batched matmul;
-        # a loop over kernel offsets for other dilated or 1x1 kernels (mkldnn's dilated weight gradient is slow); a
-        # grouped convolution backward with one group per (example, group) elsewhere.
+        # a loop over kernel offsets for other dilated or 1x1 kernels (mkldnn's dilated weight gradient is slow);
+        # one batched matmul of unfolded patches for a dense kernel with few output pixels per input channel (the
+        # deep layers of a CNN: B tiny convolutions cost more than their arithmetic there); a grouped convolution
+        # backward with one group per (example, group) elsewhere.
         depthwise = module.groups == module.in_channels == module.out_channels
         if depthwise:
             result["weight"] = _depthwise_weight_grads_by_correlation(module, x, g_out)
@@ -288,6 +298,8 @@ def _layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Te
             result["weight"] = _pointwise_weight_grads_by_bmm(module, x, g_out)
         elif module.kernel_size == (1, 1) or max(module.dilation) > 1:
             result["weight"] = _conv_weight_grads_by_offsets(module, x, g_out)
+        elif module.groups == 1 and module.in_channels >= UNFOLD_CHANNELS_PER_PIXEL * g_out[0, 0].numel():
+            result["weight"] = _conv_weight_grads_by_unfold(module, x, g_out)
         else:
             result["weight"] = _conv_weight_grads_by_grouped_backward(module, x, g_out)
         if module.bias is not None:
@@ -344,6 +356,17 @@ def _conv_weight_grads_by_offsets(conv: nn.Conv2d, x: torch.Tensor, g_out: torch
             ]
             per_offset.append(torch.einsum("bgohw,bgihw->bgoi", g, patch))
     return torch.stack(per_offset, dim=-1).reshape(batch, *conv.weight.shape)
+
+
+def _conv_weight_grads_by_unfold(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
+    """Per-example weight gradients ``(B, C_out, C_in, kh, kw)`` of a dense (groups 1) convolution, im2col style.
+
+    ``F.unfold`` gives example b's input patches ``(C_in·kh·kw, H'W')``; its gradient is ``g_b (C_out, H'W')`` times
+    their transpose: one batched matmul. The patches take kh·kw times the input's memory, which is why only layers
+    with few output pixels use it (:data:`UNFOLD_CHANNELS_PER_PIXEL`).
+    """
+    patches = F.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding, stride=conv.stride)
+    return torch.bmm(g_out.flatten(2), patches.transpose(1, 2)).reshape(x.shape[0], *conv.weight.shape)
 
 
 def _pointwise_weight_grads_by_bmm(conv: nn.Conv2d, x: torch.Tensor, g_out: torch.Tensor) -> torch.Tensor:
