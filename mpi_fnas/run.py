@@ -406,8 +406,12 @@ def _augment_lines(outcome, search) -> list[str]:
     elif outcome.private:
         eps = outcome.epsilon
         bound = "tight PLD bound" if outcome.epsilon_collusion is None else "against the server (secure; RDP bound)"
+        spent_on = "search + augmentation composed" if outcome.composed_with_search else "the augmentation alone"
+        aggregation = "local" if outcome.epsilon_collusion is None else "secure"
         lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
-                  f"{outcome.delta.max():.3g} — search + augmentation composed, {bound}", *_collusion_lines(outcome)]
+                  f"{outcome.delta.max():.3g} — {spent_on}, {bound}", *_collusion_lines(outcome),
+                  f"noise           σ = {outcome.noise_multiplier:.4g} per release ({aggregation}), expected "
+                  f"batch B = {outcome.expected_batch_size:g} per party"]
     elif outcome.mode == "dpfnas":
         eps = outcome.epsilon
         search_eps = f"ε = {eps.max():.4g} (worst party) covers the SEARCH ONLY; " if eps is not None else ""

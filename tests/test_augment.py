@@ -88,7 +88,8 @@ def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
     assert augment["status"] == "finished" and augment["private"] and augment["privacy_guarantee"] == "holds"
     assert augment["test_acc"] > 0.2, augment  # chance is 0.1
     assert np.isnan(augment["metrics"]["train_loss"]).all() and np.isnan(augment["metrics"]["train_acc"]).all()
-    assert "search + augmentation composed" in out.stdout
+    assert "search + augmentation composed" in out.stdout and "the augmentation alone" not in out.stdout
+    assert "noise           σ = " in out.stdout
 
 
 @functools.lru_cache(maxsize=64)
@@ -191,6 +192,11 @@ def test_a_hand_designed_network_is_trained_by_the_same_private_augmentation(tmp
     for k in range(log["parties"]):  # each party's own ledger composes its releases to the same ε
         assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == epsilon[k]
     assert "network         cnn-tanh (hand-designed, no cell)" in done.stdout
+    # Its ε is the augmentation's alone (no search was charged), and the summary says so, with the σ it used.
+    assert "— the augmentation alone" in done.stdout and "search + augmentation" not in done.stdout
+    privacy = augment["privacy"]
+    assert (f"noise           σ = {privacy['noise_multiplier']:.4g} per release ({privacy['aggregation']})"
+            in done.stdout)
     assert "== mpi_fnas search finished ==" not in done.stdout
 
 
