@@ -23,8 +23,9 @@ from typing import Any, Literal
 import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
+from mpi_fnas.privacy.params import PrivacyPlan
 from mpi_fnas.privacy.party_ledger import IterationReleases, iterations_within
-from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 Stage = Literal["search", "augment"]
