@@ -163,7 +163,7 @@ def test_the_extraction_finds_what_the_docs_name() -> None:
     """Guards the regexes: known mentions must be found (else the tests below would pass vacuously)."""
     paths = {m.text for m, _ in _path_mentions()}
     for name in ("configs/dpfnas.yaml", "docs/privacy.md", "slurm/noise_sweep.sh", "mpi_fnas/federation/algorithm.py",
-                 "dpfnas_{1,2,4,8}.sh", "../containers/README.md", "scripts/install.sh", "tests/mpi/"):
+                 "dpfnas_{1,2,4,8}.sh", "containers.md", "scripts/install.sh", "tests/mpi/"):
         assert name in paths, name
     assert {"mpi_fnas.run", "mpi_fnas.bench", "mpi_fnas.sweep"} <= set(_module_runs())
     keys = {m.text for m in _config_key_mentions()}

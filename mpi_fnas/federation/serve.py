@@ -417,6 +417,7 @@ class SearchStage(ServedStage):
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
+        """Plan the search on rank 0: partitions, steps, the privacy plan and its ledger."""
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
         ledger = _ledger(plan.privacy) if plan.privacy is not None else None
         return _setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
@@ -434,6 +435,7 @@ class SearchStage(ServedStage):
         self.warmup_epochs = cfg.search.warmup_epochs
 
     def load_state_dict(self, checkpoint: dict) -> None:
+        """Restore the stage's accumulated statistics from rank 0's checkpoint."""
         self.acc = _Accumulator.from_state(checkpoint["accumulator"])
 
     def evaluate(self) -> np.ndarray:
@@ -487,6 +489,8 @@ class AugmentStage(ServedStage):
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments=None) -> StageSetup:
+        """Plan the augmentation on rank 0: the network, its pool, steps and releases (continuing the search's
+        ledgers)."""
         # The job's privacy plan covers a search exactly when one ran: the same job's, or --augment's finished one
         # (none for augment.genotype, or for a hand-designed augment.network, which needs no cell).
         search_plan = plan_run(cfg, channel.parties, search=searched.get("genotype") is not None,
@@ -547,6 +551,7 @@ class AugmentStage(ServedStage):
                                         if cfg.augment.optimizer == "adadp" else None))
 
     def load_state_dict(self, checkpoint: dict) -> None:
+        """Restore the stage's accumulated statistics from rank 0's checkpoint."""
         self.acc = _Accumulator(train=np.asarray(checkpoint["stats"], dtype=np.float64))
         self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
 

@@ -217,6 +217,7 @@ class FederationLedger:
 
     # -- misc ----------------------------------------------------------------------------------------------------
     def description(self) -> str:
+        """One line naming the accountant and mechanism behind the ledger's ε."""
         return self.train[0].description()
 
     def state_dict(self) -> dict[str, Any]:
@@ -231,6 +232,7 @@ class FederationLedger:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         for ledgers, key in ((self.train, "train"), (self.val, "val")):
             for ledger, saved in zip(ledgers, state[key], strict=True):
                 ledger.load_state_dict(saved)

@@ -121,6 +121,7 @@ class DPParams:
                 "A": Release(self.noise_multiplier_a, self.clip_a, self.expected_batch_size, 1, self.secure_sum)}
 
     def with_noise(self, noise_multiplier_w: float, noise_multiplier_a: float) -> DPParams:
+        """A copy with the noise multipliers σ_W and σ_A the planner calibrated."""
         return dataclasses.replace(self, noise_multiplier_w=noise_multiplier_w, noise_multiplier_a=noise_multiplier_a)
 
 

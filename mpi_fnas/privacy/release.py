@@ -78,6 +78,7 @@ class SecureSum:
         return SecureAccounting(self.parties, self.local_variance, self.dimension)
 
     def state_dict(self) -> dict[str, Any]:
+        """The constants as plain values, for checkpoints and the wire."""
         return {"parties": self.parties, "dimension": self.dimension, "local_variance": self.local_variance,
                 "bits": self.bits}
 
@@ -211,6 +212,7 @@ class AugmentReleases:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
+        """The releases a state of :meth:`state_dict` describes (older states without ``secure`` included)."""
         secure = state.get("secure")  # absent from states written before secure aggregation
         if secure and "dimension" not in secure:
             # Written when each example was encoded on its own and accounted at 2^22: its releases are not the ones
