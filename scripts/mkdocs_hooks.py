@@ -15,6 +15,7 @@ Warnings go to MkDocs' logger, so ``mkdocs build --strict`` fails on them.
 
 from __future__ import annotations
 
+import html
 import logging
 import re
 import sys
@@ -85,13 +86,18 @@ def _config_markdown() -> str:
         section = doc.key.split(".")[0] if "." in doc.key else "(top level)"
         default = "null" if doc.default is None else str(doc.default).lower() if isinstance(doc.default, bool) \
             else str(doc.default)
-        cell = lambda text: str(text).replace("|", "\\|").replace("\n", " ")  # noqa: E731
-        rows.setdefault(section, []).append(f"| `{doc.key}` | {cell(doc.kind)} | `{cell(default)}` | "
-                                            f"{cell(doc.meaning)} |")
+        default = default.replace("|", "\\|")  # a code span in a table cell: only the pipe needs escaping
+        rows.setdefault(section, []).append(f"| `{doc.key}` | {_cell(doc.kind)} | `{default}` | "
+                                            f"{_cell(doc.meaning)} |")
     out = []
     for section, lines in rows.items():
         out += [f"## {section}", "", "| key | accepted values | default | meaning |", "|---|---|---|---|", *lines, ""]
     return "\n".join(out)
+
+
+def _cell(text: object) -> str:
+    """`text` as a Markdown table cell: HTML escaped (``runs/<name>-…/`` is text, not a tag), ``|`` escaped."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("\n", " ")
 
 
 def on_files(files: Any, config: Any) -> Any:

@@ -181,7 +181,7 @@ class FactorizedReduce(ReluFirst):
         self.norm = make_norm(norm, c_out, affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """ReLU, then the two strided 1×1 convolutions, concatenated."""
+        """ReLU, then the 1x1 convolutions of the even and the odd pixels, concatenated, then norm."""
         return self.forward_from_relu(self.relu(x))
 
     def forward_from_relu(self, x: torch.Tensor) -> torch.Tensor:
