@@ -10,7 +10,7 @@ ARGS   ?=
 MPI_TEST_RANKS ?= 5
 STAMP  := $(VENV)/.mpi_fnas-installed
 
-.PHONY: setup run test test-serial test-mpi lint bench image clean
+.PHONY: setup run test test-serial test-mpi lint docs bench image clean
 
 setup: $(STAMP)
 
@@ -25,6 +25,11 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(PYTHON) -m ruff check mpi_fnas tests
+
+# The documentation site (mkdocs.yml) into site/; any warning fails it (a broken link, a page not in the nav, a public
+# name without a docstring). Open site/index.html. `make test` builds it too (tests/test_docs_site.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(PYTHON) -m mkdocs build --strict --site-dir site
 
 # One lane, every serial test (the Slurm ones too), for a single run or a profile.
 test-serial: $(STAMP)
@@ -48,4 +53,4 @@ image:
 	bash scripts/build_image.sh
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .pytest-rank*.log .pytest-lane2.log
+	rm -rf $(VENV) site .pytest_cache .ruff_cache .pytest-rank*.log .pytest-lane2.log

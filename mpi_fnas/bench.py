@@ -609,6 +609,7 @@ REPORT_KEYS_FROM_STEP = (
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.bench``: time the party steps and an iteration's exchange; the exit code."""
     args = _parser().parse_args(argv)
     cfg, error = cli.load_config_args(args)
     if error is not None:

@@ -24,6 +24,7 @@ FORMAT_VERSION = 2  # 2: party states left the server's checkpoint
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
+    """Where rank 0's checkpoint of the run in `run_dir` is written."""
     return Path(run_dir) / CHECKPOINT_NAME
 
 

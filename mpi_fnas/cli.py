@@ -117,6 +117,8 @@ def start_mpi(cfg: Config | None) -> Any:
 
 
 def limit_torch_threads(cfg: Config | None) -> int:
+    """Set torch's intra-op threads to ``runtime.threads_per_rank`` (default: this rank's share of the cores it may
+    use); the number set."""
     import torch
 
     torch.set_num_threads(threads(cfg))
@@ -308,6 +310,7 @@ class StopRequest:
 
     @classmethod
     def install(cls) -> StopRequest:
+        """A request whose handlers are installed for SIGTERM, SIGUSR1 and SIGINT (each only records the signal)."""
         request = cls()
         for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
             signal.signal(sig, request._handle)

@@ -346,9 +346,11 @@ class Config:
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
+        """The config as nested plain dicts, one per section."""
         return dataclasses.asdict(self)
 
     def to_yaml(self) -> str:
+        """The config as YAML, every key in schema order (what the run log's ``config`` attribute holds)."""
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
     def same_search(self, other: Config) -> bool:

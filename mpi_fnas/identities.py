@@ -25,6 +25,7 @@ ROSTER_NAME = "party_identities.yaml"
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mpi_fnas.identities``."""
     parser = argparse.ArgumentParser(prog="python -m mpi_fnas.identities",
                                      description="Make the parties' Ed25519 identities and their roster "
                                      "(privacy.party_identities).")

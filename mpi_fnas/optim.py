@@ -38,9 +38,11 @@ class FlatSGD:
         self.param.add_(grad, alpha=-group["lr"])
 
     def state_dict(self) -> dict:
+        """The optimizer's state in ``torch.optim.SGD``'s layout (momentum buffer, learning rate), for checkpoints."""
         return {"state": {0: {"momentum_buffer": self.momentum_buffer}}, "param_groups": [dict(self.param_groups[0])]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         self.param_groups[0]["lr"] = state["param_groups"][0]["lr"]
         buffer = state["state"].get(0, {}).get("momentum_buffer")
         self.momentum_buffer = buffer.clone() if buffer is not None else None
@@ -75,11 +77,13 @@ class FlatAdam:
         self.param.addcdiv_(self.exp_avg, denom, value=-step_size)
 
     def state_dict(self) -> dict:
+        """The optimizer's state in ``torch.optim.Adam``'s layout (step, moments, learning rate), for checkpoints."""
         return {"state": {0: {"step": torch.tensor(float(self.steps)), "exp_avg": self.exp_avg,
                               "exp_avg_sq": self.exp_avg_sq}},
                 "param_groups": [dict(self.param_groups[0])]}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         self.param_groups[0]["lr"] = state["param_groups"][0]["lr"]
         saved = state["state"].get(0)
         if saved:  # torch leaves the state empty before the first step

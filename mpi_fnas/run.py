@@ -45,6 +45,7 @@ exit codes: 0 finished, 1 failure (job aborted, log status 'failed'), 2 bad inpu
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mpi_fnas.run`` (its ``--help`` lists every config key)."""
     parser = argparse.ArgumentParser(
         prog="python -m mpi_fnas.run",
         description="Federated (and differentially-private) DARTS search over MPI. "
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.run`` on every rank: the job (search, augmentation) and its summary; the exit code."""
     args = build_parser().parse_args(argv)
     cfg, config_error = cli.load_config_args(args)
     if args.print_config and config_error is None and cli.launcher_rank() in (None, 0):

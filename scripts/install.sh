@@ -4,7 +4,7 @@
 #   scripts/install.sh [VENV_DIR]            (default .venv; created if missing)
 # Environment:
 #   PYTHON=python3.11     interpreter used to create the venv
-#   MPI_FNAS_EXTRAS=test,mpich   optional dependency groups (drop mpich to use a host MPI)
+#   MPI_FNAS_EXTRAS=test,docs,mpich   optional dependency groups (drop mpich to use a host MPI; docs: `make docs`)
 #   MPI_FNAS_EDITABLE=1   install in editable mode (0 for images)
 #   MPI_FNAS_TORCH=auto   which torch build: cuda (constraints.txt's CUDA wheel, ~5.8 GB venv, ~650 MB per rank after
 #                         import), cpu (constraints-cpu.txt's CPU-only wheel, ~1 GB venv, ~220 MB per rank), or auto:
@@ -12,7 +12,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv=${1:-.venv}
-extras=${MPI_FNAS_EXTRAS:-test,mpich}
+extras=${MPI_FNAS_EXTRAS:-test,docs,mpich}
 editable=${MPI_FNAS_EDITABLE:-1}
 python=${PYTHON:-}
 if [ -z "$python" ]; then

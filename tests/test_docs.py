@@ -1,4 +1,5 @@
-"""What README.md and docs/*.md name exists: repository files, config keys, Python names and runnable modules.
+"""What README.md and the site's pages (docs/**/*.md, containers/README.md) name exists: repository files, config
+keys, Python names and runnable modules.
 
 Names are taken from inline code spans, fenced code blocks and Markdown links:
 
@@ -36,7 +37,9 @@ import pytest
 from mpi_fnas.config import REMOVED_KEYS, Config, key_docs
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Every page of the documentation site (mkdocs.yml: docs/, and containers/README.md, which docs/containers.md
+# includes) and the README.
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "containers" / "README.md"]
 
 # Names that look like paths but are not files of the repository, each with the reason.
 NOT_REPO_FILES = {
@@ -105,7 +108,8 @@ def _words(span: Mention) -> list[Mention]:
 
 def _links(doc: Path) -> list[Mention]:
     text = doc.read_text(encoding="utf-8")
-    return [Mention(doc, text.count("\n", 0, m.start()) + 1, m.group(1))
+    # the file a link names (its #anchor: test_every_readme_link_resolves for the README, mkdocs --strict for docs/)
+    return [Mention(doc, text.count("\n", 0, m.start()) + 1, m.group(1).split("#")[0])
             for m in re.finditer(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:|#", m.group(1))]
 
 
@@ -163,7 +167,7 @@ def test_the_extraction_finds_what_the_docs_name() -> None:
     """Guards the regexes: known mentions must be found (else the tests below would pass vacuously)."""
     paths = {m.text for m, _ in _path_mentions()}
     for name in ("configs/dpfnas.yaml", "docs/privacy.md", "slurm/noise_sweep.sh", "mpi_fnas/federation/algorithm.py",
-                 "dpfnas_{1,2,4,8}.sh", "../containers/README.md", "scripts/install.sh", "tests/mpi/"):
+                 "dpfnas_{1,2,4,8}.sh", "containers.md", "scripts/install.sh", "tests/mpi/"):
         assert name in paths, name
     assert {"mpi_fnas.run", "mpi_fnas.bench", "mpi_fnas.sweep"} <= set(_module_runs())
     keys = {m.text for m in _config_key_mentions()}
@@ -215,7 +219,8 @@ def test_every_named_config_key_exists() -> None:
 def _python_name_mentions() -> list[Mention]:
     return [Mention(span.doc, span.line, m.group(0))
             for doc in DOCS for span in _code_spans(doc)
-            for m in re.finditer(r"(?<![\w/])mpi_fnas(?:\.\w+)+", span.text)]
+            for m in re.finditer(r"(?<![\w/])mpi_fnas(?:\.\w+)+", span.text)
+            if not m.group(0).endswith(".sif")]  # the container image's file (containers/README.md), not a module
 
 
 def _resolves(dotted: str) -> bool:
@@ -473,3 +478,44 @@ def test_every_named_hdf5_path_is_in_the_layout() -> None:
             if not any(pattern.fullmatch(path) for path in known):
                 missing.append(f"{mention.where()}: {name}")
     assert not missing, "docs name HDF5 paths docs/hdf5.md does not list:\n" + "\n".join(missing)
+
+
+# --- the README's links: every relative link names a file, and every #anchor a heading of it ----------------------
+
+def _anchors(doc: Path) -> set[str]:
+    """The anchors of `doc`'s headings as GitHub and the site (mkdocs.yml's toc slugify) make them."""
+    from pymdownx.slugs import slugify
+
+    slug = slugify(case="lower")
+    text = re.sub(r"^```.*?^```", "", doc.read_text(encoding="utf-8"), flags=re.S | re.M)
+    anchors = set()
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, re.M):
+        html = re.sub(r"`([^`]*)`", r"<code>\1</code>", heading)
+        anchors.add(slug(html, "-"))
+    return anchors
+
+
+def test_every_readme_link_resolves() -> None:
+    readme = ROOT / "README.md"
+    links = re.findall(r"\]\(([^)\s]+)\)", readme.read_text(encoding="utf-8"))
+    local = [link for link in links if not re.match(r"[a-z]+:", link)]
+    assert len(local) >= 10 and any("#" in link for link in local)
+    bad = []
+    for link in local:
+        path, _, anchor = link.partition("#")
+        target = (ROOT / path) if path else readme
+        if not target.exists():
+            bad.append(f"{link}: no such file")
+        elif anchor and anchor not in _anchors(target):
+            bad.append(f"{link}: {target.relative_to(ROOT)} has no heading with that anchor")
+    assert not bad, "README.md links that do not resolve:\n" + "\n".join(bad)
+
+
+def test_the_readme_is_a_front_page() -> None:
+    """At most 150 lines, with the CI's test command (.ci/run runs `make test`) and the results table the lead
+    fills (issue 46)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "make test" in (ROOT / ".ci" / "run").read_text() and re.search(r"^make test\b", text, re.M)
+    assert "<!-- results-table: issue 46 -->" in text
+

@@ -44,6 +44,7 @@ exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (th
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mpi_fnas.baseline``."""
     parser = cli.command_parser(
         "mpi_fnas.baseline", "Does the search beat random, and the hand-designed networks? The searched cell against "
         "R random cells of the same space and the hand-designed CNNs asked for, trained by the same augmentation at "
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.baseline`` on every rank: the arms of every seed, at equal ε; the exit code."""
     args = build_parser().parse_args(argv)
     base, config_error = cli.load_config_args(args)
     if config_error is None:

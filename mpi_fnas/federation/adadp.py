@@ -96,6 +96,7 @@ class AdadpStep:
         return {"lr": self.lr, "lr_used": self.lr_used, "err": self.err}
 
     def load_state_dict(self, state: dict[str, float]) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         self.lr, self.lr_used, self.err = float(state["lr"]), float(state["lr_used"]), float(state["err"])
 
 

@@ -216,6 +216,7 @@ class Channel:
             self.bcast_seconds += time.perf_counter() - start
 
     def barrier(self) -> None:
+        """Wait until every rank reached this point (polled, under the channel's time limit)."""
         self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
 
     # -- setup objects: plain data and registered dataclasses (mpi_fnas.wire), never pickles ------------------------

@@ -92,9 +92,11 @@ class BatchStream:
         return idx
 
     def state_dict(self) -> dict:
+        """The stream's order and position, for the party's own state file."""
         return {"order": self._order.clone(), "pos": self._pos}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         self._order = state["order"].clone()
         self._pos = int(state["pos"])
 
@@ -220,6 +222,7 @@ class Party:
         assign(self.w_params, flat)
 
     def load_a(self, flat: np.ndarray) -> None:
+        """Set the architecture variables A from the flat vector rank 0 broadcast."""
         assign(self.a_params, flat)
 
     # -- releases ------------------------------------------------------------------------------------------------

@@ -154,6 +154,7 @@ class PartyStore:
         return path
 
     def close(self) -> None:
+        """Close the file the store holds open (again: nothing)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

@@ -28,7 +28,8 @@ from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.federation.flat import numel
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan, SecureSum, augment_sample_rates
+from mpi_fnas.privacy.params import PrivacyPlan
+from mpi_fnas.privacy.release import AugmentReleases, SecureSum, augment_sample_rates
 from mpi_fnas.secagg.encoding import padded_length
 from mpi_fnas.space import largest_augment_network, search_space
 from mpi_fnas.wire import wire_type

@@ -109,10 +109,12 @@ class Selector:
         return selection_epsilon(self.draws, self.epsilon, self.select, self.delta)
 
     def state_dict(self) -> dict:
+        """The selection's window, counts and coins, for rank 0's checkpoint."""
         return {"window": self.window.tolist(), "scored": self.scored, "draws": self.draws,
                 "rng": self.rng.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         window = np.asarray(state["window"], dtype=np.float64)
         if window.shape != self.window.shape:
             raise ValueError(f"selection state: score window {window.shape}, expected {self.window.shape}")

@@ -46,7 +46,7 @@ from mpi_fnas.federation.plan import (
 )
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server, augment_server, search_server
-from mpi_fnas.federation.server_loop import Progress, ServerLoop, ratio
+from mpi_fnas.federation.server_loop import LoopStage, Progress, ServerLoop, ratio
 from mpi_fnas.federation.stage import IterationClock, attempt_cost, process_age, settle_privacy
 from mpi_fnas.privacy.release import securely_aggregated
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy
@@ -55,7 +55,8 @@ from mpi_fnas.space import augment_network, search_space, trains_cell
 
 if TYPE_CHECKING:  # the ledgers import dp_accounting and scipy (~1 s): only a DP stage imports them (_ledger)
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-    from mpi_fnas.privacy.release import PrivacyPlan, Release
+    from mpi_fnas.privacy.params import PrivacyPlan
+    from mpi_fnas.privacy.release import Release
 
 
 @dataclass(kw_only=True)
@@ -309,14 +310,12 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
     )
 
 
-class ServedStage:
-    """A stage on rank 0, as :class:`~mpi_fnas.federation.server_loop.ServerLoop` runs it, and what both stage
-    definitions share: the planned steps, the ledger the releases are charged on, the server's selection, the
-    accumulated statistics and rows of the stage's log group, the checkpoint's common keys and the outcome's."""
+class ServedStage(LoopStage):
+    """A stage on rank 0, as :class:`~mpi_fnas.federation.server_loop.ServerLoop` runs it (its
+    :class:`~mpi_fnas.federation.server_loop.LoopStage`), and what both stage definitions share: the planned steps,
+    the ledger the releases are charged on, the server's selection, the accumulated statistics and rows of the
+    stage's log group, the checkpoint's common keys and the outcome's."""
 
-    name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
-    epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
-    row_at_control: bool  # a log row at checkpoint and stop steps as well
     lr_column: str  # the metrics column of W's learning rate
     warmup_epochs = 0  # epochs whose iterations train W only
 
@@ -421,6 +420,7 @@ class SearchStage(ServedStage):
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
+        """Plan the search on rank 0: partitions, steps, the privacy plan and its ledger."""
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
         ledger = _ledger(plan.privacy) if plan.privacy is not None else None
         return _setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
@@ -438,6 +438,7 @@ class SearchStage(ServedStage):
         self.warmup_epochs = cfg.search.warmup_epochs
 
     def load_state_dict(self, checkpoint: dict) -> None:
+        """Restore the stage's accumulated statistics from rank 0's checkpoint."""
         self.acc = _Accumulator.from_state(checkpoint["accumulator"])
 
     def evaluate(self) -> np.ndarray:
@@ -491,6 +492,8 @@ class AugmentStage(ServedStage):
 
     @staticmethod
     def plan(cfg: Config, channel: Channel, searched: dict, assignments=None) -> StageSetup:
+        """Plan the augmentation on rank 0: the network, its pool, steps and releases (continuing the search's
+        ledgers)."""
         # The job's privacy plan covers a search exactly when one ran: the same job's, or --augment's finished one
         # (none for augment.genotype, or for a hand-designed augment.network, which needs no cell).
         search_plan = plan_run(cfg, channel.parties, search=searched.get("genotype") is not None,
@@ -551,6 +554,7 @@ class AugmentStage(ServedStage):
                                         if cfg.augment.optimizer == "adadp" else None))
 
     def load_state_dict(self, checkpoint: dict) -> None:
+        """Restore the stage's accumulated statistics from rank 0's checkpoint."""
         self.acc = _Accumulator(train=np.asarray(checkpoint["stats"], dtype=np.float64))
         self.test_acc, self.test_loss = checkpoint["test_acc"], checkpoint["test_loss"]
 

@@ -136,12 +136,14 @@ class Server:
         self.a_opt.step()
 
     def state_dict(self) -> dict:
+        """W (and A), their optimizers and the update rule's state, for rank 0's checkpoint."""
         return {"w": self.w.data.clone(), "w_opt": self.w_opt.state_dict(),
                 "a": self.a.data.clone() if self.a is not None else None,
                 "a_opt": self.a_opt.state_dict() if self.a_opt is not None else None,
                 "adadp": self.adadp.state_dict() if self.adadp is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         with torch.no_grad():
             self.w.copy_(state["w"])
             if self.a is not None:

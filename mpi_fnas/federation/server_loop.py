@@ -1,6 +1,6 @@
-"""Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage
-(:class:`~mpi_fnas.federation.serve.ServedStage`) says what an iteration, an evaluation, a log row and a checkpoint
-are; the loop decides when each happens. No autograd here.
+"""Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage (:class:`LoopStage`, which
+:class:`~mpi_fnas.federation.serve.ServedStage` implements) says what an iteration, an evaluation, a log row and a
+checkpoint are; the loop decides when each happens. No autograd here.
 
 Per step: the control word (continue, checkpoint, or stop on a signal), the stage's iteration, the charge of its
 releases on the privacy ledger, the step the parties may be in next (charged if the run fails:
@@ -15,7 +15,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -34,14 +34,45 @@ from mpi_fnas.federation.stage import (
 )
 from mpi_fnas.runlog import RunLog, StageLog
 
-if TYPE_CHECKING:  # the stages (their definitions import this loop)
-    from mpi_fnas.federation.serve import ServedStage
+if TYPE_CHECKING:  # the ledger (dp_accounting, scipy) is loaded only by a DP stage
+    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+
+
+
+class LoopStage(Protocol):
+    """What :class:`ServerLoop` needs of a stage. The loop owns this interface and the stages implement it
+    (:class:`~mpi_fnas.federation.serve.ServedStage`), so the stage definitions import the loop, never the reverse."""
+
+    name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
+    steps: int  # the last step the stage runs
+    steps_per_epoch: int
+    epsilon_each_row: bool  # an ε row with every logged row (else at epoch ends only)
+    row_at_control: bool  # a log row at checkpoint and stop steps as well
+    charging: FederationLedger | None  # the ledger this stage's releases are charged on (None: not DP)
+
+    def iterate(self, step: int, epoch: int, control: int) -> None:
+        """One iteration of Algorithm 1 on rank 0, ending with the broadcast that carries `control`."""
+
+    def charge(self) -> None:
+        """Charge one iteration's releases of every party on ``charging``."""
+
+    def evaluate(self) -> np.ndarray:
+        """At an epoch end: [loss_sum, correct, count] on the server's test split."""
+
+    def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
+        """The metrics row of `step`."""
+
+    def log_privacy(self, row: EpsilonRow) -> None:
+        """Write one ε row of the ledger to the stage's log."""
+
+    def checkpoint(self, step: int) -> dict:
+        """Rank 0's whole state at `step`, as ``checkpoint.pt`` holds it."""
 
 
 class ServerLoop:
     """The iterations of one stage on rank 0, with their logging, privacy rows and checkpoints."""
 
-    def __init__(self, stage: ServedStage, cfg: Config, channel: Channel, log: RunLog | None,
+    def __init__(self, stage: LoopStage, cfg: Config, channel: Channel, log: RunLog | None,
                  progress: Progress | None, run_dir: Path | None, stop_requested: Callable[[], str | None]) -> None:
         self.stage, self.cfg, self.channel, self.progress, self.run_dir = stage, cfg, channel, progress, run_dir
         self.log: StageLog | None = log.stage(stage.name) if log is not None else None

@@ -85,11 +85,14 @@ class IterationClock:
     bcast_seconds: float = 0.0  # ... of which in its broadcasts
 
     def add(self, wall: float, mpi: float, bcast: float) -> None:
+        """Add one iteration's wall, MPI and broadcast seconds."""
         self.wall_seconds += wall
         self.mpi_seconds += mpi
         self.bcast_seconds += bcast
 
     def split(self) -> dict[str, float]:
+        """The attempt's seconds for ``/cost``: the parties' compute, the transfers (bounded by twice the broadcasts'),
+        and rank 0's own."""
         transfer = min(2.0 * self.bcast_seconds, self.mpi_seconds)
         return {"party_compute_seconds": self.mpi_seconds - transfer, "transfer_seconds": transfer,
                 "server_seconds": max(self.wall_seconds - self.mpi_seconds, 0.0)}
@@ -176,6 +179,7 @@ class Injections:
             self.sleep_step, self.sleep_seconds = _stage_step(step_text, stage), float(seconds)
 
     def at(self, step: int) -> None:
+        """At `step`: raise or sleep if a test hook asks this party to."""
         if step == self.fault_step:
             where = "step" if self.stage == "search" else f"{self.stage} step"
             raise RuntimeError(f"injected fault at {where} {step} ({FAULT_ENV})")

@@ -62,6 +62,7 @@ class CanaryModel(nn.Module):
         self.linear = nn.Linear(dim, 1, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The linear model's output."""
         return self.linear(x)
 
 

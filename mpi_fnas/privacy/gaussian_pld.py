@@ -36,6 +36,7 @@ class ArrayGaussianPrivacyLoss(privacy_loss_mechanism.GaussianPrivacyLoss):
     REMOVE adjacency; anything else, and scalars, go to the library's own method)."""
 
     def get_delta_for_epsilon(self, epsilon: float | Sequence[float]) -> float | np.ndarray:
+        """δ for each ε of `epsilon` (dp_accounting's method, computed on arrays)."""
         if isinstance(epsilon, numbers.Number) or self.adjacency_type not in (_AdjacencyType.ADD,
                                                                               _AdjacencyType.REMOVE):
             return super().get_delta_for_epsilon(epsilon)

@@ -23,8 +23,9 @@ from typing import Any, Literal
 import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
+from mpi_fnas.privacy.params import PrivacyPlan
 from mpi_fnas.privacy.party_ledger import IterationReleases, iterations_within
-from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 Stage = Literal["search", "augment"]
@@ -216,6 +217,7 @@ class FederationLedger:
 
     # -- misc ----------------------------------------------------------------------------------------------------
     def description(self) -> str:
+        """One line naming the accountant and mechanism behind the ledger's ε."""
         return self.train[0].description()
 
     def state_dict(self) -> dict[str, Any]:
@@ -230,6 +232,7 @@ class FederationLedger:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state written by :meth:`state_dict`."""
         for ledgers, key in ((self.train, "train"), (self.val, "val")):
             for ledger, saved in zip(ledgers, state[key], strict=True):
                 ledger.load_state_dict(saved)

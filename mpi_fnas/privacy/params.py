@@ -3,10 +3,11 @@
 :class:`DPParams` is built once from the ``privacy`` section (:meth:`DPParams.from_config`) and completed by the
 plan (a calibrated σ under ``target_epsilon``). Its :meth:`DPParams.search_releases` are the
 :class:`~mpi_fnas.privacy.release.Release` objects the parties release through, the ledger charges and the run log
-records. A new privacy key is a config field (with its documentation line) and a field of the same name here,
-which :meth:`DPParams.from_config` reads by name; the code that uses it reads it from this object. A new logged
-field of every release (both stages) is a ``Release`` field named in ``mpi_fnas.runlog.schema.RELEASE_FIELDS``
-and in ``LoggedRelease``, with its rows in docs/hdf5.md.
+records. :class:`PrivacyPlan` is the run's plan around them (σ calibrated, sample rates, δ, steps): it depends on
+the releases, never the other way round. A new privacy key is a config field (with its documentation line) and a
+field of the same name here, which :meth:`DPParams.from_config` reads by name; the code that uses it reads it from
+this object. A new logged field of every release (both stages) is a ``Release`` field named in
+``mpi_fnas.runlog.schema.RELEASE_FIELDS`` and in ``LoggedRelease``, with its rows in docs/hdf5.md.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from mpi_fnas.privacy.release import Release, SecureSum
+import numpy as np
+
+from mpi_fnas.privacy.release import AugmentReleases, Release, SecureSum
 from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:  # rank 0's accountant (scipy): the type only
@@ -118,4 +121,22 @@ class DPParams:
                 "A": Release(self.noise_multiplier_a, self.clip_a, self.expected_batch_size, 1, self.secure_sum)}
 
     def with_noise(self, noise_multiplier_w: float, noise_multiplier_a: float) -> DPParams:
+        """A copy with the noise multipliers σ_W and σ_A the planner calibrated."""
         return dataclasses.replace(self, noise_multiplier_w=noise_multiplier_w, noise_multiplier_a=noise_multiplier_a)
+
+
+@dataclass(frozen=True)
+class PrivacyPlan:
+    """Public constants of a DP run. Arrays are (K,), party k at index k - 1. ``params`` is what every party
+    receives (σ calibrated by the planner under ``target_epsilon``)."""
+
+    params: DPParams
+    sample_rate_train: np.ndarray
+    sample_rate_val: np.ndarray
+    delta: np.ndarray
+    steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
+    stop_reason: str  # "completed" or why fewer steps were planned
+    augment: AugmentReleases | None = None  # the augment stage as planned with the search (σ, steps), if it was
+    # W releases per search iteration on the train shard: 2 under ADADP (G1 and G2, each on a fresh Poisson
+    # batch), else 1. The validation shard pays one A release per iteration either way.
+    w_releases_per_step: int = 1

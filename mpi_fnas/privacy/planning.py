@@ -29,8 +29,8 @@ from mpi_fnas.privacy.accountant import (
     party_deltas,
 )
 from mpi_fnas.privacy.ledger import FederationLedger
-from mpi_fnas.privacy.params import DPParams
-from mpi_fnas.privacy.release import AugmentReleases, PrivacyPlan
+from mpi_fnas.privacy.params import DPParams, PrivacyPlan
+from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 

@@ -8,9 +8,9 @@ iteration makes (``per_step``: 2 weight releases under ADADP). Everything else r
   gradients, clip, sum, Gaussian noise from its secret stream, ÷ B: :func:`~mpi_fnas.privacy.mechanism.party_release`;
   no MPI here: the caller sends the vector it returns);
 * the run's plan gives each stage its releases (the search: ``W`` and ``A``, from
-  :meth:`mpi_fnas.privacy.params.DPParams.search_releases` in :class:`PrivacyPlan`; the augmentation: its
-  weights' release, :attr:`AugmentReleases.release`), the ledger (:mod:`mpi_fnas.privacy.ledger`) charges them and
-  the planner (:mod:`mpi_fnas.privacy.planning`) sizes them.
+  :meth:`mpi_fnas.privacy.params.DPParams.search_releases` in :class:`~mpi_fnas.privacy.params.PrivacyPlan`; the
+  augmentation: its weights' release, :attr:`AugmentReleases.release`), the ledger (:mod:`mpi_fnas.privacy.ledger`)
+  charges them and the planner (:mod:`mpi_fnas.privacy.planning`) sizes them.
 """
 
 from __future__ import annotations
@@ -31,8 +31,7 @@ from mpi_fnas.privacy.sampling import poisson_sample
 from mpi_fnas.secagg.encoding import Encoding, padded_length
 from mpi_fnas.wire import wire_type
 
-if TYPE_CHECKING:  # params builds the search's releases: the type only, no import cycle
-    from mpi_fnas.privacy.params import DPParams
+if TYPE_CHECKING:
     from mpi_fnas.secagg.accounting import SecureAccounting
     from mpi_fnas.secagg.masks import PairwiseMasks
     from mpi_fnas.secagg.series import SecureSeries
@@ -79,6 +78,7 @@ class SecureSum:
         return SecureAccounting(self.parties, self.local_variance, self.dimension)
 
     def state_dict(self) -> dict[str, Any]:
+        """The constants as plain values, for checkpoints and the wire."""
         return {"parties": self.parties, "dimension": self.dimension, "local_variance": self.local_variance,
                 "bits": self.bits}
 
@@ -212,6 +212,7 @@ class AugmentReleases:
 
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> AugmentReleases:
+        """The releases a state of :meth:`state_dict` describes (older states without ``secure`` included)."""
         secure = state.get("secure")  # absent from states written before secure aggregation
         if secure and "dimension" not in secure:
             # Written when each example was encoded on its own and accounted at 2^22: its releases are not the ones
@@ -219,23 +220,6 @@ class AugmentReleases:
             raise ValueError("the saved secure-aggregation state predates the encoding of the clipped sum; resume it "
                              "with the version that wrote it")
         return cls(**{**state, "secure": SecureSum(**secure) if secure else None})
-
-
-@dataclass(frozen=True)
-class PrivacyPlan:
-    """Public constants of a DP run. Arrays are (K,), party k at index k - 1. ``params`` is what every party
-    receives (σ calibrated by the planner under ``target_epsilon``)."""
-
-    params: DPParams
-    sample_rate_train: np.ndarray
-    sample_rate_val: np.ndarray
-    delta: np.ndarray
-    steps: int  # iterations the run will take (≤ the configured epochs × steps per epoch)
-    stop_reason: str  # "completed" or why fewer steps were planned
-    augment: AugmentReleases | None = None  # the augment stage as planned with the search (σ, steps), if it was
-    # W releases per search iteration on the train shard: 2 under ADADP (G1 and G2, each on a fresh Poisson
-    # batch), else 1. The validation shard pays one A release per iteration either way.
-    w_releases_per_step: int = 1
 
 
 def augment_sample_rates(

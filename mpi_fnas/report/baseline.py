@@ -61,10 +61,10 @@ def under(path: Path, baselines: Sequence[Path]) -> bool:
 
 
 def table_runs(runs: Sequence[RunRecord], baselines: Sequence[Path]) -> list[RunRecord]:
-    """The runs Tables 1 and 2 may average: a searched (or given) cell's, outside every baseline. An arm of a
-    baseline (a random cell is not a searched one) and a hand-designed network's run (no cell) are compared in a
-    baseline's own section and listed under Runs."""
-    return [run for run in runs if not under(run.path, baselines) and not run.handcrafted]
+    """The runs Tables 1 and 2 may average: searches (:attr:`RunRecord.searched_cell`) outside every baseline. An
+    arm of a baseline (a random cell is not a searched one) is compared in its baseline's own section; a given
+    cell's or a hand-designed network's run in its own group (:mod:`mpi_fnas.report.trained`)."""
+    return [run for run in runs if not under(run.path, baselines) and run.searched_cell]
 
 
 def baseline_rows(directory: Path) -> list[ArmResult]:

@@ -27,6 +27,9 @@ MODE_ORDER = ("vanilla", "fnas", "dpfnas")
 STAGE_AUGMENT = "augment"  # the test error is the augmented network's (/augment test_error)
 STAGE_SUPERNET = "supernet"  # the test error is the supernet's after the search (/metrics/test_acc)
 FINISHED = "finished"
+#: What a run trained without searching it (its label in the report): a given ``augment.genotype``; a hand-designed
+#: network is named by its ``augment.network``.
+GIVEN_CELL = "augmentation of a given cell"
 #: Status of a run whose search finished and whose config asked for an augmentation that the log does not hold
 #: (the job is between its stages, or ended there).
 AUGMENT_PENDING = "augment pending"
@@ -48,7 +51,9 @@ class RunRecord:
     mode: str
     parties: int
     seed: int | None
+    searched: bool  # the job searched (False: augment.genotype or a hand-designed augment.network, no search)
     noise_variance: float | None  # σ_W² of the search (/privacy/noise_multiplier_w, max over parties); None: no DP
+    # or no search
     augment_private: bool | None  # /augment private (DP releases in the augmentation); None: no /augment
     augment_noise_variance: float | None  # σ_aug² (/augment/privacy/noise_multiplier); None: not private, none
     status: str
@@ -65,7 +70,7 @@ class RunRecord:
     augment_attempts: int | None
     epsilon_worst: float  # max over parties of the ε that covers the released model (see epsilon_covers); NaN: no DP
     epsilon_best: float
-    epsilon_covers: str  # "search + augment", "search" or "" (no DP ledger row)
+    epsilon_covers: str  # "search + augment", "search", "augment" (no search) or "" (no DP ledger row)
     privacy_guarantee: str  # of the released model: /augment's attribute when augmented, else the root's
     genotype: str  # the cell the run found (final, else the last epoch's), or the augmented one
     network: str  # what the augmentation trained (/augment network): cell, or a hand-designed network; cell when
@@ -74,8 +79,22 @@ class RunRecord:
 
     @property
     def handcrafted(self) -> bool:
-        """Whether the run trained a hand-designed network (no cell: left out of Tables 1 and 2)."""
+        """Whether the run trained a hand-designed network (no cell)."""
         return self.network != CELL_NETWORK
+
+    @property
+    def searched_cell(self) -> bool:
+        """Whether the run is a search (with or without the augmentation of the cell it found): what Tables 1 and 2
+        average. A given cell's or a hand-designed network's run is reported beside them (:attr:`trained`)."""
+        return self.searched and not self.handcrafted
+
+    @property
+    def trained(self) -> str:
+        """What the run trained, as the report labels it: ``searched cell``, :data:`GIVEN_CELL`, or the
+        hand-designed network's name."""
+        if self.handcrafted:
+            return self.network
+        return "searched cell" if self.searched else GIVEN_CELL
 
     @property
     def final(self) -> bool:
@@ -134,14 +153,16 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
     status, reason = run_status(log, config)
     supernet_error = supernet_test_error(log)
     augmented = augment is not None and augment["status"] == FINISHED
-    epsilon, covers = released_epsilon(log)
+    searched = job_searched(config)
+    epsilon, covers = released_epsilon(log, searched=searched)
     cost = log["cost"]
     genotype = log["final_genotype"] or (log["genotypes"][-1] if log["genotypes"] else "")
     if augment is not None and augment["genotype"]:
         genotype = augment["genotype"]
     return RunRecord(
         path=path, label=label, slug=slug, mode=log["mode"], parties=int(log["parties"]),
-        seed=_int_or_none(config.get("seed")), noise_variance=noise_variance(log),
+        seed=_int_or_none(config.get("seed")), searched=searched,
+        noise_variance=noise_variance(log) if searched else None,
         augment_private=bool(augment["private"]) if augment is not None else None,
         augment_noise_variance=augment_noise_variance(log),
         status=status, reason=reason,
@@ -230,17 +251,26 @@ def supernet_test_error(log: dict[str, Any]) -> float:
     return float(1.0 - acc[-1]) if acc.size else math.nan
 
 
-def released_epsilon(log: dict[str, Any]) -> tuple[np.ndarray, str]:
+def job_searched(config: dict[str, Any]) -> bool:
+    """Whether the job of the run's config searched: a new job searches unless it needs no searched cell, i.e. it
+    was given ``augment.genotype`` or a hand-designed ``augment.network`` (mpi_fnas.run decides so). The log's
+    config is the job's first: after ``--augment RUN_DIR --set augment.network=...`` it is the search's."""
+    return (config_value(config, "augment.genotype") is None
+            and config_value(config, "augment.network", CELL_NETWORK) == CELL_NETWORK)
+
+
+def released_epsilon(log: dict[str, Any], *, searched: bool = True) -> tuple[np.ndarray, str]:
     """(ε per party, what it covers) of the model the run released.
 
     A private augmentation's ledger composes the search's releases with its own, so its last row is the ε of the
-    augmented network ("search + augment"). Otherwise the search's last row ("search"): a search-only run, or one
+    augmented network ("search + augment"; "augment" when the job did not search: its ledgers held nothing
+    before the augmentation). Otherwise the search's last row ("search"): a search-only run, or one
     whose augmentation was not private (augment.private false; the paper's protocol: ε is the search's and the
     final weights are not private, which ``privacy_guarantee`` says). Empty for a run without a DP ledger row.
     """
     augment = log["augment"]
     if augment is not None and augment["privacy"] is not None and len(augment["privacy"]["epsilon"]):
-        return np.asarray(augment["privacy"]["epsilon"][-1], dtype=float), "search + augment"
+        return np.asarray(augment["privacy"]["epsilon"][-1], dtype=float), "search + augment" if searched else "augment"
     privacy = log["privacy"]
     if privacy is not None and len(privacy["epsilon"]):
         return np.asarray(privacy["epsilon"][-1], dtype=float), "search"

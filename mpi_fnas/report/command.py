@@ -37,6 +37,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mpi_fnas.report``."""
     parser = _OneLineParser(
         prog="python -m mpi_fnas.report",
         description="Turn run directories (or roots holding them: a Table 1 array, a noise sweep) into the "
@@ -55,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.report``: the report of the runs under the paths, or ``--follow`` one run; the exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.follow is not None:
@@ -85,6 +87,7 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
     from mpi_fnas.report.baseline import baseline_rows, find_baselines, table_runs
     from mpi_fnas.report.document import build_report  # matplotlib, torch (genotypes): only for a real report
     from mpi_fnas.report.tables import augment_noise_label, group_runs, noise_label, table1_groups, table2_groups
+    from mpi_fnas.report.trained import trained_groups, trained_runs
 
     files = build_report(runs, paths)
     try:
@@ -109,6 +112,10 @@ def _report_command(paths: list[str], out: Path, debug: bool) -> int:
         noise = f"  σ_W² {noise_label(g.noise_variance)}  σ_aug² {augment_noise_label(g)}" if study else ""
         print(f"  {g.mode:<8} K={g.parties:<3}{noise}  runs {len(g.runs)}  test error "
               f"{100 * g.test_error_mean:.2f}{std} % ({g.stage})  search {g.search_wall_hours:.3g} h{eps}")
+    for g in trained_groups(trained_runs(runs, baselines)):  # a given cell's or a hand-designed network's runs
+        eps = f"  ε {g.epsilon_worst:.4g} ({g.epsilon_covers})" if math.isfinite(g.epsilon_worst) else ""
+        print(f"  {g.trained} {g.named}: {g.mode} K={g.parties}  runs {len(g.runs)}  test error "
+              f"{100 * g.test_error_mean:.2f} %{eps}")
     for directory in baselines:
         print(f"  baseline {directory}:\n" + "\n".join(
             f"    {line}" for line in format_comparison(compare(baseline_rows(directory))).splitlines()))

@@ -227,6 +227,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m mpi_fnas.report.cost_model``: the predicted against the measured search times; the exit code."""
     args = _parser().parse_args(argv)
     benches = [json.loads(path.read_text()) for path in args.bench]
     runs = [(pair.split(":", 1)[0], Path(pair.split(":", 1)[1])) for pair in args.runs]

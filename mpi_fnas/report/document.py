@@ -47,6 +47,14 @@ from mpi_fnas.report.tables import (
     table2_groups,
     table2_rows,
 )
+from mpi_fnas.report.trained import (
+    TRAINED_COLUMNS,
+    TRAINED_CSV,
+    TrainedGroup,
+    trained_groups,
+    trained_rows,
+    trained_runs,
+)
 
 REPORT_MD = "report.md"
 REPORT_HTML = "report.html"
@@ -55,18 +63,20 @@ TITLE = "mpi_fnas report"
 
 def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, bytes]:
     """Every file of the report directory, by relative path: report.md, report.html, table1.csv, table2.csv (when
-    Table 2 exists), baseline_table.csv (when a random baseline is among the inputs) and figures/<name>.png.
-    `inputs`: the paths given, named in the report's first line. Runs of a baseline and runs of a hand-designed
-    network are left out of Tables 1 and 2 (:func:`~mpi_fnas.report.baseline.table_runs`) and compared in a
-    baseline's own section."""
+    Table 2 exists), trained.csv (when a run trained a given cell or a hand-designed network), baseline_table.csv
+    (when a random baseline is among the inputs) and figures/<name>.png. `inputs`: the paths given, named in the
+    report's first line. Tables 1 and 2 average searches only (:func:`~mpi_fnas.report.baseline.table_runs`): the
+    runs of a baseline are compared in its own section, a given cell's or a hand-designed network's in theirs
+    (:mod:`mpi_fnas.report.trained`)."""
     baselines = find_baselines(inputs)
     groups = group_runs(table_runs(runs, baselines))
     table1, table2 = table1_groups(groups), table2_groups(groups)
+    trained = trained_groups(trained_runs(runs, baselines))
     across: dict[str, bytes] = {}
     if table1:
         across[TABLE1_FIGURE] = table1_figure(table1)
     if groups:  # every finished run: a search's cost does not depend on its noise, so noise studies count too
-        across[COST_FIGURE] = cost_figure(runs)
+        across[COST_FIGURE] = cost_figure([run for run in runs if run.searched])
     if table2:
         across[TABLE2_FIGURE] = table2_figure(table2)
     per_run = {run.slug: run_figures(run) for run in runs}
@@ -77,6 +87,7 @@ def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, 
     blocks: list[Block] = [Heading(TITLE, 1), Paragraph(_summary(runs, inputs))]
     blocks += _table1_blocks(table1, groups)
     blocks += _table2_blocks(table2)
+    blocks += _trained_blocks(trained)
     baseline_rows: list[dict[str, object]] = []
     for directory in baselines:
         label = os.path.relpath(directory)
@@ -95,6 +106,8 @@ def build_report(runs: Sequence[RunRecord], inputs: Sequence[str]) -> dict[str, 
     }
     if table2:
         files[TABLE2_CSV] = csv_text(TABLE2_COLUMNS, table2_rows(table2)).encode("utf-8")
+    if trained:
+        files[TRAINED_CSV] = csv_text(TRAINED_COLUMNS, trained_rows(trained)).encode("utf-8")
     if baselines:
         files[BASELINE_CSV] = csv_text(BASELINE_COLUMNS, baseline_rows).encode("utf-8")
     files.update({f"{FIGURES_DIR}/{name}": png for name, png in images.items()})
@@ -158,6 +171,23 @@ def _table2_blocks(table2: Sequence[Group]) -> list[Block]:
     ]
 
 
+def _trained_blocks(trained: Sequence[TrainedGroup]) -> list[Block]:
+    if not trained:
+        return []
+    return [
+        Heading("Trained without a search: given cells and hand-designed networks"),
+        Paragraph("Runs that trained a cell they were given (`augment.genotype`) or a hand-designed network "
+                  "(`augment.network`), averaged over seeds per cell or network and setting; never part of Tables 1 "
+                  "and 2, which average searches. Such a run has no search noise σ_W², and its ε covers the "
+                  "augmentation alone (`augment`), or the search it followed (`search + augment`)."),
+        Table(("trained", "cell or network", "mode", "K", "σ_aug²", "runs", "test error (%)", "params (M)",
+               "ε worst", "ε covers"),
+              tuple((g.trained, f"`{g.named}`", g.mode, str(g.parties), augment_noise_label(g), str(len(g.runs)),
+                     _error(g), _num(g.params_m, ".4f"), _num(g.epsilon_worst, ".4g"), g.epsilon_covers or "–")
+                    for g in trained)),
+    ]
+
+
 def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Block]:
     rows = tuple((f"`{r.label}`", r.mode, str(r.parties), _opt(r.seed), noise_label(r.noise_variance),
                   augment_noise_label(r), r.status,
@@ -178,8 +208,8 @@ def _runs_blocks(runs: Sequence[RunRecord], groups: Sequence[Group]) -> list[Blo
               for r in left_out.values()]
     notes += [f"`{r.label}`: privacy guarantee: {r.privacy_guarantee}"
               for r in runs if r.mode == "dpfnas" and r.privacy_guarantee != "holds"]
-    notes += [f"`{r.label}`: trained the hand-designed network `{r.network}`, not a cell; left out of Tables 1 and "
-              "2 (compare it in a baseline: python -m mpi_fnas.baseline --handcrafted)" for r in runs if r.handcrafted]
+    notes += [f"`{r.label}`: trained {_what(r)}, not a searched cell; reported under \"Trained without a search\", "
+              "not in Tables 1 and 2" for r in runs if r.final and not r.searched_cell]
     if notes:
         blocks.append(Bullets(tuple(notes)))
     return blocks
@@ -189,9 +219,9 @@ def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
     blocks: list[Block] = [
         Heading(f"Run {run.label}", 3),
         Paragraph(f"{run.mode}, K = {run.parties}, seed {_opt(run.seed)}, status {run.status}; "
-                  + (f"genotype `{run.genotype or 'none yet'}`" if not run.handcrafted else
-                     f"network `{run.network}` (hand-designed, no cell)"
-                     + (f"; the searched genotype, not trained: `{run.genotype}`" if run.genotype else ""))),
+                  + (f"genotype `{run.genotype or 'none yet'}`" if run.searched_cell else _what(run)
+                     + (f"; the searched genotype, not trained: `{run.genotype}`"
+                        if run.handcrafted and run.searched and run.genotype else ""))),
     ]
     captions = {"alphas": "final alphas (edge × op)", "alphas-epochs": "alphas over epochs",
                 "cells": "derived cells", "curves": "loss and accuracy", "epsilon": "ε per party over steps",
@@ -200,6 +230,13 @@ def _run_blocks(run: RunRecord, figures: dict[str, bytes]) -> list[Block]:
         suffix = name[len(run.slug) + 1 : -len(".png")]
         blocks.append(Image(name, f"{run.label}: {captions.get(suffix, suffix)}"))
     return blocks
+
+
+def _what(run: RunRecord) -> str:
+    """A run that did not train a searched cell, as the report names it: the cell given, or the network."""
+    if run.handcrafted:
+        return f"the hand-designed network `{run.network}`"
+    return f"a given cell (augmentation of a given cell): `{run.genotype}`"
 
 
 def _error(g: Group) -> str:

@@ -134,6 +134,7 @@ class LiveView:
         self._shown = 0  # length of the line being redrawn (terminal)
 
     def show(self, snap: Snapshot) -> None:
+        """Print `snap`: its genotype (or network) when it changed, then its status line."""
         now = self.clock()
         first = self._first.setdefault(snap.stage, (now, snap.step))
         measured = (now - first[0]) / (snap.step - first[1]) if snap.step > first[1] else None

@@ -19,22 +19,26 @@ _CODE = re.compile(r"`([^`]+)`")
 
 @dataclass(frozen=True)
 class Heading:
+    """A heading of the page (level 2 by default)."""
     text: str
     level: int = 2
 
 
 @dataclass(frozen=True)
 class Paragraph:
+    """A paragraph of Markdown text."""
     text: str
 
 
 @dataclass(frozen=True)
 class Bullets:
+    """A bulleted list."""
     items: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class Table:
+    """A table: its header and rows of cell texts."""
     header: tuple[str, ...]
     rows: tuple[tuple[str, ...], ...]
 

@@ -67,6 +67,7 @@ class MixedOp(nn.Module):
         self.ops = nn.ModuleList(make_op(name, channels, stride, norm, affine=False) for name in primitives)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The ops on `x`, mixed by `weights` (one per op, or one row per example)."""
         check_weights("MixedOp", weights, (len(self.ops),), x.shape[0])
         return weighted_sum(self.ops, x, weights)
 
@@ -111,6 +112,7 @@ class SearchCell(nn.Module):
         return self.nodes
 
     def forward(self, s0: torch.Tensor, s1: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The cell's output from the two previous states, every edge mixed by `weights`."""
         check_weights("SearchCell", weights, (num_edges(self.nodes), self.num_ops), s1.shape[0])
         states = dense_nodes([self.preprocess0(s0), self.preprocess1(s1)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)

@@ -139,6 +139,7 @@ class DepthwiseConv2d(nn.Conv2d):
                                     and all(p <= r for p, r in zip(self.padding, reach, strict=True)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The depthwise convolution of `x` (a faster input gradient on CPU where it applies)."""
         if (not self.fast_input_gradient or x.device.type != "cpu" or not torch.is_grad_enabled()
                 or _stock_kernels_only):
             return super().forward(x)

@@ -123,6 +123,8 @@ class DerivedCell(nn.Module):
         drop_prob: float = 0.0,
         stream: Keystream | None = None,
     ) -> torch.Tensor:
+        """The cell's output from the two previous states, with per-example drop-path at `drop_prob` drawn from
+        `stream`."""
         states = [self.preprocess0(s0), self.preprocess1(s1)]
         use_drop_path = self.training and drop_prob > 0.0
         for node in range(self.nodes):
@@ -163,6 +165,7 @@ class AuxiliaryHead(nn.Module):
         self.classifier = nn.Linear(AUX_FEATURES, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The auxiliary logits of the features `x`."""
         return self.classifier(self.features(x).flatten(1))
 
 
@@ -206,6 +209,7 @@ class AugmentNetwork(CellNetwork):
                                if self.aux_layer is not None else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Logits of the batch `x` (and the auxiliary head's, while training with one)."""
         self.check_input(x)
         if not 0.0 <= self.drop_path_prob < 1.0:
             raise ValueError(f"AugmentNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")

@@ -62,6 +62,7 @@ class HandcraftedNetwork(WholeNetwork):
         self.mask_stream: Keystream | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the batch `x` (refused unless its shape is the one the network was sized for)."""
         if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, self.image_size, self.image_size):
             raise ValueError(f"{type(self).__name__} input: expected (N, {self.in_channels}, {self.image_size}, "
                              f"{self.image_size}), got {tuple(x.shape)}")

@@ -104,6 +104,7 @@ class DpnasSpace:
         return (dpnas.num_edges(space.nodes), len(self.primitives)), (0, len(self.primitives))
 
     def max_genotype_length(self, space: SpaceConfig) -> int:
+        """The longest genotype text of the space at `space.nodes`, in bytes (the log's fixed width)."""
         return dpnas.max_dpnas_genotype_length(space.nodes)
 
     def parse_genotype(self, text: str) -> dpnas.DpnasGenotype:

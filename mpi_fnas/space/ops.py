@@ -69,6 +69,7 @@ class Zero(nn.Module):
         self.stride = stride
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Zeros of the op's output shape: the edge is absent."""
         # Strided slicing gives exactly ceil(H / stride), matching the other ops' output size.
         return torch.zeros_like(x[:, :, :: self.stride, :: self.stride])
 
@@ -82,6 +83,7 @@ class ReluFirst(nn.Module):
     """
 
     def forward_from_relu(self, relu_x: torch.Tensor) -> torch.Tensor:
+        """The op on an input that has been through ReLU already (ops on one edge share that ReLU)."""
         raise NotImplementedError
 
 
@@ -130,6 +132,7 @@ class DilConv(nn.Sequential, ReluFirst):
         )
 
     def forward_from_relu(self, relu_x: torch.Tensor) -> torch.Tensor:
+        """The op on an input that has been through ReLU already."""
         _, depthwise, pointwise, norm = self
         return norm(pointwise(depthwise(relu_x)))
 
@@ -149,6 +152,7 @@ class SepConv(nn.Sequential, ReluFirst):
         )
 
     def forward_from_relu(self, relu_x: torch.Tensor) -> torch.Tensor:
+        """The op on an input that has been through ReLU already."""
         first, second = self
         return second(first.forward_from_relu(relu_x))
 
@@ -177,9 +181,11 @@ class FactorizedReduce(ReluFirst):
         self.norm = make_norm(norm, c_out, affine)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """ReLU, then the 1x1 convolutions of the even and the odd pixels, concatenated, then norm."""
         return self.forward_from_relu(self.relu(x))
 
     def forward_from_relu(self, x: torch.Tensor) -> torch.Tensor:
+        """The op on an input that has been through ReLU already."""
         # Zero-pad right/bottom before taking the odd pixels so both branches give ceil(H / 2) rows/cols even
         # when H or W is odd.
         even = x[:, :, ::2, ::2]

@@ -50,6 +50,7 @@ exit codes: 0 finished, 1 failure (job aborted), 2 bad input, 75 interrupted (cu
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m mpi_fnas.sweep``."""
     # --config takes an optional sweep: section; --set sweep.seeds=[0,1,2] works
     parser = cli.command_parser(
         "mpi_fnas.sweep", "DP-FNAS noise sweep (paper Table 2): one run per (noise variance, seed), all inside one "
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.sweep`` on every rank: every (variance, seed) point, then the summary; the exit code."""
     args = build_parser().parse_args(argv)
     if args.summarize:
         return _summarize_command(args)

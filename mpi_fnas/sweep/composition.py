@@ -35,6 +35,7 @@ class SweepComposition:
         return len({name.split("/")[0] for name in self.logs})
 
     def describe(self) -> str:
+        """One line saying how the sweep's ε was composed."""
         how = ("per party: same shards in every run" if self.per_party is not None
                else "worst case over placements: the seeds re-partition the same examples")
         bound = "" if self.exact else "; upper bound: unfinished runs or requeues counted at their plan"

@@ -66,9 +66,11 @@ class SweepSpec:
     seeds: tuple[int, ...] = DEFAULT_SEEDS
 
     def points(self) -> list[SweepPoint]:
+        """Every (noise variance, seed) point of the sweep, variances outermost."""
         return [SweepPoint(v, s) for v in self.variances for s in self.seeds]
 
     def to_dict(self) -> dict[str, list]:
+        """The spec as plain lists (the ``sweep:`` section of a config)."""
         return {"variances": list(self.variances), "seeds": list(self.seeds)}
 
 

@@ -40,6 +40,7 @@ class DpnasMixedOp(nn.Module):
         self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in PRIMITIVES)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The ops on `x`, mixed by `weights` (one per op, or one row per example)."""
         check_weights("DpnasMixedOp", weights, (len(self.ops),), x.shape[0])
         return weighted_sum(self.ops, x, weights)
 
@@ -55,6 +56,7 @@ class DpnasSearchCell(nn.Module):
         self.edges = nn.ModuleList(DpnasMixedOp(channels) for _ in edge_endpoints(nodes))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """The dense cell's output, every edge mixed by `weights`."""
         check_weights("DpnasSearchCell", weights, (num_edges(self.nodes), len(PRIMITIVES)), x.shape[0])
         states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
@@ -84,6 +86,7 @@ class DerivedDpnasCell(nn.Module):
 
     def forward(self, x: torch.Tensor, drop_prob: float = 0.0,
                 stream: Keystream | None = None) -> torch.Tensor:
+        """The derived cell's output, with per-example drop-path at `drop_prob` drawn from `stream`."""
         states = [self.preprocess(x)]
         sums: list[torch.Tensor | None] = [None] * self.nodes
         use_drop_path = self.training and drop_prob > 0.0

@@ -79,6 +79,7 @@ class DpnasSearchNetwork(nn.Module):
         self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(PRIMITIVES)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the batch `x` under the current architecture variables."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"DpnasSearchNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
         weights = F.softmax(self.alpha, dim=-1)  # one softmax per forward, shared by every cell
@@ -145,6 +146,7 @@ class DpnasNetwork(WholeNetwork):
         self.classifier = nn.Linear(c_prev, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the batch `x`."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"DpnasNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
         if not 0.0 <= self.drop_path_prob < 1.0:

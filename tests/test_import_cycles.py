@@ -1,0 +1,106 @@
+"""The package imports one way: no two modules of mpi_fnas import each other, directly or through others.
+
+Every import statement of a module counts, wherever it stands: at module level, under ``if TYPE_CHECKING:`` and
+inside functions. A cycle hidden behind a type-only or a lazy import is still a cycle in the design (issue 47:
+``federation/serve.py`` ↔ ``federation/server_loop.py`` and ``privacy/params.py`` ↔ ``privacy/release.py`` were
+two), so the graph is read with ast, nothing is imported.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "mpi_fnas"
+
+
+def _module_names(package: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every module and package of `package`."""
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module -> the package's modules it imports. ``from a.b import c`` is an edge to ``a.b.c`` when that is a
+    module, else to ``a.b``; relative imports resolve from the importing module's package."""
+    modules = _module_names(package)
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        imported: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name for alias in node.names if alias.name in modules}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    base = ".".join([*parts, *([node.module] if node.module else [])])
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in modules:
+                        imported.add(f"{base}.{alias.name}")
+                    elif base in modules:
+                        imported.add(base)
+        graph[name] = imported - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for succ in sorted(graph[node]):
+            if succ not in index:
+                visit(succ)
+                low[node] = min(low[node], low[succ])
+            elif succ in stack:
+                low[node] = min(low[node], index[succ])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_graph_sees_the_package() -> None:
+    graph = import_graph()
+    assert len(graph) > 100
+    assert "mpi_fnas.federation.server_loop" in graph["mpi_fnas.federation.serve"]
+    assert "mpi_fnas.privacy.release" in graph["mpi_fnas.privacy.params"]
+
+
+def test_cycles_are_found(tmp_path: Path) -> None:
+    """A cycle through a type-only import and one through a function's import are both found."""
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "a.py").write_text("from pkg.b import B\n")
+    (package / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\nB = 1\n")
+    (package / "sub" / "c.py").write_text("def f():\n    from ..sub import d\n")
+    (package / "sub" / "d.py").write_text("from . import c\n")
+    (package / "e.py").write_text("import pkg.a\n")
+    assert cycles(import_graph(package)) == [["pkg.a", "pkg.b"], ["pkg.sub.c", "pkg.sub.d"]]
+
+
+def test_the_package_has_no_import_cycles() -> None:
+    found = cycles(import_graph())
+    assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
