@@ -194,3 +194,19 @@ def test_resolved_yaml_round_trips(tmp_path):
     f = tmp_path / "resolved.yaml"
     f.write_text(cfg.to_yaml())
     assert load_config(f) == cfg
+
+
+def test_mnist_recipe_config_carries_the_private_recipe():
+    """configs/mnist_recipe.yaml is configs/mnist.yaml plus issue 46's private recipe (docs/benchmarks.md): the DPNAS
+    space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; everything else the make-run default."""
+    recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
+    mnist = load_config(ROOT / "configs" / "mnist.yaml")
+    assert recipe.data == mnist.data
+    assert recipe.space.kind == "dpnas"
+    assert (recipe.augment.batch_size, recipe.augment.epochs, recipe.augment.lr) == (500, 80, 2.0)
+    # the pool of a party: mnist-5k's 4,000 train digits over the make-run's 8 parties, so B / N = 1
+    assert recipe.augment.pool == "all" and recipe.augment.batch_size == 4000 // 8
+    assert recipe.privacy.aggregation == "secure"
+    defaults = Config()
+    assert (recipe.augment.clip, recipe.augment.momentum, recipe.space.stage_channels, recipe.space.nodes) == (
+        defaults.augment.clip, defaults.augment.momentum, defaults.space.stage_channels, defaults.space.nodes)
