@@ -210,3 +210,15 @@ def test_mnist_recipe_config_carries_the_private_recipe():
     defaults = Config()
     assert (recipe.augment.clip, recipe.augment.momentum, recipe.space.stage_channels, recipe.space.nodes) == (
         defaults.augment.clip, defaults.augment.momentum, defaults.space.stage_channels, defaults.space.nodes)
+
+
+def test_synthetic_recipe_config_is_the_default_with_the_private_recipe():
+    """configs/synthetic_recipe.yaml is the make-run default plus issue 46's recipe: DPNAS space, batch 500 of a
+    party's 4,000-image pool, 10 epochs, lr 2, σ calibrated to a worst-party ε of 3; nothing else differs."""
+    recipe = load_config(ROOT / "configs" / "synthetic_recipe.yaml")
+    defaults = Config()
+    assert recipe.space.kind == "dpnas"
+    assert (recipe.augment.batch_size, recipe.augment.epochs, recipe.augment.lr) == (500, 10, 2.0)
+    assert recipe.privacy.target_epsilon == 3.0
+    assert recipe.data == defaults.data and recipe.search == defaults.search and recipe.mode == defaults.mode
+    assert recipe.privacy.aggregation == defaults.privacy.aggregation == "secure"
