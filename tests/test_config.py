@@ -194,3 +194,31 @@ def test_resolved_yaml_round_trips(tmp_path):
     f = tmp_path / "resolved.yaml"
     f.write_text(cfg.to_yaml())
     assert load_config(f) == cfg
+
+
+def test_mnist_recipe_config_carries_the_private_recipe():
+    """configs/mnist_recipe.yaml is configs/mnist.yaml plus issue 46's private recipe (docs/benchmarks.md): the DPNAS
+    space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; everything else the make-run default."""
+    recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
+    mnist = load_config(ROOT / "configs" / "mnist.yaml")
+    assert recipe.data == mnist.data
+    assert recipe.space.kind == "dpnas"
+    assert (recipe.augment.batch_size, recipe.augment.epochs, recipe.augment.lr) == (500, 80, 2.0)
+    # the pool of a party: mnist-5k's 4,000 train digits over the make-run's 8 parties, so B / N = 1
+    assert recipe.augment.pool == "all" and recipe.augment.batch_size == 4000 // 8
+    assert recipe.privacy.aggregation == "secure"
+    defaults = Config()
+    assert (recipe.augment.clip, recipe.augment.momentum, recipe.space.stage_channels, recipe.space.nodes) == (
+        defaults.augment.clip, defaults.augment.momentum, defaults.space.stage_channels, defaults.space.nodes)
+
+
+def test_synthetic_recipe_config_is_the_default_with_the_private_recipe():
+    """configs/synthetic_recipe.yaml is the make-run default plus issue 46's recipe: DPNAS space, batch 500 of a
+    party's 4,000-image pool, 10 epochs, lr 2, σ calibrated to a worst-party ε of 3; nothing else differs."""
+    recipe = load_config(ROOT / "configs" / "synthetic_recipe.yaml")
+    defaults = Config()
+    assert recipe.space.kind == "dpnas"
+    assert (recipe.augment.batch_size, recipe.augment.epochs, recipe.augment.lr) == (500, 10, 2.0)
+    assert recipe.privacy.target_epsilon == 3.0
+    assert recipe.data == defaults.data and recipe.search == defaults.search and recipe.mode == defaults.mode
+    assert recipe.privacy.aggregation == defaults.privacy.aggregation == "secure"
