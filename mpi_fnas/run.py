@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mpi_fnas import __version__, cli
-from mpi_fnas.config import CELL_NETWORK, Config, ConfigError, check_world, config_from_text, describe_keys
+from mpi_fnas.config import (
+    CELL_NETWORK,
+    Config,
+    ConfigError,
+    check_world,
+    config_from_text,
+    describe_keys,
+    searches_first,
+)
 
 if TYPE_CHECKING:  # mpi4py loads with the channel, after the argument and config checks
     from mpi_fnas.federation.comm import Channel
@@ -221,9 +229,8 @@ def _decide(cfg: Config | None, args: argparse.Namespace, made: list[Path]) -> t
 
 
 def _first_stage(cfg: Config) -> str:
-    """A new job searches unless it needs no searched cell: a given ``augment.genotype``, or a hand-designed
-    ``augment.network`` (a search whose cell is not trained would spend ε on nothing)."""
-    return "augment" if cfg.augment.genotype is not None or cfg.augment.network != CELL_NETWORK else "search"
+    """A new job's first stage (:func:`~mpi_fnas.config.searches_first`)."""
+    return "search" if searches_first(cfg.augment.genotype, cfg.augment.network) else "augment"
 
 
 def _check_stages(cfg: Config) -> None:
@@ -406,14 +413,13 @@ def _augment_lines(outcome, search) -> list[str]:
     if outcome.private and outcome.privacy_guarantee != "holds":
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
     elif outcome.private:
-        eps = outcome.epsilon
-        bound = "tight PLD bound" if outcome.epsilon_collusion is None else "against the server (secure; RDP bound)"
+        eps, release = outcome.epsilon, outcome.release
+        bound = "tight PLD bound" if release.secure is None else "against the server (secure; RDP bound)"
         spent_on = "search + augmentation composed" if outcome.composed_with_search else "the augmentation alone"
-        aggregation = "local" if outcome.epsilon_collusion is None else "secure"
         lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
                   f"{outcome.delta.max():.3g} — {spent_on}, {bound}", *_collusion_lines(outcome),
-                  f"noise           σ = {outcome.noise_multiplier:.4g} per release ({aggregation}), expected "
-                  f"batch B = {outcome.expected_batch_size:g} per party"]
+                  f"noise           σ = {release.noise_multiplier:.4g} per release ({release.aggregation}), "
+                  f"expected batch B = {release.expected_batch_size:g} per party"]
     elif outcome.mode == "dpfnas":
         eps = outcome.epsilon
         search_eps = f"ε = {eps.max():.4g} (worst party) covers the SEARCH ONLY; " if eps is not None else ""

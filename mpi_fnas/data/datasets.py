@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import torch
 
+from mpi_fnas.config import DIGIT_DATASETS
 from mpi_fnas.data import imagefolder
 from mpi_fnas.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, Cifar10Folder, download_cifar10, missing_cifar10_files
 from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
@@ -33,7 +34,7 @@ def pixel_statistics(name: str, channels: int = 3) -> tuple[np.ndarray, np.ndarr
         return np.full(3, PIXEL_MEAN, dtype=np.float32), np.full(3, PIXEL_STD, dtype=np.float32)
     if name == "cifar10":
         return np.asarray(CIFAR10_MEAN, dtype=np.float32), np.asarray(CIFAR10_STD, dtype=np.float32)
-    if name in ("mnist", "mnist-5k"):
+    if name in DIGIT_DATASETS:
         return np.asarray(MNIST_MEAN, dtype=np.float32), np.asarray(MNIST_STD, dtype=np.float32)
     if name == "imagefolder":
         return (np.full(channels, imagefolder.PIXEL_MEAN, dtype=np.float32),

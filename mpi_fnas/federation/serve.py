@@ -104,8 +104,7 @@ class AugmentOutcome(StageOutcome):
     params: int  # parameters of the network without the auxiliary head (Table 1's "Params")
     test_loss: float
     private: bool  # the releases were DP (dpfnas with augment.private)
-    noise_multiplier: float | None = None  # σ of the augmentation's releases (None: not private)
-    expected_batch_size: float | None = None  # B of the augmentation's releases (None: not private)
+    release: Release | None = None  # the augmentation's releases (σ, clip, B; None: not private)
     composed_with_search: bool = False  # its ε includes a search's releases (the ledger continued one)
 
 
@@ -563,12 +562,11 @@ class AugmentStage(ServedStage):
                 "stats": self.acc.train.tolist(), "test_acc": self.test_acc, "test_loss": self.test_loss}
 
     def result(self, stopped: str | None, test: np.ndarray, **common: Any) -> AugmentOutcome:
-        ledger, release = self.setup.ledger, self.plan.releases.release if self.setup.private else None
+        ledger = self.setup.ledger
         return AugmentOutcome(network=self.plan.network, genotype=self.plan.genotype_text,
                               params=self.setup.model.num_params(),
                               test_acc=self.test_acc, test_loss=self.test_loss, private=self.setup.private,
-                              noise_multiplier=release.noise_multiplier if release is not None else None,
-                              expected_batch_size=release.expected_batch_size if release is not None else None,
+                              release=self.plan.releases.release if self.setup.private else None,
                               composed_with_search=ledger is not None and bool(ledger.charged_steps("search").any()),
                               **common)
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from mpi_fnas.config import CELL_NETWORK, ConfigError
+from mpi_fnas.config import CELL_NETWORK, ConfigError, searches_first
 from mpi_fnas.runlog import DEFAULT_STALE_SECONDS, read_run
 from mpi_fnas.runlog.liveness import WriterRecord, writer_gone_reason
 from mpi_fnas.sweep import LOG_NAME
@@ -252,11 +252,11 @@ def supernet_test_error(log: dict[str, Any]) -> float:
 
 
 def job_searched(config: dict[str, Any]) -> bool:
-    """Whether the job of the run's config searched: a new job searches unless it needs no searched cell, i.e. it
-    was given ``augment.genotype`` or a hand-designed ``augment.network`` (mpi_fnas.run decides so). The log's
-    config is the job's first: after ``--augment RUN_DIR --set augment.network=...`` it is the search's."""
-    return (config_value(config, "augment.genotype") is None
-            and config_value(config, "augment.network", CELL_NETWORK) == CELL_NETWORK)
+    """Whether the job of the run's config searched (:func:`~mpi_fnas.config.searches_first`, as mpi_fnas.run
+    decides). The log's config is the job's first: after ``--augment RUN_DIR --set augment.network=...`` it is the
+    search's."""
+    return searches_first(config_value(config, "augment.genotype"),
+                          config_value(config, "augment.network", CELL_NETWORK))
 
 
 def released_epsilon(log: dict[str, Any], *, searched: bool = True) -> tuple[np.ndarray, str]:

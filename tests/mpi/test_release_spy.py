@@ -165,7 +165,8 @@ STAGES = {
     },
 }
 #: The cases (stage, settings): the search in each space and in DARTS under SecProbe; the augmentation (of a given
-#: genotype, no search) with every release reduced and under SecProbe.
+#: genotype, no search) with every release reduced and under SecProbe, and of the hand-designed cnn-gn (issue 46; its
+#: 32 -> 64 convolution on 2x2 pixels takes the unfolded-patch route to its per-example gradients).
 #: PASSES: every batch larger than 3 examples runs in passes (``runtime.max_physical_batch``; B = 8, so nearly every
 #: Poisson batch does): what leaves the party must not change with how it computes.
 PASSES = 3
@@ -173,7 +174,8 @@ CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas
          "darts-secprobe": ("search", [*SPACES["darts"], *SELECTING]),
          "darts-passes": ("search", [*SPACES["darts"], f"runtime.max_physical_batch={PASSES}"]),
          "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING),
-         "augment-passes": ("augment", [f"runtime.max_physical_batch={PASSES}"])}
+         "augment-passes": ("augment", [f"runtime.max_physical_batch={PASSES}"]),
+         "augment-cnn-gn": ("augment", ["augment.genotype=null", "augment.network=cnn-gn"])}
 
 
 @pytest.mark.mpi(min_size=3)
@@ -184,11 +186,14 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     releases: list[dict] = []
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
+    unfolded = []  # per-example weight gradients made from unfolded patches (per_sample's rule picks them)
+    unfold = per_sample._conv_weight_grads_by_unfold
+    monkeypatch.setattr(per_sample, "_conv_weight_grads_by_unfold", lambda *args: unfolded.append(1) or unfold(*args))
     cfg = load_config(None, [
         # Local noise: each party's own noised release is what this spy sees (test_release_spy_secure: the sealed one).
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
-        "data.image_size=8", *settings,
-        *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
+        "data.image_size=8", *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
+        *settings,  # last: a case may override its stage's settings (cnn-gn drops the stage's genotype)
     ])
     world = MPI.COMM_WORLD
     run_dir = shared_dir(f"spy-{case}-")
@@ -222,6 +227,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
     if stage == "augment":  # the derived network's affine GroupNorms: the releases went through the statistics route
         assert all(rel["routed"] > 0 for rel in releases)
+    if case == "augment-cnn-gn":  # the hand-designed network's releases ran the unfolded-patch kernel
+        assert unfolded
     if case.endswith("passes"):  # the releases were made in passes, and each still is the one-pass clipped sum + noise
         assert {rel["passes"] for rel in releases} == {PASSES} and any(rel["b"] > PASSES for rel in releases)
 
