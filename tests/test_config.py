@@ -198,7 +198,8 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 def test_mnist_recipe_config_carries_the_private_recipe():
     """configs/mnist_recipe.yaml is configs/mnist.yaml plus issue 46's private recipe (docs/benchmarks.md): the DPNAS
-    space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; everything else the make-run default."""
+    space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; a search whose batch is a party's whole
+    search half, at w_lr 2 and a_lr 0.1; everything else the make-run default."""
     recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
     mnist = load_config(ROOT / "configs" / "mnist.yaml")
     assert recipe.data == mnist.data
@@ -207,9 +208,24 @@ def test_mnist_recipe_config_carries_the_private_recipe():
     # the pool of a party: mnist-5k's 4,000 train digits over the make-run's 8 parties, so B / N = 1
     assert recipe.augment.pool == "all" and recipe.augment.batch_size == 4000 // 8
     assert recipe.privacy.aggregation == "secure"
+    # the search half of a party's pool (DARTS splits the shard into W and A halves), so the search's q is 1 too
+    assert (recipe.search.batch_size, recipe.search.w_lr, recipe.search.a_lr) == (4000 // 8 // 2, 2.0, 0.1)
     defaults = Config()
     assert (recipe.augment.clip, recipe.augment.momentum, recipe.space.stage_channels, recipe.space.nodes) == (
         defaults.augment.clip, defaults.augment.momentum, defaults.space.stage_channels, defaults.space.nodes)
+
+
+def test_full_mnist_recipe_config_is_the_mnist_recipe_on_the_full_set():
+    """configs/mnist_full_recipe.yaml: the full MNIST at 28x28 with configs/mnist_recipe.yaml's augmentation, the
+    batch again a party's whole pool (60,000 / 8 parties: q = 1), σ calibrated to a worst-party ε of 3."""
+    full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
+    recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
+    assert (full.data.dataset, full.data.image_size, full.data.train_size, full.data.test_size) == ("mnist", 28, None,
+                                                                                                   None)
+    assert full.augment.batch_size == 60_000 // 8  # the make-run K (federation.parties: null = the ranks - 1)
+    assert (full.space, full.augment.epochs, full.augment.lr) == (recipe.space, recipe.augment.epochs,
+                                                                  recipe.augment.lr)
+    assert full.privacy.target_epsilon == 3.0 and full.privacy.aggregation == "secure"
 
 
 def test_synthetic_recipe_config_is_the_default_with_the_private_recipe():
