@@ -341,6 +341,12 @@ def _read_log(log: Path, option: str) -> dict:
         raise ConfigError(f"{option}: cannot read {log} ({exc})") from None
 
 
+#: Above this mean entropy of A's edges (÷ log ops; 1 = uniform) the summary says the search barely moved A: the
+#: argmax that derives the cell then picks between near-equal weights. The DARTS values in 10 private steps end at
+#: 0.9999; a search that steers ends at 0.94-0.97 (docs/benchmarks.md, "More levers, and a search that moves").
+ALPHA_ENTROPY_UNMOVED = 0.999
+
+
 def summary(search, augment) -> str:
     """The text rank 0 prints at the end of a job: the search's part, then the augmentation's."""
     lines = [""]
@@ -380,6 +386,9 @@ def _search_lines(outcome) -> list[str]:
     lines += [
         f"alphas          moved from uniform: entropy {outcome.alpha_entropy:.4f} of uniform's, top-op margin "
         f"{outcome.alpha_margin:.4f} (means over edges; uniform: 1 and 0)",
+        *(["                A has barely moved: the derived cell is close to an arbitrary pick (more search steps, a "
+           "larger search.a_lr, or under DP a larger search.batch_size move it: docs/benchmarks.md)"]
+          if outcome.alpha_entropy > ALPHA_ENTROPY_UNMOVED else []),
         f"genotype        {outcome.genotype}",
         f"wall time       {int(mins)}m{secs:04.1f}s",
         f"log             {outcome.log_path}",

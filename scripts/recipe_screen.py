@@ -12,6 +12,9 @@ accuracy every 10 steps with the per-example gradient norms' median and 10/90 % 
     PYTHONPATH=. python scripts/recipe_screen.py --clip 0 --lr 0.05   # DARTS_V2 cell, no noise: 0.570
     PYTHONPATH=. python scripts/recipe_screen.py --act tanh --lr 2    # DARTS_V2 cell, tanh in its ops, DP: 0.281
 
+``--copies M --crop-padding P``: augmentation multiplicity (De et al. 2022), each example's gradient the mean over M
+randomly cropped copies before the clip.
+
 Not part of the package: no MPI, one process, two threads.
 """
 
@@ -28,7 +31,9 @@ import torch
 from torch import nn
 
 from mpi_fnas.config import load_config
+from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.data.datasets import open_dataset
+from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.space.augmented import augment_network
 from mpi_fnas.space.kinds import search_space
@@ -61,14 +66,21 @@ def accuracy(net: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def noisy_mean_gradient(net: nn.Module, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                        clip: float, sigma: float, generator: torch.Generator,
-                        chunk: int = 500) -> tuple[torch.Tensor, torch.Tensor]:
+                        clip: float, sigma: float, generator: torch.Generator, chunk: int = 500, copies: int = 1,
+                        crop_padding: int = 0, stream: Keystream | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(P,) sum of the per-example gradients clipped to `clip` plus N(0, (sigma·clip)²), divided by N; and the (N,)
-    per-example gradient norms before clipping."""
+    per-example gradient norms before clipping. `copies` > 1: augmentation multiplicity (De et al. 2022): each
+    example's gradient is the mean over that many randomly cropped copies (`crop_padding`), taken before the clip, so
+    one example still moves the sum by at most `clip`."""
     total = torch.zeros(sum(p.numel() for p in params.values()))
     norms = []
     for start in range(0, len(x), chunk):
-        grads = per_sample_gradients(net, params, x[start:start + chunk], y[start:start + chunk])
+        xb, yb = x[start:start + chunk], y[start:start + chunk]
+        if copies > 1:
+            xb = torch.cat([augment_images(xb, stream=stream, crop_padding=crop_padding) for _ in range(copies)])
+            grads = per_sample_gradients(net, params, xb, yb.repeat(copies)).view(copies, len(yb), -1).mean(0)
+        else:
+            grads = per_sample_gradients(net, params, xb, yb)
         norm = grads.norm(dim=1)
         norms.append(norm)
         total += (grads * (clip / (norm + 1e-12)).clamp(max=1.0)[:, None]).sum(0)
@@ -88,6 +100,9 @@ def main() -> None:
     parser.add_argument("--act", choices=("relu", *ACTIVATIONS), default="relu")
     parser.add_argument("--genotype", default=DARTS_V2)
     parser.add_argument("--set", action="append", default=[], help="config override on configs/mnist.yaml")
+    parser.add_argument("--copies", type=int, default=1, help="augmentation multiplicity: randomly cropped copies "
+                        "per example, their gradients averaged before the clip")
+    parser.add_argument("--crop-padding", type=int, default=1, help="with --copies > 1: the random crop's padding")
     args = parser.parse_args()
     torch.set_num_threads(2)
     sigma = SECURE_SIGMA_AT_EPSILON_3[args.steps] if args.sigma is None else args.sigma
@@ -102,13 +117,15 @@ def main() -> None:
         swap_relus(net, args.act)
     params = dict(net.named_parameters())
     generator = torch.Generator().manual_seed(1000 + args.seed)
+    stream = Keystream.from_os()
     velocity = [torch.zeros_like(p) for p in params.values()]
     started = time.time()
     for step in range(args.steps):
         lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
         norms = None
         if args.clip > 0:
-            grad, norms = noisy_mean_gradient(net, params, x_train, y_train, args.clip, sigma, generator)
+            grad, norms = noisy_mean_gradient(net, params, x_train, y_train, args.clip, sigma, generator,
+                                              copies=args.copies, crop_padding=args.crop_padding, stream=stream)
         else:
             net.zero_grad()
             nn.functional.cross_entropy(net(x_train), y_train).backward()
