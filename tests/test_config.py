@@ -216,11 +216,12 @@ def test_mnist_recipe_config_carries_the_private_recipe():
 
 
 def test_full_mnist_recipe_config_is_the_mnist_recipe_on_the_full_set():
-    """configs/mnist_full_recipe.yaml: the full MNIST at 28x28 with configs/mnist_recipe.yaml's augmentation, the
-    batch again a party's whole pool (60,000 / 8 parties: q = 1), σ calibrated to a worst-party ε of 3."""
+    """configs/mnist_full_recipe.yaml: the full MNIST at 14x14 (as configs/mnist.yaml pools mnist-5k) with
+    configs/mnist_recipe.yaml's augmentation, the batch again a party's whole pool (60,000 / 8 parties: q = 1), σ
+    calibrated to a worst-party ε of 3."""
     full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
     recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
-    assert (full.data.dataset, full.data.image_size, full.data.train_size, full.data.test_size) == ("mnist", 28, None,
+    assert (full.data.dataset, full.data.image_size, full.data.train_size, full.data.test_size) == ("mnist", 14, None,
                                                                                                    None)
     assert full.augment.batch_size == 60_000 // 8  # the make-run K (federation.parties: null = the ranks - 1)
     assert (full.space, full.augment.epochs, full.augment.lr) == (recipe.space, recipe.augment.epochs,
