@@ -33,6 +33,7 @@ from torch import nn
 from mpi_fnas.config import load_config
 from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.data.datasets import open_dataset
+from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.space.augmented import augment_network
@@ -81,9 +82,8 @@ def noisy_mean_gradient(net: nn.Module, params: dict[str, torch.Tensor], x: torc
             grads = per_sample_gradients(net, params, xb, yb.repeat(copies)).view(copies, len(yb), -1).mean(0)
         else:
             grads = per_sample_gradients(net, params, xb, yb)
-        norm = grads.norm(dim=1)
-        norms.append(norm)
-        total += (grads * (clip / (norm + 1e-12)).clamp(max=1.0)[:, None]).sum(0)
+        norms.append(grads.norm(dim=1))
+        total += clipped_sum(grads, clip)  # the parties' own clip
     total += torch.randn(total.shape, generator=generator) * sigma * clip
     return total / len(x), torch.cat(norms)
 
