@@ -244,7 +244,7 @@ def make_augment_party(cfg: Config, private: bool):
     space = search_space(cfg.space.kind)
     genotype = None  # a hand-designed network has none
     if cfg.augment.genotype is not None:
-        genotype = space.parse_genotype(cfg.augment.genotype)
+        genotype = space.parse_genotype(cfg.augment.genotype, cfg.space)
     elif trains_cell(cfg):
         genotype = space.build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes).genotype()
     model = augment_network(cfg, genotype, seed=cfg.seed, in_channels=c, num_classes=classes)

@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 
+from mpi_fnas.op_names import PRIMITIVES_BY_KIND, candidate_ops
+
 
 class ConfigError(ValueError):
     """Invalid user input (config file, ``--set`` override, or a mismatch with the MPI world)."""
@@ -124,6 +126,11 @@ class SpaceConfig:
     stage_channels: list[int] = field(default_factory=lambda: [8, 16, 32], metadata={HELP: (
         "dpnas: channels of the cell of each stage, one stage per entry (each stage: cell, then a stride-2 max pool); "
         "the paper: 48, 96, 192 on CIFAR-10, 32, 32, 64 on MNIST; also the trained network's")})
+    ops: list[str] = field(default_factory=list, metadata={HELP: (
+        "the candidate ops of every edge, a subset of the kind's op names (darts: PRIMITIVES of "
+        "mpi_fnas/space/ops.py; dpnas: docs/dpnas.md), e.g. [conv_3x3_selu, conv_3x3_tanh]; empty: all of them. The "
+        "alpha has one column per candidate, in the kind's order; a genotype with another op is refused, and secure "
+        "aggregation accounts the largest network these ops make")})
 
 
 @dataclass
@@ -577,6 +584,8 @@ def validate(cfg: Config) -> Config:
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
     _validate_network(cfg)
+    if cfg.space.ops:
+        _validate_ops(cfg)
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
         raise ConfigError(f"federation.parties: vanilla NAS has exactly 1 party, got {cfg.federation.parties}")
     if cfg.mode == "dpfnas":
@@ -604,6 +613,14 @@ def validate(cfg: Config) -> Config:
     if not cfg.name or any(c in cfg.name for c in "/\\\0"):
         raise ConfigError(f"name: {cfg.name!r} must be a non-empty name without path separators")
     return cfg
+
+
+def _validate_ops(cfg: Config) -> None:
+    """``space.ops``: op names of the space's kind, each once, at least one of them an op other than ``none``."""
+    try:
+        candidate_ops(PRIMITIVES_BY_KIND[cfg.space.kind], cfg.space.ops)
+    except ValueError as exc:
+        raise ConfigError(f"space.ops: {exc}") from None
 
 
 def _validate_network(cfg: Config) -> None:

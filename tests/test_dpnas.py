@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from conftest import perturb_others
 from torch import nn
 
-from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.config import ConfigError, SpaceConfig, load_config
 from mpi_fnas.federation.plan import SetupError, parse_genotype
 from mpi_fnas.privacy.per_sample import hooks_supported, per_sample_gradients
 from mpi_fnas.space import SPACE_KINDS, Genotype, build_augment_network, build_supernet, search_space
@@ -261,13 +261,13 @@ def test_the_all_zero_cell_is_logged_but_refused_for_training() -> None:
         with pytest.raises(ValueError, match="no intermediate node is reached from the cell input"):
             build()
     with pytest.raises(SetupError, match=r"^the searched genotype: DPNAS genotype: no intermediate node") as info:
-        parse_genotype(genotype.to_string(), "the searched genotype", "dpnas")
+        parse_genotype(genotype.to_string(), "the searched genotype", SpaceConfig(kind="dpnas"))
     assert "\n" not in str(info.value)
     # cut off without being all zero: node 0's only input is 'none' and every other edge reads a dead node
     cut = DpnasGenotype(tuple("none" if j == 0 else "conv_3x3_selu" for _, j in edge_endpoints(5)))
     assert not cut.connected
     with pytest.raises(SetupError, match="no intermediate node"):
-        parse_genotype(cut.to_string(), "augment.genotype", "dpnas")
+        parse_genotype(cut.to_string(), "augment.genotype", SpaceConfig(kind="dpnas"))
 
 
 # ---------------------------------------------------------------------------------------------- string form
@@ -341,7 +341,7 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     assert all(torch.equal(a, b) for a, b in zip(aug.parameters(), ref.parameters(), strict=True))
     assert isinstance(search_space("darts").parse_genotype(genotype.to_string()), Genotype)
     with pytest.raises(SetupError, match=r"^augment\.genotype: genotype string: unknown field 'dpnas'"):
-        parse_genotype(MIXED.to_string(), "augment.genotype", "darts")
+        parse_genotype(MIXED.to_string(), "augment.genotype", SpaceConfig(kind="darts"))
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -433,11 +433,12 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     log = RunLog.create(tmp_path / "search.h5", mode="dpfnas" if private else "fnas", parties=1, config_text="",
                         metric_names=SEARCH_METRICS, alpha_shape=normal, reduce_alpha_shape=reduce, space=space.kind,
                         genotype_length=space.max_genotype_length(cfg.space), privacy_guarantee="holds",
-                        privacy=privacy)
+                        privacy=privacy, alpha_ops=space.candidates(cfg.space))
     log.search.append_epoch(soft["normal"], soft["reduce"], genotype.to_string())
     log.search.finish("finished", reason="completed", final_genotype=genotype.to_string())
     run = read_run(tmp_path / "search.h5")
     assert run["space"] == "dpnas" and DpnasGenotype.from_string(run["genotypes"][0]) == genotype
+    assert run["alpha_ops"] == list(PRIMITIVES)  # the columns' names, as the report labels them
 
     trained = space.build_augment_network(MIXED, cfg, seed=0, in_channels=3, num_classes=10)
     releases = AugmentReleases(noise_multiplier=1.0, clip=1.0, expected_batch_size=4.0, sample_rate_train=[0.5],

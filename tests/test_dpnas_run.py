@@ -43,7 +43,7 @@ def test_dpfnas_searches_and_trains_a_dpnas_cell_with_its_epsilon_reproduced(tmp
     # one 15 × 10 alpha per epoch end, an edgeless reduce, and the derived cell's string each epoch
     epochs = len(log["genotypes"])
     assert epochs == 2 and log["alphas"]["normal"].shape == (2, 15, 10) and log["alphas"]["reduce"].shape == (2, 0, 10)
-    assert np.allclose(log["alphas"]["normal"].sum(axis=2), 1.0)
+    assert np.allclose(log["alphas"]["normal"].sum(axis=2), 1.0) and log["alpha_ops"] == list(PRIMITIVES)
     final = DpnasGenotype.from_string(log["final_genotype"])
     assert final == DpnasGenotype.from_string(log["genotypes"][-1])
     # the search's argmax is the logged genotype (none included)

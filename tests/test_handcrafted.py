@@ -134,7 +134,7 @@ def test_per_example_gradients_match_the_loop(name, channels, side, layout):
 def test_augment_network_builds_what_augment_network_names():
     shape = {"seed": 0, "in_channels": 3, "num_classes": 10}
     cell_cfg = load_config(None, ["data.image_size=8", "augment.layers=2", "augment.channels=4"])
-    genotype = search_space("darts").largest_genotype(cell_cfg.space)
+    genotype = search_space("darts").largest_genotype(cell_cfg)
     assert isinstance(augment_network(cell_cfg, genotype, **shape), AugmentNetwork)
     with pytest.raises(ValueError, match="needs a genotype"):
         augment_network(cell_cfg, None, **shape)

@@ -84,7 +84,7 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
                              sensitivity=0.1, delta=1e-5)
     runlog = RunLog.create(
         path, mode=mode, parties=PARTIES, config_text="x: 1\n", metric_names=SEARCH_METRICS, alpha_shape=normal,
-        reduce_alpha_shape=reduce, space=space, genotype_length=64,
+        reduce_alpha_shape=reduce, space=space, genotype_length=64, alpha_ops=[f"op{k}" for k in range(normal[1])],
         privacy_guarantee="holds" if privacy else f"none: mode {mode} makes no privacy claim",
         privacy=privacy, rank_attrs=setup_reports(PARTIES).rank_attrs,  # what the search passes
         unreliable=[True] + [False] * (PARTIES - 1), corruption=0.5,

@@ -78,7 +78,7 @@ def _parties(cfg) -> tuple[list[Party], np.ndarray, object]:
     """The K parties as the job builds them (the augment plan from the search's partition; each party's pool
     with its own corruption), their unreliable flags, and the genotype."""
     search = plan_assignments(cfg, PARTIES)
-    genotype = parse_genotype(cfg.augment.genotype, "augment.genotype", cfg.space.kind)
+    genotype = parse_genotype(cfg.augment.genotype, "augment.genotype", cfg.space)
     plan = plan_augment_stage(cfg, search, genotype, None, None)
     data = open_split(cfg, "train")
     space = search_space(cfg.space.kind)
@@ -103,7 +103,7 @@ def _server(cfg, genotype, parties: int, steps: int) -> Server:
 def test_the_augment_pool_is_the_search_shards_corrupted_the_same_way(pool: str) -> None:
     cfg = _config("federation.unreliable_parties=2", "federation.corruption=0.5", f"augment.pool={pool}")
     search = plan_assignments(cfg, PARTIES)
-    genotype = parse_genotype(cfg.augment.genotype, "augment.genotype", cfg.space.kind)
+    genotype = parse_genotype(cfg.augment.genotype, "augment.genotype", cfg.space)
     plan = plan_augment_stage(cfg, search, genotype, None, None)
     data = open_split(cfg, "train")
     for rank, (shards, got) in enumerate(zip(search, plan.assignments, strict=True), start=1):

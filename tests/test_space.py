@@ -483,37 +483,121 @@ def test_max_genotype_length_bounds_the_worst_case(primitives: tuple[str, ...]) 
             assert worst == bound
 
 
-@pytest.mark.parametrize("kind", ["darts", "dpnas"])
-def test_the_largest_genotype_bounds_every_cells_network(kind: str) -> None:
+@pytest.mark.parametrize(("kind", "ops"), [
+    ("darts", ""), ("dpnas", ""),
+    # at 4 channels dil_conv_5x5 outweighs sep_conv_3x3 and at 8 the other way round: the normal cells (4) and the
+    # reduction cells (8, 16) need different ops
+    ("darts", "avg_pool_3x3, skip_connect, sep_conv_3x3, dil_conv_5x5"),
+    ("dpnas", "none, max_pool_3x3, conv_3x3_tanh"), ("dpnas", "skip_connect, avg_pool_3x3"),
+])
+def test_the_largest_genotype_bounds_every_cells_network(kind: str, ops: str) -> None:
     """Secure aggregation accounts a run at the network of the space's largest genotype
-    (``mpi_fnas.federation.plan.secure_dimension``): no cell's network may have more weights. Checked against
-    every one-op cell (each op on every edge) and 30 random cells; a 'largest' of sep_conv_3x3 (DARTS) or of one
-    pool edge (DPNAS) fails it."""
+    (``mpi_fnas.federation.plan.secure_dimension``): no cell's network of the space's candidate ops (``space.ops``)
+    may have more weights. Checked against every cell of one op per cell type (DARTS: each pair of a normal and a
+    reduction op) and 30 random cells; a 'largest' of sep_conv_3x3 (DARTS), of the first candidate, or of one pool
+    edge (DPNAS) fails it."""
     from mpi_fnas.config import load_config
     from mpi_fnas.federation.flat import numel
     from mpi_fnas.space import search_space
 
-    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "augment.layers=3", "augment.channels=8",
-                             "space.stage_channels=[4, 8]"])
+    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "augment.layers=3", "augment.channels=4",
+                             "space.stage_channels=[4, 8]", f"space.ops=[{ops}]"])
     space = search_space(kind)
+    candidates = [op for op in space.candidates(cfg.space) if op != "none"]
 
     def size(genotype) -> int:
         net = space.build_augment_network(genotype, cfg, seed=0, in_channels=3, num_classes=10)
         return numel(net.weights())
 
-    largest = size(space.largest_genotype(cfg.space))
+    largest = size(space.largest_genotype(cfg))
     others = [space.random_genotype(cfg.space, np.random.default_rng(seed)) for seed in range(30)]
     if kind == "darts":
-        cell = space.largest_genotype(cfg.space)
-        others += [Genotype(normal=[(name, j) for _, j in cell.normal], normal_concat=cell.normal_concat,
-                            reduce=[(name, j) for _, j in cell.reduce], reduce_concat=cell.reduce_concat)
-                   for name in PRIMITIVES if name != "none"]
+        cell = space.largest_genotype(cfg)
+        others += [Genotype(normal=[(normal, j) for _, j in cell.normal], normal_concat=cell.normal_concat,
+                            reduce=[(reduce, j) for _, j in cell.reduce], reduce_concat=cell.reduce_concat)
+                   for normal in candidates for reduce in candidates]
     else:
         from mpi_fnas.space import dpnas
 
         edges = dpnas.num_edges(cfg.space.nodes)
-        others += [dpnas.DpnasGenotype((name,) * edges) for name in dpnas.PRIMITIVES
-                   if dpnas.DpnasGenotype((name,) * edges).connected]
+        others += [dpnas.DpnasGenotype((name,) * edges) for name in candidates]
     sizes = [size(g) for g in others]
     assert max(sizes) <= largest
-    assert max(sizes) == largest  # the bound is attained: the all-sep_conv_5x5 (all-conv) cell is among them
+    assert max(sizes) == largest  # the bound is attained: the largest one-op cell is among them
+
+
+@pytest.mark.parametrize(("kind", "ops"), [
+    ("darts", ["skip_connect", "dil_conv_3x3", "max_pool_3x3"]),
+    ("dpnas", ["conv_3x3_tanh", "conv_3x3_selu"]),
+    ("dpnas", ["conv_3x3_selu", "none", "skip_connect"]),
+])
+def test_space_ops_are_the_alphas_columns_and_the_only_ops_a_cell_may_have(kind: str, ops: list[str]) -> None:
+    """``space.ops`` restricts the search to its ops: the alpha has one column per op (in the kind's order, not the
+    config's), the derivation and the random cells pick only them, and a genotype with another op is refused
+    where a party or the planner reads one (its network could outgrow the accounted dimension)."""
+    from mpi_fnas.config import SetupError, load_config
+    from mpi_fnas.federation.plan import parse_genotype
+    from mpi_fnas.space import search_space
+
+    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "space.stage_channels=[4]",
+                             f"space.ops=[{', '.join(ops)}]"])
+    space = search_space(kind)
+    candidates = space.candidates(cfg.space)
+    assert candidates == tuple(op for op in space.primitives if op in ops) and list(candidates) != ops
+
+    def ops_of(genotype) -> set[str]:
+        return ({op for op, _ in genotype.normal + genotype.reduce} if kind == "darts" else set(genotype.ops))
+
+    net = space.build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
+    assert tuple(net.alphas()[0].shape) == space.alpha_shapes(cfg.space)[0]
+    assert space.alpha_shapes(cfg.space)[0][1] == len(ops)
+    derived = set()
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        with torch.no_grad():
+            for alpha in net.alphas():
+                alpha.copy_(torch.randn(alpha.shape, generator=generator))
+        derived |= ops_of(net.genotype())
+    randoms = set().union(*(ops_of(space.random_genotype(cfg.space, np.random.default_rng(s))) for s in range(20)))
+    assert derived <= set(candidates) and randoms <= set(candidates)
+    assert len(derived) >= 2 and len(randoms) >= 2  # the checks above look at more than one op
+
+    own = space.random_genotype(cfg.space, np.random.default_rng(0)).to_string()
+    assert ops_of(parse_genotype(own, "augment.genotype", cfg.space)) <= set(candidates)
+    unrestricted = load_config(None, [f"space.kind={kind}", "space.nodes=3"])
+    other_op = next(op for op in space.primitives if op not in candidates and op != "none")
+    other = space.largest_genotype(unrestricted)  # every edge the largest op of the whole space
+    assert other_op in ops_of(other) or not ops_of(other) <= set(candidates)
+    with pytest.raises(SetupError, match=r"^augment\.genotype: .*(not among space\.ops|unknown op)") as info:
+        parse_genotype(other.to_string(), "augment.genotype", cfg.space)
+    assert "\n" not in str(info.value)
+    parse_genotype(other.to_string(), "augment.genotype", unrestricted.space)  # the same text, every op allowed
+
+
+def test_every_op_name_the_config_accepts_has_a_constructor() -> None:
+    """The config checks ``space.ops`` against the torch-free names of ``mpi_fnas.op_names``; the networks build
+    ops from their own registries. Both must name the same ops."""
+    from mpi_fnas.op_names import DPNAS_ACTIVATIONS, PRIMITIVES_BY_KIND
+    from mpi_fnas.space import dpnas, search_space
+    from mpi_fnas.space.dpnas.ops import ACTIVATIONS, OPS
+
+    assert tuple(ACTIVATIONS) == DPNAS_ACTIVATIONS and tuple(OPS) == dpnas.PRIMITIVES
+    for kind, names in PRIMITIVES_BY_KIND.items():
+        assert search_space(kind).primitives == names
+    for name in PRIMITIVES_BY_KIND["darts"]:
+        assert isinstance(make_op(name, 4, 1, "groupnorm", affine=True), nn.Module)
+
+
+@pytest.mark.parametrize(("kind", "ops", "message"), [
+    ("darts", "conv_3x3_selu", r"^space\.ops: unknown op\(s\) conv_3x3_selu; expected ops of none, max_pool_3x3"),
+    ("dpnas", "sep_conv_3x3, conv_3x3_selu", r"^space\.ops: unknown op\(s\) sep_conv_3x3; expected ops of none"),
+    ("dpnas", "conv_3x3_selu, conv_3x3_selu", r"^space\.ops: an op is named twice"),
+    ("darts", "none", r"^space\.ops: needs at least one op other than none"),
+    ("dpnas", "3", r"^space\.ops: expected a string, got 3$"),
+])
+def test_bad_space_ops_are_one_line(kind: str, ops: str, message: str) -> None:
+    from mpi_fnas.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(None, [f"space.kind={kind}", f"space.ops=[{ops}]"])
+    assert "\n" not in str(info.value)

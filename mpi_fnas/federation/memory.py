@@ -177,7 +177,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
                               _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
         if cfg.augment.genotype is not None:
-            network = augment_network(cfg, space.parse_genotype(cfg.augment.genotype), seed=cfg.seed, **dims)
+            network = augment_network(cfg, space.parse_genotype(cfg.augment.genotype, cfg.space), seed=cfg.seed, **dims)
         else:  # the searched cell is not known yet: the largest it could be (or the hand-designed network)
             network = largest_augment_network(cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private

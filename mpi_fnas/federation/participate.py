@@ -292,7 +292,7 @@ class AugmentSide(StageSide):
         data = open_split(cfg, "train", party=rank)
         x, y = own_pool(cfg, data, got, rank)
         # Its own config's network (check_network made rank 0's agree); a cell's genotype is rank 0's to choose.
-        genotype = search_space(cfg.space.kind).parse_genotype(got.genotype) if trains_cell(cfg) else None
+        genotype = search_space(cfg.space.kind).parse_genotype(got.genotype, cfg.space) if trains_cell(cfg) else None
         model = augment_network(cfg, genotype, seed=cfg.seed, in_channels=data.in_channels,
                                 num_classes=data.num_classes)
         private = got.releases is not None and got.params is not None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from mpi_fnas.config import CELL_NETWORK, Config, SetupError
+from mpi_fnas.config import CELL_NETWORK, Config, SetupError, SpaceConfig
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
@@ -287,13 +287,14 @@ class AugmentPlan:
         return self.genotype.to_string() if self.genotype is not None else ""
 
 
-def parse_genotype(text: str, where: str, kind: str = "darts") -> Any:
-    """A genotype string of space `kind` (its genotype's ``to_string``) that a network can be built from; SetupError
-    naming `where` when it does not parse or cannot be trained (a DPNAS cell cut off from its input)."""
-    space = search_space(kind)
+def parse_genotype(text: str, where: str, space: SpaceConfig) -> Any:
+    """A genotype string of the `space` section's kind (its genotype's ``to_string``) that a network can be built
+    from; SetupError naming `where` when it does not parse, uses an op outside ``space.ops``, or cannot be trained
+    (a DPNAS cell cut off from its input)."""
+    kind = search_space(space.kind)
     with _setup_errors(f"{where}: "):
-        genotype = space.parse_genotype(text)
-        space.check_trainable(genotype)
+        genotype = kind.parse_genotype(text, space)
+        kind.check_trainable(genotype)
     return genotype
 
 

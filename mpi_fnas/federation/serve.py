@@ -303,7 +303,8 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
     return RunLog.create(
         run_dir / "search.h5", mode=cfg.mode, parties=len(plan.assignments), config_text=cfg.to_yaml(),
         metric_names=SEARCH_METRICS, alpha_shape=normal_shape, reduce_alpha_shape=reduce_shape, space=space.kind,
-        genotype_length=space.max_genotype_length(cfg.space), privacy=privacy, rank_attrs=ranks,
+        alpha_ops=space.candidates(cfg.space), genotype_length=space.max_genotype_length(cfg.space), privacy=privacy,
+        rank_attrs=ranks,
         privacy_guarantee=setup.guarantee, unreliable=plan.unreliable, corruption=cfg.federation.corruption,
         selection=selection_schema(cfg, setup.selector),
     )
@@ -506,7 +507,7 @@ class AugmentStage(ServedStage):
         genotype = None  # a hand-designed network: no cell (a search's, if any, is not used)
         if trains_cell(cfg):
             where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
-            genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space.kind)
+            genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
         ledger = _ledger(search_plan.privacy) if search_plan.privacy is not None else None
         if ledger is not None and searched.get("ledger") is not None:

@@ -56,8 +56,9 @@ def run_figures(run: RunRecord) -> dict[str, bytes]:
     space = log.get("space", "darts")
     figures: dict[str, bytes] = {}
     if len(log["alphas"]["normal"]):
-        figures[f"{run.slug}-alphas.png"] = alphas_heatmap(log["alphas"], run.label, space)
-        figures[f"{run.slug}-alphas-epochs.png"] = alphas_over_epochs(log["alphas"], run.label, space)
+        ops = log.get("alpha_ops")
+        figures[f"{run.slug}-alphas.png"] = alphas_heatmap(log["alphas"], run.label, space, ops)
+        figures[f"{run.slug}-alphas-epochs.png"] = alphas_over_epochs(log["alphas"], run.label, space, ops)
     cells = cells_figure(run.genotype, run.label, space) if run.genotype else None
     if cells is not None:
         figures[f"{run.slug}-cells.png"] = cells
@@ -107,10 +108,12 @@ def selection_rate(log: dict[str, Any], label: str) -> bytes | None:
     return png_bytes(figure)
 
 
-def alphas_heatmap(alphas: dict[str, np.ndarray], label: str, space: str = "darts") -> bytes:
+def alphas_heatmap(alphas: dict[str, np.ndarray], label: str, space: str = "darts",
+                   ops: Sequence[str] | None = None) -> bytes:
     """The last epoch's softmax alphas, edge × op: normal and reduce side by side (DARTS), or the one cell of every
-    stage (DPNAS, whose reduce matrix has no edge). alphas: {"normal", "reduce": (epochs, edges, ops)}."""
-    primitives = _primitives(alphas["normal"].shape[2], space)
+    stage (DPNAS, whose reduce matrix has no edge). alphas: {"normal", "reduce": (epochs, edges, ops)}; ops: the
+    columns' names (the log's ``/alphas`` attr; None: the kind's)."""
+    primitives = _primitives(alphas["normal"].shape[2], space, ops)
     cells = _cells_with_edges(alphas)
     figure = new_figure()
     axes = figure.subplots(1, len(cells), squeeze=False)[0]
@@ -128,10 +131,11 @@ def alphas_heatmap(alphas: dict[str, np.ndarray], label: str, space: str = "dart
     return png_bytes(figure)
 
 
-def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str, space: str = "darts") -> bytes:
+def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str, space: str = "darts",
+                       ops: Sequence[str] | None = None) -> bytes:
     """Each op's softmax weight averaged over the edges, per epoch end (the heatmap shows the edges); one panel per
-    cell with edges."""
-    primitives = _primitives(alphas["normal"].shape[2], space)
+    cell with edges. ops: as :func:`alphas_heatmap`'s."""
+    primitives = _primitives(alphas["normal"].shape[2], space, ops)
     colors = op_colors(primitives)
     cells = _cells_with_edges(alphas)
     figure = new_figure()
@@ -369,10 +373,10 @@ def cost_figure(runs: Sequence[RunRecord]) -> bytes:
 
 
 # -- helpers --------------------------------------------------------------------------------------------------------
-def _primitives(ops: int, space: str = "darts") -> list[str]:
+def _primitives(ops: int, space: str = "darts", names: Sequence[str] | None = None) -> list[str]:
     from mpi_fnas.space import search_space
 
-    primitives = search_space(space).primitives
+    primitives = list(names) if names else search_space(space).primitives
     return list(primitives) if len(primitives) == ops else [f"op {k}" for k in range(ops)]
 
 

@@ -149,7 +149,9 @@ def _read_stage(handle: h5py.File, layout: StageLayout, facts: dict[str, Any]) -
     if layout.epochs:
         rows = common_length(families["epochs"])
         normal, reduce, genotypes = (dataset[:rows] for dataset in families["epochs"])
-        stage.update(alphas={"normal": normal, "reduce": reduce}, genotypes=[row.decode("utf-8") for row in genotypes])
+        ops = group["alphas"].attrs.get("ops")  # logs written before space.ops name no columns: the kind's
+        stage.update(alphas={"normal": normal, "reduce": reduce}, genotypes=[row.decode("utf-8") for row in genotypes],
+                     alpha_ops=str(ops).split(",") if ops is not None else None)
     privacy, selection = group.get("privacy"), group.get(SELECTION_GROUP)
     stage.update(
         cost={name: _plain(group["cost"].attrs.get(name, np.nan)) for name in COST_FIELDS},

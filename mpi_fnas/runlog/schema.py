@@ -177,7 +177,7 @@ def build_skeleton(handle: h5py.File, *, mode: str, parties: int, config_text: s
                    metric_names: Sequence[str], alpha_shape: tuple[int, int], genotype_length: int,
                    privacy: Mapping[str, Any] | None, rank_values: Mapping[str, Any], unreliable: np.ndarray,
                    corruption: float, selection: SelectionSchema | None = None, space: str = "darts",
-                   reduce_alpha_shape: tuple[int, int] | None = None) -> None:
+                   reduce_alpha_shape: tuple[int, int] | None = None, alpha_ops: Sequence[str] = ()) -> None:
     """Create the root attributes and every group/dataset except ``/writer`` (see ``liveness``), growing datasets
     with 0 rows (the arguments as ``RunLog.create`` takes them, checked). privacy: the search's
     :func:`privacy_arrays`, or None. selection: needs privacy (its ε rows live in ``/privacy``)."""
@@ -189,6 +189,10 @@ def build_skeleton(handle: h5py.File, *, mode: str, parties: int, config_text: s
     })
     _metrics_group(handle, metric_names)
     alphas = handle.create_group("alphas")
+    if alpha_ops:
+        if len(alpha_ops) != alpha_shape[1] or any("," in op for op in alpha_ops):
+            raise ValueError(f"alpha_ops: expected {alpha_shape[1]} op names without commas, got {list(alpha_ops)}")
+        alphas.attrs["ops"] = ",".join(alpha_ops)  # the columns' names: a restricted space's are not the kind's
     shapes = {"normal": alpha_shape, "reduce": alpha_shape if reduce_alpha_shape is None else reduce_alpha_shape}
     for cell, shape in shapes.items():
         _growing(alphas, cell, tuple(shape), np.float32, 1, math.nan)

@@ -315,12 +315,14 @@ class RunLog:
         selection: SelectionSchema | None = None,
         space: str = "darts",
         reduce_alpha_shape: tuple[int, int] | None = None,
+        alpha_ops: Sequence[str] = (),
     ) -> RunLog:
         """Create a new log at ``path`` (must not exist) and enter SWMR-write mode; its search stage is running.
 
         metric_names: names of the ``/metrics`` datasets (normally ``SEARCH_METRICS``), in column order.
         alpha_shape: (edges, ops) of one cell's softmax weights; reduce_alpha_shape: the reduction cell's when it
-        differs (``(0, ops)`` under ``space`` dpnas, which has one cell). space: the search space's kind (root
+        differs (``(0, ops)`` under ``space`` dpnas, which has one cell). alpha_ops: the op of each alpha column
+        (``/alphas`` attr ``ops``; the space's candidates, ``space.ops``). space: the search space's kind (root
         attr). genotype_length: bytes per ``/genotype`` row (UTF-8). privacy_guarantee: ``"holds"``, or one line
         saying why there is no DP guarantee. privacy: required for mode ``dpfnas`` and refused otherwise, so a DP
         run always has a ledger. rank_attrs: per-rank facts for ``/ranks`` attrs (str, numbers, or sequences of
@@ -338,6 +340,7 @@ class RunLog:
             build_skeleton(
                 handle, mode=mode, parties=parties, config_text=config_text, privacy_guarantee=privacy_guarantee,
                 metric_names=metric_names, alpha_shape=alpha_shape, reduce_alpha_shape=reduce_alpha_shape, space=space,
+                alpha_ops=tuple(alpha_ops),
                 genotype_length=genotype_length,
                 privacy=None if privacy is None else privacy_arrays(SEARCH_LAYOUT, privacy, parties),
                 rank_values={key: _attr_value(value) for key, value in (rank_attrs or {}).items()},

@@ -46,5 +46,5 @@ def largest_augment_network(cfg: Config, *, seed: int, in_channels: int, num_cla
     """The largest network the augmentation of `cfg` may train, before any cell is known: the network of the space's
     largest genotype under ``cell`` (:meth:`~mpi_fnas.space.kinds.DartsSpace.largest_genotype`), else the
     hand-designed network itself."""
-    genotype = search_space(cfg.space.kind).largest_genotype(cfg.space) if trains_cell(cfg) else None
+    genotype = search_space(cfg.space.kind).largest_genotype(cfg) if trains_cell(cfg) else None
     return augment_network(cfg, genotype, seed=seed, in_channels=in_channels, num_classes=num_classes)

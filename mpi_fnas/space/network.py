@@ -118,13 +118,15 @@ class SearchNetwork(CellNetwork):
         return derive_genotype(weights["normal"], weights["reduce"], self.nodes, self.primitives)
 
 
-def build_supernet(space, *, seed: int, in_channels: int, num_classes: int) -> SearchNetwork:
-    """The supernet described by the ``space`` config section, initialised from ``seed``.
+def build_supernet(space, *, seed: int, in_channels: int, num_classes: int,
+                   primitives: Sequence[str] = PRIMITIVES) -> SearchNetwork:
+    """The supernet described by the ``space`` config section, initialised from ``seed``, with the candidate
+    ops `primitives` (``DartsSpace.candidates``: ``space.ops``).
 
     Every rank calls it with the same arguments and gets bit-identical W and A, so the copies start equal.
     """
     torch.manual_seed(seed)
     return SearchNetwork(
         channels=space.channels, num_classes=num_classes, layers=space.layers, nodes=space.nodes,
-        stem_multiplier=space.stem_multiplier, in_channels=in_channels, norm=space.norm,
+        stem_multiplier=space.stem_multiplier, in_channels=in_channels, norm=space.norm, primitives=primitives,
     )

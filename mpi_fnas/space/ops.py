@@ -21,19 +21,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mpi_fnas.op_names import DARTS_PRIMITIVES
 from mpi_fnas.space.depthwise import DepthwiseConv2d
 
-#: Candidate operations in DARTS order; an alpha column index refers to this order.
-PRIMITIVES: tuple[str, ...] = (
-    "none",
-    "max_pool_3x3",
-    "avg_pool_3x3",
-    "skip_connect",
-    "sep_conv_3x3",
-    "sep_conv_5x5",
-    "dil_conv_3x3",
-    "dil_conv_5x5",
-)
+#: Candidate operations in DARTS order; an alpha column index refers to this order (named in the torch-free
+#: ``mpi_fnas.op_names``, where the config checks ``space.ops``).
+PRIMITIVES: tuple[str, ...] = DARTS_PRIMITIVES
 
 NORM_KINDS: tuple[str, ...] = ("batchnorm", "groupnorm")
 

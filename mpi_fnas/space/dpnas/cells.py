@@ -5,6 +5,7 @@ nodes of :mod:`mpi_fnas.space.dpnas.genotype`, concatenated. A cell keeps the re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -35,9 +36,9 @@ class DpnasMixedOp(nn.Module):
     """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,) or (N, ops))``
     -> (N, C, H, W)."""
 
-    def __init__(self, channels: int) -> None:
+    def __init__(self, channels: int, primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
-        self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in PRIMITIVES)
+        self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in primitives)
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The ops on `x`, mixed by `weights` (one per op, or one row per example)."""
@@ -46,18 +47,19 @@ class DpnasMixedOp(nn.Module):
 
 
 class DpnasSearchCell(nn.Module):
-    """``forward(x, weights)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(PRIMITIVES)) softmax
+    """``forward(x, weights)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(primitives)) softmax
     weights, or (N, ...) one set per example -> (N, nodes · channels, H, W)."""
 
-    def __init__(self, nodes: int, c_in: int, channels: int) -> None:
+    def __init__(self, nodes: int, c_in: int, channels: int, primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
         self.nodes = nodes
+        self.num_ops = len(primitives)
         self.preprocess = cell_input(c_in, channels)
-        self.edges = nn.ModuleList(DpnasMixedOp(channels) for _ in edge_endpoints(nodes))
+        self.edges = nn.ModuleList(DpnasMixedOp(channels, primitives) for _ in edge_endpoints(nodes))
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """The dense cell's output, every edge mixed by `weights`."""
-        check_weights("DpnasSearchCell", weights, (num_edges(self.nodes), len(PRIMITIVES)), x.shape[0])
+        check_weights("DpnasSearchCell", weights, (num_edges(self.nodes), self.num_ops), x.shape[0])
         states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
 

@@ -158,9 +158,21 @@ def check_connected(genotype: DpnasGenotype) -> None:
             f"edges), so its network would output a constant; refusing to build {genotype.to_string()!r}")
 
 
+def check_primitives(primitives: Sequence[str]) -> tuple[str, ...]:
+    """`primitives` as a tuple: DPNAS primitives, each at most once, at least one of them not ``none`` (a search
+    space's candidate ops, the alpha's columns); ValueError otherwise."""
+    names = tuple(primitives)
+    unknown = [name for name in names if name not in PRIMITIVES]
+    if unknown or len(set(names)) != len(names) or all(name == "none" for name in names):
+        raise ValueError(f"primitives must be distinct DPNAS primitives ({', '.join(PRIMITIVES)}), at least one "
+                         f"of them not none; got {list(names)}")
+    return names
+
+
 def derive_dpnas_genotype(weights: Any, nodes: int, primitives: Sequence[str] = PRIMITIVES) -> DpnasGenotype:
     """The strongest op of every edge, ``none`` included: ``weights`` (num_edges(nodes), len(primitives)), numpy
-    or torch (softmax weights or raw alphas; the argmax is the same). Ties go to the earlier op in ``primitives``.
+    or torch (softmax weights or raw alphas; the argmax is the same); `primitives` names its columns (every DPNAS
+    primitive, or the space's candidates: ``space.ops``). Ties go to the earlier op in ``primitives``.
     The DARTS rule (two strongest non-``none`` inputs per node) does not apply: ``none`` is how this space says
     "no edge".
 
@@ -169,9 +181,7 @@ def derive_dpnas_genotype(weights: Any, nodes: int, primitives: Sequence[str] = 
     cannot be trained. If the argmax cell is cut off from its input, the strongest non-``none`` (edge, op) among
     the edges out of state 0 replaces its edge's ``none``: one edge, the least change to the argmax that connects
     the cell (node 0's only input is state 0, so such an edge always exists)."""
-    names = list(primitives)
-    if sorted(names) != sorted(PRIMITIVES) or len(set(names)) != len(names):
-        raise ValueError(f"primitives must be a permutation of the DPNAS primitives {PRIMITIVES}, got {names}")
+    names = list(check_primitives(primitives))
     if hasattr(weights, "detach"):  # torch tensor, possibly on an accelerator or in low precision
         weights = weights.detach().cpu().double().numpy()
     w = np.asarray(weights, dtype=np.float64)

@@ -1,9 +1,10 @@
 """DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv -> one stage per entry of ``stage_channels``, each
 [cell, 3x3 max pool with stride 2] -> global average pooling -> linear classifier.
 
-Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(PRIMITIVES))``, no reduction
-cell. ``DpnasSearchNetwork`` is the supernet the federation searches (weights W apart from the alpha A);
-``DpnasNetwork`` is a derived cell stacked the same way and trained from scratch (the augment stage).
+Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (every op of
+``PRIMITIVES`` unless the space restricts them: ``space.ops``), no reduction cell. ``DpnasSearchNetwork`` is the
+supernet the federation searches (weights W apart from the alpha A); ``DpnasNetwork`` is a derived cell stacked the
+same way and trained from scratch (the augment stage).
 Normalisation is GroupNorm without affine parameters throughout: per example, as DP-SGD needs, and buffer-free,
 so a network's state is exactly its parameters.
 """
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasSearchCell
-from mpi_fnas.space.dpnas.genotype import DpnasGenotype, derive_dpnas_genotype, num_edges
+from mpi_fnas.space.dpnas.genotype import DpnasGenotype, check_primitives, derive_dpnas_genotype, num_edges
 from mpi_fnas.space.dpnas.ops import PRIMITIVES
 from mpi_fnas.space.ops import make_norm
 from mpi_fnas.space.scaffold import WholeNetwork
@@ -60,23 +61,24 @@ class DpnasSearchNetwork(nn.Module):
     #: Parameters the forward also takes with a leading batch dimension, one copy per example.
     per_example_parameters = ("alpha",)
 
-    def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3) -> None:
+    def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3,
+                 primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
         _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels)
         self.stage_channels = tuple(int(c) for c in stage_channels)
         self.nodes = nodes
         self.num_classes = num_classes
         self.in_channels = in_channels
-        self.primitives = PRIMITIVES
+        self.primitives = check_primitives(primitives)
         self.stem = stem(in_channels, self.stage_channels[0])
         c_prev = self.stage_channels[0]
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
-            self.cells.append(DpnasSearchCell(nodes, c_prev, channels))
+            self.cells.append(DpnasSearchCell(nodes, c_prev, channels, self.primitives))
             c_prev = nodes * channels
         self.pool = downsample()
         self.classifier = nn.Linear(c_prev, num_classes)
-        self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(PRIMITIVES)))
+        self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(self.primitives)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the batch `x` under the current architecture variables."""
@@ -109,11 +111,11 @@ class DpnasSearchNetwork(nn.Module):
         (every cell is the "normal" one; there is no reduction cell, so its matrix has no edge)."""
         with torch.no_grad():
             return {"normal": F.softmax(self.alpha, dim=-1).detach(),
-                    "reduce": torch.zeros(0, len(PRIMITIVES), dtype=self.alpha.dtype)}
+                    "reduce": torch.zeros(0, len(self.primitives), dtype=self.alpha.dtype)}
 
     def genotype(self) -> DpnasGenotype:
         """The argmax of every edge, ``none`` included (``derive_dpnas_genotype``)."""
-        return derive_dpnas_genotype(self.alpha, self.nodes)
+        return derive_dpnas_genotype(self.alpha, self.nodes, self.primitives)
 
 
 class DpnasNetwork(WholeNetwork):

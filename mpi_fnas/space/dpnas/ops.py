@@ -25,10 +25,11 @@ from collections.abc import Callable
 
 from torch import nn
 
+from mpi_fnas.op_names import DPNAS_CONV_PREFIX, DPNAS_POOLS, DPNAS_PRIMITIVES
 from mpi_fnas.space.depthwise import DepthwiseConv2d
 from mpi_fnas.space.ops import Zero, make_norm
 
-#: The activations of the conv ops, one constructor each (the registry the op names are made from).
+#: The activations of the conv ops, one constructor per name of ``mpi_fnas.op_names.DPNAS_ACTIVATIONS``.
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "relu": lambda: nn.ReLU(inplace=False),
     "selu": lambda: nn.SELU(inplace=False),
@@ -37,16 +38,12 @@ ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {
     "hardtanh": lambda: nn.Hardtanh(inplace=False),
     "sigmoid": nn.Sigmoid,
 }
-CONV_PREFIX = "conv_3x3_"
-POOLS: tuple[str, ...] = ("max_pool_3x3", "avg_pool_3x3")
+CONV_PREFIX = DPNAS_CONV_PREFIX
+POOLS: tuple[str, ...] = DPNAS_POOLS
 
-#: Candidate ops in alpha-column order.
-PRIMITIVES: tuple[str, ...] = (
-    "none",
-    *POOLS,
-    "skip_connect",
-    *(CONV_PREFIX + name for name in ("relu", "selu", "tanh", "linear", "hardtanh", "sigmoid")),
-)
+#: Candidate ops in alpha-column order (named in the torch-free ``mpi_fnas.op_names``, where the config checks
+#: ``space.ops``; every name has a constructor in ``OPS`` below).
+PRIMITIVES: tuple[str, ...] = DPNAS_PRIMITIVES
 
 
 class ConvNormAct(nn.Sequential):
