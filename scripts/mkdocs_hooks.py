@@ -35,7 +35,7 @@ API_PAGES = (
     ("api/federation.md", "Federation", ("mpi_fnas.federation",)),
     ("api/privacy.md", "Privacy", ("mpi_fnas.privacy",)),
     ("api/secagg.md", "Secure aggregation", ("mpi_fnas.secagg",)),
-    ("api/space.md", "Search spaces and networks", ("mpi_fnas.space",)),
+    ("api/space.md", "Search spaces and networks", ("mpi_fnas.space", "mpi_fnas.op_names")),
     ("api/data.md", "Data", ("mpi_fnas.data",)),
     ("api/runlog.md", "Run log (HDF5)", ("mpi_fnas.runlog",)),
     ("api/report.md", "Report", ("mpi_fnas.report",)),
