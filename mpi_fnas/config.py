@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import yaml
 
-from mpi_fnas.op_names import PRIMITIVES_BY_KIND, candidate_ops
+from mpi_fnas.op_names import DPNAS_CONVS, PRIMITIVES_BY_KIND, candidate_ops
 
 
 class ConfigError(ValueError):
@@ -111,7 +111,7 @@ class SpaceConfig:
     """The search space and its supernet."""
 
     kind: Literal["darts", "dpnas"] = _key(
-        "darts", "search space: darts (a normal and a reduction cell, DARTS' 8 ops) or dpnas (one dense cell for "
+        "dpnas", "search space: darts (a normal and a reduction cell, DARTS' 8 ops) or dpnas (one dense cell for "
         "every stage, 10 ops with a choice of activation: Cheng et al. 2021; docs/dpnas.md)")
     channels: int = _key(8, "darts: initial channels C of the cells (doubled at each reduction cell)")
     layers: int = _key(3, "darts: cells in the supernet; those at layers//3 and 2·layers//3 are reduction cells")
@@ -126,19 +126,22 @@ class SpaceConfig:
     stage_channels: list[int] = field(default_factory=lambda: [8, 16, 32], metadata={HELP: (
         "dpnas: channels of the cell of each stage, one stage per entry (each stage: cell, then a stride-2 max pool); "
         "the paper: 48, 96, 192 on CIFAR-10, 32, 32, 64 on MNIST; also the trained network's")})
-    ops: list[str] = field(default_factory=list, metadata={HELP: (
+    ops: list[str] = field(default_factory=lambda: list(DPNAS_CONVS), metadata={HELP: (
         "the candidate ops of every edge, a subset of the kind's op names (darts: PRIMITIVES of "
-        "mpi_fnas/space/ops.py; dpnas: docs/dpnas.md), e.g. [conv_3x3_selu, conv_3x3_tanh]; empty: all of them. The "
-        "alpha has one column per candidate, in the kind's order; a genotype with another op is refused, and secure "
-        "aggregation accounts the largest network these ops make")})
+        "mpi_fnas/space/ops.py; dpnas: docs/dpnas.md); empty: all of them. The alpha has one column per candidate, "
+        "in the kind's order; a genotype with another op is refused, and secure aggregation accounts the largest "
+        "network these ops make. Default: dpnas' six convolutions (a cell with a parameter-free op trains worse "
+        "under DP); with space.kind darts, set it to [] or to DARTS ops")})
 
 
 @dataclass
 class SearchConfig:
-    """The bilevel optimisation (DARTS hyper-parameters unless noted)."""
+    """The bilevel optimisation (DARTS hyper-parameters unless noted; the batch and the learning rates are issue
+    46's private recipe: at DARTS' 16, 0.1 and 3e-3 a 10-step private search leaves A where it started)."""
 
     epochs: int = _key(2, "search epochs of steps_per_epoch iterations of Algorithm 1 each")
-    batch_size: int = _key(16, "examples per party and step (under DP: the expected Poisson batch size B)")
+    batch_size: int = _key(250, "examples per party and step (under DP: the expected Poisson batch size B; "
+                                "DARTS: 16)")
     order: Literal["first_order", "second_order"] = _key(
         "first_order", "first_order, or second_order: adds the DARTS finite-difference Hessian term (Eq. 5); "
         "refused under DP")
@@ -149,7 +152,8 @@ class SearchConfig:
     warmup_epochs: int = _key(
         0, "first epochs that train W only (no H release, A fixed; DARTS-style warm-up against an early collapse "
         "onto parameter-free ops); still charged as full iterations under DP (an upper bound)")
-    w_lr: float = _key(0.1, "initial learning rate ξ of the weights W (cosine-annealed per epoch to w_lr_min)")
+    w_lr: float = _key(2.0, "initial learning rate ξ of the weights W (cosine-annealed per epoch to w_lr_min; "
+                       "DARTS: 0.1)")
     w_lr_min: float = _key(0.001, "final learning rate of the cosine schedule of W")
     w_momentum: float = _key(0.9, "SGD momentum of the W update")
     w_weight_decay: float = _key(3e-4, "L2 weight decay of the W update")
@@ -157,7 +161,7 @@ class SearchConfig:
         5.0, "server-side clip of the aggregated W gradient's L2 norm (not the DP clip); 0 disables")
     a_optimizer: Literal["adam", "sgd"] = _key(
         "adam", "update of the architecture A: adam (DARTS) or sgd (the paper's plain A ← A − η·ΣH_k, Eq. 4)")
-    a_lr: float = _key(3e-3, "learning rate η of the architecture A")
+    a_lr: float = _key(0.1, "learning rate η of the architecture A (DARTS: 3e-3)")
     a_beta1: float = _key(0.5, "Adam β1 of the A update (a_optimizer: adam)")
     a_beta2: float = _key(0.999, "Adam β2 of the A update (a_optimizer: adam)")
     a_weight_decay: float = _key(1e-3, "weight decay of the A update")
@@ -203,7 +207,7 @@ class PrivacyConfig:
         None, "δ of every party's (ε, δ) guarantee; must be < 1/N_k; null: min(1e-5, 1/(10·N_k)), "
         "N_k = the party's larger shard")
     target_epsilon: float | None = _key(
-        None, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
+        3.0, "if set: calibrate σ_W = σ_A before the run so that the worst party ends at this ε")
     max_epsilon: float | None = _key(
         None, "if set: stop (status finished) before a step would take any party past this ε")
     party_max_epsilon: float | None = _key(
@@ -234,10 +238,10 @@ class AugmentConfig:
     The synthetic defaults are sized for a 2-core laptop; configs/cifar10_*.yaml carry the DARTS CIFAR-10 values.
     """
 
-    epochs: int = _key(4, "epochs of the augmentation after the search; 0: search only")
+    epochs: int = _key(10, "epochs of the augmentation after the search; 0: search only")
     steps_per_epoch: int | None = _key(
         None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
-    batch_size: int = _key(64, "examples per party and step (under DP: the expected Poisson batch size)")
+    batch_size: int = _key(500, "examples per party and step (under DP: the expected Poisson batch size)")
     network: Literal["cell", "cnn-tanh", "cnn-gn"] = _key(
         "cell", "what the augmentation trains: cell (the network of the searched cell, or of augment.genotype), "
         "cnn-tanh (Papernot et al. 2021's tanh CNN: their MNIST net for one-channel images, their CIFAR-10 net "
@@ -256,7 +260,7 @@ class AugmentConfig:
         "sgd", "update of the weights: sgd (cosine schedule, momentum) or adadp (the search's ADADP rule and adadp "
         "section: two weight releases per iteration; lr is the initial step size; momentum must be 0; see "
         "docs/adadp.md)")
-    lr: float = _key(0.3, "initial SGD learning rate (cosine-annealed per step to lr_min; DARTS CIFAR-10: 0.025)")
+    lr: float = _key(2.0, "initial SGD learning rate (cosine-annealed per step to lr_min; DARTS CIFAR-10: 0.025)")
     lr_min: float = _key(0.0, "final learning rate of the cosine schedule")
     momentum: float = _key(0.9, "SGD momentum")
     weight_decay: float = _key(3e-4, "L2 weight decay")
@@ -620,6 +624,9 @@ def _validate_ops(cfg: Config) -> None:
     try:
         candidate_ops(PRIMITIVES_BY_KIND[cfg.space.kind], cfg.space.ops)
     except ValueError as exc:
+        if cfg.space.kind == "darts" and cfg.space.ops == list(DPNAS_CONVS):
+            raise ConfigError("space.ops: the default names dpnas' six convolutions, and space.kind is darts; set "
+                              "space.ops: [] (every DARTS op) or a list of DARTS ops") from None
         raise ConfigError(f"space.ops: {exc}") from None
 
 

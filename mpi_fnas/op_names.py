@@ -26,12 +26,16 @@ DPNAS_ACTIVATIONS: tuple[str, ...] = ("relu", "selu", "tanh", "linear", "hardtan
 DPNAS_CONV_PREFIX = "conv_3x3_"
 DPNAS_POOLS: tuple[str, ...] = ("max_pool_3x3", "avg_pool_3x3")
 
+#: DPNAS' convolutions, one per activation: the built-in ``space.ops`` (docs/benchmarks.md, "A search space of
+#: convolutions only": a cell with a parameter-free op on an edge trains worse under DP).
+DPNAS_CONVS: tuple[str, ...] = tuple(DPNAS_CONV_PREFIX + name for name in DPNAS_ACTIVATIONS)
+
 #: DPNAS' candidate ops, in alpha-column order (the order of the authors' released primitive list).
 DPNAS_PRIMITIVES: tuple[str, ...] = (
     "none",
     *DPNAS_POOLS,
     "skip_connect",
-    *(DPNAS_CONV_PREFIX + name for name in DPNAS_ACTIVATIONS),
+    *DPNAS_CONVS,
 )
 
 #: Every kind's ops, by ``space.kind``.

@@ -13,7 +13,7 @@ import shutil
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together
+from conftest import PRE_RECIPE, TINY, mpirun, mpirun_together
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.config import load_config
@@ -307,8 +307,8 @@ class _Parties:
 
 
 def test_the_augmentation_refuses_shards_other_than_the_searchs():
-    cfg = load_config(None, ["data.train_size=256", "data.test_size=16", "data.image_size=8", "mode=dpfnas",
-                             "augment.epochs=1"])
+    cfg = load_config(None, [*PRE_RECIPE, "data.train_size=256", "data.test_size=16", "data.image_size=8",
+                             "mode=dpfnas", "augment.epochs=1"])
     searched = {"genotype": DARTS_V2.to_string(), "ledger": None, "selection": None}
     setup = AugmentStage.plan(cfg, _Parties(), searched)  # an older searched.pt: no shard sizes to check
     sizes = setup.search_plan.shard_sizes

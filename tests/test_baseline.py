@@ -15,7 +15,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together
+from conftest import PRE_RECIPE, TINY, mpirun, mpirun_together
 from scipy import stats
 
 from mpi_fnas.baseline import (
@@ -42,7 +42,7 @@ ALPHA = 1e-4
 
 
 def test_darts_random_cells_are_uniform_over_the_derivable_genotypes():
-    cfg = load_config(None, ["space.nodes=3"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.nodes=3"])
     space = search_space("darts")
     ops, pairs = Counter(), {node: Counter() for node in range(3)}
     rng = np.random.default_rng(0)
@@ -65,7 +65,7 @@ def test_darts_random_cells_are_uniform_over_the_derivable_genotypes():
 
 
 def test_dpnas_random_cells_are_uniform_and_always_trainable():
-    cfg = load_config(None, ["space.kind=dpnas", "space.nodes=3"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=3"])
     space = search_space("dpnas")
     rng = np.random.default_rng(1)
     ops = Counter()
@@ -77,7 +77,7 @@ def test_dpnas_random_cells_are_uniform_and_always_trainable():
 
 
 def test_the_draw_is_public_reproducible_and_differs_per_seed_and_index():
-    cfg = load_config(None, [])
+    cfg = load_config(None, [*PRE_RECIPE])
     cells = {(s, i): random_genotype_text(cfg, s, i) for s in range(3) for i in range(4)}
     assert random_genotype_text(cfg, 1, 2) == cells[(1, 2)]
     assert len(set(cells.values())) == len(cells)
@@ -85,7 +85,7 @@ def test_the_draw_is_public_reproducible_and_differs_per_seed_and_index():
 
 
 def test_arms_and_their_configs():
-    base = load_config(None, ["privacy.max_epsilon=9"])
+    base = load_config(None, [*PRE_RECIPE, "privacy.max_epsilon=9"])
     order = arms([3, 5], 2)
     assert [(a.seed, a.name) for a in order] == [(3, "searched"), (3, "random-0"), (3, "random-1"),
                                                   (5, "searched"), (5, "random-0"), (5, "random-1")]
@@ -94,7 +94,7 @@ def test_arms_and_their_configs():
     random = arm_config(base, order[2], 2.5)
     assert random.seed == 3 and random.augment.genotype == random_genotype_text(base, 3, 1)
     assert random.privacy.target_epsilon == 2.5 and random.privacy.max_epsilon is None
-    fnas = arm_config(load_config(None, ["mode=fnas"]), order[1], None)  # no DP: nothing to calibrate
+    fnas = arm_config(load_config(None, [*PRE_RECIPE, "mode=fnas"]), order[1], None)  # no DP: nothing to calibrate
     assert fnas.privacy.target_epsilon is None
     with pytest.raises(ConfigError, match="no ε to calibrate"):
         arm_config(base, order[1], None)
@@ -106,7 +106,8 @@ def test_arms_and_their_configs():
 
 
 def test_hand_designed_arms_and_their_configs():
-    base = load_config(None, ["privacy.max_epsilon=9", "augment.drop_path=0.2", "augment.auxiliary_weight=0.4"])
+    base = load_config(None, [*PRE_RECIPE, "privacy.max_epsilon=9", "augment.drop_path=0.2",
+                              "augment.auxiliary_weight=0.4"])
     order = arms([3], 1, ["cnn-tanh", "cnn-gn"])
     assert [a.name for a in order] == ["searched", "random-0", "cnn-tanh", "cnn-gn"]
     assert [(a.handcrafted, a.network, a.index) for a in order] == [
@@ -126,7 +127,7 @@ def test_hand_designed_arms_and_their_configs():
         with pytest.raises(ConfigError, match=match):
             parse_handcrafted(text)
     with pytest.raises(ConfigError, match="--handcrafted cnn-gn"):  # the searched arm needs a cell
-        check_base(load_config(None, ["augment.network=cnn-gn"]))
+        check_base(load_config(None, [*PRE_RECIPE, "augment.network=cnn-gn"]))
 
 
 def _row(arm: str, seed: int, acc: float, eps: float = 2.0) -> ArmResult:
@@ -207,7 +208,7 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
         assert row.epsilon_searched == searched.epsilon_worst
         assert row.augment_noise_multiplier < searched.augment_noise_multiplier  # more budget: less noise
     for row in randoms:
-        assert row.network == "cell" and row.genotype == random_genotype_text(load_config(None, []), 0,
+        assert row.network == "cell" and row.genotype == random_genotype_text(load_config(None, [*PRE_RECIPE]), 0,
                                                                               int(row.arm.split("-")[1]))
     for row in handcrafted:
         assert (row.network, row.genotype) == (row.arm, "")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import PRE_RECIPE
 
 from mpi_fnas import bench
 from mpi_fnas.config import load_config
@@ -21,7 +22,8 @@ from mpi_fnas.federation.memory import peak_rss_mb
 from mpi_fnas.privacy import DPParams, per_sample_gradients
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY_SETTINGS = ["space.channels=4", "space.layers=3", "space.nodes=1", "data.image_size=8", "search.batch_size=4"]
+TINY_SETTINGS = [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=1", "data.image_size=8",
+                 "search.batch_size=4"]
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--repeats", "1", "--json"]
 DP_TIMES = ("dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_cpu_seconds",
             "per_sample_seconds", "per_sample_a_seconds")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import PRE_RECIPE
 
 from mpi_fnas.config import (
     Config,
@@ -18,6 +20,7 @@ from mpi_fnas.config import (
     key_docs,
     load_config,
 )
+from mpi_fnas.op_names import DPNAS_CONVS
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
@@ -87,7 +90,8 @@ def test_required_configs_exist():
 def test_overrides_are_parsed_as_yaml_and_applied_last(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("search:\n  epochs: 7\n  w_lr: 0.1\n")
-    cfg = load_config(f, ["mode=fnas", "search.epochs=2", "space.norm=batchnorm", "federation.parties=null",
+    cfg = load_config(f, ["mode=fnas", "search.epochs=2", "space.kind=darts", "space.ops=[]", "space.norm=batchnorm",
+                          "federation.parties=null",
                           "runtime.progress=off", "data.download=true"])
     assert cfg.search.epochs == 2
     assert cfg.search.w_lr == 0.1
@@ -127,7 +131,7 @@ def test_int_is_accepted_for_float_but_not_the_reverse():
 )
 def test_bad_input_is_one_line_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(None, [override])
+        load_config(None, [*PRE_RECIPE, override])
     assert "\n" not in str(info.value)
 
 
@@ -145,7 +149,7 @@ def test_bad_input_is_one_line_naming_the_key(override, message):
 )
 def test_a_hand_designed_network_refuses_what_only_a_cell_has(overrides, message):
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(None, overrides)
+        load_config(None, [*PRE_RECIPE, *overrides])
     assert "\n" not in str(info.value)
     assert load_config(None, ["augment.network=cnn-tanh"]).augment.network == "cnn-tanh"
 
@@ -229,13 +233,33 @@ def test_full_mnist_recipe_config_is_the_mnist_recipe_on_the_full_set():
     assert full.privacy.target_epsilon == 3.0 and full.privacy.aggregation == "secure"
 
 
-def test_synthetic_recipe_config_is_the_default_with_the_private_recipe():
-    """configs/synthetic_recipe.yaml is the make-run default plus issue 46's recipe: DPNAS space, batch 500 of a
-    party's 4,000-image pool, 10 epochs, lr 2, σ calibrated to a worst-party ε of 3; nothing else differs."""
-    recipe = load_config(ROOT / "configs" / "synthetic_recipe.yaml")
+def test_the_built_in_default_is_the_synthetic_recipe():
+    """Issue 46: the built-in default (what `make run` runs) is the private recipe measured on the default data, and
+    configs/synthetic_recipe.yaml spells it out: the DPNAS space with its six convolutions, a search of batch 250 at
+    w_lr 2 and a_lr 0.1, the augmentation's batch 500 x 10 epochs at lr 2, secure aggregation, σ calibrated to a
+    worst-party ε of 3 for search + augmentation."""
     defaults = Config()
-    assert recipe.space.kind == "dpnas"
-    assert (recipe.augment.batch_size, recipe.augment.epochs, recipe.augment.lr) == (500, 10, 2.0)
-    assert recipe.privacy.target_epsilon == 3.0
-    assert recipe.data == defaults.data and recipe.search == defaults.search and recipe.mode == defaults.mode
-    assert recipe.privacy.aggregation == defaults.privacy.aggregation == "secure"
+    assert defaults.mode == "dpfnas" and defaults.space.kind == "dpnas" and defaults.space.ops == list(DPNAS_CONVS)
+    assert (defaults.search.batch_size, defaults.search.w_lr, defaults.search.a_lr) == (250, 2.0, 0.1)
+    assert (defaults.augment.batch_size, defaults.augment.epochs, defaults.augment.lr) == (500, 10, 2.0)
+    assert defaults.privacy.target_epsilon == 3.0 and defaults.privacy.aggregation == "secure"
+    recipe = load_config(ROOT / "configs" / "synthetic_recipe.yaml")
+    assert dataclasses.replace(recipe, name=defaults.name) == defaults
+
+
+def test_the_old_default_is_kept_as_a_config_and_the_tests_pin_the_same():
+    """configs/darts_default.yaml is the built-in default before issue 46, which the older measurements used; the
+    tests written against it pin the same keys (conftest's PRE_RECIPE)."""
+    old = load_config(ROOT / "configs" / "darts_default.yaml")
+    assert dataclasses.replace(load_config(None, PRE_RECIPE), name=old.name) == old
+    assert (old.space.kind, old.space.ops, old.search.batch_size, old.augment.lr) == ("darts", [], 16, 0.3)
+
+
+def test_a_darts_run_from_the_defaults_is_told_to_set_its_ops():
+    """The default `space.ops` names DPNAS ops: a config that switches to DARTS alone gets one line saying what to
+    set, not the list of every op."""
+    with pytest.raises(ConfigError, match=r"^space\.ops: the default names dpnas' six convolutions, and space\.kind "
+                                          r"is darts; set space\.ops: \[\] \(every DARTS op\)") as info:
+        load_config(None, ["space.kind=darts"])
+    assert "\n" not in str(info.value)
+    assert load_config(None, ["space.kind=darts", "space.ops=[]"]).space.ops == []

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import ROOT, TINY, mpirun
+from conftest import PRE_RECIPE, ROOT, TINY, mpirun
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -55,12 +55,12 @@ class ConvRecorder(TorchDispatchMode):
 
 def _networks():
     """Every kind of network the project trains, with reduction cells (FactorizedReduce) and the auxiliary head."""
-    cfg = load_config(None, ["space.channels=4", "space.layers=3", "space.nodes=2", "augment.channels=4",
+    cfg = load_config(None, [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=2", "augment.channels=4",
                              "augment.layers=3", "augment.auxiliary_weight=0.4"])
     darts = search_space("darts")
     yield "darts supernet", darts.build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
     yield "darts augment", darts.build_augment_network(DARTS_V2, cfg, seed=0, in_channels=3, num_classes=10)
-    dpnas_cfg = load_config(None, ["space.kind=dpnas", "space.stage_channels=[4,8,8]", "space.nodes=2"])
+    dpnas_cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stage_channels=[4,8,8]", "space.nodes=2"])
     dpnas = search_space("dpnas")
     yield "dpnas supernet", dpnas.build_supernet(dpnas_cfg.space, seed=0, in_channels=3, num_classes=10)
     genotype = dpnas.random_genotype(dpnas_cfg.space, np.random.default_rng(0))
@@ -128,7 +128,7 @@ NETWORK_STEPS = """
     from mpi_fnas.config import load_config
     from mpi_fnas.cpu_kernels import onednn_isa, to_channels_last
     from mpi_fnas.space import search_space
-    cfg = load_config(None, ["space.channels=4", "space.layers=3", "space.nodes=1"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=1"])
     model = to_channels_last(search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10))
     reference = search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10).double()
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import perturb_others
+from conftest import PRE_RECIPE, perturb_others
 from torch import nn
 
 from mpi_fnas.config import ConfigError, SpaceConfig, load_config
@@ -261,13 +261,13 @@ def test_the_all_zero_cell_is_logged_but_refused_for_training() -> None:
         with pytest.raises(ValueError, match="no intermediate node is reached from the cell input"):
             build()
     with pytest.raises(SetupError, match=r"^the searched genotype: DPNAS genotype: no intermediate node") as info:
-        parse_genotype(genotype.to_string(), "the searched genotype", SpaceConfig(kind="dpnas"))
+        parse_genotype(genotype.to_string(), "the searched genotype", SpaceConfig(kind="dpnas", ops=[]))
     assert "\n" not in str(info.value)
     # cut off without being all zero: node 0's only input is 'none' and every other edge reads a dead node
     cut = DpnasGenotype(tuple("none" if j == 0 else "conv_3x3_selu" for _, j in edge_endpoints(5)))
     assert not cut.connected
     with pytest.raises(SetupError, match="no intermediate node"):
-        parse_genotype(cut.to_string(), "augment.genotype", SpaceConfig(kind="dpnas"))
+        parse_genotype(cut.to_string(), "augment.genotype", SpaceConfig(kind="dpnas", ops=[]))
 
 
 # ---------------------------------------------------------------------------------------------- string form
@@ -320,7 +320,7 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     assert set(SPACE_KINDS) == {"darts", "dpnas"}
     with pytest.raises(ValueError, match="unknown space kind 'nasnet'"):
         search_space("nasnet")
-    cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 8]"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 8]"])
     dp = search_space("dpnas")
     net = dp.build_supernet(cfg.space, seed=3, in_channels=3, num_classes=10)
     assert isinstance(net, DpnasSearchNetwork) and net.stage_channels == (4, 8)
@@ -331,7 +331,7 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
                                        num_classes=10)
     assert isinstance(trained, DpnasNetwork) and trained.genotype == MIXED and trained.stage_channels == (4, 8)
     # DARTS through the factory: bit-identical to the direct builders
-    darts_cfg = load_config(None, [])
+    darts_cfg = load_config(None, [*PRE_RECIPE])
     through = search_space("darts").build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
     direct = build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
     assert all(torch.equal(a, b) for a, b in zip(through.parameters(), direct.parameters(), strict=True))
@@ -341,7 +341,7 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     assert all(torch.equal(a, b) for a, b in zip(aug.parameters(), ref.parameters(), strict=True))
     assert isinstance(search_space("darts").parse_genotype(genotype.to_string()), Genotype)
     with pytest.raises(SetupError, match=r"^augment\.genotype: genotype string: unknown field 'dpnas'"):
-        parse_genotype(MIXED.to_string(), "augment.genotype", SpaceConfig(kind="darts"))
+        parse_genotype(MIXED.to_string(), "augment.genotype", SpaceConfig(kind="darts", ops=[]))
 
 
 @pytest.mark.parametrize(("override", "message"), [
@@ -405,8 +405,8 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy, read_run
 
-    cfg = load_config(None, ["space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 4]", "mode=fnas",
-                             "search.batch_size=4", "augment.batch_size=4"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=5", "space.stage_channels=[4, 4]",
+                             "mode=fnas", "search.batch_size=4", "augment.batch_size=4"])
     space = search_space("dpnas")
     make = lambda: space.build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)  # noqa: E731
     gen = torch.Generator().manual_seed(0)

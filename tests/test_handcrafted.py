@@ -8,7 +8,7 @@ import typing
 
 import pytest
 import torch
-from conftest import perturb_others
+from conftest import PRE_RECIPE, perturb_others
 from torch import nn
 
 from mpi_fnas.config import AUGMENT_NETWORKS, HANDCRAFTED_NETWORKS, AugmentConfig, load_config
@@ -133,13 +133,13 @@ def test_per_example_gradients_match_the_loop(name, channels, side, layout):
 
 def test_augment_network_builds_what_augment_network_names():
     shape = {"seed": 0, "in_channels": 3, "num_classes": 10}
-    cell_cfg = load_config(None, ["data.image_size=8", "augment.layers=2", "augment.channels=4"])
+    cell_cfg = load_config(None, [*PRE_RECIPE, "data.image_size=8", "augment.layers=2", "augment.channels=4"])
     genotype = search_space("darts").largest_genotype(cell_cfg)
     assert isinstance(augment_network(cell_cfg, genotype, **shape), AugmentNetwork)
     with pytest.raises(ValueError, match="needs a genotype"):
         augment_network(cell_cfg, None, **shape)
     for name, kind in (("cnn-tanh", TanhCifarNet), ("cnn-gn", GroupNormNet)):
-        cfg = load_config(None, ["data.image_size=8", f"augment.network={name}"])
+        cfg = load_config(None, [*PRE_RECIPE, "data.image_size=8", f"augment.network={name}"])
         net = augment_network(cfg, None, **shape)
         assert type(net) is kind and net.image_size == 8
         assert type(largest_augment_network(cfg, **shape)) is kind
@@ -152,7 +152,7 @@ def test_the_secure_dimension_is_the_largest_network_the_augmentation_may_train(
     release, so D follows it; under ``cell`` the largest cell's network (a few thousand here) does not reach it."""
     common = ["data.image_size=8", "space.channels=4", "space.layers=2", "space.nodes=2", "augment.layers=2",
               "augment.channels=4", "privacy.aggregation=secure"]
-    tanh = load_config(None, [*common, "augment.network=cnn-tanh"])
+    tanh = load_config(None, [*PRE_RECIPE, *common, "augment.network=cnn-tanh"])
     assert secure_dimension(tanh, 3, 10) == padded_length(TanhCifarNet(3, 10, 8).num_params())
     assert secure_dimension(load_config(None, common), 3, 10) < padded_length(TanhCifarNet(3, 10, 8).num_params())
 
@@ -160,7 +160,7 @@ def test_the_secure_dimension_is_the_largest_network_the_augmentation_may_train(
 def test_a_resume_must_continue_the_checkpointed_network():
     """The augmentation's checkpoint names its network: a resume of another one is refused in one line, and a
     checkpoint written before augment.network existed counts as a cell's."""
-    cfg = load_config(None, ["data.train_size=400", "data.test_size=40", "data.image_size=8",
+    cfg = load_config(None, [*PRE_RECIPE, "data.train_size=400", "data.test_size=40", "data.image_size=8",
                              "augment.network=cnn-gn", "augment.steps_per_epoch=2", "mode=fnas"])
     search = plan_run(cfg, 2, search=False)
     plan = plan_augment_stage(cfg, search.assignments, None, None, None)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import PRE_RECIPE
 from torch import nn
 
 from mpi_fnas.config import config_from_text
@@ -36,7 +37,8 @@ def test_views_of_one_tensor_count_once():
 
 
 def _plan(*overrides: str, hosts=("a",) * 3, capacity=math.inf, stage="search"):
-    cfg = config_from_text(None, ["data.train_size=400", "data.test_size=40", "data.image_size=8", *overrides])
+    cfg = config_from_text(None, [*PRE_RECIPE, "data.train_size=400", "data.test_size=40", "data.image_size=8",
+                                  *overrides])
     return plan_memory(cfg, [NodeFacts(host, capacity, "test") for host in hosts], stage=stage)
 
 

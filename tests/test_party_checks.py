@@ -10,7 +10,7 @@ import sys
 import time
 
 import pytest
-from conftest import MPIRUN, ROOT, TINY, _env
+from conftest import MPIRUN, PRE_RECIPE, ROOT, TINY, _env
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -40,7 +40,7 @@ SMALL = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space
 
 
 def config(*overrides: str):
-    return load_config(None, [*SMALL, *overrides])
+    return load_config(None, [*PRE_RECIPE, *SMALL, *overrides])
 
 
 def honest(cfg):

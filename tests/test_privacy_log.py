@@ -12,7 +12,7 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import mpirun
+from conftest import PRE_RECIPE_ARGS, mpirun
 
 from mpi_fnas.runlog import read_run
 
@@ -28,7 +28,8 @@ def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
 @pytest.fixture(scope="module")
 def dp_log(tmp_path_factory) -> dict:
     run = tmp_path_factory.mktemp("dp") / "run"
-    out = mpirun(4, "--set", "mode=dpfnas", "--set", "data.train_size=600", "--set", "data.partition=dirichlet",
+    out = mpirun(4, *PRE_RECIPE_ARGS, "--set", "mode=dpfnas", "--set", "data.train_size=600",
+           "--set", "data.partition=dirichlet",
            "--set", "data.dirichlet_alpha=1.0", "--set", "data.test_size=20", "--set", "data.image_size=8",
            "--set", "space.channels=4", "--set", "space.nodes=1", "--set", "search.batch_size=8",
            "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--set", "privacy.noise_multiplier_a=1.3",

@@ -22,6 +22,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from conftest import PRE_RECIPE
 
 import mpi_fnas.privacy.mechanism as mechanism
 from mpi_fnas.bench import make_party
@@ -68,7 +69,7 @@ def secure_party(cfg, state: dict | None):
 
 
 def test_a_replayed_secure_upload_minus_its_first_attempt_reveals_no_clipped_sum(monkeypatch):
-    cfg = load_config(None, [*SMALL, "privacy.aggregation=secure"])
+    cfg = load_config(None, [*PRE_RECIPE, *SMALL, "privacy.aggregation=secure"])
     encoded: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (clipped sum p, signs, integer total)
     real_encode, real_noise = mechanism.encode_sum, mechanism.discrete_gaussian
     noises: list[torch.Tensor] = []
@@ -108,7 +109,7 @@ def test_a_replayed_secure_upload_minus_its_first_attempt_reveals_no_clipped_sum
 
 @pytest.mark.parametrize("source", ["secret", "reproducible"])
 def test_a_replayed_local_release_draws_fresh_noise_unless_reproducible(source):
-    cfg = load_config(None, [*SMALL, f"privacy.reproducible_noise={source == 'reproducible'}"])
+    cfg = load_config(None, [*PRE_RECIPE, *SMALL, f"privacy.reproducible_noise={source == 'reproducible'}"])
     first = make_party(cfg, private=True)
     checkpoint = first.state_dict()
     r1 = first.w_release()[:first.num_w].copy()

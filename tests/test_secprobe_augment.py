@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
@@ -48,7 +49,7 @@ def _config(*extra: str, mode: str = "fnas", steps: int = 30):
     """The test network's config; under dpfnas (used only for its ``federation`` section: the selection needs it)
     with GroupNorm, as DP requires."""
     network = [o for o in NETWORK if mode != "dpfnas" or o != "space.norm=batchnorm"]
-    return load_config(overrides=[*network, f"augment.steps_per_epoch={steps}", f"mode={mode}",
+    return load_config(overrides=[*PRE_RECIPE, *network, f"augment.steps_per_epoch={steps}", f"mode={mode}",
                                   "privacy.aggregation=local", *extra])  # a selection needs each party's release
 
 

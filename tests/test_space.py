@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import perturb_others
+from conftest import PRE_RECIPE, perturb_others
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
@@ -500,8 +500,8 @@ def test_the_largest_genotype_bounds_every_cells_network(kind: str, ops: str) ->
     from mpi_fnas.federation.flat import numel
     from mpi_fnas.space import search_space
 
-    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "augment.layers=3", "augment.channels=4",
-                             "space.stage_channels=[4, 8]", f"space.ops=[{ops}]"])
+    cfg = load_config(None, [*PRE_RECIPE, f"space.kind={kind}", "space.nodes=3", "augment.layers=3",
+                             "augment.channels=4", "space.stage_channels=[4, 8]", f"space.ops=[{ops}]"])
     space = search_space(kind)
     candidates = [op for op in space.candidates(cfg.space) if op != "none"]
 
@@ -539,7 +539,7 @@ def test_space_ops_are_the_alphas_columns_and_the_only_ops_a_cell_may_have(kind:
     from mpi_fnas.federation.plan import parse_genotype
     from mpi_fnas.space import search_space
 
-    cfg = load_config(None, [f"space.kind={kind}", "space.nodes=3", "space.stage_channels=[4]",
+    cfg = load_config(None, [*PRE_RECIPE, f"space.kind={kind}", "space.nodes=3", "space.stage_channels=[4]",
                              f"space.ops=[{', '.join(ops)}]"])
     space = search_space(kind)
     candidates = space.candidates(cfg.space)
@@ -564,7 +564,7 @@ def test_space_ops_are_the_alphas_columns_and_the_only_ops_a_cell_may_have(kind:
 
     own = space.random_genotype(cfg.space, np.random.default_rng(0)).to_string()
     assert ops_of(parse_genotype(own, "augment.genotype", cfg.space)) <= set(candidates)
-    unrestricted = load_config(None, [f"space.kind={kind}", "space.nodes=3"])
+    unrestricted = load_config(None, [*PRE_RECIPE, f"space.kind={kind}", "space.nodes=3"])
     other_op = next(op for op in space.primitives if op not in candidates and op != "none")
     other = space.largest_genotype(unrestricted)  # every edge the largest op of the whole space
     assert other_op in ops_of(other) or not ops_of(other) <= set(candidates)
@@ -599,5 +599,5 @@ def test_bad_space_ops_are_one_line(kind: str, ops: str, message: str) -> None:
     from mpi_fnas.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=message) as info:
-        load_config(None, [f"space.kind={kind}", f"space.ops=[{ops}]"])
+        load_config(None, [*PRE_RECIPE, f"space.kind={kind}", f"space.ops=[{ops}]"])
     assert "\n" not in str(info.value)

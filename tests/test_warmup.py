@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun_together
+from conftest import PRE_RECIPE, TINY, mpirun_together
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.runlog import read_run
@@ -30,7 +30,7 @@ def runs(tmp_path_factory):
 
 
 def _initial_alphas() -> np.ndarray:
-    cfg = load_config(None, ["space.channels=4", "space.layers=3", "space.nodes=2"])
+    cfg = load_config(None, [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=2"])
     supernet = search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
     return supernet.alpha_softmax()["normal"].detach().numpy()
 
@@ -59,4 +59,4 @@ def test_the_warm_up_sends_no_h_and_dp_charges_whole_iterations(runs):
 
 def test_a_warm_up_as_long_as_the_search_is_refused():
     with pytest.raises(ConfigError, match=r"^search\.warmup_epochs: 2 leaves no epoch in which A is trained"):
-        load_config(None, ["search.epochs=2", "search.warmup_epochs=2"])
+        load_config(None, [*PRE_RECIPE, "search.epochs=2", "search.warmup_epochs=2"])

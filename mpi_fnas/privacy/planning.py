@@ -55,7 +55,7 @@ def plan_privacy(
     if np.any(n_tr < expected_batch_size) or np.any(n_val < expected_batch_size):
         smallest = int(min(n_tr.min(), n_val.min()))
         raise ValueError(f"search.batch_size {expected_batch_size:g} exceeds the smallest party shard ({smallest} "
-                         "examples): the Poisson rate B/N must not exceed 1")
+                         "examples): the Poisson rate B/N must not exceed 1; set a smaller search.batch_size")
     q_tr, q_val = expected_batch_size / n_tr, expected_batch_size / n_val
     deltas = party_deltas(train_sizes, val_sizes, params.delta)
     r = int(w_releases_per_step)

@@ -243,7 +243,8 @@ def augment_sample_rates(
         raise ValueError(f"augment batch size must be > 0, got {expected_batch_size:g}")
     if np.any(n_pool < expected_batch_size):
         party = int(np.argmin(n_pool))
-        raise ValueError(f"augment batch size {expected_batch_size:g} exceeds party {party + 1}'s pool "
-                         f"({int(n_pool[party])} examples, pool {pool!r}): the Poisson rate B/N must not exceed 1")
+        raise ValueError(f"augment.batch_size {expected_batch_size:g} exceeds party {party + 1}'s pool "
+                         f"({int(n_pool[party])} examples, pool {pool!r}): the Poisson rate B/N must not exceed 1; "
+                         "set a smaller augment.batch_size")
     rate = expected_batch_size / n_pool
     return rate, (rate.copy() if pool == "all" else np.zeros_like(rate))
