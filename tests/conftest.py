@@ -13,18 +13,12 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+from pre_recipe import PRE_RECIPE_ARGS
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = str(Path(sys.executable).parent / "mpirun")
-#: The built-in defaults before issue 46 moved them to the DPNAS recipe (tests/test_config.py checks the new ones):
-#: the DARTS space with every op, DARTS' search batch and learning rates, σ as configured (no target ε) and the
-#: augmentation's old epochs, batch and lr. The tests written for those defaults pin them: `load_config(None,
-#: [*PRE_RECIPE, ...])`, or `*PRE_RECIPE_ARGS` first on a command line (a later --set wins).
-PRE_RECIPE = ["space.kind=darts", "space.ops=[]", "search.batch_size=16", "search.w_lr=0.1", "search.a_lr=0.003",
-              "privacy.target_epsilon=null", "augment.epochs=4", "augment.batch_size=64", "augment.lr=0.3"]
-PRE_RECIPE_ARGS = [arg for item in PRE_RECIPE for arg in ("--set", item)]
 #: A search small enough for a few seconds per run on 2 cores (2 epochs of 4 steps, a row per step).
 TINY = [
     *PRE_RECIPE_ARGS,

@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_settings, relative_error, step_factor, w_rounds
@@ -95,17 +96,18 @@ def test_next_iterate_and_rejection_follow_the_settings():
 
 
 def test_settings_defaults_follow_the_mode_and_momentum_is_refused():
-    private = adadp_settings(load_config(None, ["mode=dpfnas"]))
-    plain = adadp_settings(load_config(None, ["mode=fnas"]))
+    private = adadp_settings(load_config(None, [*PRE_RECIPE, "mode=dpfnas"]))
+    plain = adadp_settings(load_config(None, [*PRE_RECIPE, "mode=fnas"]))
     assert (private.tol, private.reject) == (1.0, False) and (plain.tol, plain.reject) == (0.1, True)
     assert w_rounds("adadp") == 2 and w_rounds("sgd") == 1
     with pytest.raises(ConfigError, match=r"search\.w_momentum") as refused:
-        load_config(None, ["search.w_optimizer=adadp"])
+        load_config(None, [*PRE_RECIPE, "search.w_optimizer=adadp"])
     assert "\n" not in str(refused.value)
     with pytest.raises(ConfigError, match=r"^search\.order: second_order is refused with search\.w_optimizer"):
-        load_config(None, ["mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0", "search.order=second_order"])
+        load_config(None, [*PRE_RECIPE, "mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0",
+                           "search.order=second_order"])
     # η₀ below search.w_lr_min is fine: ADADP has no cosine schedule
-    tiny = load_config(None, ["search.w_optimizer=adadp", "search.w_momentum=0", "search.w_lr=0.0001"])
+    tiny = load_config(None, [*PRE_RECIPE, "search.w_optimizer=adadp", "search.w_momentum=0", "search.w_lr=0.0001"])
     assert tiny.search.w_lr == 0.0001
 
 
@@ -118,7 +120,8 @@ def test_server_two_w_rounds_log_values_and_exact_resume(stage: str):
     """Either stage's server: W_half, then the next W from the mean of K = 2 releases; η adapts, the log values
     follow, and a state_dict resumes it exactly."""
     if stage == "search":
-        cfg = load_config(None, ["mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0", "space.channels=2",
+        cfg = load_config(None, [*PRE_RECIPE, "mode=fnas", "search.w_optimizer=adadp", "search.w_momentum=0",
+                                 "space.channels=2",
                                  "space.layers=1", "space.nodes=1", "search.w_grad_clip=0", "search.w_weight_decay=0",
                                  "adadp.reject=false"])
 
@@ -126,7 +129,8 @@ def test_server_two_w_rounds_log_values_and_exact_resume(stage: str):
             return search_server(build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10), cfg.search, 2,
                                  adadp=adadp_settings(cfg))
     else:
-        cfg = load_config(None, ["mode=fnas", "augment.optimizer=adadp", "augment.momentum=0", "augment.lr=0.1",
+        cfg = load_config(None, [*PRE_RECIPE, "mode=fnas", "augment.optimizer=adadp", "augment.momentum=0",
+                                 "augment.lr=0.1",
                                  "augment.grad_clip=0", "augment.weight_decay=0", "adadp.reject=false"])
 
         def server() -> Server:

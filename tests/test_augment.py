@@ -13,7 +13,8 @@ import shutil
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE, TINY, mpirun, mpirun_together
+from conftest import TINY, mpirun, mpirun_together
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.config import load_config

@@ -15,7 +15,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE, TINY, mpirun, mpirun_together
+from conftest import TINY, mpirun, mpirun_together
+from pre_recipe import PRE_RECIPE
 from scipy import stats
 
 from mpi_fnas.baseline import (

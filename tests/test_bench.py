@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas import bench
 from mpi_fnas.config import load_config

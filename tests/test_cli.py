@@ -18,7 +18,8 @@ from datetime import datetime
 import h5py
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE_ARGS, ROOT, mpirun, mpirun_background, rank_pid
+from conftest import ROOT, mpirun, mpirun_background, rank_pid
+from pre_recipe import PRE_RECIPE_ARGS
 
 from mpi_fnas.config import Config
 from mpi_fnas.runlog import read_run

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import PRE_RECIPE
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import (
     Config,
@@ -249,7 +249,7 @@ def test_the_built_in_default_is_the_synthetic_recipe():
 
 def test_the_old_default_is_kept_as_a_config_and_the_tests_pin_the_same():
     """configs/darts_default.yaml is the built-in default before issue 46, which the older measurements used; the
-    tests written against it pin the same keys (conftest's PRE_RECIPE)."""
+    tests written against it pin the same keys (tests/pre_recipe.py's PRE_RECIPE)."""
     old = load_config(ROOT / "configs" / "darts_default.yaml")
     assert dataclasses.replace(load_config(None, PRE_RECIPE), name=old.name) == old
     assert (old.space.kind, old.space.ops, old.search.batch_size, old.augment.lr) == ("darts", [], 16, 0.3)

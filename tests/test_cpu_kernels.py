@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PRE_RECIPE, ROOT, TINY, mpirun
+from conftest import ROOT, TINY, mpirun
+from pre_recipe import PRE_RECIPE
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -128,7 +129,7 @@ NETWORK_STEPS = """
     from mpi_fnas.config import load_config
     from mpi_fnas.cpu_kernels import onednn_isa, to_channels_last
     from mpi_fnas.space import search_space
-    cfg = load_config(None, [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=1"])
+    cfg = load_config(None, ["space.kind=darts", "space.ops=[]", "space.channels=4", "space.layers=3", "space.nodes=1"])
     model = to_channels_last(search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10))
     reference = search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10).double()
     g = torch.Generator().manual_seed(0)

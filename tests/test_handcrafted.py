@@ -8,7 +8,8 @@ import typing
 
 import pytest
 import torch
-from conftest import PRE_RECIPE, perturb_others
+from conftest import perturb_others
+from pre_recipe import PRE_RECIPE
 from torch import nn
 
 from mpi_fnas.config import AUGMENT_NETWORKS, HANDCRAFTED_NETWORKS, AugmentConfig, load_config

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PRE_RECIPE
+from pre_recipe import PRE_RECIPE
 from torch import nn
 
 from mpi_fnas.config import config_from_text

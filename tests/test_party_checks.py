@@ -10,7 +10,8 @@ import sys
 import time
 
 import pytest
-from conftest import MPIRUN, PRE_RECIPE, ROOT, TINY, _env
+from conftest import MPIRUN, ROOT, TINY, _env
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party_store import PartyStore, party_dir

@@ -12,7 +12,8 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE_ARGS, mpirun
+from conftest import mpirun
+from pre_recipe import PRE_RECIPE_ARGS
 
 from mpi_fnas.runlog import read_run
 

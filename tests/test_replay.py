@@ -22,7 +22,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from conftest import PRE_RECIPE
+from pre_recipe import PRE_RECIPE
 
 import mpi_fnas.privacy.mechanism as mechanism
 from mpi_fnas.bench import make_party

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import PRE_RECIPE
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import PRE_RECIPE, perturb_others
+from conftest import perturb_others
+from pre_recipe import PRE_RECIPE
 from torch import nn
 from torch.func import functional_call, grad, vmap
 

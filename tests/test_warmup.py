@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import PRE_RECIPE, TINY, mpirun_together
+from conftest import TINY, mpirun_together
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.runlog import read_run

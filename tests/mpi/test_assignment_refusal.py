@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.cli import ReportedRefusalError
 from mpi_fnas.config import load_config
@@ -20,9 +21,9 @@ from mpi_fnas.federation.participate import SearchSide, participate
 from mpi_fnas.federation.plan import plan_run
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 
-CONFIG = ["mode=dpfnas", "data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4",
-          "space.layers=3", "space.nodes=2", "search.batch_size=8", "search.steps_per_epoch=2", "augment.epochs=0",
-          "runtime.progress=off"]
+CONFIG = [*PRE_RECIPE, "mode=dpfnas", "data.train_size=400", "data.test_size=40", "data.image_size=8",
+          "space.channels=4", "space.layers=3", "space.nodes=2", "search.batch_size=8", "search.steps_per_epoch=2",
+          "augment.epochs=0", "runtime.progress=off"]
 LIES = {"K": lambda dp: dataclasses.replace(dp, parties=dp.parties + 1),
         "sigma": lambda dp: dp.with_noise(dp.noise_multiplier_w, dp.noise_multiplier_a / 4)}
 

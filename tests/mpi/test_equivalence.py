@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
@@ -23,7 +24,7 @@ SECOND_ORDER_A_TOLERANCE = 1e-3
 
 
 def tiny_config(order: str, steps: int = 2):
-    return load_config(None, [
+    return load_config(None, [*PRE_RECIPE,
         "mode=fnas", "seed=3",
         "data.train_size=96", "data.test_size=16", "data.image_size=8",
         "space.channels=4", "space.layers=3", "space.nodes=2", "space.norm=groupnorm",

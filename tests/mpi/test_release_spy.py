@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from pre_recipe import PRE_RECIPE
 from scipy import stats
 
 import mpi_fnas.privacy.release as release_module
@@ -189,7 +190,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     unfolded = []  # per-example weight gradients made from unfolded patches (per_sample's rule picks them)
     unfold = per_sample._conv_weight_grads_by_unfold
     monkeypatch.setattr(per_sample, "_conv_weight_grads_by_unfold", lambda *args: unfolded.append(1) or unfold(*args))
-    cfg = load_config(None, [
+    cfg = load_config(None, [*PRE_RECIPE,
         # Local noise: each party's own noised release is what this spy sees (test_release_spy_secure: the sealed one).
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
         "data.image_size=8", *run["settings"], "runtime.progress=off", "checkpoint.every_steps=2",
@@ -452,7 +453,8 @@ def test_a_partys_only_message_of_the_memory_plan_is_its_hosts_public_facts():
             self.calls.append("bcast_object")
             return super().bcast_object(obj)
 
-    cfg = load_config(None, ["mode=dpfnas", "data.train_size=320", "data.test_size=16", "data.image_size=8"])
+    cfg = load_config(None, [*PRE_RECIPE, "mode=dpfnas", "data.train_size=320", "data.test_size=16",
+                             "data.image_size=8"])
     channel = MemoryCheckChannel(MPI.COMM_WORLD)
     lines = check_memory(channel, cfg, "search")
     assert any(line.startswith("memory: node ") for line in lines)

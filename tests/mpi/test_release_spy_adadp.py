@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from pre_recipe import PRE_RECIPE
 from test_release_spy import (
     RecordingChannel,
     check_noised_releases,
@@ -49,7 +50,7 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir)
         real = getattr(party_module.Party, name)
         monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
-    cfg = load_config(None, [
+    cfg = load_config(None, [*PRE_RECIPE,
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
         "data.image_size=8",
         "space.channels=4", "space.layers=3", "space.nodes=1", f"search.batch_size={B}", "search.epochs=1",
@@ -99,7 +100,7 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
         real = getattr(party_module.Party, name)
         monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
-    cfg = load_config(None, [
+    cfg = load_config(None, [*PRE_RECIPE,
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
         "data.image_size=8",
         f"augment.genotype={GENOTYPE}", "augment.epochs=1", f"augment.steps_per_epoch={2 * STEPS}",

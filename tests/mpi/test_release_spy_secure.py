@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from pre_recipe import PRE_RECIPE
 from test_release_spy import (
     PASSES,
     SETUP_REPORT,
@@ -58,7 +59,7 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
 
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "secure_party_release", recording)
-    cfg = load_config(None, [
+    cfg = load_config(None, [*PRE_RECIPE,
         "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *DARTS,
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
         *([] if passes is None else [f"runtime.max_physical_batch={passes}"]),
