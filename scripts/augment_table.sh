@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the tables of docs/benchmarks.md "make run: search + augmentation" (issue 9): the `make run` config
-# (configs/default.yaml, 8 parties) end to end, search then augmentation, over seeds 0 1 2:
+# of before issue 46 (configs/darts_default.yaml, 8 parties) end to end, search then augmentation, over seeds 0 1 2:
 #   - DP-FNAS at three augmentation noise levels (augment.noise_multiplier 0.7, 0.85 = the default, 1.2);
 #   - FNAS (8 parties, exact gradients) and vanilla NAS (one party holding all the data, with 8× the per-party
 #     batches, so that every step averages over the same number of examples as the federated runs).
@@ -60,7 +60,7 @@ run() {  # run ARM RANKS KEY=VALUE...
   local dir=$out/$1; local ranks=$2; shift 2
   if [ -e "$dir/search.h5" ]; then echo "exists, skipped: $dir"; return; fi
   local sets=(); for kv in "$@"; do sets+=(--set "$kv"); done
-  "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --out "$dir" "${sets[@]}"
+  "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --config configs/darts_default.yaml --out "$dir" "${sets[@]}"
 }
 
 for s in "${seeds[@]}"; do

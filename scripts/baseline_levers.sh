@@ -25,7 +25,7 @@ np=${NP:-9}
 eps=${EPS:-3}
 space=${SPACE:-darts}
 
-base=(--set data.dataset=mnist-5k --set data.image_size=14 --set data.train_size=null --set data.test_size=null
+base=(--config configs/darts_default.yaml --set data.dataset=mnist-5k --set data.image_size=14 --set data.train_size=null --set data.test_size=null
       --set "privacy.target_epsilon=$eps" --set "space.kind=$space")
 # name|extra --set arguments (the search only; every lever keeps the augmentation and the total ε)
 declare -a levers=(

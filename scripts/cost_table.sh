@@ -24,7 +24,7 @@ trap 'exit 130' INT TERM
 mkdir -p "$out"
 "$cluster" down > /dev/null 2>&1 || true
 
-settings=(--set search.epochs=1 --set "search.steps_per_epoch=$steps" --set augment.epochs=0
+settings=(--config configs/darts_default.yaml --set search.epochs=1 --set "search.steps_per_epoch=$steps" --set augment.epochs=0
           --set runtime.progress=off --set checkpoint.every_steps=0)
 # shellcheck disable=SC2206  # ARGS is a list of arguments, split on purpose
 settings+=(${ARGS:-})
