@@ -11,6 +11,7 @@ it into exit code 2. Nothing here touches MPI, torch or the file system beyond r
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import math
@@ -67,6 +68,10 @@ REMOVED_KEYS = {
                           "256 bits of OS entropy (docs/privacy.md §2.1), so there is nothing to switch on; "
                           "delete the key",
 }
+#: Keys added after a config could have been stored (a log, a checkpoint, ``searched.pt``), with the value that means
+#: what a stored config meant before the key existed. Their built-in default may differ: ``space.ops`` is every op of
+#: the space in a config written before it, and the DPNAS convolutions by default since issue 46.
+ADDED_KEYS: dict[str, Any] = {"space.ops": []}
 
 
 def _key(default: Any, meaning: str) -> Any:
@@ -823,14 +828,27 @@ def yaml_mapping(text: str, where: str = "") -> dict[str, Any]:
 def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = (), *, where: str = "",
                      stored: bool = False) -> Config:
     """Like :func:`load_config` for YAML text. With `stored` the text is a resolved config this program wrote
-    earlier (in a log, a checkpoint, ``searched.pt``), possibly by an older version: its REMOVED_KEYS are dropped."""
+    earlier (in a log, a checkpoint, ``searched.pt``), possibly by an older version: its REMOVED_KEYS are dropped, and
+    the ADDED_KEYS it lacks get the value they meant then."""
     tree = yaml_mapping(text, where) if text is not None else {}
     if stored:
         _drop_removed(tree)
+        _add_missing(tree)
     for item in overrides:
         key, value = parse_override(item)
         _apply_override(tree, key, value)
     return validate(_build(Config, tree, ""))
+
+
+def _add_missing(tree: dict[str, Any]) -> None:
+    """Give every ADDED_KEYS entry that a stored config tree lacks the value it meant then, in place."""
+    for dotted, value in ADDED_KEYS.items():
+        *sections, leaf = dotted.split(".")
+        node: Any = tree
+        for section in sections:
+            node = node.setdefault(section, {}) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.setdefault(leaf, copy.deepcopy(value))
 
 
 def _drop_removed(tree: dict[str, Any]) -> None:

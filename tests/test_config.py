@@ -165,6 +165,23 @@ def test_a_stored_config_of_an_older_version_is_read_without_its_removed_keys():
         config_from_text(text)
 
 
+@pytest.mark.parametrize("kind", ["darts", "dpnas"])
+def test_a_stored_config_from_before_space_ops_keeps_every_op(kind: str):
+    """A log, checkpoint or searched.pt written before space.ops existed searched every op of its space: read back
+    (--resume, --augment, a party's pinned config, the report), it must mean that, not today's default of the six
+    DPNAS convolutions (which a DARTS config would refuse, and a DPNAS one would silently shrink)."""
+    old = load_config(None, [*PRE_RECIPE, f"space.kind={kind}"]).to_dict()
+    del old["space"]["ops"]
+    text = yaml.safe_dump(old, sort_keys=False)
+    assert config_from_text(text, stored=True).space.ops == []
+    assert config_from_text(text, stored=True) == load_config(None, [*PRE_RECIPE, f"space.kind={kind}"])
+    if kind == "darts":  # given by the user, the same text takes today's default, and says what to set
+        with pytest.raises(ConfigError, match=r"^space\.ops: the default names dpnas' six convolutions"):
+            config_from_text(text)
+    stored = Config().to_dict()  # a stored config that has the key keeps its value
+    assert config_from_text(yaml.safe_dump(stored, sort_keys=False), stored=True) == Config()
+
+
 def test_bad_files(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "missing.yaml")

@@ -14,7 +14,7 @@ import torch
 from pre_recipe import PRE_RECIPE
 from torch import nn
 
-from mpi_fnas.config import config_from_text
+from mpi_fnas.config import SetupError, config_from_text
 from mpi_fnas.federation.memory import NodeFacts, node_facts, plan_memory, return_free_memory, step_mb
 
 
@@ -40,6 +40,16 @@ def _plan(*overrides: str, hosts=("a",) * 3, capacity=math.inf, stage="search"):
     cfg = config_from_text(None, [*PRE_RECIPE, "data.train_size=400", "data.test_size=40", "data.image_size=8",
                                   *overrides])
     return plan_memory(cfg, [NodeFacts(host, capacity, "test") for host in hosts], stage=stage)
+
+
+def test_a_genotype_outside_space_ops_is_one_line_of_bad_input_not_a_traceback():
+    """The memory plan builds augment.genotype's network before anything else reads it: a genotype the config cannot
+    train (here a pool, which the default's six convolutions leave out) is refused there as bad input."""
+    cfg = config_from_text(None, ["data.train_size=400", "data.test_size=40", "data.image_size=8",
+                                  "augment.genotype=dpnas=max_pool_3x3@0|conv_3x3_selu@0,conv_3x3_selu@1"])
+    with pytest.raises(SetupError, match=r"^augment\.genotype: op 'max_pool_3x3' is not among space\.ops") as info:
+        plan_memory(cfg, [NodeFacts("a", math.inf, "test")] * 3, stage="augment")
+    assert "\n" not in str(info.value)
 
 
 def test_a_larger_batch_or_network_raises_the_party_estimate_and_poisson_batches_get_a_margin():

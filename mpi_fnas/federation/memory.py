@@ -160,7 +160,7 @@ def node_facts(node_memory_mb: float | None) -> NodeFacts:
 def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPlan:
     """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
     "augment"). Builds the networks once on a 2-example input (< 1 s)."""
-    from mpi_fnas.federation.plan import open_split
+    from mpi_fnas.federation.plan import open_split, parse_genotype
     from mpi_fnas.space import augment_network, largest_augment_network, search_space
 
     parties = len(facts) - 1
@@ -177,7 +177,9 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
                               _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
         if cfg.augment.genotype is not None:
-            network = augment_network(cfg, space.parse_genotype(cfg.augment.genotype, cfg.space), seed=cfg.seed, **dims)
+            # SetupError (one line, exit 2) for a genotype this config cannot train, e.g. an op outside space.ops
+            genotype = parse_genotype(cfg.augment.genotype, "augment.genotype", cfg.space)
+            network = augment_network(cfg, genotype, seed=cfg.seed, **dims)
         else:  # the searched cell is not known yet: the largest it could be (or the hand-designed network)
             network = largest_augment_network(cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private

@@ -135,8 +135,13 @@ def alphas_over_epochs(alphas: dict[str, np.ndarray], label: str, space: str = "
                        ops: Sequence[str] | None = None) -> bytes:
     """Each op's softmax weight averaged over the edges, per epoch end (the heatmap shows the edges); one panel per
     cell with edges. ops: as :func:`alphas_heatmap`'s."""
+    from mpi_fnas.space import search_space  # imports torch: only when drawing
+
     primitives = _primitives(alphas["normal"].shape[2], space, ops)
-    colors = op_colors(primitives)
+    # The kind's every op, so that an op has one colour in every figure (cells_figure's too), whatever space.ops kept.
+    colors = op_colors(search_space(space).primitives)
+    if not set(primitives) <= set(colors):  # columns named "op k": an alpha this version cannot name
+        colors = op_colors(primitives)
     cells = _cells_with_edges(alphas)
     figure = new_figure()
     axes = figure.subplots(1, len(cells), sharey=True, squeeze=False)[0]
