@@ -843,23 +843,29 @@ def config_from_text(text: str | None, overrides: list[str] | tuple[str, ...] = 
 def _add_missing(tree: dict[str, Any]) -> None:
     """Give every ADDED_KEYS entry that a stored config tree lacks the value it meant then, in place."""
     for dotted, value in ADDED_KEYS.items():
-        *sections, leaf = dotted.split(".")
-        node: Any = tree
-        for section in sections:
-            node = node.setdefault(section, {}) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        node, leaf = _section_of(tree, dotted, create=True)
+        if node is not None:
             node.setdefault(leaf, copy.deepcopy(value))
 
 
 def _drop_removed(tree: dict[str, Any]) -> None:
     """Remove every REMOVED_KEYS entry from a config tree, in place."""
     for dotted in REMOVED_KEYS:
-        *sections, leaf = dotted.split(".")
-        node: Any = tree
-        for section in sections:
-            node = node.get(section) if isinstance(node, dict) else None
-        if isinstance(node, dict):
+        node, leaf = _section_of(tree, dotted, create=False)
+        if node is not None:
             node.pop(leaf, None)
+
+
+def _section_of(tree: dict[str, Any], dotted: str, *, create: bool) -> tuple[dict[str, Any] | None, str]:
+    """(the mapping that holds `dotted`'s last part, that part): sections missing from `tree` are made when
+    `create`, else the mapping is None (as when a section is not a mapping)."""
+    *sections, leaf = dotted.split(".")
+    node: Any = tree
+    for section in sections:
+        if not isinstance(node, dict):
+            return None, leaf
+        node = node.setdefault(section, {}) if create else node.get(section)
+    return (node if isinstance(node, dict) else None), leaf
 
 
 def _validate_data(cfg: Config) -> None:

@@ -275,3 +275,46 @@ def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_lin
     log = read_run(out / "search.h5")
     assert log["augment"]["status"] == "failed" and log["augment"]["network"] == "cnn-tanh"
     assert not (party_dir(out, 1) / "sent_steps").exists()  # nothing was released
+
+
+#: Rank 0 asks every party to train a cell of sep_conv_5x5 edges, an op its space.ops leaves out: a network larger
+#: than the one the run's ε (under secure aggregation, its D) was planned for.
+OTHER_OPS_SERVER = """
+import sys
+from mpi_fnas.federation import plan
+honest = plan.plan_augment_stage
+LARGER = ("normal=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;normal_concat=2,3;"
+          "reduce=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;reduce_concat=2,3")
+def lying(*args, **kwargs):
+    augment = honest(*args, **kwargs)
+    for a in augment.assignments:
+        a.genotype = LARGER
+    return augment
+plan.plan_augment_stage = lying
+from mpi_fnas.run import main
+sys.exit(main(sys.argv[1:]))
+"""
+OWN_CELL = ("normal=sep_conv_3x3@0,skip_connect@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
+            "reduce=max_pool_3x3@0,sep_conv_3x3@1|skip_connect@0,sep_conv_3x3@2;reduce_concat=2,3")
+
+
+@pytest.mark.slow
+def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_release(tmp_path):
+    """A party builds only a cell of its own config's ``space.ops``, whatever genotype rank 0 sends (secure
+    aggregation: its D was planned for the largest network of those ops)."""
+    import subprocess
+
+    out = tmp_path / "run"
+    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", OTHER_OPS_SERVER, *TINY, "--set", "mode=dpfnas",
+                           "--set", "privacy.aggregation=secure",
+                           "--set", "space.ops=[sep_conv_3x3, skip_connect, max_pool_3x3]",
+                           "--set", f"augment.genotype={OWN_CELL}", "--set", "augment.epochs=1",
+                           "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
+    assert done.returncode != 0, done.stderr
+    # Under DP a party's error text stays on its own disk; what rank 0 prints says where.
+    assert "the party failed; under DP its error text stays with it" in done.stderr, done.stderr
+    errors = [party_dir(out, rank) / "error.log" for rank in (1, 2)]
+    assert any("unknown op 'sep_conv_5x5'" in path.read_text() for path in errors if path.exists()), done.stderr
+    for rank in (1, 2):
+        assert not (party_dir(out, rank) / "sent_steps").exists()  # nothing was released

@@ -21,7 +21,7 @@ from mpi_fnas.space.derived import build_augment_network
 from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype, max_genotype_length, num_edges
 from mpi_fnas.space.network import build_supernet
 from mpi_fnas.space.ops import PRIMITIVES, make_op
-from mpi_fnas.space.scaffold import reduction_layers
+from mpi_fnas.space.scaffold import cell_widths
 
 if TYPE_CHECKING:  # the config module needs no torch; only the annotations name it
     from mpi_fnas.config import Config, SpaceConfig
@@ -95,11 +95,7 @@ class DartsSpace:
         input has at least as many as one from a node (it is the strided one in a reduction cell)."""
         space = cfg.space
         ops = [op for op in self.candidates(space) if op != "none"]
-        reductions = reduction_layers(cfg.augment.layers)
-        widths, channels = [], cfg.augment.channels
-        for layer in range(cfg.augment.layers):
-            channels *= 2 if layer in reductions else 1
-            widths.append((channels, layer in reductions))
+        widths = cell_widths(cfg.augment.layers, cfg.augment.channels)
 
         def weights(op: str, reduction: bool) -> int:
             return sum(sum(p.numel() for p in make_op(op, c, 2 if reduction else 1, space.norm, affine=True,

@@ -15,7 +15,7 @@ from torch import nn
 
 from mpi_fnas.space.ops import FactorizedReduce, ReLUConvBN, make_norm
 
-__all__ = ["CellNetwork", "cell_inputs", "cell_stack", "check_sizes", "reduction_layers", "stem"]
+__all__ = ["CellNetwork", "cell_inputs", "cell_stack", "cell_widths", "check_sizes", "reduction_layers", "stem"]
 
 
 def check_sizes(owner: str, **sizes: int) -> None:
@@ -30,6 +30,17 @@ def check_sizes(owner: str, **sizes: int) -> None:
 def reduction_layers(layers: int) -> tuple[int, ...]:
     """The reduction cells' positions, DARTS': at 1/3 and 2/3 of the depth (one cell when they coincide)."""
     return tuple(sorted({layers // 3, 2 * layers // 3}))
+
+
+def cell_widths(layers: int, channels: int) -> list[tuple[int, bool]]:
+    """``(cell_channels, reduction)`` of each of the `layers` cells: `channels`, doubled at each reduction cell of
+    :func:`reduction_layers` (the widths :func:`cell_stack` builds)."""
+    reductions = reduction_layers(layers)
+    widths = []
+    for layer in range(layers):
+        channels *= 2 if layer in reductions else 1
+        widths.append((channels, layer in reductions))
+    return widths
 
 
 def stem(in_channels: int, stem_channels: int, norm: str) -> nn.Sequential:
@@ -49,15 +60,11 @@ def cell_stack(layers: int, stem_channels: int, channels: int,
     doubled at each reduction cell of :func:`reduction_layers`) and whether it and the previous cell reduce; a cell
     outputs ``cell.out_channels_multiplier * cell_channels`` channels.
     """
-    reductions = reduction_layers(layers)
-    c_prev_prev, c_prev, c_cell = stem_channels, stem_channels, channels
+    c_prev_prev, c_prev = stem_channels, stem_channels
     reduction_prev = False
     cells = nn.ModuleList()
     out_channels = []
-    for layer in range(layers):
-        reduction = layer in reductions
-        if reduction:
-            c_cell *= 2
+    for c_cell, reduction in cell_widths(layers, channels):
         cell = make_cell(c_prev_prev, c_prev, c_cell, reduction, reduction_prev)
         cells.append(cell)
         reduction_prev = reduction

@@ -137,8 +137,11 @@ SPACES = {
     "darts": ["space.channels=4", "space.layers=3", "space.nodes=1"],
     "dpnas": ["space.kind=dpnas", "space.nodes=2", "space.stage_channels=[4, 4]"],
 }
-#: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10.
-ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10}
+#: The built-in default's space since issue 46: DPNAS restricted to its six convolutions (``space.ops``).
+CONVS = "space.ops=[conv_3x3_relu, conv_3x3_selu, conv_3x3_tanh, conv_3x3_linear, conv_3x3_hardtanh, conv_3x3_sigmoid]"
+#: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10, and
+#: 3 × 6 with its convolutions only.
+ALPHA_SIZE = {"darts": 2 * 8 * 2, "dpnas": 3 * 10, "dpnas-convs": 3 * 6}
 #: SecProbe (docs/secprobe.md): the server Gathers every release to score it on its aux set, and an unreliable party
 #: holds noise examples. A party must hand the Gather exactly what it would Reduce (also used by the augment spy).
 SELECTING = ["federation.selection=secprobe", "federation.select=1", "federation.selection_epsilon=1.0",
@@ -165,13 +168,15 @@ STAGES = {
         "party_state": "augment-state-2.pt", "clips": (CLIP_W,),
     },
 }
-#: The cases (stage, settings): the search in each space and in DARTS under SecProbe; the augmentation (of a given
+#: The cases (stage, settings): the search in each space (DPNAS also with the built-in default's ops) and in DARTS
+#: under SecProbe; the augmentation (of a given
 #: genotype, no search) with every release reduced and under SecProbe, and of the hand-designed cnn-gn (issue 46; its
 #: 32 -> 64 convolution on 2x2 pixels takes the unfolded-patch route to its per-example gradients).
 #: PASSES: every batch larger than 3 examples runs in passes (``runtime.max_physical_batch``; B = 8, so nearly every
 #: Poisson batch does): what leaves the party must not change with how it computes.
 PASSES = 3
 CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas"]),
+         "dpnas-convs": ("search", [*SPACES["dpnas"], CONVS]),
          "darts-secprobe": ("search", [*SPACES["darts"], *SELECTING]),
          "darts-passes": ("search", [*SPACES["darts"], f"runtime.max_physical_batch={PASSES}"]),
          "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING),
@@ -224,7 +229,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     per_step = len(run["clips"])
     assert len(channel.sent) == per_step * STEPS == len(releases)  # the step's releases, nothing else
     if stage == "search":  # the H releases are this space's alpha (the parametrisation ran the space it names)
-        assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE[case.split("-")[0]]}
+        assert {rel["out"].size for rel in releases[1::2]} == {ALPHA_SIZE.get(case, ALPHA_SIZE[case.split("-")[0]])}
     check_noised_releases(channel.sent, releases, batch=B, sigma=SIGMA, clips=run["clips"])
     if stage == "augment":  # the derived network's affine GroupNorms: the releases went through the statistics route
         assert all(rel["routed"] > 0 for rel in releases)

@@ -15,8 +15,10 @@ import pytest
 from mpi4py import MPI
 from pre_recipe import PRE_RECIPE
 from test_release_spy import (
+    CONVS,
     PASSES,
     SETUP_REPORT,
+    SPACES,
     STAGES,
     RecordingChannel,
     check_checkpoint_holds_no_party_state,
@@ -43,8 +45,11 @@ def mid_band(words: np.ndarray) -> float:
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize(("stage", "passes"), [("search", None), ("augment", None), ("search", PASSES)])
-def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, shared_dir):
+@pytest.mark.parametrize(("stage", "passes", "space"), [
+    ("search", None, "darts"), ("augment", None, "darts"), ("search", PASSES, "darts"),
+    ("search", None, "dpnas-convs"),  # the built-in default's space: D from the largest network of its ops
+])
+def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, space, shared_dir):
     """`passes`: ``runtime.max_physical_batch`` (None: one pass per batch)."""
     run = STAGES[stage]
     totals: list[np.ndarray] = []
@@ -60,12 +65,13 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "secure_party_release", recording)
     cfg = load_config(None, [*PRE_RECIPE,
-        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8", *DARTS,
+        "mode=dpfnas", "seed=1", "data.train_size=320", "data.test_size=16", "data.image_size=8",
+        *(DARTS if space == "darts" else [*SPACES["dpnas"], CONVS]),
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
         *([] if passes is None else [f"runtime.max_physical_batch={passes}"]),
     ])
     world = MPI.COMM_WORLD
-    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-")
+    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-")
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)
     world.Barrier()
