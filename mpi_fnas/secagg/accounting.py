@@ -19,11 +19,25 @@ their own). dp-accounting has no event for either, so the bound is written here,
    ``D_α ≤ min{ α·Δ₂²/(2nσ²) + τ·D,  (α/2)·(Δ₂²/(nσ²) + 2·Δ₁·τ/√(nσ²) + τ²·D),  (α/2)·(Δ₂/√(nσ²) + τ·√D)² }``
    with ``τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1))`` (0 for n = 1: one discrete Gaussian, CKS20 Proposition 8,
    is never worse than the continuous one).
-2. **Poisson subsampling inside the party.** Zhu & Wang, "Poisson Subsampled Rényi Differential Privacy" (ICML
-   2019, PMLR 97), the general upper bound (Theorem 5 there; Theorem 1 of the arXiv preprint) for any mechanism
-   and integer α ≥ 2 (add/remove neighbours). Its tighter form (coefficients 1 instead of 3, their Theorem 8) needs
-   a condition shown for the Gaussian, not for sums of discrete Gaussians, so it is not used. The result is never
-   above the unsampled ε(α), which is used when smaller.
+2. **Poisson subsampling inside the party** (add/remove neighbours, integer α ≥ 2). Fix everything but the
+   record's coin (the rounding coins, the rest of the batch, the other parties' vectors): the observer sees P (the
+   noise N shifted by the integer vector without the record) or M = (1−q)·P + q·Q (Q: shifted by v more, ‖v‖₂ ≤
+   Δ₂), and joint quasi-convexity (step 0) lifts any bound on this pair to the release.
+   - *Remove*, D_α(M ‖ P): with L = Q/P, e^{(α−1)D_α(M‖P)} = E_P[(1−q+qL)^α] = Σ_ℓ C(α,ℓ)(1−q)^{α−ℓ}q^ℓ
+     E_P[L^ℓ] by the binomial theorem, and E_P[L^ℓ] = e^{(ℓ−1)D_ℓ(Q‖P)} ≤ e^{(ℓ−1)ε(ℓ)} by step 1. Every
+     coefficient is positive, so the sum with ε(ℓ) bounds it: Zhu & Wang's "tight" formula (ICML 2019, PMLR 97,
+     coefficients 1), exact for the Gaussian (Mironov, Talwar & Zhang 2019).
+   - *Add*, D_α(P ‖ M) ≤ D_α(M ‖ P), because the pair is symmetric: N is symmetric (each N_Z(0, σ²) is, so their
+     sum is) and v is an integer vector, so x ↦ v − x maps the lattice onto itself, P onto Q and Q onto P. Then
+     L(v − x) = 1/L(x) and E_P[f(L)] = E_P[L·f(1/L)] for every f. With a = 1 − q, b = q and φ(y) = y^α − y^{1−α},
+     e^{(α−1)D_α(M‖P)} − e^{(α−1)D_α(P‖M)} = E_P[(a+bL)^α − (a+bL)^{1−α}] = E_P[φ(a+bL)] = ½·E_P[F(L)] with
+     F(l) = φ(a+bl) + l·φ(a+b/l). F(l) = l·F(1/l), so F ≥ 0 needs only l ≥ 1. There, with s = b(l−1) and
+     t = s/l: F(l) = s·(φ(1+s)/s − g(t)/t) with g(t) = (1−t)^{1−α} − (1−t)^α = −φ(1−t). g is convex on [0, 1)
+     (g'' = α(α−1)[(1−t)^{−α−1} − (1−t)^{α−2}] ≥ 0) with g(0) = 0, so g(t)/t grows with t; b ≤ 1 gives
+     t ≤ s/(1+s), where g(t)/t = φ(1+s)/s exactly (φ(1/y) = −φ(y)/y). Hence F ≥ 0. (The general bound of
+     Zhu & Wang's Theorem 5, coefficients 3, is what a pair without this symmetry would need;
+     tests/test_secagg_accounting.py shows an asymmetric pair for which the add direction is the larger.)
+   The result is never above the unsampled ε(α) (M is a mixture of P and Q), which is used when smaller.
 3. **Composition and conversion.** RDP adds over releases and steps; (ε, δ) from the composed curve by
    ``dp_accounting``'s conversion (Canonne, Kamath & Steinke 2020, Proposition 12), the best order.
 
@@ -32,9 +46,8 @@ against Rényi divergences computed numerically from the exact distributions (1-
 convolution, and their Poisson mixtures in both directions). The sanity checks of docs/privacy.md: as the
 discretisation gets fine (γ → 0, σ_Z = σ·c/γ → ∞) the ε falls to the same bound for the continuous Gaussian and
 is never below the continuous mechanism's PLD ε; at n = 1 it is the discrete Gaussian's, whose only excess over
-the continuous mechanism is the rounding's (Δ₂ > c/γ). The price of the generic subsampling bound: in the sanity
-case of :mod:`mpi_fnas.privacy.accountant` (q = 0.01024, σ = 1, 4883 steps, δ = 1e-5) the fine limit is ε = 5.23
-against 4.66 for the Gaussian's own RDP bound and 4.26 for its PLD.
+the continuous mechanism is the rounding's (Δ₂ > c/γ). In the fine limit the bound is the continuous Gaussian's own RDP bound, whose only
+excess over the tight PLD is RDP's conversion to (ε, δ).
 No MPI, no autograd; rank 0 (the planner and the ledger) calls it.
 """
 
@@ -50,7 +63,7 @@ from scipy import special
 
 from mpi_fnas.secagg.encoding import sensitivity
 
-#: The RDP orders: integers only (Zhu & Wang's general bound is stated for integer α).
+#: The RDP orders: integers only (the binomial expansion of step 2 needs an integer α).
 RDP_ORDERS: tuple[int, ...] = (*range(2, 65), 80, 96, 128, 160, 192, 256, 384, 512)
 
 
@@ -102,10 +115,11 @@ class SummedDiscreteGaussian:
 
 
 def poisson_subsampled_rdp(order: int, rate: float, mechanism: SummedDiscreteGaussian) -> float:
-    """ε(α) of `mechanism` run on a Poisson sample at `rate` (Zhu & Wang 2019, the general bound; integer α ≥ 2):
+    """ε(α) of `mechanism` run on a Poisson sample at `rate`, both directions (step 2 of the module docstring;
+    integer α ≥ 2):
 
-    ``1/(α−1)·log{ (1−q)^{α−1}(αq − q + 1) + C(α,2)q²(1−q)^{α−2}e^{ε(2)} + 3·Σ_{ℓ=3}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ
-    e^{(ℓ−1)ε(ℓ)} }``, in log space; never above the unsampled ε(α)."""
+    ``1/(α−1)·log{ (1−q)^{α−1}(αq − q + 1) + Σ_{ℓ=2}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ e^{(ℓ−1)ε(ℓ)} }``, in log space;
+    never above the unsampled ε(α)."""
     return float(poisson_subsampled_curve((order,), rate, mechanism)[0])
 
 
@@ -124,11 +138,10 @@ def poisson_subsampled_curve(orders: Sequence[int], rate: float, mechanism: Summ
     log_q, log_1mq = math.log(rate), math.log1p(-rate)
     out = np.empty(len(orders))
     for i, order in enumerate(int(order) for order in orders):
-        ell = np.arange(3, order + 1)
+        ell = np.arange(2, order + 1)
         terms = np.concatenate((
-            [(order - 1) * log_1mq + math.log(order * rate - rate + 1),
-             _log_comb(order, 2) + 2 * log_q + (order - 2) * log_1mq + unsampled[2]],
-            math.log(3.0) + _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * unsampled[ell],
+            [(order - 1) * log_1mq + math.log(order * rate - rate + 1)],  # ℓ = 0 and 1: E_P[L] = 1
+            _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * unsampled[ell],
         ))
         out[i] = min(float(special.logsumexp(terms)) / (order - 1), unsampled[order])
     return out
@@ -195,8 +208,8 @@ class SecureAccounting:
         return epsilon(rdp, delta)
 
     def description(self) -> str:
-        return (f"RDP of the securely summed distributed discrete Gaussian (KLS21 Prop. 14; Zhu & Wang 2019 "
-                f"Poisson subsampling), K={self.parties}, local variance {self.local_variance}, "
+        return (f"RDP of the securely summed distributed discrete Gaussian (KLS21 Prop. 14; Poisson "
+                f"subsampling of a symmetric pair), K={self.parties}, local variance {self.local_variance}, "
                 f"D<={self.dimension}")
 
 
