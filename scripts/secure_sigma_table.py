@@ -7,9 +7,9 @@ the sum). The three σ columns:
 
 * local: the Poisson-subsampled Gaussian's PLD (:class:`mpi_fnas.privacy.accountant.PrivacyLedger`), exact;
 * secure: the bound the secure path uses (:class:`mpi_fnas.secagg.accounting.SecureAccounting`);
-* Gaussian RDP: what the secure bound would give if Zhu & Wang's tight subsampling bound applied to the summed
-  discrete Gaussian and the rounding cost nothing (dp_accounting's RDP of the subsampled Gaussian): the part of
-  the gap that is the generic subsampling step, as against RDP's own conversion to (ε, δ).
+* Gaussian RDP: dp_accounting's RDP of the Poisson-subsampled continuous Gaussian, which the secure bound would be
+  if the rounding cost nothing: the secure column's excess over it is the rounding's √D in Δ₂ (and KLS21's τ),
+  its excess over the local column is RDP's conversion to (ε, δ).
 
     python scripts/secure_sigma_table.py --parties 8 --shard 500 --epsilon 3 --epochs 10 40
 
