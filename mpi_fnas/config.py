@@ -243,7 +243,7 @@ class AugmentConfig:
     The synthetic defaults are sized for a 2-core laptop; configs/cifar10_*.yaml carry the DARTS CIFAR-10 values.
     """
 
-    epochs: int = _key(10, "epochs of the augmentation after the search; 0: search only")
+    epochs: int = _key(20, "epochs of the augmentation after the search; 0: search only")
     steps_per_epoch: int | None = _key(
         None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
     batch_size: int = _key(500, "examples per party and step (under DP: the expected Poisson batch size)")

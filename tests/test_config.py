@@ -253,12 +253,12 @@ def test_full_mnist_recipe_config_is_the_mnist_recipe_on_the_full_set():
 def test_the_built_in_default_is_the_synthetic_recipe():
     """Issue 46: the built-in default (what `make run` runs) is the private recipe measured on the default data, and
     configs/synthetic_recipe.yaml spells it out: the DPNAS space with its six convolutions, a search of batch 250 at
-    w_lr 2 and a_lr 0.1, the augmentation's batch 500 x 10 epochs at lr 2, secure aggregation, σ calibrated to a
+    w_lr 2 and a_lr 0.1, the augmentation's batch 500 x 20 epochs at lr 2, secure aggregation, σ calibrated to a
     worst-party ε of 3 for search + augmentation."""
     defaults = Config()
     assert defaults.mode == "dpfnas" and defaults.space.kind == "dpnas" and defaults.space.ops == list(DPNAS_CONVS)
     assert (defaults.search.batch_size, defaults.search.w_lr, defaults.search.a_lr) == (250, 2.0, 0.1)
-    assert (defaults.augment.batch_size, defaults.augment.epochs, defaults.augment.lr) == (500, 10, 2.0)
+    assert (defaults.augment.batch_size, defaults.augment.epochs, defaults.augment.lr) == (500, 20, 2.0)
     assert defaults.privacy.target_epsilon == 3.0 and defaults.privacy.aggregation == "secure"
     recipe = load_config(ROOT / "configs" / "synthetic_recipe.yaml")
     assert dataclasses.replace(recipe, name=defaults.name) == defaults
