@@ -11,7 +11,8 @@ their own). dp-accounting has no event for either, so the bound is written here,
    ‖v_u‖₁ ≤ Δ₂·min(√D, Δ₂) (Cauchy–Schwarz; an integer's magnitude is at most its square). The release is the
    mixture over u of the noise shifted by R_u(S), with the same coin distribution for both neighbours, and Rényi
    divergence is jointly quasi-convex (van Erven & Harremoës, "Rényi Divergence and Kullback–Leibler Divergence",
-   IEEE Trans. IT 2014, Theorem 13): D_α(E_u P_u ‖ E_u Q_u) ≤ sup_u D_α(P_u ‖ Q_u). So any bound that holds for
+   IEEE Trans. IT 2014, Theorem 13; for a continuum of coins, Σ P^α Q^{1−α} is jointly convex for α > 1):
+   D_α(E_u P_u ‖ E_u Q_u) ≤ sup_u D_α(P_u ‖ Q_u). So any bound that holds for
    every integer shift of norms (Δ₂, Δ₁) holds for the release. The coins need not even be secret.
 1. **One release, no sampling.** The sum of n i.i.d. N_Z(0, σ²)^D shifted by an integer Δ (KLS21: Kairouz, Liu &
    Steinke, ICML 2021, arXiv 2102.06387, Proposition 14, as the authors' group implements it in
@@ -28,8 +29,10 @@ their own). dp-accounting has no event for either, so the bound is written here,
      coefficient is positive, so the sum with ε(ℓ) bounds it: Zhu & Wang's "tight" formula (ICML 2019, PMLR 97,
      coefficients 1), exact for the Gaussian (Mironov, Talwar & Zhang 2019).
    - *Add*, D_α(P ‖ M) ≤ D_α(M ‖ P), because the pair is symmetric: N is symmetric (each N_Z(0, σ²) is, so their
-     sum is) and v is an integer vector, so x ↦ v − x maps the lattice onto itself, P onto Q and Q onto P. Then
-     L(v − x) = 1/L(x) and E_P[f(L)] = E_P[L·f(1/L)] for every f. With a = 1 − q, b = q and φ(y) = y^α − y^{1−α},
+     sum is) and v is an integer vector, so (translating P to N itself, which changes no divergence) x ↦ v − x maps
+     the lattice onto itself, P onto Q and Q onto P. Then
+     L(v − x) = 1/L(x) and E_P[f(L)] = E_P[L·f(1/L)] for every f with E_P|f(L)| < ∞ (true below, or
+     D_α(M‖P) = ∞ and there is nothing to prove). With a = 1 − q, b = q and φ(y) = y^α − y^{1−α},
      e^{(α−1)D_α(M‖P)} − e^{(α−1)D_α(P‖M)} = E_P[(a+bL)^α − (a+bL)^{1−α}] = E_P[φ(a+bL)] = ½·E_P[F(L)] with
      F(l) = φ(a+bl) + l·φ(a+b/l). F(l) = l·F(1/l), so F ≥ 0 needs only l ≥ 1. There, with s = b(l−1) and
      t = s/l: F(l) = s·(φ(1+s)/s − g(t)/t) with g(t) = (1−t)^{1−α} − (1−t)^α = −φ(1−t). g is convex on [0, 1)
@@ -41,13 +44,14 @@ their own). dp-accounting has no event for either, so the bound is written here,
 3. **Composition and conversion.** RDP adds over releases and steps; (ε, δ) from the composed curve by
    ``dp_accounting``'s conversion (Canonne, Kamath & Steinke 2020, Proposition 12), the best order.
 
-The papers' text could not be read on this machine, so tests/test_secagg_accounting.py also checks both bounds
-against Rényi divergences computed numerically from the exact distributions (1-D sums of discrete Gaussians by
-convolution, and their Poisson mixtures in both directions). The sanity checks of docs/privacy.md: as the
-discretisation gets fine (γ → 0, σ_Z = σ·c/γ → ∞) the ε falls to the same bound for the continuous Gaussian and
-is never below the continuous mechanism's PLD ε; at n = 1 it is the discrete Gaussian's, whose only excess over
-the continuous mechanism is the rounding's (Δ₂ > c/γ). In the fine limit the bound is the continuous Gaussian's own RDP bound, whose only
-excess over the tight PLD is RDP's conversion to (ε, δ).
+tests/test_secagg_accounting.py also checks both bounds against Rényi divergences computed numerically from the
+exact distributions (sums of discrete Gaussians by convolution, in 1-D and on a 2-D lattice, and their Poisson
+mixtures in both directions), and the subsampled one against dp_accounting's subsampled Gaussian at n = 1.
+The sanity checks of docs/privacy.md: as the discretisation gets fine (γ → 0, σ_Z = σ·c/γ → ∞) the ε falls to the
+same bound for the continuous Gaussian and is never below the continuous mechanism's PLD ε; at n = 1 it is the
+discrete Gaussian's, whose only excess over the continuous mechanism is the rounding's (Δ₂ > c/γ). In the fine
+limit the bound is the continuous Gaussian's own RDP bound, whose only excess over the tight PLD is RDP's
+conversion to (ε, δ).
 No MPI, no autograd; rank 0 (the planner and the ledger) calls it.
 """
 
