@@ -122,8 +122,8 @@ def poisson_subsampled_rdp(order: int, rate: float, mechanism: SummedDiscreteGau
     """ε(α) of `mechanism` run on a Poisson sample at `rate`, both directions (step 2 of the module docstring;
     integer α ≥ 2):
 
-    ``1/(α−1)·log{ (1−q)^{α−1}(αq − q + 1) + Σ_{ℓ=2}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ e^{(ℓ−1)ε(ℓ)} }``, in log space;
-    never above the unsampled ε(α)."""
+    ``1/(α−1)·log Σ_{ℓ=0}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ e^{(ℓ−1)ε(ℓ)}`` with ε(0) = ε(1) = 0 (the ℓ = 0 and 1 terms
+    sum to (1−q)^{α−1}(αq − q + 1)), in log space; never above the unsampled ε(α)."""
     return float(poisson_subsampled_curve((order,), rate, mechanism)[0])
 
 
@@ -142,11 +142,8 @@ def poisson_subsampled_curve(orders: Sequence[int], rate: float, mechanism: Summ
     log_q, log_1mq = math.log(rate), math.log1p(-rate)
     out = np.empty(len(orders))
     for i, order in enumerate(int(order) for order in orders):
-        ell = np.arange(2, order + 1)
-        terms = np.concatenate((
-            [(order - 1) * log_1mq + math.log(order * rate - rate + 1)],  # ℓ = 0 and 1: E_P[L] = 1
-            _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * unsampled[ell],
-        ))
+        ell = np.arange(order + 1)  # ℓ = 0 and 1 have E_P[L^ℓ] = 1: unsampled[0] = unsampled[1] = 0
+        terms = _log_comb(order, ell) + ell * log_q + (order - ell) * log_1mq + (ell - 1) * unsampled[ell]
         out[i] = min(float(special.logsumexp(terms)) / (order - 1), unsampled[order])
     return out
 

@@ -44,13 +44,21 @@ def mid_band(words: np.ndarray) -> float:
     return float(np.mean((words > 2**20) & (words < 2**32 - 2**20)))
 
 
+#: The built-in default's calibration: σ from the secure accountant (its tight subsampling bound), not configured.
+TARGET_EPSILON = 3.0
+
+
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize(("stage", "passes", "space"), [
-    ("search", None, "darts"), ("augment", None, "darts"), ("search", PASSES, "darts"),
-    ("search", None, "dpnas-convs"),  # the built-in default's space: D from the largest network of its ops
+@pytest.mark.parametrize(("stage", "passes", "space", "calibrated"), [
+    ("search", None, "darts", False), ("augment", None, "darts", False), ("search", PASSES, "darts", False),
+    ("search", None, "dpnas-convs", False),  # the built-in default's space: D from the largest network of its ops
+    ("search", None, "dpnas-convs", True),  # ... and its σ, calibrated to a target ε by the secure accountant
 ])
-def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, space, shared_dir):
-    """`passes`: ``runtime.max_physical_batch`` (None: one pass per batch)."""
+def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, space, calibrated,
+                                                                       shared_dir):
+    """`passes`: ``runtime.max_physical_batch`` (None: one pass per batch). `calibrated`: σ planned for
+    ``privacy.target_epsilon`` (the default) instead of configured; the words a party hands MPI are the same kind,
+    only less noised, so the run's logged ε must still end at the target, not beyond it."""
     run = STAGES[stage]
     totals: list[np.ndarray] = []
     limits: list[int | None] = []  # each release's max_physical_batch, and its realised batch size
@@ -69,9 +77,10 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         *(DARTS if space == "darts" else [*SPACES["dpnas"], CONVS]),
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
         *([] if passes is None else [f"runtime.max_physical_batch={passes}"]),
+        *([f"privacy.target_epsilon={TARGET_EPSILON}"] if calibrated else []),
     ])
     world = MPI.COMM_WORLD
-    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-")
+    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-{calibrated}-")
     channel = RecordingChannel(world)
     run_job(cfg, channel, run_dir, stage=stage)
     world.Barrier()
@@ -102,6 +111,9 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     privacy = log["privacy"] if stage == "search" else log["augment"]["privacy"]
     assert privacy["aggregation"] == "secure"
     assert np.all(privacy["epsilon_collusion"][-1] > privacy["epsilon"][-1])  # colluders leave 1/K of the noise
+    if calibrated:  # every release accounted: the planned steps end at the target, no party beyond it
+        assert float(privacy["noise_multiplier_w"]) != float(cfg.privacy.noise_multiplier_w)
+        assert TARGET_EPSILON * 0.95 < np.max(privacy["epsilon"][-1]) <= TARGET_EPSILON * (1 + 1e-6)
     # The masks cancel: Σ_k masked words ≡ Σ_k unmasked totals (mod 2^32), release by release.
     parties = gathered[1:]
     for i in range(len(parties[0][0])):
