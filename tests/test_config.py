@@ -243,7 +243,7 @@ def test_full_mnist_recipe_config_is_the_default_recipe_on_the_full_set():
     full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
     assert (full.data.dataset, full.data.image_size, full.data.train_size, full.data.test_size) == ("mnist", 14, None,
                                                                                                    None)
-    assert full.augment.batch_size == 250 and 60_000 // 8 // full.augment.batch_size == 30
+    assert full.augment.batch_size == 250  # of a party's 60,000 / 8 = 7,500 digits: q = 1/30
     defaults = Config()
     assert (full.space, full.search) == (defaults.space, defaults.search)
     assert (full.augment.epochs, full.augment.lr, full.privacy) == (defaults.augment.epochs, defaults.augment.lr,
