@@ -24,7 +24,7 @@ AVX2_TESTS=(tests/test_cpu_kernels.py tests/test_bench.py tests/test_space.py te
 # scripts/run_tests.sh --lane2 TMPDIR: lane 2 alone (how the script starts it, below).
 if [ "${1:-}" = --lane2 ]; then
   # -rs: every skip prints its reason (a missing tool, no image), never silently.
-  "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$2/base" "${LANE2_TESTS[@]}"
+  "$PYTHON" -m pytest -q -rs --durations=15 -p no:cacheprovider --basetemp="$2/base" "${LANE2_TESTS[@]}"
   rc=$?
   echo "== AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2): ${AVX2_TESTS[*]}"
   ONEDNN_MAX_CPU_ISA=AVX2 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$2/avx2" "${AVX2_TESTS[@]}"
@@ -42,7 +42,7 @@ lane2=$!
 cleanup() { kill -TERM -- "-$lane2" 2>/dev/null; wait "$lane2" 2>/dev/null; rm -rf "$lane2_tmp"; }
 trap 'cleanup; exit 130' INT TERM
 
-"$PYTHON" -m pytest -q -rs --durations=15 tests --ignore=tests/mpi "${LANE2_TESTS[@]/#/--ignore=}"
+"$PYTHON" -m pytest -q -rs --durations=30 tests --ignore=tests/mpi "${LANE2_TESTS[@]/#/--ignore=}"
 lane1=$?
 wait "$lane2"
 lane2_rc=$?
