@@ -15,6 +15,8 @@ accuracy every 10 steps with the per-example gradient norms' median and 10/90 % 
 ``--copies M --crop-padding P``: augmentation multiplicity (De et al. 2022), each example's gradient the mean over M
 randomly cropped copies before the clip. ``--ema D``: also the test accuracy of an exponential moving average of the
 weights (decay D, updated after every step), which is post-processing of the released updates and costs no ε.
+``--gn-groups G``: GroupNorm with at most G groups instead of the package's 4 (``mpi_fnas.space.ops.make_norm``: gcd
+of the channels and G; 1 normalises over every channel of an example, as LayerNorm does).
 
 Not part of the package: no MPI, one process, two threads.
 """
@@ -37,6 +39,7 @@ from mpi_fnas.data.datasets import open_dataset
 from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
+from mpi_fnas.space import ops as space_ops
 from mpi_fnas.space.augmented import augment_network
 from mpi_fnas.space.kinds import search_space
 
@@ -106,7 +109,11 @@ def main() -> None:
     parser.add_argument("--crop-padding", type=int, default=1, help="with --copies > 1: the random crop's padding")
     parser.add_argument("--ema", type=float, default=0.0, help="also evaluate an exponential moving average of the "
                         "weights with this decay (0: none)")
+    parser.add_argument("--gn-groups", type=int, default=None, help="GroupNorm's largest number of groups "
+                        "(default: the package's)")
     args = parser.parse_args()
+    if args.gn_groups is not None:  # read by make_norm when the network is built, below
+        space_ops._GROUPNORM_MAX_GROUPS = args.gn_groups
     torch.set_num_threads(2)
     sigma = SECURE_SIGMA_AT_EPSILON_3[args.steps] if args.sigma is None else args.sigma
     cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "mnist.yaml", args.set)
