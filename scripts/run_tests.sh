@@ -7,8 +7,9 @@
 #     build (tests/test_docs_site.py), the report's tiny real runs (tests/test_report_trained.py), and four of the
 #     longest serial modules (tests/test_augment.py, tests/test_noise_sweep.py, tests/test_resume.py,
 #     tests/test_party_ledger.py: moved here so that the lanes end together; on 2026-11-29 lane 2 ended after 11
-#     minutes and lane 1 after 23 with the last two in lane 1, whose slowest tests they were). The Slurm tests spend
-#     most of their wall time waiting for slurmctld's scheduling passes and for `sbatch --wait`, which the other lane's jobs fill; the lane is short.
+#     minutes and lane 1 after 23 with the last two in lane 1, whose slowest tests they were; after the move, 19 and
+#     18). The Slurm tests spend most of their wall time waiting for slurmctld's scheduling passes and for
+#     `sbatch --wait`, which the other lane's jobs fill.
 #     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
 #     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
 #     CPUs too (issue 44: a kernel that corrupted the heap on AVX2 only).
