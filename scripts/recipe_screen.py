@@ -129,7 +129,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(1000 + args.seed)
     stream = Keystream.from_os()
     velocity = [torch.zeros_like(p) for p in params.values()]
-    averaged = [p.detach().clone() for p in params.values()] if args.ema > 0 else []
+    averaged = [p.detach().clone() for p in params.values()] if args.ema > 0 else None
     started = time.time()
     for step in range(args.steps):
         lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
@@ -151,8 +151,9 @@ def main() -> None:
                 offset += p.numel()
                 v.mul_(args.momentum).add_(g)
                 p.sub_(lr * v)
-            for p, a in zip(params.values(), averaged, strict=False):  # no average without --ema
-                a.lerp_(p, 1 - args.ema)
+            if args.ema > 0:
+                for p, a in zip(params.values(), averaged, strict=True):
+                    a.lerp_(p, 1 - args.ema)
         if step % 10 == 9 or step == args.steps - 1:
             spread = ("" if norms is None else f" grad norm median {norms.median():.2f} p10 {norms.quantile(.1):.2f} "
                       f"p90 {norms.quantile(.9):.2f}")
