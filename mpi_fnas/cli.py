@@ -177,10 +177,12 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, BudgetRefusedError
     from mpi_fnas.secagg.identities import IdentityError
     from mpi_fnas.secagg.keyset import KeySetError
+    from mpi_fnas.wire import WireError
 
     try:
         return body()
-    except (KeySetError, IdentityError, AssignmentRefusedError, BudgetRefusedError, ReportedRefusalError) as exc:
+    except (KeySetError, IdentityError, AssignmentRefusedError, BudgetRefusedError, ReportedRefusalError,
+            WireError) as exc:  # WireError: a message that is not data (a pickle), refused unread
         refuse_job(channel, exc)
     except ServerReportedError:
         return EXIT_BAD_INPUT  # rank 0 prints the line
@@ -223,9 +225,9 @@ class ReportedRefusalError(Exception):
 
 
 def refuse_job(channel: Channel, exc: BaseException) -> None:
-    """This party refuses to go on (a key set, an identity, a config or an assignment it cannot accept): its one
-    line on its own stderr and to rank 0, which marks the log failed, then the whole job ends. Such a text names
-    ranks, files, config keys and what is wrong, never data or a key, so a DP party sends it as it is.
+    """This party refuses to go on (a key set, an identity, a config, an assignment, or a message that is not
+    data): its one line on its own stderr and to rank 0, which marks the log failed, then the whole job ends. Such a
+    text names ranks, files, config keys and what is wrong, never data or a key, so a DP party sends it as it is.
 
     A :class:`ReportedRefusalError`: it only waits for rank 0 to end the job, and ends it itself after the same grace
     as a notice."""

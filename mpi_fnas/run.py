@@ -96,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args, made))
         state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
-        if not channel.is_server:
-            accept_config(cfg, args, state["cfg"], Path(path), channel.rank)
+        if not channel.is_server:  # a party keeps its state where it says, not where rank 0 says
+            from mpi_fnas.privacy.trusted_config import own_run_directory
+
+            state["run_dir"] = own_run_directory(args.augment or args.resume or args.out, path, rank=channel.rank)
+            accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
@@ -121,12 +124,11 @@ def accept_config(own: Config | None, args: argparse.Namespace, received: Config
     :func:`mpi_fnas.federation.participate.participate`, so that a launch refused as bad input leaves nothing).
 
     Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
-    :func:`cli.refuse_job`) on a difference in a privacy-relevant key. The directory is the one this party named
-    itself (``--resume``/``--augment``), else the run directory rank 0 chose for a fresh run."""
+    :func:`cli.refuse_job`) on a difference in a privacy-relevant key. `run_dir` is the party's own
+    (:func:`~mpi_fnas.privacy.trusted_config.own_run_directory`)."""
     from mpi_fnas.privacy import trusted_config as trusted
 
-    own_dir = args.augment or args.resume
-    directory = trusted.pin_directory(Path(own_dir) if own_dir else run_dir, rank)
+    directory = trusted.pin_directory(run_dir, rank)
     expected, name = trusted.trusted_config(own, explicit=bool(args.config or args.overrides),
                                             resume=bool(args.resume), augment=bool(args.augment),
                                             overrides=args.overrides, pin=trusted.read_pin(directory), rank=rank)

@@ -22,7 +22,7 @@ from mpi_fnas.baseline.results import (
     write_csv,
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
-from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own, own_run_directory
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         resolved = config_from_text(text, stored=True)
         if not channel.is_server:  # a party runs what its own command line says, not what rank 0 claims it says
             check_own(base, resolved, channel.rank)
+            path = own_run_directory(args.out, path, rank=channel.rank)
         check_world(resolved, channel.size)
         return resolved, Path(path)
 

@@ -16,6 +16,10 @@ checks the set it was shown (exactly the job's K parties) and the parties confir
 rank 0, that they were all shown the same set, signed by each party's identity under ``privacy.party_identities``
 (:func:`confirm_key_set`, :mod:`mpi_fnas.secagg.keyset`).
 
+Before a stage's first release the parties confirm among themselves, party to party, that rank 0 sent each of them
+the same config and the same stage plan (:func:`agree_on_plan`): a party given another value of a key it does not
+check (a warm-up, a step count) would otherwise wait at a different exchange than the others until the timeout.
+
 Then the party's steps: before anything of a step leaves a DP party, its send count grows on its own disk; at a
 checkpoint step it saves its own state, then acknowledges with an empty message; at a stop it waits for the server
 to finish its checkpoint and the log. The iteration itself (what is computed and sent) is the stage's own.
@@ -23,9 +27,10 @@ to finish its checkpoint and the log. The iteration itself (what is computed and
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -39,6 +44,7 @@ from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.secagg.identities import PartyIdentity
 from mpi_fnas.secagg.keyset import check_confirmations, confirmation
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
+from mpi_fnas.wire import encode
 
 if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
     from mpi_fnas.federation.party import Party
@@ -165,6 +171,27 @@ def confirm_key_set(channel: Channel, public_keys: dict[int, bytes], identity: P
     """
     received = channel.exchange_among_parties(confirmation(public_keys, channel.rank, identity))
     check_confirmations(public_keys, channel.rank, received, identity)
+
+
+def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int) -> bytes:
+    """SHA-256 of what every party of a stage must have been sent alike: the config text it runs, the stage's plan
+    (:func:`~mpi_fnas.federation.plan.shared_plan`) and the last step announced. Public values, so a plain hash."""
+    digest = hashlib.sha256(b"mpi_fnas stage plan\0" + stage.encode() + b"\0")
+    for part in (config_text.encode(), encode(plan), str(int(last)).encode()):
+        digest.update(len(part).to_bytes(8, "big") + part)
+    return digest.digest()
+
+
+def agree_on_plan(channel: Channel, digest: bytes, *, stage: str) -> None:
+    """Party: send every other party, directly, this party's :func:`plan_digest` and compare theirs. Raises
+    :class:`AssignmentRefusedError` (one line, on every party that sees a difference) before anything of the stage
+    is sent when rank 0 sent some party another config or plan."""
+    received = channel.exchange_among_parties(digest)
+    differing = sorted(rank for rank, theirs in received.items() if theirs != digest)
+    if differing:
+        raise AssignmentRefusedError(
+            f"rank {channel.rank} refuses the {stage} plan: rank 0 sent rank(s) {', '.join(map(str, differing))} "
+            "another config or stage plan than it sent this party; nothing was sent")
 
 
 def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,

@@ -5,7 +5,8 @@ it (:class:`SearchSide`, :class:`AugmentSide`). What a party hands to MPI, and n
 (tests/mpi/test_release_spy.py checks every call):
 
 * at setup: its device name, its CPU kernels (:mod:`mpi_fnas.cpu_kernels`: the machine's, not the data's) and how
-  many iterations of the stage it has ever sent (``sent_steps``, data-independent);
+  many iterations of the stage it has ever sent (``sent_steps``, data-independent); to the other parties, the
+  digest of the config and stage plan rank 0 sent it (public: :func:`~mpi_fnas.federation.handshake.plan_digest`);
 * per iteration: the releases of Algorithm 1 (under DP: clipped and noised, with a zero STATS tail);
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
@@ -35,7 +36,9 @@ from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import (
     agree_masks,
+    agree_on_plan,
     party_steps,
+    plan_digest,
     receive_assignment,
     receive_last_step,
     report_setup,
@@ -43,7 +46,16 @@ from mpi_fnas.federation.handshake import (
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import Assignment, AugmentAssignment, SetupError, open_split, secure_dimension
+from mpi_fnas.federation.plan import (
+    Assignment,
+    AugmentAssignment,
+    SetupError,
+    open_split,
+    own_shards,
+    party_corruption,
+    secure_dimension,
+    shared_plan,
+)
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
 from mpi_fnas.federation.stage import Injections
@@ -51,8 +63,10 @@ from mpi_fnas.federation.verify import (
     calibrated,
     check_augment,
     check_checkpoint_step,
+    check_corruption,
     check_network,
     check_params,
+    check_shards,
     expected_params,
 )
 from mpi_fnas.privacy.params import DPParams
@@ -96,6 +110,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     last = got.steps
     if party.private:
         last = receive_last_step(channel, first=got.checkpoint_step + 1, planned=got.steps)
+    agree_on_plan(channel, plan_digest(side.name, cfg.to_yaml(), shared_plan(got), last), stage=side.name)
+    if party.private:
         keep_own_ledger(cfg, side, got, store, channel.rank, last - got.checkpoint_step)
     if party.secure:
         party.use_secure_aggregation(agree_masks(channel, identity), side.name)
@@ -120,9 +136,14 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
 def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, store: PartyStore | None) -> None:
     """Raise AssignmentRefusedError unless this party accepts its assignment `got`
     (:mod:`mpi_fnas.federation.verify`): its DP parameters against those it derives (K from its own communicator,
-    D recomputed here) and a checkpoint step it must hold its own state for."""
-    dimension = own_dimension(cfg, channel.rank)
-    side.check(cfg, got, parties=channel.parties, dimension=dimension, rank=channel.rank)
+    D recomputed here), its shards against the split it computes itself, and a checkpoint step it must hold its
+    own state for."""
+    data = open_split(cfg, "train", party=channel.rank)
+    side.check(cfg, got, parties=channel.parties, dimension=own_dimension(cfg, data), rank=channel.rank)
+    side.check_shards(cfg, got, own_shards(cfg, data, channel.parties, channel.rank), examples=len(data),
+                      rank=channel.rank)
+    check_corruption(got.corruption, party_corruption(cfg, channel.parties, channel.rank), rank=channel.rank,
+                     what=f"{side.name} assignment")
     step = got.checkpoint_step
     saved = store is not None and isinstance(step, int) and store.has_state(step)
     check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
@@ -150,12 +171,12 @@ def keep_own_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | 
                              if secure is not None else None)
 
 
-def own_dimension(cfg: Config, rank: int) -> int | None:
+def own_dimension(cfg: Config, data: Dataset) -> int | None:
     """D of secure aggregation as this party computes it (the planner's :func:`secure_dimension`, from the shape
-    of its own train split: < 1 s, docs/privacy.md §2.10), or None when its releases are not securely aggregated."""
+    of its own train split `data`: < 1 s, docs/privacy.md §2.10), or None when its releases are not securely
+    aggregated."""
     if cfg.mode != "dpfnas" or cfg.privacy.aggregation != "secure":
         return None
-    data = open_split(cfg, "train", party=rank)
     return secure_dimension(cfg, data.in_channels, data.num_classes)
 
 
@@ -187,6 +208,11 @@ class StageSide:
 
     def check(self, cfg: Config, got: Any, *, parties: int, dimension: int | None, rank: int) -> None:
         """Raise AssignmentRefusedError unless `got`'s DP parameters are those this party derives (each side)."""
+
+    def check_shards(self, cfg: Config, got: Any, own: tuple[np.ndarray, np.ndarray], *, examples: int,
+                     rank: int) -> None:
+        """Raise AssignmentRefusedError unless `got`'s indices are this party's `own` (train, val) shards of its
+        `examples` (:func:`~mpi_fnas.federation.verify.check_shards`; each side says which indices it holds)."""
 
     def private(self, cfg: Config) -> bool:
         """Whether this stage's releases are DP under `cfg` (each side)."""
@@ -224,6 +250,11 @@ class SearchSide(StageSide):
     def check(self, cfg: Config, got: Assignment, *, parties: int, dimension: int | None, rank: int) -> None:
         check_params(expected_params(cfg, parties, dimension), got.dp, calibrated=calibrated(cfg), rank=rank,
                      what="search assignment")
+
+    def check_shards(self, cfg: Config, got: Assignment, own: tuple[np.ndarray, np.ndarray], *, examples: int,
+                     rank: int) -> None:
+        check_shards([("train indices", got.train_indices), ("validation indices", got.val_indices)], own,
+                     examples=examples, partition=cfg.data.partition, rank=rank, what="search assignment")
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas"
@@ -274,6 +305,17 @@ class AugmentSide(StageSide):
     def check(self, cfg: Config, got: AugmentAssignment, *, parties: int, dimension: int | None, rank: int) -> None:
         check_network(cfg, got.network, rank=rank)
         check_augment(cfg, got.releases, got.params, parties=parties, dimension=dimension, rank=rank)
+
+    def check_shards(self, cfg: Config, got: AugmentAssignment, own: tuple[np.ndarray, np.ndarray], *,
+                     examples: int, rank: int) -> None:
+        pool, count = got.pool_indices, got.train_count
+        if not 0 <= count <= len(pool):
+            raise AssignmentRefusedError(f"rank {rank} refuses the augmentation assignment rank 0 sent: train_count "
+                                         f"{count} of a pool of {len(pool)}; nothing was computed or sent")
+        train, val = own
+        check_shards([("pool's train part", pool[:count]), ("pool's validation part", pool[count:])],
+                     [train, val if cfg.augment.pool == "all" else val[:0]], examples=examples,
+                     partition=cfg.data.partition, rank=rank, what="augmentation assignment")
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas" and cfg.augment.private

@@ -13,11 +13,12 @@ privacy ledgers of the search continue.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -61,6 +62,9 @@ class Assignment:
     unreliable: bool = False  # simulated as unreliable (drawn from the seed; public)
     corruption: float = 0.0  # the fraction of each shard the party replaces by noise (0 unless unreliable)
     gathered: bool = False  # the server gathers every release (selection random or secprobe) instead of a Reduce
+
+    #: The fields that differ from party to party; every other field is the stage's plan, the same for all.
+    PER_PARTY: ClassVar[tuple[str, ...]] = ("train_indices", "val_indices", "unreliable", "corruption")
 
 
 @dataclass
@@ -106,14 +110,44 @@ def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = 
     if cfg.data.partition == "local":
         if local_sizes is None or len(local_sizes) != parties:
             raise SetupError("data.partition local: the plan needs every party's inventory")
-        shards = [split_train_val(n, cfg.data.val_fraction, cfg.seed + rank)
-                  for rank, n in enumerate(local_sizes, start=1)]
+        shards = [local_shards(cfg, n, rank) for rank, n in enumerate(local_sizes, start=1)]
         return _assignments(cfg, [t for t, _ in shards], [v for _, v in shards])
     train = open_split(cfg, "train", download=cfg.data.download)
     if cfg.data.dataset == "imagefolder" and tuple(open_split(cfg, "test").classes) != tuple(train.classes):
         raise SetupError(f"data.dataset imagefolder: {cfg.data.root}/train and {cfg.data.root}/test have different "
                          "class sub-folders; they must have the same")
-    labels = train.labels
+    train_parts, val_parts = central_shards(cfg, train.labels, parties)
+    return _assignments(cfg, train_parts, val_parts)
+
+
+def own_shards(cfg: Config, data: Any, parties: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """Party `rank`'s (train, val) shards as it computes them itself from the `data` it opened (its own folder under
+    ``data.partition: local``, else the train split every party holds) and the public config: what rank 0 must
+    assign it (:func:`~mpi_fnas.federation.verify.check_shards`)."""
+    if cfg.data.partition == "local":
+        return local_shards(cfg, len(data), rank)
+    train, val = central_shards(cfg, data.labels, parties)
+    return train[rank - 1], val[rank - 1]
+
+
+def party_corruption(cfg: Config, parties: int, rank: int) -> float:
+    """The fraction of party `rank`'s shards replaced by noise: ``federation.corruption`` when the public seed
+    marks it unreliable, else 0."""
+    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
+    return cfg.federation.corruption if unreliable[rank - 1] else 0.0
+
+
+def local_shards(cfg: Config, examples: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+    """``data.partition: local``: party `rank`'s (train, val) positions in its own folder of `examples` images,
+    a split seeded by the public seed and its rank (the party computes it too, to check its assignment)."""
+    with _setup_errors("data.partition local: "):
+        return split_train_val(examples, cfg.data.val_fraction, cfg.seed + rank)
+
+
+def central_shards(cfg: Config, labels: np.ndarray, parties: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The central partition: every party's train shard and validation shard (indices into the train split whose
+    `labels` are given), a public function of the config, the labels and K: a party recomputes its own to check
+    what rank 0 assigns it."""
     with _setup_errors():
         labels = labels[: party_positions(cfg, len(labels))]  # the held-out aux slice goes to no party
     train_idx, val_idx = split_train_val(len(labels), cfg.data.val_fraction, cfg.seed)
@@ -121,7 +155,7 @@ def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = 
         kw = {"dirichlet_alpha": cfg.data.dirichlet_alpha, "classes_per_party": cfg.data.classes_per_party}
         train_parts = partition_indices(labels[train_idx], parties, cfg.data.partition, cfg.seed, **kw)
         val_parts = partition_indices(labels[val_idx], parties, cfg.data.partition, cfg.seed + 1, **kw)
-    return _assignments(cfg, [train_idx[tp] for tp in train_parts], [val_idx[vp] for vp in val_parts])
+    return [train_idx[tp] for tp in train_parts], [val_idx[vp] for vp in val_parts]
 
 
 def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.ndarray]) -> list[Assignment]:
@@ -228,6 +262,12 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
     return RunPlan(assignments, steps_per_epoch, steps, privacy, reason)
 
 
+def shared_plan(assignment: Assignment | AugmentAssignment) -> dict[str, Any]:
+    """The fields of `assignment` that rank 0 sends every party alike (its ``PER_PARTY`` fields left out)."""
+    return {field.name: getattr(assignment, field.name) for field in dataclasses.fields(assignment)
+            if field.name not in assignment.PER_PARTY}
+
+
 def attach_resume(plan: RunPlan | AugmentPlan, checkpoint: dict) -> None:
     """Check that the re-planned stage is the checkpointed one; tell each party which state to restore."""
     if isinstance(plan, AugmentPlan):
@@ -262,6 +302,9 @@ class AugmentAssignment:
     corruption: float = 0.0  # the fraction of each shard the party replaces by noise, as in the search
     gathered: bool = False  # the server gathers every release (a selection) instead of a Reduce
     network: str = CELL_NETWORK  # augment.network: what is trained (the party checks it against its own config)
+
+    #: The fields that differ from party to party (see Assignment.PER_PARTY).
+    PER_PARTY: ClassVar[tuple[str, ...]] = ("pool_indices", "train_count", "corruption")
 
 
 @dataclass

@@ -16,7 +16,11 @@ differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one l
   dimension;
 * σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
   party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
-  §2.10).
+  §2.10);
+* its shards (:func:`check_shards`): distinct indices into its own data, train and validation disjoint, and the
+  very split it computes itself from the public seed (the central partition from the labels every party holds;
+  under ``data.partition: local`` its own folder's seeded split). A shard of repeats would put one example in
+  almost every batch, and an overlap would release it through both ledgers, each accounted as if it were not.
 
 No MPI and no autograd: the party's side (:mod:`mpi_fnas.federation.participate`) calls these and sends nothing
 until they pass.
@@ -26,7 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import Any
+
+import numpy as np
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.adadp import w_rounds
@@ -131,3 +138,38 @@ def check_checkpoint_step(step: Any, saved: bool, *, rank: int, what: str) -> No
         raise _refuse(rank, what, f"checkpoint_step {step!r} is not a step")
     if step > 0 and not saved:
         raise _refuse(rank, what, f"checkpoint_step {step}: this party saved no state of its own for that step")
+
+
+def check_shards(received: Sequence[tuple[str, Any]], expected: Sequence[np.ndarray], *, examples: int,
+                 partition: str, rank: int, what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless every `(name, indices)` shard rank 0 sent is a 1-D integer array
+    of distinct indices into this party's `examples`, no two shards share an index, and each equals the one this
+    party computes itself (`expected`, in order: the public seeded split of ``data.partition`` `partition`)."""
+    seen: list[tuple[str, np.ndarray]] = []
+    for (name, indices), mine in zip(received, expected, strict=True):
+        if not isinstance(indices, np.ndarray) or indices.ndim != 1 or indices.dtype.kind not in "iu":
+            shape = getattr(indices, "shape", None)
+            raise _refuse(rank, what, f"{name} are not a list of indices (shape {shape}, "
+                                      f"{getattr(indices, 'dtype', type(indices).__name__)})")
+        if indices.size and (int(indices.min()) < 0 or int(indices.max()) >= examples):
+            raise _refuse(rank, what, f"{name} point outside this party's {examples} examples")
+        distinct = np.unique(indices)
+        if distinct.size != indices.size:
+            raise _refuse(rank, what, f"{name} repeat examples ({indices.size - distinct.size} of {indices.size} "
+                                      "are repeats): each would be sampled as if it were another")
+        for other, earlier in seen:
+            shared = np.intersect1d(distinct, earlier, assume_unique=True).size
+            if shared:
+                raise _refuse(rank, what, f"{name} share {shared} examples with its {other}: each shard is "
+                                          "accounted on its own")
+        if not np.array_equal(indices, mine):
+            raise _refuse(rank, what, f"{name} ({indices.size}) are not the seeded {partition} split this party "
+                                      f"computes itself ({mine.size})")
+        seen.append((name, distinct))
+
+
+def check_corruption(corruption: Any, expected: float, *, rank: int, what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless the fraction of its shards rank 0 tells this party to replace by
+    noise is the one the public seed gives it (``federation.unreliable_parties``)."""
+    if corruption != expected:
+        raise _refuse(rank, what, f"corruption {corruption!r} where this party derives {expected!r}")

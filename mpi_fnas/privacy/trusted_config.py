@@ -128,7 +128,21 @@ def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment:
     return own, "its own config"
 
 
-# -- the pin in the party's own directory --------------------------------------------------------------------------
+# -- the party's own directory -------------------------------------------------------------------------------------
+def own_run_directory(named: str | None, received: str, *, rank: int) -> Path:
+    """The run directory party `rank` keeps its state under: the one it `named` itself (``--resume``, ``--augment``
+    or ``--out``), else the one rank 0 chose for a fresh run (`received`). Raises :class:`AssignmentRefusedError`
+    when rank 0 names another directory than the party's own (compared resolved): its record and journals are
+    there, and a party that wrote them elsewhere would compose none of its earlier launches."""
+    if named is None:
+        return Path(received)
+    own = Path(named)
+    if own.resolve() != Path(received).resolve():
+        raise AssignmentRefusedError(f"rank {rank} refuses the run directory rank 0 named: {received} is not its own "
+                                     f"{named}; nothing was computed or sent")
+    return own
+
+
 def pin_directory(run_dir: Path, rank: int) -> Path:
     """Party `rank`'s own directory under `run_dir`: :func:`mpi_fnas.federation.party_store.party_dir`, spelled out
     here because that module loads torch and the config is checked before any rank does."""

@@ -13,7 +13,7 @@ import yaml
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
-from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own, own_run_directory
 from mpi_fnas.sweep.points import (
     SWEEP_KEY,
     SweepSpec,
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             if resolved_spec != spec:
                 raise AssignmentRefusedError(f"rank {channel.rank} refuses the sweep rank 0 sent: its points differ "
                                              "from this party's own sweep section; nothing was computed or sent")
+            path = own_run_directory(args.out, path, rank=channel.rank)
         check_world(resolved, channel.size)
         return resolved, resolved_spec, Path(path)
 

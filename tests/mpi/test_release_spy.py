@@ -113,6 +113,9 @@ class RecordingChannel(Channel):
         return super().exchange_among_parties(message)
 
 
+#: A stage plan's digest (SHA-256), the one message a party sends the other parties outside secure aggregation.
+PLAN_DIGEST_BYTES = 32
+
 #: A party's setup report in these runs: its device, its CPU kernels (the machine's) and a zero sent-steps count.
 SETUP_REPORT = {"device": "cpu", "sent_steps": 0, "onednn_isa": onednn_isa(),
                 "aten_cpu_capability": aten_cpu_capability()}
@@ -342,9 +345,13 @@ def check_party_messages(channel: RecordingChannel, exchange: str = "reduce_sum"
     """A party used only the run's collectives, its releases going by `exchange` (``reduce_sum``, or ``gather``
     under a selection; notify_failure and barrier are spied too: neither happens in a run that neither fails nor
     stops), and every object it sent is plain, data-independent setup data or an acknowledgement: its device and a
-    zero sent-steps count first."""
+    zero sent-steps count first. To the other parties it sent one message: the digest of the public config and
+    stage plan (:func:`~mpi_fnas.federation.handshake.plan_digest`)."""
     assert exchange in channel.calls
-    assert set(channel.calls) <= {exchange, "gather_objects", "bcast", "bcast_object", "scatter_objects"}
+    assert set(channel.calls) <= {exchange, "gather_objects", "bcast", "bcast_object", "scatter_objects",
+                                  "exchange_among_parties"}
+    assert [len(m) for m in channel.peer_messages] == [PLAN_DIGEST_BYTES] * channel.calls.count(
+        "exchange_among_parties") and channel.peer_messages
     assert channel.objects and all(plain_data(obj) for obj in channel.objects), channel.objects
     assert channel.objects[0] == SETUP_REPORT
 

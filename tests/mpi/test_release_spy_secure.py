@@ -17,6 +17,7 @@ from pre_recipe import PRE_RECIPE
 from test_release_spy import (
     CONVS,
     PASSES,
+    PLAN_DIGEST_BYTES,
     SETUP_REPORT,
     SPACES,
     STAGES,
@@ -88,8 +89,9 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     if not channel.is_server:
         assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects",
                                       "exchange_among_parties"}
-        # To its peers, once: the digest of the key set it was shown (issue 45), public and nothing else.
-        assert [len(m) for m in channel.peer_messages] == [DIGEST_BYTES]
+        # To its peers: the digest of the public config and stage plan, then that of the key set it was shown,
+        # public and nothing else.
+        assert [len(m) for m in channel.peer_messages] == [PLAN_DIGEST_BYTES, DIGEST_BYTES]
         assert channel.objects[0] == SETUP_REPORT
         key = channel.objects[1]  # the only object that is not plain data: its public key, 32 bytes
         assert isinstance(key, bytes) and len(key) == PUBLIC_KEY_BYTES
