@@ -616,3 +616,25 @@ def test_split_train_val() -> None:
         split_train_val(3, 0.1, seed=0)
     with pytest.raises(ValueError, match="n must be"):
         split_train_val(1, 0.5, seed=0)
+
+
+class _Exploit:
+    """A pickle whose loading would run ``touch MARKER`` (as a crafted batch could run anything)."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_cifar_batch_that_would_run_code_is_refused_unloaded(tmp_path: Path) -> None:
+    _write_cifar(tmp_path, "py3")
+    marker = tmp_path / "pwned"
+    path = tmp_path / "cifar-10-batches-py" / "data_batch_2"
+    path.write_bytes(pickle.dumps({b"data": _Exploit(marker), b"labels": [0]}, protocol=2))
+    with pytest.raises(ValueError, match=r"data_batch_2 is not a CIFAR-10 batch: refers to posix\.system"):
+        Cifar10Folder(tmp_path, "train")
+    assert not marker.exists()

@@ -3,7 +3,8 @@
 Layout: ``<root>/cifar-10-batches-py/{data_batch_1..data_batch_5, test_batch, batches.meta}``. Each batch is a
 pickle (written by Python 2, so its string keys load as ``bytes`` under ``encoding="bytes"``) of a dict with
 ``b"data"`` (uint8 (N, 3072): per row the 1024 red, then green, then blue values, each plane row-major 32×32),
-``b"labels"`` (N ints), ``b"batch_label"`` and ``b"filenames"``.
+``b"labels"`` (N ints), ``b"batch_label"`` and ``b"filenames"``. It is read by an unpickler that builds only
+those values (:class:`_BatchUnpickler`): a pickle naming any other global is refused before it runs.
 
 We read the files ourselves rather than through ``torchvision.datasets.CIFAR10`` because that class verifies
 MD5 sums, which small test fixtures in the same format cannot pass, and ``download_cifar10`` fetches the archive
@@ -56,11 +57,32 @@ def _not_found(root: Path, missing: Path) -> DatasetNotFoundError:
     )
 
 
+#: The only globals a CIFAR-10 batch refers to: numpy's array rebuilding (numpy 1 and 2 module names) and the
+#: codec a Python 3 pickle of bytes at protocol 2 calls. A pickle naming anything else is refused unloaded.
+_CIFAR_GLOBALS = frozenset({
+    ("numpy.core.multiarray", "_reconstruct"), ("numpy._core.multiarray", "_reconstruct"),
+    ("numpy", "ndarray"), ("numpy", "dtype"), ("_codecs", "encode"),
+})
+
+
+class _BatchUnpickler(pickle.Unpickler):
+    """Builds only what a CIFAR-10 batch holds (dicts, lists, bytes, str, ints and uint8 arrays): unpickling a file
+    may otherwise run any code its writer chose."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _CIFAR_GLOBALS:
+            raise pickle.UnpicklingError(f"refers to {module}.{name}, which a CIFAR-10 batch never holds")
+        return super().find_class(module, name)
+
+
 def _load_pickle(path: Path) -> dict[str, Any]:
     """Load one CIFAR pickle; keys come back as ``str`` whether the file stored Python 2 str or bytes keys."""
     with path.open("rb") as f:
         # "bytes" keeps Python 2 str values (keys, raw array buffers) as bytes rather than guessing a codec.
-        entry = pickle.load(f, encoding="bytes")
+        try:
+            entry = _BatchUnpickler(f, encoding="bytes").load()
+        except pickle.UnpicklingError as exc:
+            raise ValueError(f"{path} is not a CIFAR-10 batch: {exc}") from None
     if not isinstance(entry, dict):
         raise ValueError(f"{path} is not a CIFAR-10 batch: expected a dict, got {type(entry).__name__}")
     return {k.decode("latin1") if isinstance(k, bytes) else k: v for k, v in entry.items()}
