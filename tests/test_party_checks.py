@@ -8,26 +8,34 @@ import dataclasses
 import stat
 import sys
 import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import MPIRUN, ROOT, TINY, _env
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
+from mpi_fnas.federation import plan as plan_module
+from mpi_fnas.federation.handshake import plan_digest
+from mpi_fnas.federation.participate import AugmentSide
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import AugmentAssignment, augment_demand, plan_run, secure_dimension
 from mpi_fnas.federation.verify import (
     calibrated,
     check_augment,
     check_checkpoint_step,
+    check_corruption,
     check_network,
     check_params,
+    check_shards,
     expected_params,
 )
 from mpi_fnas.privacy.trusted_config import (
     AssignmentRefusedError,
     check_config,
     config_differences,
+    own_run_directory,
     pin_directory,
     read_pin,
     trusted_config,
@@ -163,6 +171,118 @@ def test_a_checkpoint_step_the_party_never_saved_is_refused(tmp_path):
     assert not store.has_state(6)
     with pytest.raises(AssignmentRefusedError, match="checkpoint_step 6: this party saved no state of its own"):
         check_checkpoint_step(6, store.has_state(6), rank=1, what="search assignment")
+
+
+# -- the shards ----------------------------------------------------------------------------------------------------
+def shards_check(cfg, received, rank=1, examples=400, parties=K):
+    """What a party of `cfg` does with the (train, val) indices rank 0 sent it (central partition: the train split
+    it holds, of `examples` labels)."""
+    labels = plan_module.open_split(cfg, "train").labels
+    assert len(labels) == examples
+    train, val = plan_module.central_shards(cfg, labels, parties)
+    check_shards([("train indices", received[0]), ("validation indices", received[1])],
+                 (train[rank - 1], val[rank - 1]), examples=examples, partition=cfg.data.partition, rank=rank,
+                 what="search assignment")
+
+
+@pytest.mark.parametrize("partition", ["iid", "dirichlet", "pathological"])
+def test_the_planned_shards_are_the_ones_each_party_computes(partition):
+    cfg = config(f"data.partition={partition}")
+    for rank, assignment in enumerate(plan_run(cfg, K).assignments, start=1):
+        shards_check(cfg, (assignment.train_indices, assignment.val_indices), rank=rank)
+
+
+SHARD_LIES = {  # (train, val) rank 0 sends party 1 from its planned ones -> the refusal's reason
+    "one example at every train position": (lambda t, v: (np.full_like(t, t[0]), v), "train indices repeat examples"),
+    "a repeat in the validation shard": (lambda t, v: (t, np.concatenate([v, v[:1]])), "validation indices repeat"),
+    "the validation shard is the train shard": (lambda t, v: (t, t.copy()), "validation indices share"),
+    "one shared example": (lambda t, v: (t, np.concatenate([v[1:], t[:1]])), "validation indices share 1 examples"),
+    "past its data": (lambda t, v: (t + 400, v), "train indices point outside this party's 400 examples"),
+    "negative": (lambda t, v: (t - 400, v), "train indices point outside"),
+    "a subset": (lambda t, v: (t[1:], v), r"train indices \(\d+\) are not the seeded iid split"),
+    "floats": (lambda t, v: (t.astype(float), v), "train indices are not a list of indices"),
+    "a matrix": (lambda t, v: (t.reshape(1, -1), v), "train indices are not a list of indices"),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(SHARD_LIES))
+def test_shards_that_are_not_the_partys_own_are_refused_in_one_line(lie):
+    cfg = config()
+    planned = plan_run(cfg, K).assignments[0]
+    change, reason = SHARD_LIES[lie]
+    with pytest.raises(AssignmentRefusedError, match=rf"^rank 1 refuses the search assignment rank 0 sent: {reason}"):
+        shards_check(cfg, change(planned.train_indices, planned.val_indices))
+
+
+def test_under_a_local_partition_the_party_splits_its_own_folder_itself():
+    """Rank 0 plans a local partition from each party's count alone; the party computes the same split of its own
+    positions, and refuses indices that repeat one of its images (accepted before: ε printed 3, ≈ 331 real)."""
+    cfg = config("data.partition=local", "data.dataset=imagefolder", "data.root=/nonexistent", "data.image_size=8")
+    sizes = [90, 120, 75]
+    for rank, assignment in enumerate(plan_module.plan_assignments(cfg, K, sizes), start=1):
+        own = plan_module.local_shards(cfg, sizes[rank - 1], rank)
+        received = [("train indices", assignment.train_indices), ("validation indices", assignment.val_indices)]
+        check_shards(received, own, examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
+        with pytest.raises(AssignmentRefusedError, match="train indices repeat examples"):
+            check_shards([("train indices", np.zeros_like(assignment.train_indices)), received[1]], own,
+                         examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
+        with pytest.raises(AssignmentRefusedError, match="not the seeded local split"):  # another party's split
+            check_shards(received, plan_module.local_shards(cfg, sizes[rank - 1], rank % K + 1),
+                         examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
+
+
+def test_an_augmentation_pool_is_the_partys_own_shards():
+    for pool in ("train", "all"):
+        cfg = config(f"augment.pool={pool}", "mode=fnas")
+        search = plan_run(cfg, K).assignments
+        augment = plan_module.plan_augment_stage(cfg, search, None, None, None).assignments
+        side = AugmentSide(cfg)
+        data = plan_module.open_split(cfg, "train")
+        for rank, got in enumerate(augment, start=1):
+            own = plan_module.own_shards(cfg, data, K, rank)
+            side.check_shards(cfg, got, own, examples=len(data), rank=rank)
+            for lie, reason in (({"train_count": len(got.pool_indices) + 1}, "train_count"),
+                                ({"pool_indices": np.concatenate([got.pool_indices, got.pool_indices[:1]])},
+                                 "pool's (train|validation) part (share|repeat|.*not the seeded)"),
+                                ({"pool_indices": got.pool_indices[::-1].copy()}, "not the seeded")):
+                with pytest.raises(AssignmentRefusedError, match=rf"rank {rank} refuses the augmentation .*{reason}"):
+                    side.check_shards(cfg, dataclasses.replace(got, **lie), own, examples=len(data), rank=rank)
+
+
+def test_a_corruption_the_seed_does_not_give_is_refused():
+    cfg = config("mode=fnas", "federation.unreliable_parties=1", "federation.corruption=0.5")
+    for rank, assignment in enumerate(plan_run(cfg, K).assignments, start=1):
+        expected = plan_module.party_corruption(cfg, K, rank)
+        check_corruption(assignment.corruption, expected, rank=rank, what="search assignment")
+        with pytest.raises(AssignmentRefusedError, match="corruption"):
+            check_corruption(0.5 - assignment.corruption, expected, rank=rank, what="search assignment")
+
+
+# -- the run directory and the stage plan --------------------------------------------------------------------------
+def test_a_party_keeps_its_state_in_the_run_directory_it_named(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "dirA").mkdir()
+    assert own_run_directory(None, "runs/fresh", rank=1) == Path("runs/fresh")  # a fresh run: rank 0 names it
+    for received in ("dirA", str(tmp_path / "dirA"), "./dirA/", "sub/../dirA"):  # the same directory, spelled apart
+        assert own_run_directory("dirA", received, rank=1) == Path("dirA")
+    with pytest.raises(AssignmentRefusedError, match=r"^rank 2 refuses the run directory rank 0 named: dirB is not "
+                                                     r"its own dirA; nothing was computed or sent$"):
+        own_run_directory("dirA", "dirB", rank=2)
+
+
+def test_the_plan_digest_covers_the_config_the_shared_plan_and_the_last_step():
+    cfg = config()
+    first, second = plan_run(cfg, K).assignments[:2]
+    assert set(plan_module.shared_plan(first)) == {"steps_per_epoch", "steps", "dp", "checkpoint_step", "gathered"}
+    digest = plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(first), first.steps)
+    assert digest == plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(second), second.steps)
+    others = [plan_digest("augment", cfg.to_yaml(), plan_module.shared_plan(first), first.steps),
+              plan_digest("search", config("search.warmup_epochs=1").to_yaml(), plan_module.shared_plan(first),
+                          first.steps),
+              plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(first), first.steps - 1),
+              plan_digest("search", cfg.to_yaml(),
+                          plan_module.shared_plan(dataclasses.replace(first, steps_per_epoch=9)), first.steps)]
+    assert len({digest, *others}) == 5
 
 
 # -- the config ----------------------------------------------------------------------------------------------------
@@ -318,3 +438,45 @@ def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_re
     assert any("unknown op 'sep_conv_5x5'" in path.read_text() for path in errors if path.exists()), done.stderr
     for rank in (1, 2):
         assert not (party_dir(out, rank) / "sent_steps").exists()  # nothing was released
+
+
+@pytest.mark.slow
+def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is_refused(tmp_path):
+    """Two jobs side by side, each with a modified rank 0 (tests/helpers/lying_server.py):
+
+    * ``--resume dirA``, where rank 0 names a fresh ``dirB``: before, every party wrote its record and journal in
+      dirB, so dirA's cap never saw those releases (ε 3.30 over two launches at a cap of 3, 7.10 after 50); now
+      each party refuses in one line, and writes nothing in dirB;
+    * party 1's search plan one step per epoch longer than the others': before, the job waited until
+      ``runtime.comm_timeout``; now every party refuses in the parties' own round, and the log says failed."""
+    from conftest import mpirun_together
+
+    from mpi_fnas.runlog import read_run
+
+    dp = [*TINY, "--set", "mode=dpfnas"]
+    dir_a, dir_b, plan_dir = tmp_path / "dirA", tmp_path / "dirB", tmp_path / "plan"
+    run_cfg = load_config(None, dp[1::2])  # TINY is all --set KEY=VALUE pairs
+    for rank in (1, 2):
+        write_pin(pin_directory(dir_a, rank), run_cfg.to_yaml())
+    (dir_a / "search.h5").touch()
+    lying = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
+    start = time.monotonic()
+    swapped, one_party = mpirun_together(
+        (3, ["--resume", str(dir_a)], {**lying, "LYING_SERVER": "run_dir", "LYING_SERVER_DIR": str(dir_b)},
+         "lying_server"),
+        (3, [*dp, "--out", str(plan_dir)], {**lying, "LYING_SERVER": "one_party_plan"}, "lying_server"),
+        timeout=300)
+    took = time.monotonic() - start
+    assert swapped.returncode != 0, swapped.stderr[-3000:]
+    for rank in (1, 2):
+        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the run directory rank 0 "
+                f"named: {dir_b} is not its own {dir_a}; nothing was computed or sent") in swapped.stderr, \
+            swapped.stderr[-3000:]
+        assert not party_dir(dir_b, rank).exists() and not (party_dir(dir_a, rank) / "sent_steps").exists()
+    assert one_party.returncode != 0, one_party.stderr[-3000:]
+    for rank, others in ((1, "2"), (2, "1")):
+        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the search plan: rank 0 "
+                f"sent rank(s) {others} another config or stage plan") in one_party.stderr, one_party.stderr[-3000:]
+        assert not (party_dir(plan_dir, rank) / "sent_steps").exists()
+    assert read_run(plan_dir / "search.h5")["status"] == "failed"
+    assert took < 120, took  # within the failure grace, not runtime.comm_timeout

@@ -1,6 +1,12 @@
-"""A modified rank 0 (issue 45): it plans and announces every configured step, whatever ``privacy.max_epsilon``
-allows, then runs ``mpi_fnas.run`` unchanged. The parties run the real code. Used by tests/test_party_ledger.py
-as ``mpirun -n N python -m lying_server ARGS`` with this directory on PYTHONPATH."""
+"""A modified rank 0, run as ``mpirun -n N python -m lying_server ARGS`` with this directory on PYTHONPATH: it lies as
+``LYING_SERVER`` says, then runs ``mpi_fnas.run`` unchanged. The parties run the real code.
+
+* ``cap`` (the default): it plans and announces every configured step, whatever ``privacy.max_epsilon`` allows
+  (tests/test_party_ledger.py);
+* ``run_dir``: it names the run directory ``LYING_SERVER_DIR`` to the parties, whatever they were launched with,
+  and sends the config pinned under the directory they name (tests/test_party_checks.py);
+* ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same).
+"""
 
 from __future__ import annotations
 
@@ -8,11 +14,33 @@ import os
 import sys
 
 if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads (mpi_fnas.run loads it later)
+    LIE = os.environ.get("LYING_SERVER", "cap")
+    from mpi_fnas import run
     from mpi_fnas.federation import serve
     from mpi_fnas.privacy import planning
 
-    planning._steps_within = lambda budget, shards, planned: planned
-    serve.last_step_within_cap = lambda ledger, name, first, planned: (planned, None)
+    if LIE == "cap":
+        planning._steps_within = lambda budget, shards, planned: planned
+        serve.last_step_within_cap = lambda ledger, name, first, planned: (planned, None)
+    elif LIE == "run_dir":
+        from mpi_fnas.privacy.trusted_config import pin_directory, read_pin
+
+        def named_elsewhere(cfg, args, made):
+            own = args.resume or args.augment or args.out
+            return read_pin(pin_directory(own, 1)), os.environ["LYING_SERVER_DIR"], "search"
+
+        run._decide = named_elsewhere
+    elif LIE == "one_party_plan":
+        honest = serve.plan_run  # serve holds its own reference, imported above
+
+        def one_party_changed(*args, **kwargs):
+            planned = honest(*args, **kwargs)
+            planned.assignments[0].steps_per_epoch += 1
+            return planned
+
+        serve.plan_run = one_party_changed
+    else:
+        raise SystemExit(f"lying_server: unknown lie {LIE!r}")
 
 from mpi_fnas.run import main
 
