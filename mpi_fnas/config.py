@@ -230,6 +230,11 @@ class PrivacyConfig:
         "encoding) and masks its release pairwise, so rank 0 sees only the sum; local: every party adds the full "
         "noise σ·R to its own release (the DP-FNAS paper's mechanism; needed by federation.selection other than "
         "all) (docs/privacy.md)")
+    colluders: int = _key(
+        0, "aggregation secure: the parties that may collude with the server, t: σ is calibrated, and every ε (the "
+        "log's, the caps, each party's own ledger) accounted, against the server together with any t other parties, "
+        "who subtract their own noise (K − t shares are left); 0: against the server alone; at most K − 1, which is "
+        "local noise's guarantee (local holds against any t) (docs/privacy.md §8)")
     party_identities: str = _key(
         "", "aggregation secure: a file of the parties' Ed25519 public keys (python -m mpi_fnas.identities); each "
         "party signs its key with its own RUN_DIR/parties/rank<k>/identity.key and checks every other party's "
@@ -453,6 +458,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("privacy.target_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("privacy.max_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("privacy.party_max_epsilon", lambda v: v is None or v > 0, "must be > 0 or null"),
+    ("privacy.colluders", lambda v: v >= 0, "must be >= 0"),
     ("runtime.threads_per_rank", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("checkpoint.every_steps", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("runtime.log_every", lambda v: v >= 1, "must be >= 1"),
@@ -899,6 +905,9 @@ def check_world(cfg: Config, world_size: int) -> int:
         )
     if cfg.mode == "vanilla" and parties != 1:
         raise ConfigError(f"mode: vanilla NAS runs with exactly 2 ranks (server + 1 party), got {world_size}")
+    if cfg.privacy.colluders > parties - 1:
+        raise ConfigError(f"privacy.colluders: {cfg.privacy.colluders} colluders among {parties} parties leave no "
+                          f"other party's noise; at most {parties - 1} (K − 1)")
     if cfg.federation.unreliable_parties > parties:
         raise ConfigError(f"federation.unreliable_parties: {cfg.federation.unreliable_parties} exceeds the "
                           f"{parties} parties")

@@ -378,7 +378,7 @@ def _search_lines(outcome) -> list[str]:
     elif outcome.epsilon is not None:
         eps, mu = outcome.epsilon, outcome.mu_gdp
         bound = "tight PLD bound" if outcome.epsilon_collusion is None else \
-            "against the server (secure aggregation; RDP bound)"
+            f"against {_observer(outcome)} (secure aggregation; RDP bound)"
         lines += [
             f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
             f"{outcome.delta.max():.3g} — {bound}, per party, max over its train/val ledgers",
@@ -398,13 +398,23 @@ def _search_lines(outcome) -> list[str]:
     return lines
 
 
+def _observer(outcome) -> str:
+    """Whom a secure stage's ε holds against: the server, with ``privacy.colluders`` parties when t > 0."""
+    t = outcome.colluders
+    return f"the server and any {t} colluding part{'y' if t == 1 else 'ies'} (privacy.colluders)" if t else "the server"
+
+
 def _collusion_lines(outcome) -> list[str]:
-    """Under secure aggregation: the ε a party keeps if all K − 1 other parties collude with the server."""
+    """Under secure aggregation: the ε against the server alone (when the guarantee admits colluders) and the ε a
+    party keeps if all K − 1 other parties collude with the server."""
     if outcome.epsilon_collusion is None:
         return []
+    lines = []
+    if outcome.epsilon_server is not None:
+        lines.append(f"                ε = {outcome.epsilon_server.max():.4g} (worst party) against the server alone")
     worst = outcome.epsilon_collusion.max()
-    return [f"                ε = {worst:.4g} (worst party) if the K − 1 other parties collude with the server "
-            "(only its own 1/K of the noise is left)"]
+    return [*lines, f"                ε = {worst:.4g} (worst party) if the K − 1 other parties collude with the "
+                    "server (only its own 1/K of the noise is left)"]
 
 
 def _augment_lines(outcome, search) -> list[str]:
@@ -425,7 +435,7 @@ def _augment_lines(outcome, search) -> list[str]:
         lines += [f"privacy         ε VOID: {outcome.privacy_guarantee}"]
     elif outcome.private:
         eps, release = outcome.epsilon, outcome.release
-        bound = "tight PLD bound" if release.secure is None else "against the server (secure; RDP bound)"
+        bound = "tight PLD bound" if release.secure is None else f"against {_observer(outcome)} (secure; RDP bound)"
         spent_on = "search + augmentation composed" if outcome.composed_with_search else "the augmentation alone"
         lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
                   f"{outcome.delta.max():.3g} — {spent_on}, {bound}", *_collusion_lines(outcome),

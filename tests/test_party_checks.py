@@ -285,6 +285,40 @@ def test_the_plan_digest_covers_the_config_the_shared_plan_and_the_last_step():
     assert len({digest, *others}) == 5
 
 
+# -- colluders -----------------------------------------------------------------------------------------------------
+def test_colluders_calibrate_sigma_so_that_the_guarantee_holds_against_them():
+    """``privacy.colluders`` t: σ grows with t so that ε against the server and any t parties is the target; against
+    the server alone it is then below the target; t = K − 1 needs about √K times the noise (local noise's σ)."""
+    from mpi_fnas.privacy.ledger import FederationLedger
+
+    sigmas, server = {}, {}
+    for t in (0, 1, K - 1):
+        cfg = config("privacy.aggregation=secure", "privacy.target_epsilon=3", f"privacy.colluders={t}",
+                     "augment.epochs=0")
+        plan = plan_run(cfg, K)
+        params = plan.privacy.params
+        assert params.colluders == t and params.secure_sum.colluders == t
+        ledger = FederationLedger(plan.privacy)
+        for _ in range(plan.steps):
+            ledger.record_step()
+        assert abs(ledger.epsilons().max() - 3.0) < 0.05
+        sigmas[t], server[t] = params.noise_multiplier_w, ledger.epsilons_server()
+    assert sigmas[0] < sigmas[1] < sigmas[K - 1]
+    assert server[0] is None and server[1].max() < 3.0
+    with pytest.raises(AssignmentRefusedError, match="colluders 0 where this party derives 2"):
+        cfg = config("privacy.aggregation=secure", f"privacy.colluders={K - 1}")
+        params, _, dimension = honest(cfg)
+        search_check(cfg, dataclasses.replace(params, colluders=0), dimension)
+
+
+def test_more_colluders_than_other_parties_is_bad_input():
+    from mpi_fnas.config import ConfigError, check_world
+
+    check_world(config(f"privacy.colluders={K - 1}"), K + 1)
+    with pytest.raises(ConfigError, match=rf"^privacy.colluders: {K} colluders among {K} parties"):
+        check_world(config(f"privacy.colluders={K}"), K + 1)
+
+
 # -- the config ----------------------------------------------------------------------------------------------------
 def test_a_config_that_differs_in_a_privacy_key_is_refused_in_one_line():
     own = config()

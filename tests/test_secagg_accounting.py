@@ -215,3 +215,20 @@ def test_collusion_leaves_the_noise_of_the_others() -> None:
         sensitivity(units, DIMENSION), DIMENSION,
         (SIGMA * units) ** 2 / PARTIES, 1)
     assert colluding[2] == epsilon(composed_rdp([SecureCharge(local_with_share, RATE, STEPS)]), DELTA)
+
+
+def test_the_guarantee_with_colluders_is_the_accountant_default() -> None:
+    """``privacy.colluders`` t: the accountant's ε (what the log, the caps and the party's own ledger use) is the
+    one with t colluders; the server alone (0) and K − 1 stay available by name."""
+    from mpi_fnas.privacy.accountant import PrivacyLedger
+    from mpi_fnas.secagg.accounting import SecureAccounting
+
+    runs = [(1.2, 0.05, 40)]
+    alone = SecureAccounting(PARTIES, 4096, 1024)
+    for t in (1, PARTIES // 2, PARTIES - 1):
+        with_t = SecureAccounting(PARTIES, 4096, 1024, colluders=t)
+        assert with_t.epsilon(runs, DELTA) == alone.epsilon(runs, DELTA, colluders=t) > alone.epsilon(runs, DELTA)
+        ledger = PrivacyLedger.from_runs(runs, secure=with_t)
+        assert ledger.get_epsilon(DELTA) == with_t.epsilon(runs, DELTA)
+        assert ledger.get_epsilon_server(DELTA) == alone.epsilon(runs, DELTA)
+        assert ledger.get_epsilon_collusion(DELTA) == alone.epsilon(runs, DELTA, colluders=PARTIES - 1)

@@ -167,8 +167,8 @@ def keep_own_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | 
                                    cfg.privacy.delta, sizes, secure.accounting if secure is not None else None,
                                    requested, rank=rank, stage=side.name)
     if store is not None:
-        store.begin_releases(train, val, sizes, [secure.parties, secure.local_variance, secure.dimension]
-                             if secure is not None else None)
+        constants = [secure.parties, secure.local_variance, secure.dimension, secure.colluders] if secure else None
+        store.begin_releases(train, val, sizes, constants)
 
 
 def own_dimension(cfg: Config, data: Dataset) -> int | None:

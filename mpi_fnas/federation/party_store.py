@@ -93,7 +93,7 @@ class PartyStore:
     def begin_releases(self, train: list[float], val: list[float], sizes: list[int],
                        secure: list[int] | None) -> None:
         """Record what one iteration of this launch releases on each shard (``[σ, q, releases]``; `sizes`: the
-        search shards' (N_tr, N_val); `secure`: secure aggregation's [K, σ_k², D] or None), before its first send:
+        search shards' (N_tr, N_val); `secure`: secure aggregation's [K, σ_k², D, t] or None), before its first send:
         from the journal's count on, or from 0 for a stage with no record yet (a directory of an older version:
         its past sends are taken to be these)."""
         segments = self.release_record()

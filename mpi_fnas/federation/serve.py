@@ -75,6 +75,9 @@ class StageOutcome:
     epsilon: np.ndarray | None = None  # (K,) tight ε per party (DP only); the augmentation's composes both stages
     # (K,) under secure aggregation: ε if K − 1 parties collude with the server (None: local noise, = epsilon)
     epsilon_collusion: np.ndarray | None = None
+    # (K,) ε against the server alone when `epsilon` lets privacy.colluders parties collude with it (None: t = 0)
+    epsilon_server: np.ndarray | None = None
+    colluders: int = 0  # privacy.colluders under secure aggregation: `epsilon` holds against the server and any t
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
 
@@ -399,7 +402,8 @@ class ServedStage(LoopStage):
                               log_path=self.log_path)
         if ledger is not None:
             outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
-            outcome.epsilon_collusion = ledger.epsilons_collusion()
+            outcome.epsilon_collusion, outcome.epsilon_server = ledger.epsilons_collusion(), ledger.epsilons_server()
+            outcome.colluders = ledger.secure.colluders if ledger.secure is not None else 0
             ledger.close()
         return outcome
 

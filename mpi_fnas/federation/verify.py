@@ -93,7 +93,7 @@ def expected_secure_sum(cfg: Config, parties: int, dimension: int | None) -> Sec
     if cfg.mode != "dpfnas" or cfg.privacy.aggregation != "secure":
         return None
     assert dimension is not None
-    return SecureSum(parties, dimension)
+    return SecureSum(parties, dimension, colluders=cfg.privacy.colluders)
 
 
 def check_augment(cfg: Config, releases: Any, params: Any, *, parties: int, dimension: int | None,

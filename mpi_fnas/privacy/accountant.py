@@ -203,10 +203,17 @@ class PrivacyLedger:
     # -- privacy -------------------------------------------------------------------------------------------------
     def get_epsilon(self, delta: float) -> float:
         """Tight (PLD) epsilon upper bound at ``delta`` of all releases so far (0 before any step); under secure
-        aggregation the RDP bound against the server."""
+        aggregation the RDP bound against the server and its ``privacy.colluders`` (0 by default)."""
         if self.secure is not None:
             return self.secure.epsilon(_canonical(self._runs), float(delta))
         return _pld_epsilon(_canonical(self._runs), float(delta), self.value_discretization_interval)
+
+    def get_epsilon_server(self, delta: float) -> float:
+        """ε at ``delta`` against the server alone (no colluders): :meth:`get_epsilon` unless the guarantee lets
+        ``privacy.colluders`` parties collude with it."""
+        if self.secure is None or self.secure.colluders == 0:
+            return self.get_epsilon(delta)
+        return self.secure.epsilon(_canonical(self._runs), float(delta), colluders=0)
 
     def get_epsilon_collusion(self, delta: float) -> float:
         """ε at ``delta`` if K − 1 parties collude with the server (they subtract their noise). Under local

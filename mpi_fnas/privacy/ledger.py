@@ -135,6 +135,11 @@ class FederationLedger:
         """(K,) Theorem 3.1's μ per party (max over its two ledgers) — an approximation, not the guarantee."""
         return _mu_gdp(self._parties())
 
+    def epsilons_server(self) -> np.ndarray | None:
+        """(K,) ε per party against the server alone, when the guarantee lets ``privacy.colluders`` parties
+        collude with it (secure aggregation, t > 0); else None (then it is :meth:`epsilons`)."""
+        return _server(self._parties())
+
     def epsilons_collusion(self) -> np.ndarray | None:
         """(K,) ε per party if K − 1 parties collude with the server (secure aggregation), else None."""
         return _collusion(self._parties())
@@ -317,7 +322,18 @@ def _epsilons(parties: tuple[_Party, ...]) -> np.ndarray:
 def _collusion(parties: tuple[_Party, ...]) -> np.ndarray | None:
     if not parties or parties[0].secure is None:
         return None
-    computed = {party: max(ledger.get_epsilon_collusion(party.delta) for ledger in party.ledgers())
+    return _per_party(parties, PrivacyLedger.get_epsilon_collusion)
+
+
+def _server(parties: tuple[_Party, ...]) -> np.ndarray | None:
+    if not parties or parties[0].secure is None or parties[0].secure.colluders == 0:
+        return None
+    return _per_party(parties, PrivacyLedger.get_epsilon_server)
+
+
+def _per_party(parties: tuple[_Party, ...], epsilon: Callable[[PrivacyLedger, float], float]) -> np.ndarray:
+    """(K,) the larger of `epsilon` over each party's two ledgers at its δ (computed once per distinct party)."""
+    computed = {party: max(epsilon(ledger, party.delta) for ledger in party.ledgers())
                 for party in dict.fromkeys(parties)}
     return np.array([computed[party] for party in parties], dtype=np.float64)
 

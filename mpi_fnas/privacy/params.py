@@ -45,6 +45,7 @@ class DPParams:
     parties: K, the parties whose releases are summed (the plan's; secure aggregation splits the noise K ways).
     secure_dimension: D, the padded length secure aggregation accounts every release at (the planner's
         :func:`~mpi_fnas.federation.plan.secure_dimension`: the run's largest release); None under ``local``.
+    colluders: t, the parties the guarantee lets collude with the server under ``secure`` (0: the server alone).
     """
 
     noise_multiplier_w: float
@@ -60,6 +61,7 @@ class DPParams:
     aggregation: Aggregation = "local"
     parties: int = 1
     secure_dimension: int | None = None
+    colluders: int = 0
 
     @classmethod
     def from_config(cls, privacy: Any, batch_size: float, parties: int = 1,
@@ -77,7 +79,7 @@ class DPParams:
             return None
         if self.secure_dimension is None:
             raise ValueError("privacy.aggregation secure: the plan gives no accounted dimension (secure_dimension)")
-        return SecureSum(self.parties, self.secure_dimension)
+        return SecureSum(self.parties, self.secure_dimension, colluders=self.colluders)
 
     @property
     def secure_accounting(self) -> SecureAccounting | None:

@@ -60,11 +60,15 @@ class SecureSum:
     dimension: int  # D: the accounted (padded) length, ≥ every release's
     local_variance: int = LOCAL_VARIANCE  # σ_k², integer units
     bits: int = 32  # the sum lives mod 2^bits
+    colluders: int = 0  # t: the parties the guarantee lets collude with the server (privacy.colluders)
 
     def __post_init__(self) -> None:
         if self.parties < 1 or self.dimension < 1 or padded_length(self.dimension) != self.dimension:
             raise ValueError(f"secure aggregation needs K >= 1 and a padded dimension (padded_length(D) == D), "
                              f"got K={self.parties}, D={self.dimension}")
+        if not 0 <= self.colluders < self.parties:
+            raise ValueError(f"secure aggregation: colluders must be in [0, K − 1], got {self.colluders} of "
+                             f"K={self.parties}")
 
     def units_per_clip(self, noise_multiplier: float) -> float:
         """c/γ: integer units per clip bound, so that K·σ_k² = (σ·c/γ)²."""
@@ -75,12 +79,12 @@ class SecureSum:
         """The accountant of these releases (:mod:`mpi_fnas.secagg.accounting`: rank 0's, with scipy)."""
         from mpi_fnas.secagg.accounting import SecureAccounting
 
-        return SecureAccounting(self.parties, self.local_variance, self.dimension)
+        return SecureAccounting(self.parties, self.local_variance, self.dimension, self.colluders)
 
     def state_dict(self) -> dict[str, Any]:
         """The constants as plain values, for checkpoints and the wire."""
         return {"parties": self.parties, "dimension": self.dimension, "local_variance": self.local_variance,
-                "bits": self.bits}
+                "bits": self.bits, "colluders": self.colluders}
 
 
 @dataclass(frozen=True)

@@ -39,8 +39,9 @@ def read_run(
     under space dpnas}; genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; unreliable (K,)
     bool or None; corruption; privacy None or a dict with delta (K,), accountant, steps (rows,), charged_steps
     (rows, K), epsilon (rows, K), mu_gdp (rows, K), epsilon_collusion (rows, K), aggregation (``local`` or
-    ``secure``), sample_rate_train (K,), sample_rate_val (K,) and each release's
-    ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a); selection None or the
+    ``secure``), colluders (``privacy.colluders``: 0 in older logs), sample_rate_train (K,), sample_rate_val (K,)
+    and each release's ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a);
+    selection None or the
     ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, network
     (``cell`` in a log from before the attribute), genotype, params, test_acc, test_error, private,
     privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the rest
@@ -173,6 +174,7 @@ def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Da
         privacy.update(delta=np.asarray(group.attrs["delta"]), accountant=str(group.attrs["accountant"]))
     if "aggregation" in group.attrs:
         privacy["aggregation"] = str(group.attrs["aggregation"])
+    privacy["colluders"] = int(group.attrs.get("colluders", 0))  # 0 in logs written before privacy.colluders
     return privacy | _rows(datasets)
 
 

@@ -260,6 +260,8 @@ def privacy_arrays(layout: StageLayout, privacy: StagePrivacy, parties: int) -> 
     if len(aggregations) != 1:
         raise ValueError(f"a stage's releases must share one aggregation, got {sorted(aggregations)}")
     values["aggregation"] = aggregations.pop()
+    secure = next(iter(privacy.releases.values())).secure
+    values["colluders"] = secure.colluders if secure is not None else 0
     return values
 
 
@@ -273,6 +275,7 @@ def privacy_group(parent: h5py.Group, layout: StageLayout, values: Mapping[str, 
         group.attrs["delta"] = values["delta"]
         group.attrs["accountant"] = values["accountant"]
     group.attrs["aggregation"] = values["aggregation"]
+    group.attrs["colluders"] = values["colluders"]
     _growing(group, "steps", (), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     _growing(group, "charged_steps", (parties,), np.int64, _PRIVACY_CHUNK_ROWS, -1)
     for name in ("epsilon", "mu_gdp", "epsilon_collusion"):

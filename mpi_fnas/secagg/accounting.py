@@ -186,11 +186,13 @@ class SecureAccounting:
     """What turns a ledger's (σ, q, count) runs into ε under secure aggregation (the public constants of
     :class:`~mpi_fnas.privacy.release.SecureSum`): K parties, each adding N_Z(0, σ_k²) per coordinate to releases
     scaled so that c/γ = √(K·σ_k²)/σ, of at most `dimension` (D, padded) coordinates: the bound grows with D, so
-    one D, the run's largest release, covers every release of the run."""
+    one D, the run's largest release, covers every release of the run. `colluders`: t, the parties the guarantee
+    lets collude with the server (``privacy.colluders``), which :meth:`epsilon` accounts against by default."""
 
     parties: int
     local_variance: int
     dimension: int
+    colluders: int = 0
 
     def mechanism(self, noise_multiplier: float, colluders: int = 0) -> SummedDiscreteGaussian:
         """One release at σ, as an observer colluding with `colluders` parties sees it (they subtract their
@@ -201,8 +203,10 @@ class SecureAccounting:
         return SummedDiscreteGaussian.of_record(sensitivity(units, self.dimension), self.dimension,
                                                 self.local_variance, self.parties - colluders)
 
-    def epsilon(self, runs: Iterable[tuple[float, float, int]], delta: float, colluders: int = 0) -> float:
-        """ε at δ of (σ, q, count) runs composed, against the server (`colluders` 0) or with t colluders."""
+    def epsilon(self, runs: Iterable[tuple[float, float, int]], delta: float, colluders: int | None = None) -> float:
+        """ε at δ of (σ, q, count) runs composed, against the server with `colluders` parties (None: the
+        guarantee's t, :attr:`colluders`; 0: the server alone)."""
+        colluders = self.colluders if colluders is None else colluders
         rdp = np.zeros(len(RDP_ORDERS))
         for sigma, rate, count in runs:
             rdp += count * _step_rdp(self, float(sigma), float(rate), colluders)
@@ -211,7 +215,8 @@ class SecureAccounting:
     def description(self) -> str:
         return (f"RDP of the securely summed distributed discrete Gaussian (KLS21 Prop. 14; Poisson "
                 f"subsampling of a symmetric pair), K={self.parties}, local variance {self.local_variance}, "
-                f"D<={self.dimension}")
+                f"D<={self.dimension}" + (f", against the server and any {self.colluders} colluding parties"
+                                          if self.colluders else ""))
 
 
 @functools.lru_cache(maxsize=512)
