@@ -47,7 +47,8 @@ FINISHED = ("fnas-K2-seed0", "fnas-K2-seed1", "dpfnas-K2-seed0", "dpfnas-K2-seed
 FAILED = "fnas-K2-seed2"  # in a supernet group: counted, it would change the FNAS mean
 LIVE = "fnas-K2-seed1"  # followed live while it runs; party 1 stalls at step 3 so the view sees it going
 TABLE1_COLUMNS = ["mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m",
-                  "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst"]
+                  "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst",
+                  "colluders"]
 TABLE2_COLUMNS = ["noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst"]
 TABLE2_EXTRA_COLUMNS = ["augment_noise_variance", "parties", "stage"]  # after the issue's: σ_aug², K, stage
 

@@ -55,6 +55,7 @@ class ArmResult:
     status: str
     wall_seconds: float  # search + augmentation
     network: str = CELL_NETWORK  # /augment network: cell, or the hand-designed network trained
+    colluders: int = 0  # privacy.colluders: epsilon_worst holds against the server and any t parties (last: see above)
 
 
 def read_arm(run_dir: Path, arm: Arm, epsilon_searched: float) -> ArmResult:
@@ -75,7 +76,7 @@ def read_arm(run_dir: Path, arm: Arm, epsilon_searched: float) -> ArmResult:
         test_acc=float(augment.get("test_acc", math.nan)), epsilon_worst=epsilon_worst,
         epsilon_searched=epsilon_worst if arm.searched else float(epsilon_searched),
         augment_noise_multiplier=float(np.max(sigma)) if np.size(sigma) else math.nan, status=str(status),
-        wall_seconds=wall, network=str(augment.get("network", arm.network)),
+        wall_seconds=wall, network=str(augment.get("network", arm.network)), colluders=int(privacy.get("colluders", 0)),
     )
 
 

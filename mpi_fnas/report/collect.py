@@ -71,6 +71,7 @@ class RunRecord:
     epsilon_worst: float  # max over parties of the ε that covers the released model (see epsilon_covers); NaN: no DP
     epsilon_best: float
     epsilon_covers: str  # "search + augment", "search", "augment" (no search) or "" (no DP ledger row)
+    colluders: int  # privacy.colluders of that ε (secure aggregation: against the server and any t parties)
     privacy_guarantee: str  # of the released model: /augment's attribute when augmented, else the root's
     genotype: str  # the cell the run found (final, else the last epoch's), or the augmented one
     network: str  # what the augmentation trained (/augment network): cell, or a hand-designed network; cell when
@@ -176,7 +177,7 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
         augment_attempts=int(augment["attempts"]) if augment is not None else None,
         epsilon_worst=float(np.max(epsilon)) if epsilon.size else math.nan,
         epsilon_best=float(np.min(epsilon)) if epsilon.size else math.nan,
-        epsilon_covers=covers,
+        epsilon_covers=covers, colluders=released_colluders(log),
         privacy_guarantee=str(augment["privacy_guarantee"] if augment is not None else log["privacy_guarantee"]),
         genotype=genotype, network=str(augment["network"]) if augment is not None else CELL_NETWORK, log=log,
     )
@@ -257,6 +258,16 @@ def job_searched(config: dict[str, Any]) -> bool:
     search's."""
     return searches_first(config_value(config, "augment.genotype"),
                           config_value(config, "augment.network", CELL_NETWORK))
+
+
+def released_colluders(log: dict[str, Any]) -> int:
+    """The ``privacy.colluders`` t the released ε holds against (with the server): its privacy group's ``colluders``
+    attribute (0 in logs written before it, under local noise and without DP)."""
+    augment = log["augment"]
+    for privacy in ((augment or {}).get("privacy"), log["privacy"]):
+        if privacy is not None and len(privacy["epsilon"]):
+            return int(privacy.get("colluders", 0))
+    return 0
 
 
 def released_epsilon(log: dict[str, Any], *, searched: bool = True) -> tuple[np.ndarray, str]:

@@ -25,7 +25,7 @@ TABLE1_CSV = "table1.csv"
 TABLE2_CSV = "table2.csv"
 TABLE1_COLUMNS = (
     "mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m", "search_gpu_days",
-    "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst",
+    "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst", "colluders",
 )
 #: The issue's columns, then the ones that say which row is which: σ_aug² (empty: the augmentation was not private,
 #: or there was none: see stage), K and the stage of the error.
@@ -102,19 +102,24 @@ class Group:
         values = [r.epsilon_worst for r in self.runs if not math.isnan(r.epsilon_worst)]
         return max(values) if values else math.nan
 
+    @property
+    def colluders(self) -> int:
+        """The ``privacy.colluders`` t that :attr:`epsilon_worst` holds against with the server (one per group)."""
+        return max((r.colluders for r in self.runs), default=0)
+
 
 def group_runs(runs: Iterable[RunRecord]) -> list[Group]:
-    """Group the finished runs of `runs` by (mode, parties, σ_W², augmentation private, σ_aug²), in table order
-    (mode as the paper orders them, then K, σ_W², σ_aug²). Unfinished runs are left out here; the report lists them
-    with their status. Among the runs of one (mode, parties, σ_W²), the augmented ones are grouped by their
-    augmentation's setting and the search-only ones are left out of each such group; if none was augmented, they
-    are one supernet group."""
-    buckets: dict[tuple[str, int, float | None], list[RunRecord]] = {}
+    """Group the finished runs of `runs` by (mode, parties, σ_W², colluders, augmentation private, σ_aug²), in table
+    order (mode as the paper orders them, then K, σ_W², σ_aug²). Unfinished runs are left out here; the report lists
+    them with their status. Among the runs of one (mode, parties, σ_W², colluders), the augmented ones are grouped by
+    their augmentation's setting and the search-only ones are left out of each such group; if none was augmented,
+    they are one supernet group."""
+    buckets: dict[tuple[str, int, float | None, int], list[RunRecord]] = {}
     for run in runs:
         if run.final:
-            buckets.setdefault((run.mode, run.parties, run.noise_variance), []).append(run)
+            buckets.setdefault((run.mode, run.parties, run.noise_variance, run.colluders), []).append(run)
     groups = []
-    for (mode, parties, variance), members in buckets.items():
+    for (mode, parties, variance, _), members in buckets.items():
         search_only = tuple(r for r in members if not r.augmented)
         by_augment: dict[tuple[bool | None, float | None], list[RunRecord]] = {}
         for run in members:
@@ -159,7 +164,7 @@ def table1_rows(groups: Sequence[Group]) -> list[dict[str, object]]:
         "test_error_mean": g.test_error_mean, "test_error_std": g.test_error_std, "stage": g.stage,
         "params_m": g.params_m, "search_gpu_days": g.search_gpu_days,
         "search_cpu_core_hours": g.search_cpu_core_hours, "search_wall_hours": g.search_wall_hours,
-        "attempts": g.attempts, "epsilon_worst": g.epsilon_worst,
+        "attempts": g.attempts, "epsilon_worst": g.epsilon_worst, "colluders": g.colluders,
     } for g in groups]
 
 
