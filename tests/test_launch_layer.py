@@ -86,6 +86,20 @@ def test_a_dp_party_failure_sends_a_generic_reason_and_keeps_the_details(tmp_pat
     assert "1234 MiB" in (tmp_path / "rank2" / "error.log").read_text()
 
 
+def test_a_message_that_is_not_data_is_refused_in_one_line_even_by_a_dp_party(tmp_path, capsys):
+    """A pickle where rank 0 should send an assignment (tests/mpi/test_wire_from_server.py): the party says so, in
+    one line on its stderr and to rank 0, not the generic line of a DP party's failure."""
+    from mpi_fnas.wire import WireError
+
+    channel = FakeChannel(2)
+    refusal = WireError("rank 0 sent a message that is not data: header is not JSON: Expecting value")
+    with pytest.raises(SystemExit):
+        cli.run_guarded(channel, lambda: (_ for _ in ()).throw(refusal), private=True, party_dir=tmp_path / "rank2")
+    line = "WireError: rank 0 sent a message that is not data: header is not JSON: Expecting value"
+    assert channel.notices == [line] and channel.aborted == cli.EXIT_FAILURE
+    assert capsys.readouterr().err.splitlines() == [f"[mpi_fnas rank 2] error: {line}; aborting the job"]
+
+
 def test_a_plain_party_failure_sends_its_reason():
     channel = FakeChannel(1)
     with pytest.raises(SystemExit):

@@ -76,6 +76,26 @@ def test_rank_0_and_each_party_count_the_same_iterations_within_a_cap():
     assert rank_0.tolist() == [15, 114]  # the smaller party, with its replays, has less left
 
 
+def test_a_partys_own_ledger_accounts_against_the_colluders_it_was_configured_for():
+    """``privacy.colluders`` t: the party's record carries t, and its own ε from it is rank 0's to the last bit;
+    read without t (a party that ignored it) the same releases would look cheaper, and its cap would allow more."""
+    from mpi_fnas.privacy.release import LOCAL_VARIANCE
+
+    parties, dimension, t, n_train, n_val = 4, 1024, 2, 200, 150
+    params = DPParams(1.5, 1.5, 1.0, 0.1, 8.0, aggregation="secure", parties=parties, secure_dimension=dimension,
+                      colluders=t)
+    ledger = FederationLedger(plan_privacy([n_train] * parties, [n_val] * parties, params, 20))
+    for _ in range(20):
+        ledger.record_step()
+    secure = [parties, LOCAL_VARIANCE, dimension, t]
+    record = [{"stage": "search", "from": 0, "train": [1.5, 8.0 / n_train, 1], "val": [1.5, 8.0 / n_val, 1],
+               "sizes": [n_train, n_val], "secure": secure}]
+    own = party_ledger.recorded_epsilon(record, {"search": 20}, None)
+    assert own == ledger.epsilons()[0]
+    without_t = [{**record[0], "secure": secure[:3]}]
+    assert party_ledger.recorded_epsilon(without_t, {"search": 20}, None) == ledger.epsilons_server()[0] < own
+
+
 # -- end to end ----------------------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_a_party_refuses_iterations_past_its_cap_whatever_rank_0_asks(tmp_path):

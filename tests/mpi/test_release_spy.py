@@ -323,9 +323,11 @@ def check_release_record(own_dir: Path, rank: int, log: dict, *, secure: bool) -
     assert segments and all(set(s) == {"stage", "from", "train", "val", "sizes", "secure"} for s in segments)
     for segment in segments:
         assert segment["from"] == 0  # one launch
-        if secure:  # K from the communicator, σ_k² from the code, D a padded length of the network's shapes
-            parties, variance, dimension = segment["secure"]
+        if secure:  # K from the communicator, σ_k² from the code, D a padded length of the network's shapes, t the
+            # log's privacy.colluders
+            parties, variance, dimension, colluders = segment["secure"]
             assert (parties, variance) == (log["parties"], LOCAL_VARIANCE) and dimension == padded_length(dimension)
+            assert colluders == log["privacy"]["colluders"]
         else:
             assert segment["secure"] is None
         if segment["stage"] == "search":

@@ -30,6 +30,7 @@ from test_release_spy import (
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.job import run_job
+from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length, wrap
 from mpi_fnas.secagg.keyset import DIGEST_BYTES
@@ -78,7 +79,8 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         *(DARTS if space == "darts" else [*SPACES["dpnas"], CONVS]),
         *run["settings"], "privacy.aggregation=secure", "runtime.progress=off", "checkpoint.every_steps=2",
         *([] if passes is None else [f"runtime.max_physical_batch={passes}"]),
-        *([f"privacy.target_epsilon={TARGET_EPSILON}"] if calibrated else []),
+        # ... against the server and one colluding party (privacy.colluders)
+        *([f"privacy.target_epsilon={TARGET_EPSILON}", "privacy.colluders=1"] if calibrated else []),
     ])
     world = MPI.COMM_WORLD
     run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-{calibrated}-")
@@ -116,6 +118,10 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     if calibrated:  # every release accounted: the planned steps end at the target, no party beyond it
         assert float(privacy["noise_multiplier_w"]) != float(cfg.privacy.noise_multiplier_w)
         assert TARGET_EPSILON * 0.95 < np.max(privacy["epsilon"][-1]) <= TARGET_EPSILON * (1 + 1e-6)
+        assert privacy["colluders"] == 1  # that ε holds with one colluder; so does each party's own
+        for rank in range(1, world.Get_size()):
+            own = PartyStore(run_dir / "parties" / f"rank{rank}", stage=stage).recorded_epsilon()
+            assert own == privacy["epsilon"][-1][rank - 1]
     # The masks cancel: Σ_k masked words ≡ Σ_k unmasked totals (mod 2^32), release by release.
     parties = gathered[1:]
     for i in range(len(parties[0][0])):
