@@ -9,6 +9,7 @@ a finished arm is read back, not rerun.
 
 from __future__ import annotations
 
+import csv
 import itertools
 import math
 from collections import Counter
@@ -160,9 +161,13 @@ def test_the_comparison_with_hand_designed_networks_against_hand_computations(tm
     assert "best hand-designed" in text and "vs the best hand-designed network over 2 seed(s)" in text
     write_csv(tmp_path, rows)
     assert read_csv(tmp_path / "baseline.csv") == rows
-    old = (tmp_path / "baseline.csv").read_text().replace(",network", "").replace(",cnn-tanh\n", "\n")
-    (tmp_path / "old.csv").write_text(old.replace(",cnn-gn\n", "\n").replace(",cell\n", "\n"))
-    assert {r.network for r in read_csv(tmp_path / "old.csv")} == {"cell"}  # a CSV from before the column
+    with open(tmp_path / "baseline.csv", newline="") as f:  # a CSV from before the network and colluders columns
+        old = [{k: v for k, v in record.items() if k not in ("network", "colluders")} for record in csv.DictReader(f)]
+    with open(tmp_path / "old.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(old[0]))
+        writer.writeheader()
+        writer.writerows(old)
+    assert {(r.network, r.colluders) for r in read_csv(tmp_path / "old.csv")} == {("cell", 0)}
 
 
 def test_the_comparison_against_hand_computations(tmp_path):

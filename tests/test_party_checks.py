@@ -190,6 +190,7 @@ def test_the_planned_shards_are_the_ones_each_party_computes(partition):
     cfg = config(f"data.partition={partition}")
     for rank, assignment in enumerate(plan_run(cfg, K).assignments, start=1):
         shards_check(cfg, (assignment.train_indices, assignment.val_indices), rank=rank)
+        shards_check(cfg, (assignment.train_indices[::-1], assignment.val_indices), rank=rank)  # any order
 
 
 SHARD_LIES = {  # (train, val) rank 0 sends party 1 from its planned ones -> the refusal's reason
@@ -199,7 +200,7 @@ SHARD_LIES = {  # (train, val) rank 0 sends party 1 from its planned ones -> the
     "one shared example": (lambda t, v: (t, np.concatenate([v[1:], t[:1]])), "validation indices share 1 examples"),
     "past its data": (lambda t, v: (t + 400, v), "train indices point outside this party's 400 examples"),
     "negative": (lambda t, v: (t - 400, v), "train indices point outside"),
-    "a subset": (lambda t, v: (t[1:], v), r"train indices \(\d+\) are not the seeded iid split"),
+    "a subset": (lambda t, v: (t[1:], v), r"train indices \(\d+\) are not the examples of the seeded iid split"),
     "floats": (lambda t, v: (t.astype(float), v), "train indices are not a list of indices"),
     "a matrix": (lambda t, v: (t.reshape(1, -1), v), "train indices are not a list of indices"),
 }
@@ -226,7 +227,7 @@ def test_under_a_local_partition_the_party_splits_its_own_folder_itself():
         with pytest.raises(AssignmentRefusedError, match="train indices repeat examples"):
             check_shards([("train indices", np.zeros_like(assignment.train_indices)), received[1]], own,
                          examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
-        with pytest.raises(AssignmentRefusedError, match="not the seeded local split"):  # another party's split
+        with pytest.raises(AssignmentRefusedError, match="not the examples of the seeded local split"):  # another's
             check_shards(received, plan_module.local_shards(cfg, sizes[rank - 1], rank % K + 1),
                          examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
 
@@ -244,7 +245,8 @@ def test_an_augmentation_pool_is_the_partys_own_shards():
             for lie, reason in (({"train_count": len(got.pool_indices) + 1}, "train_count"),
                                 ({"pool_indices": np.concatenate([got.pool_indices, got.pool_indices[:1]])},
                                  "pool's (train|validation) part (share|repeat|.*not the seeded)"),
-                                ({"pool_indices": got.pool_indices[::-1].copy()}, "not the seeded")):
+                                ({"pool_indices": augment[rank % K].pool_indices,  # another party's pool
+                                  "train_count": augment[rank % K].train_count}, "not the examples of the seeded")):
                 with pytest.raises(AssignmentRefusedError, match=rf"rank {rank} refuses the augmentation .*{reason}"):
                     side.check_shards(cfg, dataclasses.replace(got, **lie), own, examples=len(data), rank=rank)
 

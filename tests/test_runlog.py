@@ -120,7 +120,7 @@ def test_schema_names_shapes_and_dtypes(tmp_path: Path) -> None:
         assert cost.get_id("ranks").dtype.kind == "i" and cost.get_id("wall_seconds").dtype == np.float64
 
         privacy = f["privacy"]
-        assert set(privacy.attrs) == {"delta", "accountant", "aggregation"}
+        assert set(privacy.attrs) == {"delta", "accountant", "aggregation", "colluders"}
         assert privacy.attrs["delta"].shape == (PARTIES,) and privacy.attrs["accountant"] == "pld"
         assert privacy.attrs["aggregation"] == "local"
         # each release's RELEASE_FIELDS (noise_multiplier, clip, …) as <field>_w and <field>_a, each float64

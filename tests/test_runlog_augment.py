@@ -269,7 +269,7 @@ def test_private_augment_ledger_names_shapes_and_dtypes(tmp_path: Path) -> None:
                                "epsilon_collusion"}
         for name in RELEASE_FIELDS:
             assert ledger[name].dtype == np.float64 and ledger[name].shape in ((), (PARTIES,)), name
-        assert dict(ledger.attrs) == {"aggregation": "local"}
+        assert dict(ledger.attrs) == {"aggregation": "local", "colluders": 0}
         for name, shape in (("sample_rate", (PARTIES,)), ("noise_multiplier", (PARTIES,)), ("clip", ()),
                             ("delta", (PARTIES,))):  # fmt: skip
             assert ledger[name].dtype == np.float64 and ledger[name].shape == shape, name

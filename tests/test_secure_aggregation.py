@@ -122,7 +122,9 @@ def test_a_party_that_dies_mid_step_ends_a_secure_job_and_no_partial_sum_is_used
     assert out.returncode != 0
     log = read_run(run / "search.h5")
     assert log["status"] == "failed" and "party rank 2 failed" in log["reason"]
-    assert len(log["metrics"]["step"]) == 2  # steps 1 and 2 opened; step 3's sum never was
+    # Step 3's sum never opened. Step 2's row is usually logged too, but under load rank 0 can still be polling its
+    # step-2 broadcast when rank 2's notice arrives, and it fails that step before the row (it still charges it).
+    assert 1 <= len(log["metrics"]["step"]) <= 2
     assert log["privacy"]["steps"][-1] >= 2 and np.all(log["privacy"]["epsilon"][-1] > 0)
 
 

@@ -58,7 +58,7 @@ LIES = {"K": (_with_dp(lambda dp: dataclasses.replace(dp, parties=dp.parties + 1
         "repeats": (_repeats, "train indices repeat examples"),
         "val is train": (_val_is_train, "validation indices share"),
         "outside": (_outside, "train indices point outside"),
-        "another party's": (_another_partys, "train indices .* are not the seeded iid split")}
+        "another party's": (_another_partys, "train indices .* are not the examples of the seeded iid split")}
 
 
 @pytest.mark.mpi(min_size=2)
