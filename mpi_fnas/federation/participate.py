@@ -83,7 +83,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     store = PartyStore(party_dir(run_dir, channel.rank), stage=side.name) if run_dir is not None else None
     Injections(channel.rank, side.name).at(0)  # the failure tests' late setup report (step 0: the setup)
     try:
-        check_assignment(cfg, side, got, channel, store)
+        data = check_assignment(cfg, side, got, channel, store)
         # Its identity now, not at the key round: a key the roster does not name is a refusal like any other, in
         # this setup report (a notice sent later could reach rank 0 before another party's report, and the job
         # would end before its log exists).
@@ -100,7 +100,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # bad input leaves nothing behind): what it trusts on a --resume or --augment without a --config of its own
         # (mpi_fnas.run checked it against its own first; docs/privacy.md §2.10).
         write_pin(pin_directory(run_dir, channel.rank), cfg.to_yaml())
-    party = side.build(cfg, got, channel.rank, device)
+    party = side.build(cfg, got, data, channel.rank, device)
     if got.checkpoint_step > 0:
         if store is None:
             raise SetupError("--resume needs the run directory")
@@ -133,8 +133,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     return stopped
 
 
-def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, store: PartyStore | None) -> None:
-    """Raise AssignmentRefusedError unless this party accepts its assignment `got`
+def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, store: PartyStore | None) -> Dataset:
+    """This party's train split, once it accepts its assignment `got`; AssignmentRefusedError unless it does
     (:mod:`mpi_fnas.federation.verify`): its DP parameters against those it derives (K from its own communicator,
     D recomputed here), its shards against the split it computes itself, and a checkpoint step it must hold its
     own state for."""
@@ -147,6 +147,7 @@ def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, s
     step = got.checkpoint_step
     saved = store is not None and isinstance(step, int) and store.has_state(step)
     check_checkpoint_step(step, saved, rank=channel.rank, what=f"{side.name} assignment")
+    return data
 
 
 def keep_own_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | None, rank: int,
@@ -203,8 +204,9 @@ class StageSide:
         self.rounds = w_rounds(optimizer)
         self.steps_per_epoch = 1
 
-    def build(self, cfg: Config, got: Any, rank: int, device: torch.device) -> Party:
-        """The stage's party of `rank` on `device`, from its assignment `got` (each side says how)."""
+    def build(self, cfg: Config, got: Any, data: Dataset, rank: int, device: torch.device) -> Party:
+        """The stage's party of `rank` on `device`, from its assignment `got` and its train split `data` (each side
+        says how)."""
 
     def check(self, cfg: Config, got: Any, *, parties: int, dimension: int | None, rank: int) -> None:
         """Raise AssignmentRefusedError unless `got`'s DP parameters are those this party derives (each side)."""
@@ -268,8 +270,7 @@ class SearchSide(StageSide):
         return ([releases["W"].noise_multiplier, releases["W"].sample_rate(sizes[0]), releases["W"].per_step],
                 [releases["A"].noise_multiplier, releases["A"].sample_rate(sizes[1]), releases["A"].per_step], sizes)
 
-    def build(self, cfg: Config, got: Assignment, rank: int, device: torch.device) -> Party:
-        data = open_split(cfg, "train", party=rank)
+    def build(self, cfg: Config, got: Assignment, data: Dataset, rank: int, device: torch.device) -> Party:
         x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
         x_val, y_val = own_shard(cfg, data, got, rank, "val")
         model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
@@ -330,8 +331,7 @@ class AugmentSide(StageSide):
         return ([release.noise_multiplier, float(rates[0][0]), release.per_step],
                 [release.noise_multiplier, float(rates[1][0]), release.per_step], sizes)
 
-    def build(self, cfg: Config, got: AugmentAssignment, rank: int, device: torch.device) -> Party:
-        data = open_split(cfg, "train", party=rank)
+    def build(self, cfg: Config, got: AugmentAssignment, data: Dataset, rank: int, device: torch.device) -> Party:
         x, y = own_pool(cfg, data, got, rank)
         # Its own config's network (check_network made rank 0's agree); a cell's genotype is rank 0's to choose.
         genotype = search_space(cfg.space.kind).parse_genotype(got.genotype, cfg.space) if trains_cell(cfg) else None

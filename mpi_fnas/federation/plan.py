@@ -165,10 +165,11 @@ def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.
         steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
     # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
     steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
-    unreliable = unreliable_parties(len(train_parts), cfg.federation.unreliable_parties, cfg.seed)
-    return [Assignment(tp, vp, steps, unreliable=bool(bad), corruption=cfg.federation.corruption if bad else 0.0,
-                       gathered=cfg.federation.selection != "all")
-            for tp, vp, bad in zip(train_parts, val_parts, unreliable, strict=True)]
+    parties = len(train_parts)
+    corruption = [party_corruption(cfg, parties, rank) for rank in range(1, parties + 1)]  # what each party checks
+    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
+    return [Assignment(tp, vp, steps, unreliable=bool(bad), corruption=c, gathered=cfg.federation.selection != "all")
+            for tp, vp, bad, c in zip(train_parts, val_parts, unreliable, corruption, strict=True)]
 
 
 def augment_pools(cfg: Config, assignments: list[Assignment]) -> list[np.ndarray]:

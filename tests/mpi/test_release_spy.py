@@ -210,7 +210,11 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
     world.Barrier()
     sent_per_party = world.gather(None if channel.is_server else len(channel.sent), root=0)
+    peer_messages = world.gather(channel.peer_messages, root=0)
     if channel.is_server:
+        # What the parties told each other: one digest of the public config and plan, the same from every party
+        # (each holds other data, so it carries none of it).
+        assert peer_messages[0] == [] and len({bytes(m) for sent in peer_messages[1:] for m in sent}) == 1
         state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
         assert (state["stage"], state["step"]) == (stage, 2)
         # the log's release constants are the configured public ones (never a realised batch size)
