@@ -124,6 +124,9 @@ class SpaceConfig:
         2, "intermediate nodes per cell (DARTS uses 4, DPNAS 5; 2 keeps the default run within minutes on a laptop "
         "CPU)")
     stem_multiplier: int = _key(3, "darts: the stem convolution outputs stem_multiplier·channels channels")
+    stem_stride: int = _key(
+        1, "dpnas: stride of the stem's 3x3 convolution: 1 keeps the input's side; 2 halves it, so the cells see a "
+        "28x28 digit at 14x14 through a learned downsampling (a quarter of their compute)")
     norm: Literal["batchnorm", "groupnorm"] = _key(
         "groupnorm", "normalisation inside the ops: groupnorm (per example; required under DP and by dpnas) or "
         "batchnorm (DARTS)")
@@ -409,6 +412,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("space.layers", lambda v: v >= 1, "must be >= 1"),
     ("space.nodes", lambda v: v >= 1, "must be >= 1"),
     ("space.stem_multiplier", lambda v: v >= 1, "must be >= 1"),
+    ("space.stem_stride", lambda v: v in (1, 2), "must be 1 or 2"),
     ("space.stage_channels", lambda v: len(v) >= 1 and all(c >= 1 for c in v),
      "must be a non-empty list of integers >= 1 (one per stage)"),
     ("search.epochs", lambda v: v >= 1, "must be >= 1"),
@@ -598,6 +602,9 @@ def validate(cfg: Config) -> Config:
                               f"example); set space.norm: groupnorm, got {cfg.space.norm}")
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
+    elif cfg.space.stem_stride != 1:
+        raise ConfigError(f"space.stem_stride: {cfg.space.stem_stride} is for space.kind dpnas; the darts networks' "
+                          "stem keeps the input's side, so leave it at 1")
     _validate_network(cfg)
     if cfg.space.ops:
         _validate_ops(cfg)

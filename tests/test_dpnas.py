@@ -127,6 +127,24 @@ def test_supernet_and_derived_network_shapes(stages: tuple[int, ...], nodes: int
     assert list(net.buffers()) == [] and list(derived.buffers()) == []
 
 
+@pytest.mark.parametrize("side", [28, 15])
+def test_a_stride_2_stem_runs_every_stage_at_half_the_side(side: int) -> None:
+    """``space.stem_stride: 2``: the stem's conv halves the input (rounding up), each stage halves it again; the
+    weights are those of the stride-1 network (the same shapes), so the accounting's sizes do not change."""
+    torch.manual_seed(7)
+    x = torch.randn(2, 1, side, side)
+    for one, two in ((DpnasSearchNetwork((4, 8), 10, nodes=2, in_channels=1),
+                      DpnasSearchNetwork((4, 8), 10, nodes=2, in_channels=1, stem_stride=2)),
+                     (DpnasNetwork(MIXED, (4, 8), 10, in_channels=1),
+                      DpnasNetwork(MIXED, (4, 8), 10, in_channels=1, stem_stride=2))):
+        assert [p.shape for p in one.parameters()] == [p.shape for p in two.parameters()]
+        half = -(-side // 2)
+        assert two.stem(x).shape == (2, 4, half, half) and one.stem(x).shape == (2, 4, side, side)
+        assert two(x).shape == (2, 10)
+    with pytest.raises(ValueError, match="stem_stride must be >= 1"):
+        DpnasNetwork(MIXED, (4, 8), 10, stem_stride=0)
+
+
 def test_derived_cell_builds_exactly_the_kept_edges() -> None:
     cell = DerivedDpnasCell(MIXED, 6, 4)
     assert len(cell.ops) == 13  # 15 edges, two of them 'none'
@@ -154,13 +172,15 @@ def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
             assert (net(x)[0] - net(perturb_others(x))[0]).abs().max().item() < 1e-5
 
 
+@pytest.mark.parametrize("stem_stride", [1, 2])
 @pytest.mark.parametrize("which", ["supernet W", "supernet A", "derived"])
-def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str) -> None:
+def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, stem_stride: int) -> None:
     """Example 0's gradient is the same whatever the rest of the batch holds, and equals its own backward; W is
     taken by the hooks (depthwise and 1x1 convs, Linear; GroupNorm has no weights), A both as per-example copies
-    and by vmap."""
+    and by vmap. With a stride-2 stem too (``space.stem_stride``)."""
     torch.manual_seed(4)
-    net = DpnasNetwork(MIXED, (4, 8), 10) if which == "derived" else DpnasSearchNetwork((4, 8), 10, nodes=3)
+    net = (DpnasNetwork(MIXED, (4, 8), 10, stem_stride=stem_stride) if which == "derived"
+           else DpnasSearchNetwork((4, 8), 10, nodes=3, stem_stride=stem_stride))
     if which == "supernet A":
         params = dict(net.named_alphas())
     else:
@@ -331,6 +351,10 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     trained = dp.build_augment_network(dp.parse_genotype(MIXED.to_string()), cfg, seed=0, in_channels=3,
                                        num_classes=10)
     assert isinstance(trained, DpnasNetwork) and trained.genotype == MIXED and trained.stage_channels == (4, 8)
+    assert net.stem[0].stride == trained.stem[0].stride == (1, 1)
+    strided = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stem_stride=2"])  # both networks get it
+    assert dp.build_supernet(strided.space, seed=3, in_channels=1, num_classes=10).stem[0].stride == (2, 2)
+    assert dp.build_augment_network(MIXED, strided, seed=0, in_channels=1, num_classes=10).stem[0].stride == (2, 2)
     # DARTS through the factory: bit-identical to the direct builders
     darts_cfg = load_config(None, [*PRE_RECIPE])
     through = search_space("darts").build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
@@ -353,6 +377,8 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     (["space.stage_channels=[8, x]"], r"^space\.stage_channels: expected an integer, got 'x'$"),
     (["space.kind=dpnas", "space.norm=batchnorm", "mode=fnas"], r"^space\.norm: the dpnas space normalises"),
     (["space.kind=dpnas", "augment.auxiliary_weight=0.4"], r"^augment\.auxiliary_weight: the dpnas network has no"),
+    (["space.stem_stride=3"], r"^space\.stem_stride: 3 must be 1 or 2$"),
+    (["space.kind=darts", "space.ops=[]", "space.stem_stride=2"], r"^space\.stem_stride: 2 is for space\.kind dpnas"),
 ])
 def test_bad_space_config_is_one_line(override: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:

@@ -1,4 +1,5 @@
-"""DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv -> one stage per entry of ``stage_channels``, each
+"""DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv (stride 1, or 2 to run the cells at half the
+input's side) -> one stage per entry of ``stage_channels``, each
 [cell, 3x3 max pool with stride 2] -> global average pooling -> linear classifier.
 
 Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (every op of
@@ -30,9 +31,10 @@ if TYPE_CHECKING:  # the type only: the network never imports the privacy packag
 ALPHA_INIT_SCALE = 1e-3  # near-uniform op weights at the start of the search (as DARTS)
 
 
-def stem(in_channels: int, channels: int) -> nn.Sequential:
-    """3x3 conv (no bias) -> GroupNorm (no affine): ``(N, in_channels, H, W)`` -> ``(N, channels, H, W)``."""
-    return nn.Sequential(nn.Conv2d(in_channels, channels, 3, padding=1, bias=False),
+def stem(in_channels: int, channels: int, stride: int = 1) -> nn.Sequential:
+    """3x3 conv (no bias, `stride`) -> GroupNorm (no affine): ``(N, in_channels, H, W)`` ->
+    ``(N, channels, ceil(H / stride), ceil(W / stride))``."""
+    return nn.Sequential(nn.Conv2d(in_channels, channels, 3, stride=stride, padding=1, bias=False),
                          make_norm("groupnorm", channels, affine=False))
 
 
@@ -41,11 +43,13 @@ def downsample() -> nn.MaxPool2d:
     return nn.MaxPool2d(3, stride=2, padding=1)
 
 
-def _check_sizes(owner: str, stage_channels: Sequence[int], nodes: int, num_classes: int, in_channels: int) -> None:
+def _check_sizes(owner: str, stage_channels: Sequence[int], nodes: int, num_classes: int, in_channels: int,
+                 stem_stride: int) -> None:
     if not stage_channels or any(int(c) < 1 for c in stage_channels):
         raise ValueError(f"{owner}: stage_channels must be a non-empty list of integers >= 1, "
                          f"got {list(stage_channels)}")
-    for name, value in (("nodes", nodes), ("num_classes", num_classes), ("in_channels", in_channels)):
+    for name, value in (("nodes", nodes), ("num_classes", num_classes), ("in_channels", in_channels),
+                        ("stem_stride", stem_stride)):
         if value < 1:
             raise ValueError(f"{owner}: {name} must be >= 1, got {value}")
 
@@ -62,15 +66,15 @@ class DpnasSearchNetwork(nn.Module):
     per_example_parameters = ("alpha",)
 
     def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3,
-                 primitives: Sequence[str] = PRIMITIVES) -> None:
+                 primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1) -> None:
         super().__init__()
-        _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels)
+        _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels, stem_stride)
         self.stage_channels = tuple(int(c) for c in stage_channels)
         self.nodes = nodes
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.primitives = check_primitives(primitives)
-        self.stem = stem(in_channels, self.stage_channels[0])
+        self.stem = stem(in_channels, self.stage_channels[0], stem_stride)
         c_prev = self.stage_channels[0]
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
@@ -127,18 +131,18 @@ class DpnasNetwork(WholeNetwork):
     """
 
     def __init__(self, genotype: DpnasGenotype, stage_channels: Sequence[int], num_classes: int,
-                 in_channels: int = 3) -> None:
+                 in_channels: int = 3, stem_stride: int = 1) -> None:
         super().__init__()
         if not isinstance(genotype, DpnasGenotype):
             raise TypeError(f"DpnasNetwork: genotype must be a DpnasGenotype, got {type(genotype).__name__}")
-        _check_sizes("DpnasNetwork", stage_channels, genotype.nodes, num_classes, in_channels)
+        _check_sizes("DpnasNetwork", stage_channels, genotype.nodes, num_classes, in_channels, stem_stride)
         self.genotype = genotype
         self.stage_channels = tuple(int(c) for c in stage_channels)
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.drop_path_prob: float = 0.0
         self.mask_stream: Keystream | None = None
-        self.stem = stem(in_channels, self.stage_channels[0])
+        self.stem = stem(in_channels, self.stage_channels[0], stem_stride)
         c_prev = self.stage_channels[0]
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
