@@ -130,8 +130,15 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
         assert log["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
             independent_epsilon(log, k, augment_steps), rel=1e-6)
         assert log["augment"]["privacy"]["epsilon"][-1][k] > log["privacy"]["epsilon"][-1][k]  # it costs privacy
-        # Each party's own ledger (its record and journals, issue 45) composes both stages to the same ε.
+        # Each party's own ledger (its record and journals) composes both stages to the same ε.
         assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == log["augment"]["privacy"]["epsilon"][-1][k]
+        # ... and its augmentation alone (DPNAS's protocol, the search not charged) is the augment releases' ε.
+        sigma_aug = float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0])
+        accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
+        accountant.compose(dp_accounting.PoissonSampledDpEvent(float(log["augment"]["privacy"]["sample_rate"][k]),
+                                                               dp_accounting.GaussianDpEvent(sigma_aug)), augment_steps)
+        alone = accountant.get_epsilon(float(log["augment"]["privacy"]["delta"][k]))
+        assert log["augment"]["privacy"]["epsilon_alone"][k] == pytest.approx(alone, rel=1e-6)
 
 
 @pytest.fixture(scope="module")

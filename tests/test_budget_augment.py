@@ -139,6 +139,14 @@ def test_composed_epsilon_after_search_and_augment_equals_dp_accounting(pool):
         ledger.close()
     assert np.array_equal(row.epsilon, eps)
     assert row.charged_steps.tolist() == search and row.augment_steps.tolist() == augment
+    # Each stage alone (the DPNAS protocol's augmentation ε): its own releases composed, the other stage's not.
+    alone = [max(direct_shard_epsilon([(SIGMA_AUG, a_tr, n)]), direct_shard_epsilon([(SIGMA_AUG, a_val, n)]))
+             for (_, _, a_tr, a_val), n in zip(direct_rates(pool), augment, strict=True)]
+    assert ledger.epsilons_alone("augment").tolist() == pytest.approx(alone, rel=1e-6)
+    searched = [max(direct_shard_epsilon([(SIGMA_W, q_tr, n)]), direct_shard_epsilon([(SIGMA_A, q_val, n)]))
+                for (q_tr, q_val, _, _), n in zip(direct_rates(pool), search, strict=True)]
+    assert ledger.epsilons_alone("search").tolist() == pytest.approx(searched, rel=1e-6)
+    assert np.all(ledger.epsilons_alone("augment") < eps)
 
 
 def test_augment_charges_need_start_augment_and_fixed_rates():
@@ -347,6 +355,15 @@ def test_state_round_trip_with_augment_charges_and_replays():
     assert restored.charged_steps().tolist() == ledger.charged_steps().tolist() == [14, 12]
     assert restored.charged_steps("augment").tolist() == [7, 10]
     assert np.array_equal(restored.epsilons(), ledger.epsilons())
+    for stage in ("search", "augment"):
+        assert np.array_equal(restored.epsilons_alone(stage), ledger.epsilons_alone(stage))
+    # A state from before each stage's releases were kept alone rebuilds them from the counts: the same ε.
+    older = json.loads(json.dumps(state))
+    del older["alone"]
+    rebuilt = FederationLedger(plan)
+    rebuilt.load_state_dict(older)
+    for stage in ("search", "augment"):
+        assert rebuilt.epsilons_alone(stage).tolist() == pytest.approx(ledger.epsilons_alone(stage).tolist())
     assert restored.state_dict() == ledger.state_dict()
     assert restored.augment.sample_rate_train.tolist() == ledger.augment.sample_rate_train.tolist()
     restored.record_step("augment")  # continues from the restored releases

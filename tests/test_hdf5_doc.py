@@ -112,7 +112,8 @@ def _fresh_log(path: Path, mode: str, *, augment: bool, space: str = "darts", se
             runlog.augment.append_privacy(1, np.zeros(PARTIES, np.int64), np.zeros(PARTIES), np.zeros(PARTIES))
         if selection:
             runlog.augment.append_selection(1, [True] + [False] * (PARTIES - 1), np.full(PARTIES, 0.5), 2.0)
-        runlog.augment.finish("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0})
+        runlog.augment.finish("finished", reason="completed", test_acc=0.5, cost={"wall_seconds": 1.0},
+                              epsilon_alone=np.ones(PARTIES) if augment_privacy is not None else None)
     return path
 
 

@@ -78,6 +78,8 @@ class StageOutcome:
     # (K,) ε against the server alone when `epsilon` lets privacy.colluders parties collude with it (None: t = 0)
     epsilon_server: np.ndarray | None = None
     colluders: int = 0  # privacy.colluders under secure aggregation: `epsilon` holds against the server and any t
+    # (K,) ε of this stage's releases alone (the augmentation's: its search not charged, as DPNAS reports); DP only
+    epsilon_alone: np.ndarray | None = None
     delta: np.ndarray | None = None
     privacy_guarantee: str = "holds"
 
@@ -404,6 +406,7 @@ class ServedStage(LoopStage):
             outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
             outcome.epsilon_collusion, outcome.epsilon_server = ledger.epsilons_collusion(), ledger.epsilons_server()
             outcome.colluders = ledger.secure.colluders if ledger.secure is not None else 0
+            outcome.epsilon_alone = ledger.epsilons_alone(self.name)
             ledger.close()
         return outcome
 
@@ -548,8 +551,10 @@ class AugmentStage(ServedStage):
 
     @staticmethod
     def final_attrs(outcome: AugmentOutcome | None) -> dict[str, Any]:
-        """The ``/augment`` attrs its end writes: the final test accuracy (NaN on a failure)."""
-        return {"test_acc": math.nan if outcome is None else outcome.test_acc}
+        """The ``/augment`` attrs its end writes: the final test accuracy (NaN on a failure) and, under DP, the
+        augmentation's ε alone."""
+        return {"test_acc": math.nan if outcome is None else outcome.test_acc,
+                "epsilon_alone": None if outcome is None else outcome.epsilon_alone}
 
     def __init__(self, cfg: Config, channel: Channel, setup: StageSetup, log: RunLog | None) -> None:
         super().__init__(cfg, channel, setup, log,

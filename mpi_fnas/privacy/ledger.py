@@ -65,6 +65,9 @@ class FederationLedger:
         self.secure = plan.params.secure_accounting  # None: local noise, PLD
         self.train = [PrivacyLedger(secure=self.secure) for _ in range(k)]
         self.val = [PrivacyLedger(secure=self.secure) for _ in range(k)]
+        # Each stage's releases alone, beside the composed ledgers: what DPNAS reports (its search not charged).
+        self._alone = {stage: ([PrivacyLedger(secure=self.secure) for _ in range(k)],
+                               [PrivacyLedger(secure=self.secure) for _ in range(k)]) for stage in STAGES}
         # The ledgers hold both stages' releases; these count each stage's iterations and replays, per party.
         self._steps = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
         self._replays = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
@@ -143,6 +146,12 @@ class FederationLedger:
     def epsilons_collusion(self) -> np.ndarray | None:
         """(K,) ε per party if K − 1 parties collude with the server (secure aggregation), else None."""
         return _collusion(self._parties())
+
+    def epsilons_alone(self, stage: Stage) -> np.ndarray:
+        """(K,) ε per party of `stage`'s releases alone, as if the other stage had released nothing: the
+        augmentation's is what DPNAS reports (its search not charged). Not the guarantee: :meth:`epsilons`."""
+        train, val = self._alone[stage]
+        return _epsilons(self._parties(train, val))
 
     # -- privacy (background thread) -----------------------------------------------------------------------------
     def submit(self, step: int) -> None:
@@ -234,6 +243,9 @@ class FederationLedger:
         if self.augment is not None:
             state["augment"] = {"releases": self.augment.state_dict(), "steps": self._steps["augment"].tolist(),
                                 "replays": self._replays["augment"].tolist()}
+        state["alone"] = {stage: {"train": [ledger.state_dict() for ledger in train],
+                                  "val": [ledger.state_dict() for ledger in val]}
+                          for stage, (train, val) in self._alone.items()}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -261,6 +273,27 @@ class FederationLedger:
                 or np.any(releases_train % self.plan.w_releases_per_step)):
             raise ValueError("privacy ledger state: a party's train and validation ledgers disagree on the step count")
         self._steps["search"] = search_train
+        self._load_alone(state.get("alone"))
+
+    def _load_alone(self, saved: dict[str, Any] | None) -> None:
+        """Each stage's releases alone, as saved; a state written before they were kept rebuilds them from the
+        stages' counts at the releases the ledger now charges (exact unless σ_aug was re-planned mid-stage)."""
+        for stage, (train, val) in self._alone.items():
+            fresh = [PrivacyLedger(secure=self.secure) for _ in range(len(self.train))], \
+                [PrivacyLedger(secure=self.secure) for _ in range(len(self.train))]
+            if saved is not None:
+                for ledgers, key in zip(fresh, ("train", "val"), strict=True):
+                    for ledger, one in zip(ledgers, saved[stage][key], strict=True):
+                        ledger.load_state_dict(one)
+            elif stage == "search" or self.augment is not None:
+                for party in range(len(self.train)):
+                    releases = self.iteration_releases(party, stage)
+                    for ledgers, (sigma, rate, per_iteration) in zip(fresh, (releases.train, releases.val),
+                                                                     strict=True):
+                        steps = int(self._steps[stage][party]) * per_iteration
+                        if rate > 0 and steps:
+                            ledgers[party].step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps)
+            train[:], val[:] = fresh
 
     # -- internals -----------------------------------------------------------------------------------------------
     def _charge(self, party: int, steps: int, stage: Stage) -> None:
@@ -271,6 +304,10 @@ class FederationLedger:
                                                      (self.val[party], releases.val)):
             if rate > 0:  # a shard outside the augment pool is never touched: nothing to pay
                 ledger.step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps * per_iteration)
+        for ledger, (sigma, rate, per_iteration) in zip(self._alone[stage], (releases.train, releases.val),
+                                                         strict=True):
+            if rate > 0:
+                ledger[party].step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps * per_iteration)
         self._steps[stage][party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
@@ -286,10 +323,13 @@ class FederationLedger:
             raise ValueError(f"invalid {what} counts in the privacy ledger state: {saved!r}")
         return counts
 
-    def _parties(self) -> tuple[_Party, ...]:
-        """An immutable snapshot of every party's ledgers and δ (what its ε depends on, and nothing else)."""
+    def _parties(self, train: Sequence[PrivacyLedger] | None = None,
+                 val: Sequence[PrivacyLedger] | None = None) -> tuple[_Party, ...]:
+        """An immutable snapshot of every party's ledgers (the composed ones unless `train` and `val` are given)
+        and δ: what its ε depends on, and nothing else."""
+        train, val = (self.train, self.val) if train is None or val is None else (train, val)
         return tuple(_Party(_runs(t), _runs(v), float(d), t.value_discretization_interval, self.secure)
-                     for t, v, d in zip(self.train, self.val, self.plan.delta, strict=True))
+                     for t, v, d in zip(train, val, self.plan.delta, strict=True))
 
 
 # -- internals ---------------------------------------------------------------------------------------------------

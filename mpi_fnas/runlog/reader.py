@@ -46,7 +46,8 @@ def read_run(
     (``cell`` in a log from before the attribute), genotype, params, test_acc, test_error, private,
     privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the rest
     float64}, cost, privacy (as the search's, with sample_rate (K,) and the release's ``RELEASE_FIELDS`` by their
-    own names; no accountant) and selection. A dataset an older log never wrote is absent (docs/hdf5.md says
+    own names; no accountant; epsilon_alone (K,), the augmentation's releases alone, once it finished under DP) and
+    selection. A dataset an older log never wrote is absent (docs/hdf5.md says
     which).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
@@ -175,6 +176,8 @@ def _read_privacy(group: h5py.Group, layout: StageLayout, datasets: list[h5py.Da
     if "aggregation" in group.attrs:
         privacy["aggregation"] = str(group.attrs["aggregation"])
     privacy["colluders"] = int(group.attrs.get("colluders", 0))  # 0 in logs written before privacy.colluders
+    if "epsilon_alone" in group.attrs:  # written at the augmentation's end (not by a failed one, nor older logs)
+        privacy["epsilon_alone"] = np.asarray(group.attrs["epsilon_alone"], dtype=np.float64)
     return privacy | _rows(datasets)
 
 

@@ -203,14 +203,16 @@ class StageLog:
     # ------------------------------------------------------------------ ending
 
     def finish(self, status: str, *, reason: str, cost: Mapping[str, float] | None = None,
-               final_genotype: str | None = None, test_acc: float | None = None) -> None:
+               final_genotype: str | None = None, test_acc: float | None = None,
+               epsilon_alone: np.ndarray | None = None) -> None:
         """Close the log with this stage's final ``status`` (finished, failed or interrupted) and ``reason``.
 
         cost: this attempt's ``COST_FIELDS`` for the stage's ``cost`` group (``wall_seconds``, ``gpu_hours``,
         ``cpu_core_hours`` added to earlier attempts'; ``ranks``, ``gpus`` replaced). final_genotype (search): the
         root attr (None keeps it). test_acc (augment): the final test accuracy, a fraction in [0, 1] or NaN;
-        ``test_error`` = 1 − test_acc. Idempotent: once the stage has ended further calls do nothing, so the
-        first status wins. Rows are never at risk: they were flushed when appended. The other stage is untouched.
+        ``test_error`` = 1 − test_acc. epsilon_alone (augment, DP): (K,) the stage's ε alone, the ``epsilon_alone``
+        attr of its privacy group (None writes none). Idempotent: once the stage has ended further calls do nothing,
+        so the first status wins. Rows are never at risk: they were flushed when appended. The other stage is untouched.
         """
         if self._state == "ended":
             return
@@ -233,6 +235,8 @@ class StageLog:
             if accuracy is not None:
                 group.attrs["test_acc"] = np.float64(accuracy)
                 group.attrs["test_error"] = np.float64(1.0 - accuracy)  # NaN stays NaN
+            if epsilon_alone is not None and "privacy" in group:
+                group["privacy"].attrs["epsilon_alone"] = np.asarray(epsilon_alone, dtype=np.float64)
             _add_cost(group["cost"], cost)
         finally:
             handle.close()
