@@ -217,7 +217,7 @@ def _noise_jobs(size: int) -> dict[str, Callable[[], Any]]:
     space; docs/privacy.md §2.1). Both go through the same float64 transform."""
     import torch
 
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
     from mpi_fnas.privacy.mechanism import gaussian_noise, standard_normal_from_bits
 
     stream, generator = Keystream.from_os(), torch.Generator().manual_seed(2)
@@ -375,8 +375,8 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
     import torch
 
     from mpi_fnas.federation.plan import secure_dimension
+    from mpi_fnas.keystream import Keystream
     from mpi_fnas.privacy import clipped_sum, per_sample_gradients
-    from mpi_fnas.privacy.keystream import Keystream
     from mpi_fnas.privacy.mechanism import secure_party_release
     from mpi_fnas.privacy.release import Release, SecureSum
     from mpi_fnas.secagg.masks import PairwiseMasks

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from mpi_fnas import __version__
 from mpi_fnas.config import Config, ConfigError, ServerReportedError, SetupError, load_config
+from mpi_fnas.refusal import ReportedRefusalError, refusal_line, refusal_text
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -205,23 +206,6 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     except BaseException as exc:  # anything else must end the whole job, never hang it
         fail_job(channel, exc, private=private, party_dir=party_dir)
     return EXIT_FAILURE  # not reached: abort ends the process
-
-
-def refusal_text(exc: BaseException) -> str:
-    """A refusal as the one line rank 0 gets: its kind and the first line of its reason."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0]
-
-
-def refusal_line(rank: int, exc: BaseException) -> str:
-    """The one line a refusing party prints on its own stderr."""
-    return f"[mpi_fnas rank {rank}] error: {refusal_text(exc)}; aborting the job"
-
-
-class ReportedRefusalError(Exception):
-    """This party refused its setup (an assignment, or an identity it cannot use) and has printed its line and put
-    it in its setup report already (:func:`mpi_fnas.federation.participate.participate`): rank 0 marks the log
-    failed and ends the job, so the party sends no notice (one now could reach rank 0 before the other parties'
-    reports, and the job would end before its log exists)."""
 
 
 def refuse_job(channel: Channel, exc: BaseException) -> None:

@@ -36,8 +36,8 @@ from torch import nn
 from mpi_fnas.config import load_config
 from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.data.datasets import open_dataset
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.clipping import clipped_sum
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.space import ops as space_ops
 from mpi_fnas.space.augmented import augment_network

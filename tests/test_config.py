@@ -251,6 +251,21 @@ def test_full_mnist_recipe_config_is_the_default_recipe_on_the_full_set():
     assert full.privacy.target_epsilon == 3.0 and full.privacy.aggregation == "secure"
 
 
+def test_the_28x28_configs_differ_from_the_full_mnist_recipe_only_where_they_say():
+    """configs/mnist28.yaml is configs/mnist_full_recipe.yaml at the digits' own 28x28 with a stride-2 stem (the cells
+    run at 14x14); configs/mnist28_tanh.yaml trains the hand-designed tanh CNN there, no search, at the same ε."""
+    full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
+    cell = load_config(ROOT / "configs" / "mnist28.yaml")
+    tanh = load_config(ROOT / "configs" / "mnist28_tanh.yaml")
+    for cfg in (cell, tanh):
+        assert (cfg.data.dataset, cfg.data.image_size, cfg.data.train_size, cfg.data.test_size) == ("mnist", 28,
+                                                                                                    None, None)
+        assert cfg.privacy == full.privacy and cfg.privacy.target_epsilon == 3.0
+        assert cfg.privacy.aggregation == "secure" and cfg.search == full.search
+    assert cell.space == dataclasses.replace(full.space, stem_stride=2) and cell.augment == full.augment
+    assert tanh.augment == dataclasses.replace(full.augment, network="cnn-tanh") and tanh.space == full.space
+
+
 def test_the_built_in_default_is_the_synthetic_recipe():
     """Issue 46: the built-in default (what `make run` runs) is the private recipe measured on the default data, and
     configs/synthetic_recipe.yaml spells it out: the DPNAS space with its six convolutions, a search of batch 250 at

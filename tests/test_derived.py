@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from mpi_fnas.data.augmentation import augment_images
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.privacy.validators import check_model_for_dp
 from mpi_fnas.space import (

@@ -104,3 +104,24 @@ def test_cycles_are_found(tmp_path: Path) -> None:
 def test_the_package_has_no_import_cycles() -> None:
     found = cycles(import_graph())
     assert not found, "modules that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def unit_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The same graph one level up: each top-level module or subpackage of the package (``mpi_fnas.cli``,
+    ``mpi_fnas.privacy``, ...) is one node, as the house's plan draws them."""
+
+    def unit(name: str) -> str:
+        return ".".join(name.split(".")[:2])
+
+    units: dict[str, set[str]] = {}
+    for name, imported in graph.items():
+        units.setdefault(unit(name), set()).update(unit(other) for other in imported)
+    return {name: imported - {name} for name, imported in units.items()}
+
+
+def test_no_arrow_runs_back_up_between_the_packages_units() -> None:
+    """No two top-level units import each other, however deep the modules that do it: an import from privacy/
+    into secagg/ while secagg/ imports privacy/, or from federation/ into cli while cli starts federation/, is an
+    arrow back up in the house's plan even where no two modules form a circle."""
+    found = cycles(unit_graph(import_graph()))
+    assert not found, "units that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)

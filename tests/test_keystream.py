@@ -25,8 +25,8 @@ from scipy import stats
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party import Party, Shard, augment_party, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.keystream import KEY_BYTES, Keystream
 from mpi_fnas.privacy import DPParams, PrivacyError
-from mpi_fnas.privacy.keystream import KEY_BYTES, Keystream
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.space import DARTS_V2, SearchNetwork, search_space
 

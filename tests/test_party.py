@@ -17,7 +17,7 @@ from mpi_fnas.federation.party import BatchStream, Party, Shard, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import search_learning_rate
 from mpi_fnas.federation.server import search_server
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.space import SearchNetwork
 
 

@@ -14,6 +14,7 @@ from conftest import perturb_others
 from scipy import special, stats
 from torch import nn
 
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import (
     PrivacyError,
     check_dp_search_options,
@@ -28,7 +29,6 @@ from mpi_fnas.privacy import (
     poisson_sample,
     privatize_per_sample_gradients,
 )
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import secure_party_release, standard_normal_from_bits
 from mpi_fnas.privacy.per_sample import hooks_supported, physical_batches
 from mpi_fnas.secagg.encoding import Encoding, rotation_signs

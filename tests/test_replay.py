@@ -30,8 +30,8 @@ from mpi_fnas.config import load_config
 from mpi_fnas.federation.party import search_party
 from mpi_fnas.federation.plan import secure_dimension
 from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.secagg.encoding import unrotate
 from mpi_fnas.secagg.masks import PairwiseMasks
 

@@ -14,8 +14,8 @@ import torch
 from scipy import stats
 from torch import nn
 
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.clipping import clipped_sum
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import per_sample_gradients
 from mpi_fnas.privacy.release import Release, SecureSum
 from mpi_fnas.secagg.discrete_gaussian import bernoulli_exp, discrete_gaussian, discrete_laplace

@@ -29,7 +29,7 @@ from mpi_fnas.federation.plan import open_split, parse_genotype, plan_assignment
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server, augment_server
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.report.figures import selection_rate
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy, read_run

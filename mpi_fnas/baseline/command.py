@@ -23,6 +23,7 @@ from mpi_fnas.baseline.results import (
 )
 from mpi_fnas.config import Config, ConfigError, check_world, config_from_text
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, check_own, own_run_directory
+from mpi_fnas.refusal import ReportedRefusalError, refusal_line, refusal_text
 
 if TYPE_CHECKING:
     from mpi_fnas.federation.comm import Channel
@@ -182,11 +183,11 @@ def _accept_arm(channel: Channel, base: Config, arm: Arm, received: Config) -> N
         try:
             check_own(arm_config(base, arm, received.privacy.target_epsilon), received, channel.rank)
         except AssignmentRefusedError as exc:
-            print(cli.refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
-            refusal = cli.refusal_text(exc)
+            print(refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
+            refusal = refusal_text(exc)
     verdicts = channel.gather_objects(refusal)
     if refusal is not None:
-        raise cli.ReportedRefusalError(refusal)  # rank 0 ends the job (or this party does, after the grace)
+        raise ReportedRefusalError(refusal)  # rank 0 ends the job (or this party does, after the grace)
     if channel.is_server:
         refused = {rank: line for rank, line in enumerate(verdicts[1:], start=1) if line is not None}
         if refused:

@@ -1,7 +1,7 @@
 """Batched training-time augmentation of the DARTS evaluation protocol: random crop, horizontal flip, cutout.
 
 Applied to a whole ``(N, C, H, W)`` batch at once with one gather and one ``where``, each example with its own
-random offsets, flip and cutout square, all drawn from an explicit :class:`~mpi_fnas.privacy.keystream.Keystream`
+random offsets, flip and cutout square, all drawn from an explicit :class:`~mpi_fnas.keystream.Keystream`
 (the party's secret sampling stream: under DP these draws must be as unpredictable as its Poisson coins; the
 global RNG is never touched). Order as in DARTS: crop, then flip, then cutout.
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:  # the type only: data never imports the privacy package
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
 
 
 def augment_images(

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpi_fnas import cli
 from mpi_fnas.config import Config
 from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
@@ -72,6 +71,7 @@ from mpi_fnas.federation.verify import (
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
+from mpi_fnas.refusal import ReportedRefusalError, refusal_line, refusal_text
 from mpi_fnas.secagg.identities import IdentityError, PartyIdentity, load_party_identity
 from mpi_fnas.space import augment_network, search_space, trains_cell
 
@@ -91,10 +91,10 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     except (AssignmentRefusedError, IdentityError) as refusal:
         # Its line on its own stderr first, then in its setup report: rank 0 gathers every party's report (so every
         # refusing party has printed before the job ends), opens its log, marks it failed and aborts the job.
-        print(cli.refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
+        print(refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
         report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
-                     refused=cli.refusal_text(refusal))
-        raise cli.ReportedRefusalError(cli.refusal_text(refusal)) from refusal
+                     refused=refusal_text(refusal))
+        raise ReportedRefusalError(refusal_text(refusal)) from refusal
     if run_dir is not None:
         # The config this party runs, pinned only now that rank 0 has accepted the setup as well (a launch refused as
         # bad input leaves nothing behind): what it trusts on a --resume or --augment without a --config of its own

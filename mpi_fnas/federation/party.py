@@ -34,8 +34,8 @@ from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.evaluation import EVAL_BATCH, evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, physical_batches
 from mpi_fnas.privacy.release import Release, securely_aggregated
 from mpi_fnas.secagg.masks import PairwiseMasks

@@ -2,7 +2,7 @@
 
 Under DP the noise hides a party's clipped gradient sum only from someone who cannot predict it, and the Poisson
 subsampling amplifies privacy only for someone who does not know which examples were drawn. So every random
-number a DP party draws comes from a :class:`~mpi_fnas.privacy.keystream.Keystream` (AES-256-CTR) keyed on the
+number a DP party draws comes from a :class:`~mpi_fnas.keystream.Keystream` (AES-256-CTR) keyed on the
 party itself (docs/privacy.md §2.1):
 
 * ``secret`` (always under dpfnas): each stream's key is 256 bits of ``os.urandom``, drawn by the party when its
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.params import Randomness
 
 PURPOSES = ("sampling", "noise")

@@ -5,7 +5,7 @@ No MPI here (the exchange is :mod:`mpi_fnas.federation.algorithm`'s). Under ``se
 party's W release on its own auxiliary set (:meth:`Server.probe_accuracy`), averages each party's last
 ``score_window`` scores, and draws K′ parties with the exponential mechanism
 (:func:`mpi_fnas.privacy.exponential.exponential_mechanism_select`, Δu = 1/n_aux). The draw uses the server's own
-secret :class:`~mpi_fnas.privacy.keystream.Keystream`, keyed with 256 bits from the OS: the mechanism hides the
+secret :class:`~mpi_fnas.keystream.Keystream`, keyed with 256 bits from the OS: the mechanism hides the
 aux set from the parties only if they cannot predict its coins (docs/privacy.md, "What SecProbe claims and what we
 guarantee"). Its state, and the score window, are rank 0's and are checkpointed with the rest of its state. The
 augmentation selects with a Selector of its own (a fresh window, its own stream) that continues the search's draw
@@ -20,13 +20,13 @@ import numpy as np
 
 from mpi_fnas.config import Config, FederationConfig
 from mpi_fnas.federation.randomness import server_stream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.exponential import (
     exponential_mechanism_select,
     selection_delta,
     selection_epsilon,
     uniform_select,
 )
-from mpi_fnas.privacy.keystream import Keystream
 
 
 def selection_stream(cfg: Config, stage: str) -> Keystream:

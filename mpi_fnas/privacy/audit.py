@@ -39,8 +39,8 @@ import torch
 from scipy import stats
 from torch import nn
 
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.clipping import clip_per_sample
-from mpi_fnas.privacy.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.secagg.discrete_gaussian import discrete_gaussian

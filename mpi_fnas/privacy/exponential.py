@@ -1,6 +1,6 @@
 """The exponential mechanism that picks whom the server trusts (SecProbe, Zhao et al.), and its privacy cost.
 
-No MPI: numpy, and the server's :class:`~mpi_fnas.privacy.keystream.Keystream` for the coins. The server scores
+No MPI: numpy, and the server's :class:`~mpi_fnas.keystream.Keystream` for the coins. The server scores
 each of the K parties with u_k ∈ [0, 1] (its accuracy on the server's auxiliary set) and draws K′ of them
 *without replacement* by "peeling": K′ successive exponential mechanisms, each over the parties not yet drawn, with
 
@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 
 
 def exponential_mechanism_select(scores: np.ndarray, k: int, epsilon: float, sensitivity: float,

@@ -23,8 +23,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
+from mpi_fnas.keystream import UNIFORM_BITS, Keystream
 from mpi_fnas.privacy.clipping import clipped_sum
-from mpi_fnas.privacy.keystream import UNIFORM_BITS, Keystream
 from mpi_fnas.privacy.per_sample import (
     LossFn,
     Method,
@@ -62,7 +62,7 @@ def party_release(
         clip_bound: R > 0, the per-example L2 bound (the sensitivity of the sum).
         noise_multiplier: sigma > 0; the noise std per coordinate is ``sigma * R`` before the division by B.
         expected_batch_size: B = q * N > 0, public; never pass the realised ``b``.
-        noise_stream: the party's noise :class:`~mpi_fnas.privacy.keystream.Keystream` (secret: keyed from the OS;
+        noise_stream: the party's noise :class:`~mpi_fnas.keystream.Keystream` (secret: keyed from the OS;
             see docs/privacy.md §2.1).
         loss_fn: per-example loss ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
         method: how per-example gradients are computed (see ``per_sample_gradients``).

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.mechanism import party_release, secure_party_release
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy
 from mpi_fnas.privacy.sampling import poisson_sample

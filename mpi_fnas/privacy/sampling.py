@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 
 
 def poisson_sample(num_examples: int, sample_rate: float, stream: Keystream) -> torch.Tensor:
@@ -17,7 +17,7 @@ def poisson_sample(num_examples: int, sample_rate: float, stream: Keystream) -> 
     Args:
         num_examples: shard size N (>= 0).
         sample_rate: inclusion probability q in [0, 1] (q = B / N for expected batch size B).
-        stream: the party's secret :class:`~mpi_fnas.privacy.keystream.Keystream`, source of the coins.
+        stream: the party's secret :class:`~mpi_fnas.keystream.Keystream`, source of the coins.
 
     Returns:
         int64 CPU tensor ``(b,)`` of distinct, increasing indices, ``b ~ Binomial(N, q)``; ``b = 0`` is valid.

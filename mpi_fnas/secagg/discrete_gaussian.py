@@ -22,7 +22,7 @@ from fractions import Fraction
 import numpy as np
 import torch
 
-from mpi_fnas.privacy.keystream import UNIFORM_BITS, Keystream
+from mpi_fnas.keystream import UNIFORM_BITS, Keystream
 
 #: The largest denominator 2·p·t²·q of a Bernoulli(exp(−γ)) in the acceptance step (σ² = p/q, t = ⌊σ⌋ + 1) that
 #: :meth:`Keystream.integers` draws exactly: σ up to about 8,000 for an integer σ².

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from mpi_fnas.privacy.keystream import Keystream
+from mpi_fnas.keystream import Keystream
 
 #: The rotation's block length: a release of d > this many coordinates is padded to a multiple of it (77,906 weights:
 #: 81,920 coordinates; the next power of two would be 131,072), since the rounding, the noise and the upload all

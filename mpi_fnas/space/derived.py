@@ -7,7 +7,7 @@ no trailing norm (DARTS' evaluation cells: nothing competes with an architecture
 
 Drop-path (DARTS' regulariser for evaluation training) zeroes whole op outputs, here independently *per
 example*: under DP-SGD every example's gradient must depend on that example alone, and a mask shared by the
-batch would couple them. The masks come from a :class:`~mpi_fnas.privacy.keystream.Keystream` held by the
+batch would couple them. The masks come from a :class:`~mpi_fnas.keystream.Keystream` held by the
 network (the party's secret sampling stream), never from the global RNG: under DP they must be as unpredictable as
 the Poisson coins (docs/privacy.md §2.1). They are drawn once per batched forward, one per example, so the
 per-example gradients must come from that forward (the ``hooks`` method), not from ``vmap``'s one forward per
@@ -27,7 +27,7 @@ from mpi_fnas.space.ops import PRIMITIVES, make_norm, make_op
 from mpi_fnas.space.scaffold import CellNetwork, cell_inputs, check_sizes
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
 
 __all__ = [
     "AugmentNetwork",

@@ -25,7 +25,7 @@ from torch import nn
 from mpi_fnas.space.scaffold import WholeNetwork
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
 
 __all__ = ["HANDCRAFTED", "GroupNormNet", "HandcraftedNetwork", "TanhCifarNet", "TanhMnistNet", "build_handcrafted",
            "tanh_cnn"]

@@ -24,7 +24,7 @@ from mpi_fnas.space.dpnas.ops import PRIMITIVES, make_dpnas_op
 from mpi_fnas.space.ops import make_norm
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
 
 
 def cell_input(c_in: int, channels: int) -> nn.Sequential:

@@ -26,7 +26,7 @@ from mpi_fnas.space.ops import make_norm
 from mpi_fnas.space.scaffold import WholeNetwork
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
-    from mpi_fnas.privacy.keystream import Keystream
+    from mpi_fnas.keystream import Keystream
 
 ALPHA_INIT_SCALE = 1e-3  # near-uniform op weights at the start of the search (as DARTS)
 
