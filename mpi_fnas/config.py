@@ -127,6 +127,9 @@ class SpaceConfig:
     stem_stride: int = _key(
         1, "dpnas: stride of the stem's 3x3 convolution: 1 keeps the input's side; 2 halves it, so the cells see a "
         "28x28 digit at 14x14 through a learned downsampling (a quarter of their compute)")
+    head_pool: int = _key(
+        1, "dpnas: the classifier reads the last stage's maps average-pooled to head_pool x head_pool: 1 is the "
+        "global average pool; 2 keeps which quadrant of the image a feature is in (4 times the classifier's weights)")
     norm: Literal["batchnorm", "groupnorm"] = _key(
         "groupnorm", "normalisation inside the ops: groupnorm (per example; required under DP and by dpnas) or "
         "batchnorm (DARTS)")
@@ -413,6 +416,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("space.nodes", lambda v: v >= 1, "must be >= 1"),
     ("space.stem_multiplier", lambda v: v >= 1, "must be >= 1"),
     ("space.stem_stride", lambda v: v in (1, 2), "must be 1 or 2"),
+    ("space.head_pool", lambda v: 1 <= v <= 4, "must be in 1..4"),
     ("space.stage_channels", lambda v: len(v) >= 1 and all(c >= 1 for c in v),
      "must be a non-empty list of integers >= 1 (one per stage)"),
     ("search.epochs", lambda v: v >= 1, "must be >= 1"),
@@ -605,6 +609,9 @@ def validate(cfg: Config) -> Config:
     elif cfg.space.stem_stride != 1:
         raise ConfigError(f"space.stem_stride: {cfg.space.stem_stride} is for space.kind dpnas; the darts networks' "
                           "stem keeps the input's side, so leave it at 1")
+    elif cfg.space.head_pool != 1:
+        raise ConfigError(f"space.head_pool: {cfg.space.head_pool} is for space.kind dpnas; the darts networks' "
+                          "classifier reads the global average pool, so leave it at 1")
     _validate_network(cfg)
     if cfg.space.ops:
         _validate_ops(cfg)

@@ -145,6 +145,32 @@ def test_a_stride_2_stem_runs_every_stage_at_half_the_side(side: int) -> None:
         DpnasNetwork(MIXED, (4, 8), 10, stem_stride=0)
 
 
+@pytest.mark.parametrize("head_pool", [1, 2, 3])
+def test_the_classifier_reads_the_last_maps_pooled_to_head_pool_squared(head_pool: int) -> None:
+    """``space.head_pool``: the last stage's (N, C, h, w) maps average-pooled to head_pool x head_pool, flattened
+    channel by channel, are the classifier's input (1: the global average pool)."""
+    torch.manual_seed(8)
+    x = torch.randn(3, 1, 16, 16)
+    for net in (DpnasSearchNetwork((4, 8), 10, nodes=2, in_channels=1, head_pool=head_pool),
+                DpnasNetwork(MIXED, (4, 8), 10, in_channels=1, head_pool=head_pool)):
+        channels = 8 * (2 if isinstance(net, DpnasSearchNetwork) else MIXED.nodes)  # the last cell's concatenation
+        assert net.classifier.in_features == channels * head_pool ** 2
+        h = net.stem(x)
+        for cell in net.cells:
+            h = net.pool(cell(h, net.alpha_softmax()["normal"]) if isinstance(net, DpnasSearchNetwork) else
+                         cell(h, 0.0, None))
+        assert h.shape == (3, channels, 4, 4)
+        if head_pool == 1:
+            expected = h.mean(dim=(2, 3))
+        elif head_pool == 2:  # the mean of each 2x2 quadrant, channel by channel
+            expected = h.reshape(3, channels, 2, 2, 2, 2).mean(dim=(3, 5)).reshape(3, -1)
+        else:
+            expected = F.adaptive_avg_pool2d(h, head_pool).reshape(3, -1)
+        assert torch.allclose(net(x), net.classifier(expected), atol=1e-6)
+    with pytest.raises(ValueError, match="head_pool must be >= 1"):
+        DpnasNetwork(MIXED, (4, 8), 10, head_pool=0)
+
+
 def test_derived_cell_builds_exactly_the_kept_edges() -> None:
     cell = DerivedDpnasCell(MIXED, 6, 4)
     assert len(cell.ops) == 13  # 15 edges, two of them 'none'
@@ -172,15 +198,16 @@ def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
             assert (net(x)[0] - net(perturb_others(x))[0]).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize("stem_stride", [1, 2])
+@pytest.mark.parametrize(("stem_stride", "head_pool"), [(1, 1), (2, 2)])
 @pytest.mark.parametrize("which", ["supernet W", "supernet A", "derived"])
-def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, stem_stride: int) -> None:
+def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, stem_stride: int,
+                                                                    head_pool: int) -> None:
     """Example 0's gradient is the same whatever the rest of the batch holds, and equals its own backward; W is
     taken by the hooks (depthwise and 1x1 convs, Linear; GroupNorm has no weights), A both as per-example copies
-    and by vmap. With a stride-2 stem too (``space.stem_stride``)."""
+    and by vmap. With a stride-2 stem and a 2x2 head too (``space.stem_stride``, ``space.head_pool``)."""
     torch.manual_seed(4)
-    net = (DpnasNetwork(MIXED, (4, 8), 10, stem_stride=stem_stride) if which == "derived"
-           else DpnasSearchNetwork((4, 8), 10, nodes=3, stem_stride=stem_stride))
+    net = (DpnasNetwork(MIXED, (4, 8), 10, stem_stride=stem_stride, head_pool=head_pool) if which == "derived"
+           else DpnasSearchNetwork((4, 8), 10, nodes=3, stem_stride=stem_stride, head_pool=head_pool))
     if which == "supernet A":
         params = dict(net.named_alphas())
     else:
@@ -352,9 +379,11 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
                                        num_classes=10)
     assert isinstance(trained, DpnasNetwork) and trained.genotype == MIXED and trained.stage_channels == (4, 8)
     assert net.stem[0].stride == trained.stem[0].stride == (1, 1)
-    strided = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stem_stride=2"])  # both networks get it
-    assert dp.build_supernet(strided.space, seed=3, in_channels=1, num_classes=10).stem[0].stride == (2, 2)
-    assert dp.build_augment_network(MIXED, strided, seed=0, in_channels=1, num_classes=10).stem[0].stride == (2, 2)
+    assert net.head_pool == trained.head_pool == 1
+    strided = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stem_stride=2", "space.head_pool=2"])
+    for built in (dp.build_supernet(strided.space, seed=3, in_channels=1, num_classes=10),  # both networks get both
+                  dp.build_augment_network(MIXED, strided, seed=0, in_channels=1, num_classes=10)):
+        assert built.stem[0].stride == (2, 2) and built.head_pool == 2
     # DARTS through the factory: bit-identical to the direct builders
     darts_cfg = load_config(None, [*PRE_RECIPE])
     through = search_space("darts").build_supernet(darts_cfg.space, seed=1, in_channels=3, num_classes=10)
@@ -378,6 +407,8 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     (["space.kind=dpnas", "space.norm=batchnorm", "mode=fnas"], r"^space\.norm: the dpnas space normalises"),
     (["space.kind=dpnas", "augment.auxiliary_weight=0.4"], r"^augment\.auxiliary_weight: the dpnas network has no"),
     (["space.stem_stride=3"], r"^space\.stem_stride: 3 must be 1 or 2$"),
+    (["space.head_pool=0"], r"^space\.head_pool: 0 must be in 1\.\.4$"),
+    (["space.kind=darts", "space.ops=[]", "space.head_pool=2"], r"^space\.head_pool: 2 is for space\.kind dpnas"),
     (["space.kind=darts", "space.ops=[]", "space.stem_stride=2"], r"^space\.stem_stride: 2 is for space\.kind dpnas"),
 ])
 def test_bad_space_config_is_one_line(override: list[str], message: str) -> None:

@@ -1,6 +1,7 @@
 """DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv (stride 1, or 2 to run the cells at half the
 input's side) -> one stage per entry of ``stage_channels``, each
-[cell, 3x3 max pool with stride 2] -> global average pooling -> linear classifier.
+[cell, 3x3 max pool with stride 2] -> average pooling to ``head_pool`` x ``head_pool`` (1: global) -> flatten ->
+linear classifier.
 
 Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (every op of
 ``PRIMITIVES`` unless the space restricts them: ``space.ops``), no reduction cell. ``DpnasSearchNetwork`` is the
@@ -43,13 +44,19 @@ def downsample() -> nn.MaxPool2d:
     return nn.MaxPool2d(3, stride=2, padding=1)
 
 
+def head(x: torch.Tensor, head_pool: int) -> torch.Tensor:
+    """The classifier's input: ``(N, C, H, W)`` average-pooled to ``(N, C, head_pool, head_pool)``, flattened to
+    ``(N, C · head_pool²)``; 1 is the global average pool, 2 keeps where in the image a feature was (2x2 quadrants)."""
+    return F.adaptive_avg_pool2d(x, head_pool).flatten(1)
+
+
 def _check_sizes(owner: str, stage_channels: Sequence[int], nodes: int, num_classes: int, in_channels: int,
-                 stem_stride: int) -> None:
+                 stem_stride: int, head_pool: int) -> None:
     if not stage_channels or any(int(c) < 1 for c in stage_channels):
         raise ValueError(f"{owner}: stage_channels must be a non-empty list of integers >= 1, "
                          f"got {list(stage_channels)}")
     for name, value in (("nodes", nodes), ("num_classes", num_classes), ("in_channels", in_channels),
-                        ("stem_stride", stem_stride)):
+                        ("stem_stride", stem_stride), ("head_pool", head_pool)):
         if value < 1:
             raise ValueError(f"{owner}: {name} must be >= 1, got {value}")
 
@@ -66,9 +73,10 @@ class DpnasSearchNetwork(nn.Module):
     per_example_parameters = ("alpha",)
 
     def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3,
-                 primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1) -> None:
+                 primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1, head_pool: int = 1) -> None:
         super().__init__()
-        _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels, stem_stride)
+        _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels, stem_stride, head_pool)
+        self.head_pool = head_pool
         self.stage_channels = tuple(int(c) for c in stage_channels)
         self.nodes = nodes
         self.num_classes = num_classes
@@ -81,7 +89,7 @@ class DpnasSearchNetwork(nn.Module):
             self.cells.append(DpnasSearchCell(nodes, c_prev, channels, self.primitives))
             c_prev = nodes * channels
         self.pool = downsample()
-        self.classifier = nn.Linear(c_prev, num_classes)
+        self.classifier = nn.Linear(c_prev * head_pool ** 2, num_classes)
         self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(self.primitives)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -92,7 +100,7 @@ class DpnasSearchNetwork(nn.Module):
         x = self.stem(x)
         for cell in self.cells:
             x = self.pool(cell(x, weights))
-        return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
+        return self.classifier(head(x, self.head_pool))
 
     def named_weights(self) -> Iterator[tuple[str, nn.Parameter]]:
         """``(name, parameter)`` for every parameter except the alpha, in ``named_parameters`` order."""
@@ -131,11 +139,13 @@ class DpnasNetwork(WholeNetwork):
     """
 
     def __init__(self, genotype: DpnasGenotype, stage_channels: Sequence[int], num_classes: int,
-                 in_channels: int = 3, stem_stride: int = 1) -> None:
+                 in_channels: int = 3, stem_stride: int = 1, head_pool: int = 1) -> None:
         super().__init__()
         if not isinstance(genotype, DpnasGenotype):
             raise TypeError(f"DpnasNetwork: genotype must be a DpnasGenotype, got {type(genotype).__name__}")
-        _check_sizes("DpnasNetwork", stage_channels, genotype.nodes, num_classes, in_channels, stem_stride)
+        _check_sizes("DpnasNetwork", stage_channels, genotype.nodes, num_classes, in_channels, stem_stride,
+                     head_pool)
+        self.head_pool = head_pool
         self.genotype = genotype
         self.stage_channels = tuple(int(c) for c in stage_channels)
         self.num_classes = num_classes
@@ -149,7 +159,7 @@ class DpnasNetwork(WholeNetwork):
             self.cells.append(DerivedDpnasCell(genotype, c_prev, channels))
             c_prev = genotype.nodes * channels
         self.pool = downsample()
-        self.classifier = nn.Linear(c_prev, num_classes)
+        self.classifier = nn.Linear(c_prev * head_pool ** 2, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the batch `x`."""
@@ -164,4 +174,4 @@ class DpnasNetwork(WholeNetwork):
         x = self.stem(x)
         for cell in self.cells:
             x = self.pool(cell(x, drop_prob, self.mask_stream))
-        return self.classifier(F.adaptive_avg_pool2d(x, 1).flatten(1))
+        return self.classifier(head(x, self.head_pool))
