@@ -361,7 +361,7 @@ def equal_epsilon_sigmas(cfg: Config, parties: int, dimension: int) -> tuple[flo
 
 
 def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str, Any]:
-    """Secure against local aggregation of the search's W release, K = `parties` (issue 26, docs/privacy.md §8).
+    """Secure against local aggregation of the search's W release, K = `parties` (docs/privacy.md §8).
 
     At equal ε against the server (:func:`equal_epsilon_sigmas`), K releases of each kind of the same batch (the
     bench's party, q = 1) are summed as rank 0 sums them; ``aggregate_noise_std_ratio`` is the std of the secure

@@ -70,7 +70,7 @@ REMOVED_KEYS = {
 }
 #: Keys added after a config could have been stored (a log, a checkpoint, ``searched.pt``), with the value that means
 #: what a stored config meant before the key existed. Their built-in default may differ: ``space.ops`` is every op of
-#: the space in a config written before it, and the DPNAS convolutions by default since issue 46.
+#: the space in a config written before it, and the DPNAS convolutions by default since 2026-11-28.
 ADDED_KEYS: dict[str, Any] = {"space.ops": []}
 
 
@@ -147,8 +147,8 @@ class SpaceConfig:
 
 @dataclass
 class SearchConfig:
-    """The bilevel optimisation (DARTS hyper-parameters unless noted; the batch and the learning rates are issue
-    46's private recipe: at DARTS' 16, 0.1 and 3e-3 a 10-step private search leaves A where it started)."""
+    """The bilevel optimisation (DARTS hyper-parameters unless noted; the batch and the learning rates are the
+    private recipe's: at DARTS' 16, 0.1 and 3e-3 a 10-step private search leaves A where it started)."""
 
     epochs: int = _key(2, "search epochs of steps_per_epoch iterations of Algorithm 1 each")
     batch_size: int = _key(250, "examples per party and step (under DP: the expected Poisson batch size B; "

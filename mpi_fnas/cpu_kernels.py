@@ -8,8 +8,8 @@
 * :func:`to_channels_last`: a network in channels-last (NHWC) storage, refused when it holds a 1x1 convolution of
   stride > 1: oneDNN 3.12's weight gradient of that convolution writes past its workspace for a channels-last input
   with fewer channels than its block (8 on AVX2, 16 on AVX-512; uxlfoundation/oneDNN#6035, docs/benchmarks.md
-  "Issue 44"). The project's networks take such strides by slicing (``FactorizedReduce``); this check keeps a new
-  network from bringing the kernel back.
+  "heap corruption on AVX2 CPUs"). The project's networks take such strides by slicing (``FactorizedReduce``);
+  this check keeps a new network from bringing the kernel back.
 """
 
 from __future__ import annotations

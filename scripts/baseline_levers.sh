@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What makes a private search beat random? Each lever measured with the random-baseline tool (issue 24, part 3).
+# What makes a private search beat random? Each lever measured with the random-baseline tool (docs/baseline.md).
 #
 #   scripts/baseline_levers.sh OUT               # run (or continue) every lever, then print the table
 #   scripts/baseline_levers.sh --summarize OUT   # the table from the logs alone

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A simulated cluster on this machine (issue 27, docs/hpc.md): N hosts, each a network namespace with its own
+# A simulated cluster on this machine (docs/hpc.md): N hosts, each a network namespace with its own
 # hostname (UTS namespace) and its own /dev/shm (mount namespace), joined by veth pairs to one bridge, with
 # addresses from 198.18.0.0/15 (reserved for benchmarks) and optionally rate-limited links (tbf). MPICH's hydra
 # starts ranks across them through an ssh-shaped launcher wrapper that enters a host's namespaces instead of ssh.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cost model against real runs on the simulated cluster (issue 27; docs/hpc.md "What the network costs a search"):
+# The cost model against real runs on the simulated cluster (docs/hpc.md "What the network costs a search"):
 # for each K and link rate, K + 1 namespace hosts (one rank each, rank 0 on n0) with every link shaped to the rate,
 # a short DP-FNAS search across them, then the model's prediction beside the measured time of its iterations.
 #

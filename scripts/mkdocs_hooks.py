@@ -48,7 +48,7 @@ CONFIG_MARKER = "<!-- config keys: generated from mpi_fnas.config.key_docs() -->
 #: Public names that may stay without a docstring, each with the reason.
 UNDOCUMENTED = {
     "mpi_fnas.secagg.accounting.SecureAccounting.description":
-        "secagg/accounting.py is being rewritten (issue 46); its docstrings come with that rewrite",
+        "secagg/accounting.py is being rewritten; its docstrings come with that rewrite",
 }
 
 

@@ -1,10 +1,10 @@
-"""Minimal pure-torch reproducer of the heap corruption behind issue 44 (no mpi_fnas import).
+"""Minimal pure-torch reproducer of the heap corruption on AVX2 CPUs (no mpi_fnas import).
 
 oneDNN 3.12 (torch 2.13/2.14 CPU wheels) writes past its "reduce to unit stride" (rtus) workspace in the weight
 gradient of a strided 1x1 convolution whose input is channels-last (nhwc) with fewer input channels than the
 kernel's channel block: 8 for ``jit_1x1:avx2``, 16 for ``jit_1x1:avx512_core``. Upstream:
 uxlfoundation/oneDNN#6035. In mpi_fnas the op was FactorizedReduce's two 1x1 stride-2 convolutions
-(docs/benchmarks.md, "Issue 44").
+(docs/benchmarks.md, "heap corruption on AVX2 CPUs").
 
     python scripts/repro_onednn_avx2.py [--ic 4] [--oc 8] [--stride 2] [--batch 4] [--side 8] [--layout cl|nchw]
                                         [--iters 300] [--threads 1] [--subsample]

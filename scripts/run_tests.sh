@@ -12,7 +12,7 @@
 #     `sbatch --wait`, which the other lane's jobs fill.
 #     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
 #     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
-#     CPUs too (issue 44: a kernel that corrupted the heap on AVX2 only).
+#     CPUs too (a kernel once corrupted the heap on AVX2 only: docs/benchmarks.md, "heap corruption on AVX2 CPUs").
 # Then the MPI tests (CPU-bound: 5 ranks, after both lanes) and ruff. Exit status: the first failure's, after all ran.
 set -u
 cd "$(dirname "$0")/.."

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the table of docs/secprobe.md (issue 13): 8 parties (9 ranks), 4 of them unreliable, a fraction P of
+# Regenerates the table of docs/secprobe.md: 8 parties (9 ranks), 4 of them unreliable, a fraction P of
 # their examples replaced by noise, P in {0, 0.2, 0.4, 0.6}; arms all, random (K' = 4), secprobe (K' = 4) at
 # eps_EM in {0.1, 1, 10}, and the oracle (the reliable parties only); seeds 0 1 2: 72 runs. Every run is the
 # AUGMENTATION of a fixed cell (augment.genotype: the DPNAS paper's CIFAR-10 cell, as scripts/dpnas_tables.sh

@@ -1,4 +1,4 @@
-"""How much of √K the secure path's accountant gives back, by batch size, at a fixed ε (issue 46, docs/privacy.md §8).
+"""How much of √K the secure path's accountant gives back, by batch size, at a fixed ε (docs/privacy.md §8).
 
 For K parties of N examples each, a total ε and a number of epochs, prints one Markdown row per sampling rate q
 (T = epochs / q steps): the σ each accountant needs for ε at δ, and the noise std on the server's mean gradient in

@@ -189,12 +189,20 @@ def test_every_named_path_exists() -> None:
 
 
 def test_allow_list_entries_are_still_needed() -> None:
-    """An allow-listed name that became a repository file (or left the docs) should leave the list."""
-    mentioned = {m.text for m, _ in _path_mentions()}
+    """An allow-listed name that became a repository file (or left the docs) should leave the list. And the loop
+    checks something: the list is exactly the path-like names the docs name that are not repository files, at
+    least one (an emptied list, or an extraction that finds nothing, fails here)."""
+    mentions = _path_mentions()
+    mentioned = {m.text for m, _ in mentions}
+    checked = set()
     for name, reason in NOT_REPO_FILES.items():
         assert reason
         assert name in mentioned, f"{name} is no longer named in the docs"
         assert not _exists(name, ROOT), f"{name} exists now"
+        checked.add(name)
+    unresolved = {m.text for m, base in mentions if not all(_exists(name, base) for name in _expand(m.text))}
+    assert unresolved, "the docs name no path that is not a repository file: the extraction found nothing"
+    assert checked == unresolved, f"allow-listed {sorted(checked)}, unresolved in the docs {sorted(unresolved)}"
 
 
 def _config_key_mentions() -> list[Mention]:
@@ -432,11 +440,19 @@ def test_every_named_identifier_exists() -> None:
     assert not bad, "docs name Python objects that do not exist:\n" + "\n".join(bad)
 
 
-def test_identifier_allow_lists_are_still_needed() -> None:
+def test_identifier_allow_lists_are_still_needed(monkeypatch) -> None:
+    """Every allow-listed word is still named in the docs and is not a name of ours; and the loop checks
+    something: without the list, exactly its words would be the docs' unresolved identifiers, at least one."""
     texts = {m.text for m in _identifier_mentions()}
+    checked = set()
     for name, reason in NOT_PYTHON_NAMES.items():
         assert reason and name in texts, f"{name} is no longer named in the docs"
         assert name not in DEFINED, f"{name} is a name of ours now"
+        checked.add(name)
+    monkeypatch.setitem(globals(), "NOT_PYTHON_NAMES", {})  # what _names_something reads
+    unresolved = {text for text in texts if not _names_something(text)}
+    assert unresolved, "no identifier the docs name needs the allow list: the extraction found nothing"
+    assert checked == unresolved, f"allow-listed {sorted(checked)}, unresolved without it {sorted(unresolved)}"
 
 
 def test_every_named_output_file_is_written_by_the_code() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import weakref
 
 import numpy as np
@@ -14,7 +15,7 @@ from conftest import perturb_others
 from scipy import special, stats
 from torch import nn
 
-from mpi_fnas.keystream import Keystream
+from mpi_fnas.keystream import KEY_BYTES, Keystream
 from mpi_fnas.privacy import (
     PrivacyError,
     check_dp_search_options,
@@ -466,11 +467,34 @@ def test_empty_batch_release_is_pure_noise_over_expected_batch():
     assert_iid_normal(release, sigma * clip / expected_batch)
 
 
-def test_secret_noise_is_normal_and_not_reproducible():
+def test_secret_noise_is_normal_and_not_reproducible(monkeypatch):
+    """The noise of a secret stream is N(0, std²) keyed by all 32 bytes the OS gave: the same OS bytes give the same
+    noise (the key is those bytes, nothing else), a change in the last byte alone gives other noise, and two fresh
+    streams differ in (almost) every draw, also shifted by a few draws (not one stream read at two offsets)."""
     a = gaussian_noise(200_000, std=0.3, stream=Keystream.from_os())
     b = gaussian_noise(200_000, std=0.3, stream=Keystream.from_os())
-    assert not torch.equal(a, b)
     assert_iid_normal(a, 0.3)
+    for shift in range(4):  # equal float32 draws of independent streams: far below 1 expected in 200_000
+        equal = int((a[shift:] == b[:b.numel() - shift]).sum()) + int((b[shift:] == a[:a.numel() - shift]).sum())
+        assert equal < 10, f"two secret streams agree at {equal} draws, shifted by {shift}"
+
+    requested: list[int] = []
+
+    def noise_with_os_bytes(entropy: bytes) -> torch.Tensor:
+        with monkeypatch.context() as patch:
+            patch.setattr(os, "urandom", lambda n: requested.append(n) or entropy[:n])
+            stream = Keystream.from_os()
+        assert stream.secret
+        return gaussian_noise(1000, std=0.3, stream=stream)
+
+    entropy = bytes(range(7, 7 + KEY_BYTES))
+    noise = noise_with_os_bytes(entropy)
+    assert requested == [KEY_BYTES], f"a secret key asked the OS for {requested} bytes, not {KEY_BYTES}"
+    assert torch.equal(noise_with_os_bytes(entropy), noise), "the same OS bytes gave other noise"
+    assert torch.equal(gaussian_noise(1000, std=0.3, stream=Keystream(entropy, secret=True)), noise), \
+        "the key of a secret stream is not the bytes the OS gave"
+    changed = noise_with_os_bytes(entropy[:-1] + bytes([entropy[-1] ^ 1]))
+    assert int((changed != noise).sum()) > 990, "the last byte the OS gave does not key the noise"
 
 
 # -- the noise sampler: exact far into the tail ---------------------------------------------------------------

@@ -31,8 +31,7 @@ from mpi_fnas.config import CELL_NETWORK, HANDCRAFTED_NETWORKS
 
 CSV_NAME = "baseline.csv"
 LOG_NAME = "search.h5"
-#: Relative agreement required between a random or hand-designed arm's ε and its searched arm's (issue 24: within
-#: 1 %).
+#: Relative agreement required between a random or hand-designed arm's ε and its searched arm's (within 1 %).
 EPSILON_TOLERANCE = 0.01
 #: The references the searched cell is compared with (:meth:`SeedComparison.reference`).
 RANDOM, HANDCRAFTED = "random", "handcrafted"

@@ -38,11 +38,11 @@ VM), taken from the parties still computing; the cap trades that against the lat
   a waiter's CPU grows only logarithmically with the wait while the added latency stays within 1 % of it
   (:func:`next_pause`).
 
-The server's fraction was 0.1 % until issue 28. In a ``make run`` augmentation (~0.45 s of the parties' compute per
-iteration) it then made ~900 voluntary context switches per iteration and used 12 s of CPU, and each wake-up also
-preempted a computing party. At 1 % it makes ~250; with a fixed cell, 9 ranks on 2 cores, alternating runs:
-augmentation 120.5 / 125.8 / 123.5 / 131.5 s against 131.3 / 135.7 / 143.9 / 135.0 s, rank 0's CPU 7.4–7.8 s
-against 12.4–13.3 s.
+The server's fraction was 0.1 % before the lean-ranks rounds (docs/benchmarks.md, "Lean ranks"). In a ``make run``
+augmentation (~0.45 s of the parties' compute per iteration) it then made ~900 voluntary context switches per
+iteration and used 12 s of CPU, and each wake-up also preempted a computing party. At 1 % it makes ~250; with a
+fixed cell, 9 ranks on 2 cores, alternating runs: augmentation 120.5 / 125.8 / 123.5 / 131.5 s against 131.3 /
+135.7 / 143.9 / 135.0 s, rank 0's CPU 7.4–7.8 s against 12.4–13.3 s.
 
 Measured with 9 ranks on 2 cores, side by side in one session (old = MPI tree collectives, polls capped at 1 ms):
 the four collectives of an iteration, from the last party's arrival, went from ~49 ms to ~6-7 ms (``python -m

@@ -164,7 +164,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
     stage: ServedStage | None = None
     startup = math.nan
     try:
-        if reports.refusals:  # once the log is open: a party refused its assignment (issue 45), the log says failed
+        if reports.refusals:  # once the log is open: a party refused its assignment, the log says failed
             rank, line = min(reports.refusals.items())
             raise PartyFailedError(f"party rank {rank} failed: {line} (refused by parties {sorted(reports.refusals)})")
         first = int(resume["step"]) + 1 if resume is not None else 1
@@ -172,7 +172,7 @@ def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, sea
         if setup.private:  # every party checks it against its own ledger and cap before it sends anything
             last, cut = last_step_within_cap(ledger, name, first, last)
             announce_last_step(channel, last)
-        if setup.secure:  # once the log is open: a party that refuses the key set (issue 45) fails the log
+        if setup.secure:  # once the log is open: a party that refuses the key set (docs/privacy.md §8) fails the log
             setup.launch_id = relay_public_keys(channel)
         stage = definition(cfg, channel, setup, log)
         if cut is not None:

@@ -1,4 +1,4 @@
-"""A party checks its assignment: the DP parameters it derives itself, against what rank 0 asks of it (issue 45).
+"""A party checks its assignment: the DP parameters it derives itself, against what rank 0 asks of it.
 
 Rank 0 plans every stage (:mod:`mpi_fnas.federation.plan`) and sends each party its assignment, with the privacy
 parameters the party's releases are made with. A server that lies could ask for less noise than the user

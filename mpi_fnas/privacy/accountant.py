@@ -15,9 +15,9 @@ Two numbers per ledger:
   why :func:`gdp_epsilon` of it (about 4.07 in the sanity case below) is under the PLD bound (about 4.26). It is
   logged for comparison with the paper, never reported as the guarantee.
 
-Sanity case (issue 3): N = 6250, B = 64 (q = 0.01024), sigma = 1, delta = 1e-5, 50 epochs, with
-T = ceil(50 N / B) = 4883 steps: GDP epsilon 4.065 (-> 4.07), PLD epsilon 4.261 (-> 4.26). (T = 50 ceil(N / B) =
-4900 gives 4.07 / 4.27 and T = 50 floor(N / B) = 4850 gives 4.05 / 4.25.)
+Sanity case (the numbers the accountant was specified against): N = 6250, B = 64 (q = 0.01024), sigma = 1,
+delta = 1e-5, 50 epochs, with T = ceil(50 N / B) = 4883 steps: GDP epsilon 4.065 (-> 4.07), PLD epsilon 4.261
+(-> 4.26). (T = 50 ceil(N / B) = 4900 gives 4.07 / 4.27 and T = 50 floor(N / B) = 4850 gives 4.05 / 4.25.)
 """
 
 from __future__ import annotations

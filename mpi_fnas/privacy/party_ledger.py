@@ -1,4 +1,4 @@
-"""A party's own privacy ledger and the cap no assignment can change (issue 45; docs/privacy.md §2.12).
+"""A party's own privacy ledger and the cap no assignment can change (docs/privacy.md §2.12).
 
 Rank 0's :class:`~mpi_fnas.privacy.ledger.FederationLedger` counts every party's ε, but rank 0 may be the
 adversary: a server that asks for more iterations than the plan, or resumes a run again and again, would spend a

@@ -49,9 +49,9 @@ _HOOKABLE = (nn.Conv2d, nn.Linear, nn.GroupNorm, nn.LayerNorm)
 
 #: A dense convolution's per-example weight gradients come from unfolded patches (one batched matmul) when its input
 #: channels are at least this many times its output pixels, from a grouped weight-gradient kernel otherwise. At 64
-#: examples on one thread (docs/benchmarks.md, issue 46) unfolding is 1.2–6× faster at 32–128 channels on 4×4 or
-#: 128 channels on 8×8 (Papernot et al.'s CIFAR-10 tanh net's last blocks), and 1.3–8× slower at 8–64 channels on
-#: 8×8 to 16×16 (the stems and the cells of the DARTS networks here).
+#: examples on one thread (docs/benchmarks.md, "the private step against Opacus's") unfolding is 1.2–6× faster at 32–128
+#: channels on 4×4 or 128 channels on 8×8 (Papernot et al.'s CIFAR-10 tanh net's last blocks), and 1.3–8× slower at 8–64
+#: channels on 8×8 to 16×16 (the stems and the cells of the DARTS networks here).
 UNFOLD_CHANNELS_PER_PIXEL = 2
 
 

@@ -1,4 +1,4 @@
-"""Which config a party trusts, and its refusal of another one from rank 0 (issue 45: the server is the adversary).
+"""Which config a party trusts, and its refusal of another one from rank 0 (the server is the adversary).
 
 Every rank runs the config text rank 0 broadcasts (:func:`mpi_fnas.cli.decide_on_root`), so a server that lies
 could send a party a config with less noise than the user set. A party therefore compares the privacy-relevant

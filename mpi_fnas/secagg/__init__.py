@@ -1,4 +1,4 @@
-"""Secure aggregation with distributed discrete noise (issue 26; docs/privacy.md): a party's release is encoded to
+"""Secure aggregation with distributed discrete noise (docs/privacy.md §8): a party's release is encoded to
 integers, noised with its share of the discrete noise and masked pairwise, so that rank 0 learns only the sum.
 
 The building blocks, each MPI-free and autograd-free:

@@ -1,4 +1,4 @@
-"""ε of a party's records when only the sum of the K parties' discretely noised releases is seen (issue 26).
+"""ε of a party's records when only the sum of the K parties' discretely noised releases is seen (docs/privacy.md §8).
 
 Record-level DP, per party, as on the local path: a record of party k can change only party k's integer vector,
 and only through the clipped sum S that party k encodes (:func:`~mpi_fnas.secagg.encoding.encode_sum`); it is in

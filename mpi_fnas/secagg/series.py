@@ -1,4 +1,4 @@
-"""One kind of secure release in one stage, as a party seals it and rank 0 opens the sum (issue 26).
+"""One kind of secure release in one stage, as a party seals it and rank 0 opens the sum (docs/privacy.md §8).
 
 A party's n-th release of a kind (``W`` or ``A``) in a stage is labelled ``(run id, stage, name, n)``; the party and
 rank 0 count their releases in lockstep (every party sends each release, and rank 0 opens each sum once), so both

@@ -156,10 +156,10 @@ class FactorizedReduce(ReluFirst):
 
     ``(N, c_in, H, W)`` -> ``(N, c_out, ceil(H / 2), ceil(W / 2))``.
 
-    DARTS writes each branch as a 1x1 convolution of stride 2. Here the stride is a slice and the convolutions
-    have stride 1: the same sums, but never oneDNN's strided 1x1 weight gradient, which in oneDNN 3.12 (torch
-    2.13/2.14) writes past its workspace for a channels-last input of fewer channels than its block, 8 on AVX2 and
-    16 on AVX-512 (uxlfoundation/oneDNN#6035; docs/benchmarks.md, "Issue 44"). That corrupted the heap of every
+    DARTS writes each branch as a 1x1 convolution of stride 2. Here the stride is a slice and the convolutions have
+    stride 1: the same sums, but never oneDNN's strided 1x1 weight gradient, which in oneDNN 3.12 (torch 2.13/2.14)
+    writes past its workspace for a channels-last input of fewer channels than its block, 8 on AVX2 and 16 on AVX-512
+    (uxlfoundation/oneDNN#6035; docs/benchmarks.md, "heap corruption on AVX2 CPUs"). That corrupted the heap of every
     party on an AVX2 CPU.
     """
 
