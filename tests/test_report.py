@@ -48,7 +48,7 @@ FAILED = "fnas-K2-seed2"  # in a supernet group: counted, it would change the FN
 LIVE = "fnas-K2-seed1"  # followed live while it runs; party 1 stalls at step 3 so the view sees it going
 TABLE1_COLUMNS = ["mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m",
                   "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst",
-                  "colluders"]
+                  "colluders", "epsilon_augment_worst"]
 TABLE2_COLUMNS = ["noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst"]
 TABLE2_EXTRA_COLUMNS = ["augment_noise_variance", "parties", "stage"]  # after the issue's: σ_aug², K, stage
 
@@ -143,13 +143,16 @@ def expected_group(group: list[dict]) -> dict[str, float]:
     ledgers = [log["augment"]["privacy"] if log["augment"] is not None and log["augment"]["privacy"] is not None
                else log["privacy"] for log in group]
     epsilon = math.nan if ledgers[0] is None else max(float(np.max(ledger["epsilon"][-1])) for ledger in ledgers)
+    # The augmentation's ε alone (the DPNAS protocol): its own ledger rows' releases, read from the attr.
+    alone = [float(np.max(log["augment"]["privacy"]["epsilon_alone"])) for log in group
+             if log["augment"] is not None and log["augment"]["privacy"] is not None]
     return {
         "runs": len(group), "test_error_mean": float(np.mean(errors)), "test_error_std": float(np.std(errors, ddof=1)),
         "params_m": params_m, "search_gpu_days": float(np.mean([log["cost"]["gpu_hours"] for log in group])) / 24,
         "search_cpu_core_hours": float(np.mean([log["cost"]["cpu_core_hours"] for log in group])),
         "search_wall_hours": float(np.mean([log["cost"]["wall_seconds"] for log in group])) / 3600,
         "attempts": float(np.mean([log["attempts"] for log in group])), "epsilon_worst": epsilon,
-        "stage": "augment" if augmented else "supernet",
+        "epsilon_augment_worst": max(alone) if alone else math.nan, "stage": "augment" if augmented else "supernet",
     }
 
 
@@ -180,6 +183,7 @@ def test_table1_equals_the_logs_and_leaves_the_failed_run_out(runs, made):
     search_only = max(float(np.max(by_name[n]["privacy"]["epsilon"][-1])) for n in ("dpfnas-K2-seed0",
                                                                                    "dpfnas-K2-seed1"))
     assert float(dpfnas["epsilon_worst"]) > search_only
+    assert 0 < float(dpfnas["epsilon_augment_worst"]) < float(dpfnas["epsilon_worst"])  # the search not charged
     assert not (out / "table2.csv").exists()  # one noise level
     # ... and listed with its status, in the report and on stdout.
     md = (out / "report.md").read_text()

@@ -72,6 +72,9 @@ class RunRecord:
     epsilon_best: float
     epsilon_covers: str  # "search + augment", "search", "augment" (no search) or "" (no DP ledger row)
     colluders: int  # privacy.colluders of that ε (secure aggregation: against the server and any t parties)
+    # max over parties of the augmentation's ε alone, its search not charged (/augment/privacy epsilon_alone: what
+    # DPNAS reports); NaN without a private augmentation, or in a log from before it was written
+    epsilon_augment_alone: float
     privacy_guarantee: str  # of the released model: /augment's attribute when augmented, else the root's
     genotype: str  # the cell the run found (final, else the last epoch's), or the augmented one
     network: str  # what the augmentation trained (/augment network): cell, or a hand-designed network; cell when
@@ -177,7 +180,7 @@ def record_from_log(log: dict[str, Any], path: Path, label: str, slug: str) -> R
         augment_attempts=int(augment["attempts"]) if augment is not None else None,
         epsilon_worst=float(np.max(epsilon)) if epsilon.size else math.nan,
         epsilon_best=float(np.min(epsilon)) if epsilon.size else math.nan,
-        epsilon_covers=covers, colluders=released_colluders(log),
+        epsilon_covers=covers, colluders=released_colluders(log), epsilon_augment_alone=augment_alone_epsilon(log),
         privacy_guarantee=str(augment["privacy_guarantee"] if augment is not None else log["privacy_guarantee"]),
         genotype=genotype, network=str(augment["network"]) if augment is not None else CELL_NETWORK, log=log,
     )
@@ -268,6 +271,14 @@ def released_colluders(log: dict[str, Any]) -> int:
         if privacy is not None and len(privacy["epsilon"]):
             return int(privacy.get("colluders", 0))
     return 0
+
+
+def augment_alone_epsilon(log: dict[str, Any]) -> float:
+    """The worst party's ε of the augmentation's releases alone (``/augment/privacy`` attr ``epsilon_alone``); NaN
+    where the log has none (no private augmentation, a failed one, or a log written before it)."""
+    privacy = (log["augment"] or {}).get("privacy")
+    alone = None if privacy is None else privacy.get("epsilon_alone")
+    return float(np.max(alone)) if alone is not None and np.size(alone) else math.nan
 
 
 def released_epsilon(log: dict[str, Any], *, searched: bool = True) -> tuple[np.ndarray, str]:

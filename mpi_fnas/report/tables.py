@@ -25,7 +25,7 @@ TABLE1_CSV = "table1.csv"
 TABLE2_CSV = "table2.csv"
 TABLE1_COLUMNS = (
     "mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m", "search_gpu_days",
-    "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst", "colluders",
+    "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst", "colluders", "epsilon_augment_worst",
 )
 #: The issue's columns, then the ones that say which row is which: σ_aug² (empty: the augmentation was not private,
 #: or there was none: see stage), K and the stage of the error.
@@ -103,6 +103,13 @@ class Group:
         return max(values) if values else math.nan
 
     @property
+    def epsilon_augment_worst(self) -> float:
+        """The largest ε over the runs and parties of the augmentation alone, its search not charged (the DPNAS
+        protocol's ε); NaN where no run logged one."""
+        values = [r.epsilon_augment_alone for r in self.runs if not math.isnan(r.epsilon_augment_alone)]
+        return max(values) if values else math.nan
+
+    @property
     def colluders(self) -> int:
         """The ``privacy.colluders`` t that :attr:`epsilon_worst` holds against with the server (one per group)."""
         return max((r.colluders for r in self.runs), default=0)
@@ -165,6 +172,7 @@ def table1_rows(groups: Sequence[Group]) -> list[dict[str, object]]:
         "params_m": g.params_m, "search_gpu_days": g.search_gpu_days,
         "search_cpu_core_hours": g.search_cpu_core_hours, "search_wall_hours": g.search_wall_hours,
         "attempts": g.attempts, "epsilon_worst": g.epsilon_worst, "colluders": g.colluders,
+        "epsilon_augment_worst": g.epsilon_augment_worst,
     } for g in groups]
 
 
