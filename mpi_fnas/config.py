@@ -156,6 +156,12 @@ class SearchConfig:
     order: Literal["first_order", "second_order"] = _key(
         "first_order", "first_order, or second_order: adds the DARTS finite-difference Hessian term (Eq. 5); "
         "refused under DP")
+    method: Literal["darts", "gdas"] = _key(
+        "darts", "darts: every op of every edge, mixed by softmax(A) (the continuous relaxation); gdas (dpnas "
+        "only): one op per edge and step, drawn from softmax(A) by a public Gumbel draw every rank makes alike, "
+        "with a straight-through gradient for A (Dong & Yang 2019), so a step costs one op per edge")
+    gdas_temperature: float = _key(
+        1.0, "gdas: the temperature τ of the straight-through softmax((A + Gumbel) / τ) that A's gradient follows")
     aggregate: Literal["mean", "sum"] = _key(
         "mean", "how the server combines the K party gradients: mean, or sum (the paper's Eq. 3-4)")
     steps_per_epoch: int | None = _key(
@@ -423,6 +429,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.warmup_epochs", lambda v: v >= 0, "must be >= 0"),
     ("search.batch_size", lambda v: v >= 1, "must be >= 1"),
     ("search.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("search.gdas_temperature", lambda v: v > 0, "must be > 0"),
     ("search.w_lr", lambda v: v > 0, "must be > 0"),
     ("search.w_lr_min", lambda v: v >= 0, "must be >= 0"),
     ("search.w_momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),
@@ -597,6 +604,9 @@ def validate(cfg: Config) -> Config:
         if cfg.search.order != "first_order":
             raise ConfigError("search.order: second_order is refused with search.w_optimizer adadp (its Hessian "
                               "term assumes one W step per iteration); use first_order")
+    if cfg.search.method == "gdas" and cfg.search.order != "first_order":
+        raise ConfigError("search.order: second_order is refused with search.method gdas (its Hessian term would "
+                          "perturb W along ops the step's path did not draw); use first_order")
     if cfg.augment.optimizer == "adadp" and cfg.augment.momentum != 0:
         raise ConfigError(f"augment.momentum: {cfg.augment.momentum} is refused with augment.optimizer adadp "
                           "(momentum mixes steps of different sizes into the error estimate); set it to 0")
@@ -606,6 +616,9 @@ def validate(cfg: Config) -> Config:
                               f"example); set space.norm: groupnorm, got {cfg.space.norm}")
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
+    elif cfg.search.method == "gdas":
+        raise ConfigError("search.method: gdas draws one op per edge of the dpnas cell; set space.kind: dpnas or "
+                          "search.method: darts")
     elif cfg.space.stem_stride != 1:
         raise ConfigError(f"space.stem_stride: {cfg.space.stem_stride} is for space.kind dpnas; the darts networks' "
                           "stem keeps the input's side, so leave it at 1")

@@ -4,6 +4,7 @@ the report's drawing. All in-process and cheap; the end-to-end run is tests/test
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -16,6 +17,7 @@ from torch import nn
 
 from mpi_fnas.config import ConfigError, SpaceConfig, load_config
 from mpi_fnas.federation.plan import SetupError, parse_genotype
+from mpi_fnas.federation.schedules import path_noise
 from mpi_fnas.privacy.per_sample import hooks_supported, per_sample_gradients
 from mpi_fnas.space import SPACE_KINDS, Genotype, build_augment_network, build_supernet, search_space
 from mpi_fnas.space.dpnas import (
@@ -198,16 +200,22 @@ def test_outputs_are_per_example_under_groupnorm(train: bool) -> None:
             assert (net(x)[0] - net(perturb_others(x))[0]).abs().max().item() < 1e-5
 
 
-@pytest.mark.parametrize(("stem_stride", "head_pool"), [(1, 1), (2, 2)])
-@pytest.mark.parametrize("which", ["supernet W", "supernet A", "derived"])
-def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, stem_stride: int,
-                                                                    head_pool: int) -> None:
+@pytest.mark.parametrize(("which", "stem_stride", "head_pool", "path"), [
+    *((which, 1, 1, False) for which in ("supernet W", "supernet A", "derived")),
+    *((which, 2, 2, False) for which in ("supernet W", "supernet A", "derived")),
+    *((which, 1, 1, True) for which in ("supernet W", "supernet A")),  # a derived network has no path to sample
+])
+def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, stem_stride: int, head_pool: int,
+                                                                    path: bool) -> None:
     """Example 0's gradient is the same whatever the rest of the batch holds, and equals its own backward; W is
     taken by the hooks (depthwise and 1x1 convs, Linear; GroupNorm has no weights), A both as per-example copies
-    and by vmap. With a stride-2 stem and a 2x2 head too (``space.stem_stride``, ``space.head_pool``)."""
+    and by vmap. With a stride-2 stem and a 2x2 head too (``space.stem_stride``, ``space.head_pool``), and on a
+    sampled path (``search.method: gdas``)."""
     torch.manual_seed(4)
     net = (DpnasNetwork(MIXED, (4, 8), 10, stem_stride=stem_stride, head_pool=head_pool) if which == "derived"
            else DpnasSearchNetwork((4, 8), 10, nodes=3, stem_stride=stem_stride, head_pool=head_pool))
+    if path:
+        net.path_noise = path_noise(1, 3, tuple(net.alpha.shape))
     if which == "supernet A":
         params = dict(net.named_alphas())
     else:
@@ -216,13 +224,69 @@ def test_per_example_gradient_does_not_depend_on_the_other_examples(which: str, 
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])
     net.zero_grad()
     F.cross_entropy(net(x[:1]), y[:1]).backward()
-    alone = torch.cat([p.grad.reshape(-1) for p in params.values()])
+    alone = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)  # a path's ops alone
+                       for p in params.values()])
     for method in ("hooks", "vmap") if which == "supernet A" else ("hooks",):
         first = per_sample_gradients(net, params, x, y, method=method)
         again = per_sample_gradients(net, params, perturb_others(x), y, method=method)
         assert torch.allclose(first[0], again[0], atol=1e-6)
         assert not torch.allclose(first[1], again[1], atol=1e-4)  # the others' did change: not vacuous
         assert torch.allclose(first[0], alone, rtol=1e-4, atol=1e-6)
+
+
+def _one_hot_forward(net: DpnasSearchNetwork, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The supernet's forward with every op run and mixed by `weights` (edges, ops): the reference of a path."""
+    h = net.stem(x)
+    for cell in net.cells:
+        h = net.pool(cell(h, weights))
+    return net.classifier(F.adaptive_avg_pool2d(h, 1).flatten(1))
+
+
+def test_a_sampled_path_runs_one_op_per_edge_with_a_straight_through_alpha_gradient() -> None:
+    """``search.method: gdas``: the op of edge e is argmax(alpha + g)[e]; the output is that op alone (weight 1),
+    the other ops get no gradient, and A's gradient is the straight-through one of softmax((alpha + g) / τ) through
+    the ops that ran."""
+    torch.manual_seed(9)
+    net = DpnasSearchNetwork((4, 8), 10, nodes=3)
+    with torch.no_grad():
+        net.alpha.normal_()
+    x, y = torch.randn(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])
+    noise = path_noise(0, 7, tuple(net.alpha.shape))
+    net.path_noise, net.path_temperature = noise, 0.5
+    index = (net.alpha + noise).argmax(dim=-1)
+    assert len(set(index.tolist())) > 1  # a path through more than one kind of op: not vacuous
+    F.cross_entropy(net(x), y).backward()
+    alpha_grad = net.alpha.grad.clone()
+    hard = F.one_hot(index, 10).float()
+    for cell in net.cells:
+        for e, edge in enumerate(cell.edges):
+            for k, op in enumerate(edge.ops):
+                grads = [p.grad for p in op.parameters()]
+                if k == int(index[e]) and grads:
+                    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+                else:
+                    assert all(g is None for g in grads), (e, k)  # never run
+    net.zero_grad()
+    net.path_noise = None
+    alpha = net.alpha
+    soft = F.softmax((alpha + noise) / 0.5, dim=-1)
+    reference = _one_hot_forward(net, x, hard * (hard - soft.detach() + soft))  # the other ops times a constant 0
+    F.cross_entropy(reference, y).backward()
+    assert torch.allclose(alpha_grad, net.alpha.grad, atol=1e-6)
+    net.path_noise = noise
+    with torch.no_grad():
+        assert torch.allclose(net(x), _one_hot_forward(net, x, hard), atol=1e-6)
+
+
+def test_the_path_draw_is_public_per_seed_and_step_and_gumbel() -> None:
+    first = path_noise(3, 5, (6, 10))
+    assert torch.equal(first, path_noise(3, 5, (6, 10)))  # every party draws the same path
+    assert not torch.equal(first, path_noise(3, 6, (6, 10))) and not torch.equal(first, path_noise(4, 5, (6, 10)))
+    many = path_noise(0, 1, (200, 500))
+    assert abs(float(many.mean()) - 0.5772) < 0.01  # Gumbel(0, 1): mean γ, variance π²/6
+    assert abs(float(many.var()) - math.pi ** 2 / 6) < 0.03
+    shares = F.one_hot((torch.log(torch.tensor([0.5, 0.3, 0.2])) + path_noise(0, 2, (20000, 3))).argmax(-1), 3)
+    assert torch.allclose(shares.float().mean(0), torch.tensor([0.5, 0.3, 0.2]), atol=0.015)  # a draw from softmax
 
 
 def test_hooks_and_vmap_agree_on_the_whole_supernet_weights() -> None:
@@ -407,6 +471,10 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     (["space.kind=dpnas", "space.norm=batchnorm", "mode=fnas"], r"^space\.norm: the dpnas space normalises"),
     (["space.kind=dpnas", "augment.auxiliary_weight=0.4"], r"^augment\.auxiliary_weight: the dpnas network has no"),
     (["space.stem_stride=3"], r"^space\.stem_stride: 3 must be 1 or 2$"),
+    (["space.kind=darts", "space.ops=[]", "search.method=gdas"], r"^search\.method: gdas draws one op per edge"),
+    (["search.method=gdas", "search.order=second_order", "mode=fnas"], r"^search\.order: second_order is refused with "
+     r"search\.method gdas"),
+    (["search.gdas_temperature=0"], r"^search\.gdas_temperature: 0(\.0)? must be > 0$"),
     (["space.head_pool=0"], r"^space\.head_pool: 0 must be in 1\.\.4$"),
     (["space.kind=darts", "space.ops=[]", "space.head_pool=2"], r"^space\.head_pool: 2 is for space\.kind dpnas"),
     (["space.kind=darts", "space.ops=[]", "space.stem_stride=2"], r"^space\.stem_stride: 2 is for space\.kind dpnas"),
@@ -506,3 +574,23 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
                             releases.release if releases is not None else None, source if private else None)
     out = augment.w_release()
     assert out.shape == (trained.num_params() + STATS,) and np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("method", ["darts", "gdas"])
+def test_a_party_runs_each_search_iteration_on_its_public_path(method: str) -> None:
+    """The party's search side sets the iteration's path before its releases (``search.method: gdas``): the draw
+    of (seed, step) at ``search.gdas_temperature``, the one every other party draws; under darts none."""
+    from types import SimpleNamespace
+
+    from mpi_fnas.federation.participate import SearchSide
+
+    cfg = load_config(None, ["seed=5", f"search.method={method}", "search.gdas_temperature=0.3"])
+    side = SearchSide(cfg)
+    party = SimpleNamespace(model=DpnasSearchNetwork((4,), 10, nodes=2))
+    for step in (1, 2):
+        side.step(party, step)
+        if method == "darts":
+            assert party.model.path_noise is None
+        else:
+            assert torch.equal(party.model.path_noise, path_noise(5, step, (3, 10)))
+            assert party.model.path_temperature == 0.3

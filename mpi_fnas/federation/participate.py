@@ -56,7 +56,7 @@ from mpi_fnas.federation.plan import (
     shared_plan,
 )
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.federation.schedules import drop_path_probability, search_learning_rate
+from mpi_fnas.federation.schedules import drop_path_probability, path_noise, search_learning_rate
 from mpi_fnas.federation.stage import Injections
 from mpi_fnas.federation.verify import (
     calibrated,
@@ -284,6 +284,9 @@ class SearchSide(StageSide):
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
         epoch = (step - 1) // self.steps_per_epoch
+        if self.cfg.search.method == "gdas":  # this iteration's path, the same on every party
+            party.model.path_noise = path_noise(self.cfg.seed, step, tuple(party.model.alpha.shape))
+            party.model.path_temperature = self.cfg.search.gdas_temperature
         return {"w_rounds": self.rounds, "train_a": epoch >= self.cfg.search.warmup_epochs,  # the warm-up: W only
                 "second_order": self.cfg.search.order == "second_order",
                 "xi": search_learning_rate(self.cfg.search, epoch)}

@@ -1,11 +1,15 @@
 """The public schedules of a stage: pure functions of the config and the step, so every rank follows them without
-a message (the parties need ξ for the second-order term and the drop-path probability for their masks)."""
+a message (the parties need ξ for the second-order term, the drop-path probability for their masks and, under
+``search.method: gdas``, the path's Gumbel draw)."""
 
 from __future__ import annotations
 
 import math
 
+import torch
+
 from mpi_fnas.config import AugmentConfig, SearchConfig
+from mpi_fnas.keystream import Keystream
 
 
 def cosine(start: float, end: float, progress: float) -> float:
@@ -27,3 +31,11 @@ def drop_path_probability(cfg: AugmentConfig, step: int, steps_per_epoch: int) -
     """DARTS' linear ramp: ``drop_path · epoch / epochs`` with the 0-based epoch of `step` (1-based)."""
     epoch = (step - 1) // steps_per_epoch
     return cfg.drop_path * epoch / max(cfg.epochs, 1)
+
+
+def path_noise(seed: int, step: int, shape: tuple[int, int]) -> torch.Tensor:
+    """The Gumbel draw (edges, ops) of search iteration `step` under ``search.method: gdas``: one public stream per
+    (seed, step), so every party runs the same path whatever it has drawn before (a resume too), and no secret
+    draw is spent on it (the path depends on no data)."""
+    uniform = Keystream.from_labels("gdas-path", seed, step).uniform(shape).clamp_min(2.0 ** -53)  # log(0)
+    return -torch.log(-torch.log(uniform)).to(torch.float32)

@@ -13,14 +13,18 @@ from mpi_fnas.space.ops import PRIMITIVES, ReluFirst, make_op
 from mpi_fnas.space.scaffold import cell_inputs
 
 
-def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tensor,
+                 only: int | None = None) -> torch.Tensor:
     """``sum_k weights[k] · ops[k](x)``: one edge of a continuous relaxation, ``x`` (N, C, H, W), ``weights``
-    (len(ops),) shared by the batch, or (N, len(ops)) one row per example (per-example gradients of the alphas)."""
+    (len(ops),) shared by the batch, or (N, len(ops)) one row per example (per-example gradients of the alphas).
+    ``only``: the one op of a sampled path, ``weights[only] · ops[only](x)`` (the other ops are not run)."""
     if weights.dim() == 2:  # (ops, N, 1, 1, 1): weights[k] scales example n's map by its own weight
         weights = weights.t().reshape(len(ops), -1, 1, 1, 1)
     relu_x = None  # one ReLU of x for every op that starts with one (ReluFirst)
     out = None
     for k, op in enumerate(ops):
+        if only is not None and k != only:
+            continue
         if isinstance(op, ReluFirst):
             relu_x = F.relu(x) if relu_x is None else relu_x
             term = weights[k] * op.forward_from_relu(relu_x)
@@ -38,16 +42,18 @@ def check_weights(owner: str, weights: torch.Tensor, shape: tuple[int, ...], bat
 
 
 def dense_nodes(states: list[torch.Tensor], edges: Sequence[nn.Module], weights: torch.Tensor,
-                nodes: int) -> list[torch.Tensor]:
+                nodes: int, path: Sequence[int] | None = None) -> list[torch.Tensor]:
     """``states`` (the cell's inputs) followed by ``nodes`` intermediate nodes, each the sum of one mixed edge from
     every earlier state: ``edges[e](state, weights[..., e, :])`` in alpha-row order (node by node, then by input
-    state); ``weights`` (edges, ops) or (N, edges, ops)."""
+    state); ``weights`` (edges, ops) or (N, edges, ops). ``path``: one op index per edge, the only op each edge
+    runs (``edges[e](state, weights[..., e, :], path[e])``); None: every op."""
     states = list(states)
     edge = 0
     for _ in range(nodes):
         node = None
         for state in list(states):
-            contribution = edges[edge](state, weights[..., edge, :])
+            contribution = (edges[edge](state, weights[..., edge, :]) if path is None else
+                            edges[edge](state, weights[..., edge, :], path[edge]))
             node = contribution if node is None else node + contribution
             edge += 1
         states.append(node)

@@ -33,22 +33,23 @@ def cell_input(c_in: int, channels: int) -> nn.Sequential:
 
 
 class DpnasMixedOp(nn.Module):
-    """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,) or (N, ops))``
-    -> (N, C, H, W)."""
+    """Every DPNAS op of one edge, summed with weights: ``forward(x (N, C, H, W), weights (ops,) or (N, ops),
+    only=None)`` -> (N, C, H, W); ``only``: run that op alone (a sampled path)."""
 
     def __init__(self, channels: int, primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
         self.ops = nn.ModuleList(make_dpnas_op(name, channels) for name in primitives)
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, only: int | None = None) -> torch.Tensor:
         """The ops on `x`, mixed by `weights` (one per op, or one row per example)."""
         check_weights("DpnasMixedOp", weights, (len(self.ops),), x.shape[0])
-        return weighted_sum(self.ops, x, weights)
+        return weighted_sum(self.ops, x, weights, only)
 
 
 class DpnasSearchCell(nn.Module):
-    """``forward(x, weights)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(primitives)) softmax
-    weights, or (N, ...) one set per example -> (N, nodes · channels, H, W)."""
+    """``forward(x, weights, path=None)``: ``x`` (N, c_in, H, W), ``weights`` (num_edges(nodes), len(primitives))
+    softmax weights, or (N, ...) one set per example -> (N, nodes · channels, H, W); ``path``: one op per edge, the
+    only one run."""
 
     def __init__(self, nodes: int, c_in: int, channels: int, primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
@@ -57,10 +58,10 @@ class DpnasSearchCell(nn.Module):
         self.preprocess = cell_input(c_in, channels)
         self.edges = nn.ModuleList(DpnasMixedOp(channels, primitives) for _ in edge_endpoints(nodes))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """The dense cell's output, every edge mixed by `weights`."""
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, path: Sequence[int] | None = None) -> torch.Tensor:
+        """The dense cell's output, every edge mixed by `weights` (or running its op of `path` alone)."""
         check_weights("DpnasSearchCell", weights, (num_edges(self.nodes), self.num_ops), x.shape[0])
-        states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes)
+        states = dense_nodes([self.preprocess(x)], self.edges, weights, self.nodes, path)
         return torch.cat(states[NUM_CELL_INPUTS:], dim=1)
 
 

@@ -44,6 +44,18 @@ def downsample() -> nn.MaxPool2d:
     return nn.MaxPool2d(3, stride=2, padding=1)
 
 
+def sampled_path(alpha: torch.Tensor, noise: torch.Tensor, temperature: float) -> tuple[torch.Tensor, tuple[int, ...]]:
+    """GDAS's draw (Dong & Yang 2019): each edge's op is the argmax of ``alpha + noise`` (Gumbel noise: a draw from
+    softmax(alpha)); its weight is 1 in value with the gradient of ``softmax((alpha + noise) / temperature)``
+    (straight-through). ``alpha`` (edges, ops), or (N, edges, ops) equal per-example copies; ``noise`` (edges,
+    ops). Returns the weights (the shape of ``alpha``) and the op index of every edge."""
+    perturbed = alpha + noise.to(alpha.dtype)
+    index = (perturbed if perturbed.dim() == 2 else perturbed[0]).detach().argmax(dim=-1)
+    soft = F.softmax(perturbed / temperature, dim=-1)
+    hard = F.one_hot(index, alpha.shape[-1]).to(soft.dtype)
+    return hard - soft.detach() + soft, tuple(int(k) for k in index.tolist())
+
+
 def head(x: torch.Tensor, head_pool: int) -> torch.Tensor:
     """The classifier's input: ``(N, C, H, W)`` average-pooled to ``(N, C, head_pool, head_pool)``, flattened to
     ``(N, C · head_pool²)``; 1 is the global average pool, 2 keeps where in the image a feature was (2x2 quadrants)."""
@@ -67,6 +79,10 @@ class DpnasSearchNetwork(nn.Module):
     After stage s the maps are ``(N, nodes · stage_channels[s], ceil(H / 2^(s+1)), ...)``. The alpha is created
     last, so for a given seed the weights' initialisation does not depend on its shape. The alpha may be replaced
     (``functional_call``) by per-example copies ``(N, edges, ops)``, example n using row n.
+
+    ``path_noise``: None (the default) mixes every op of every edge by softmax(alpha); a Gumbel draw (edges, ops),
+    set by the caller before a step (``search.method: gdas``), runs one op per edge instead (:func:`sampled_path`,
+    at ``path_temperature``).
     """
 
     #: Parameters the forward also takes with a leading batch dimension, one copy per example.
@@ -91,15 +107,21 @@ class DpnasSearchNetwork(nn.Module):
         self.pool = downsample()
         self.classifier = nn.Linear(c_prev * head_pool ** 2, num_classes)
         self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(self.primitives)))
+        self.path_noise: torch.Tensor | None = None
+        self.path_temperature = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits of the batch `x` under the current architecture variables."""
         if x.dim() != 4 or x.shape[1] != self.in_channels:
             raise ValueError(f"DpnasSearchNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
-        weights = F.softmax(self.alpha, dim=-1)  # one softmax per forward, shared by every cell
+        # One softmax (or one sampled path) per forward, shared by every cell.
+        if self.path_noise is None:
+            weights, path = F.softmax(self.alpha, dim=-1), None
+        else:
+            weights, path = sampled_path(self.alpha, self.path_noise, self.path_temperature)
         x = self.stem(x)
         for cell in self.cells:
-            x = self.pool(cell(x, weights))
+            x = self.pool(cell(x, weights, path))
         return self.classifier(head(x, self.head_pool))
 
     def named_weights(self) -> Iterator[tuple[str, nn.Parameter]]:
