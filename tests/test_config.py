@@ -253,7 +253,8 @@ def test_full_mnist_recipe_config_is_the_default_recipe_on_the_full_set():
 
 def test_the_28x28_configs_differ_from_the_full_mnist_recipe_only_where_they_say():
     """configs/mnist28.yaml is configs/mnist_full_recipe.yaml at the digits' own 28x28 with a stride-2 stem (the cells
-    run at 14x14); configs/mnist28_tanh.yaml trains the hand-designed tanh CNN there, no search, at the same ε."""
+    run at 14x14) and the DPNAS network's MNIST widths at lr 1; configs/mnist28_tanh.yaml trains the hand-designed
+    tanh CNN there, no search, at the same ε."""
     full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
     cell = load_config(ROOT / "configs" / "mnist28.yaml")
     tanh = load_config(ROOT / "configs" / "mnist28_tanh.yaml")
@@ -262,7 +263,8 @@ def test_the_28x28_configs_differ_from_the_full_mnist_recipe_only_where_they_say
                                                                                                     None, None)
         assert cfg.privacy == full.privacy and cfg.privacy.target_epsilon == 3.0
         assert cfg.privacy.aggregation == "secure" and cfg.search == full.search
-    assert cell.space == dataclasses.replace(full.space, stem_stride=2) and cell.augment == full.augment
+    assert cell.space == dataclasses.replace(full.space, stem_stride=2, stage_channels=[32, 32, 64])
+    assert cell.augment == dataclasses.replace(full.augment, lr=1.0)
     assert tanh.augment == dataclasses.replace(full.augment, network="cnn-tanh") and tanh.space == full.space
 
 
