@@ -1,63 +1,22 @@
 """The MPI side of the parameter server: server/party exchanges that never hang and never spin.
 
-This is the only module on the hot path that imports mpi4py; it knows nothing about autograd.
+The only module on the hot path that imports mpi4py; it knows nothing about autograd. Every exchange (the per-step
+float32 buffers and the setup objects alike) is non-blocking MPI polled by :meth:`Channel._wait`:
 
-Every exchange — the per-step float32 buffers and the setup objects alike — is non-blocking MPI polled by
-:meth:`Channel._wait`:
+* **Nothing hangs.** While rank 0 waits it also watches for a party's failure notice
+  (:meth:`Channel.notify_failure`), so it marks the log ``failed`` and aborts the job (``MPI_Abort``) at once; an
+  exchange longer than ``timeout`` seconds raises :class:`CollectiveTimeoutError`.
+* **No spinning.** Waiters sleep between polls (``SPIN_POLLS`` tight polls, then pauses that double from
+  ``FIRST_PAUSE`` up to a cap: :func:`next_pause`), so ranks that outnumber the cores leave them to the parties
+  still computing.
+* **A star, point to point**: a party sends only to, and receives only from, the server (the one exception,
+  :meth:`Channel.exchange_among_parties`, carries secure aggregation's public confirmations party to party), and
+  the server sums in rank order, so the float32 sum is deterministic.
+* **Nothing is added or executed.** A party hands MPI exactly its caller's buffers and objects, and on failure its
+  caller's notice text; setup objects travel in :mod:`mpi_fnas.wire`'s data-only format, never as pickles, and a
+  message that is not data, or larger than ``MAX_OBJECT_MESSAGE``, is refused.
 
-* **Nothing hangs.** While rank 0 waits it also watches for a failure notice from any party
-  (:meth:`Channel.notify_failure`), so it can mark the run log ``failed`` and ``MPI_Abort`` the job within
-  milliseconds instead of blocking forever in an exchange a dead party will never join. An exchange that takes
-  longer than ``timeout`` seconds raises :class:`CollectiveTimeoutError` (the caller aborts the job).
-* **No thrashing.** MPICH spins at 100 % CPU inside blocking calls, and spinning with ``os.sched_yield`` is no
-  better: Linux's fair scheduler still gives each yielding spinner its full share, so with 9 ranks on 2 cores
-  8 spinners made a working party's compute 5-6x slower. Waiters therefore sleep between polls.
-
-Why point-to-point exchanges between the server and each party instead of ``MPI_Ireduce``/``MPI_Ibcast``:
-
-* **Latency.** MPICH's tree collectives pass every byte through intermediate parties. With more ranks than cores
-  each hop waits for a sleeping (or still computing) party to wake up and poll, several times per hop for a
-  0.6 MB message: one Reduce+Bcast took ~45 ms whatever the polling (measured with tight sleeps too). Point to
-  point, a party's only peer is the server, and MPICH's single-copy transport moves a whole message in the poll
-  that notices it, so an exchange costs one wake-up of the server and one of each party.
-* **Trust.** In a tree reduce party 2 receives party 3's contribution (a raw gradient under plain FNAS). Here a
-  party only ever sends to, and receives from, the server, and receives only what is meant for it (setup
-  objects included). The server sums in rank order, so the float32 sum is deterministic. The one exception is
-  :meth:`Channel.exchange_among_parties`: secure aggregation's key-set confirmations, public digests (and
-  signatures) that must go party to party precisely so that the server cannot alter them.
-* **Cost.** O(K) traffic and K receive buffers at the server: fine for K up to tens of parties.
-
-The polling schedule: ``SPIN_POLLS`` tight polls (an exchange whose peers are all there completes without
-sleeping), then sleeps doubling from ``FIRST_PAUSE`` up to a cap, ``max(max_pause, pause_fraction × time already
-waited)`` bounded by ``PAUSE_CEILING``. A sleeping waiter costs ~17 µs of CPU per wake-up (measured on the 2-core
-VM), taken from the parties still computing; the cap trades that against the latency of noticing a peer:
-
-* the server is one process on the critical path of every exchange: short cap (0.25 ms);
-* a party waits mostly for the slowest party, and K of them wake up: 1 ms;
-* long waits (the parties' compute, the server evaluating, a much slower party) grow the cap with their length, so
-  a waiter's CPU grows only logarithmically with the wait while the added latency stays within 1 % of it
-  (:func:`next_pause`).
-
-The server's fraction was 0.1 % before the lean-ranks rounds (docs/benchmarks.md, "Lean ranks"). In a ``make run``
-augmentation (~0.45 s of the parties' compute per iteration) it then made ~900 voluntary context switches per
-iteration and used 12 s of CPU, and each wake-up also preempted a computing party. At 1 % it makes ~250; with a
-fixed cell, 9 ranks on 2 cores, alternating runs: augmentation 120.5 / 125.8 / 123.5 / 131.5 s against 131.3 /
-135.7 / 143.9 / 135.0 s, rank 0's CPU 7.4–7.8 s against 12.4–13.3 s.
-
-Measured with 9 ranks on 2 cores, side by side in one session (old = MPI tree collectives, polls capped at 1 ms):
-the four collectives of an iteration, from the last party's arrival, went from ~49 ms to ~6-7 ms (``python -m
-mpi_fnas.bench``: 0.6-1.0 % of a party step instead of 3.5-7.8 %), while the CPU the 8 waiters burn during a
-party's compute went from ~16.5 % to ~18.5 % of one core in total. Tighter caps made exchanges slower, not faster
-(the wake-ups compete for the 2 cores).
-
-Privacy: a party hands MPI exactly the buffers and objects its caller gives it (float32 contributions, setup objects)
-and, on failure, the caller's notice text; nothing is added — no timings, sizes or statistics (a message's size is
-that of the caller's payload). Hot-path buffers are contiguous float32 numpy arrays (a secure reduce sums uint32
-words).
-
-Trust: nothing received is executed. Setup objects travel in a data-only format (:mod:`mpi_fnas.wire`: a JSON header
-and raw array bytes, decoded against the registered dataclasses' fields), never as pickles, which run whatever code
-the sender chose when loaded; a message that is not data, or is larger than ``MAX_OBJECT_MESSAGE``, is refused.
+Why a star rather than MPI's tree collectives, and how the polling caps were measured: docs/exchange.md.
 """
 
 from __future__ import annotations
