@@ -41,7 +41,8 @@ API_PAGES = (
     ("api/report.md", "Report", ("mpi_fnas.report",)),
     ("api/experiments.md", "Sweep and baseline", ("mpi_fnas.sweep", "mpi_fnas.baseline")),
     ("api/support.md", "Support modules", ("mpi_fnas.checkpoint", "mpi_fnas.evaluation", "mpi_fnas.progress",
-                                           "mpi_fnas.optim", "mpi_fnas.wire", "mpi_fnas.cpu_kernels")),
+                                           "mpi_fnas.optim", "mpi_fnas.wire", "mpi_fnas.cpu_kernels",
+                                           "mpi_fnas.keystream", "mpi_fnas.refusal")),
 )
 CONFIG_PAGE = "config.md"
 CONFIG_MARKER = "<!-- config keys: generated from mpi_fnas.config.key_docs() -->"
