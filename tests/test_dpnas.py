@@ -444,7 +444,8 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
     assert isinstance(trained, DpnasNetwork) and trained.genotype == MIXED and trained.stage_channels == (4, 8)
     assert net.stem[0].stride == trained.stem[0].stride == (1, 1)
     assert net.head_pool == trained.head_pool == 1
-    strided = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stem_stride=2", "space.head_pool=2"])
+    strided = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.stem_stride=2", "space.head_pool=2",
+                                 "space.stage_channels=[4, 8]"])
     for built in (dp.build_supernet(strided.space, seed=3, in_channels=1, num_classes=10),  # both networks get both
                   dp.build_augment_network(MIXED, strided, seed=0, in_channels=1, num_classes=10)):
         assert built.stem[0].stride == (2, 2) and built.head_pool == 2
@@ -476,6 +477,8 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
      r"search\.method gdas"),
     (["search.gdas_temperature=0"], r"^search\.gdas_temperature: 0(\.0)? must be > 0$"),
     (["space.head_pool=0"], r"^space\.head_pool: 0 must be in 1\.\.4$"),
+    (["space.head_pool=3"], r"^space\.head_pool: 3 exceeds the last stage's 2x2 maps \(data\.image_size 16, stem "
+     r"stride 1, 3 stages\): at most 2$"),
     (["space.kind=darts", "space.ops=[]", "space.head_pool=2"], r"^space\.head_pool: 2 is for space\.kind dpnas"),
     (["space.kind=darts", "space.ops=[]", "space.stem_stride=2"], r"^space\.stem_stride: 2 is for space\.kind dpnas"),
 ])
@@ -594,3 +597,22 @@ def test_a_party_runs_each_search_iteration_on_its_public_path(method: str) -> N
         else:
             assert torch.equal(party.model.path_noise, path_noise(5, step, (3, 10)))
             assert party.model.path_temperature == 0.3
+
+
+def test_rank_0_tests_a_gdas_supernet_on_its_argmax_path() -> None:
+    """Under ``search.method: gdas`` rank 0's model (its epoch-end test, SecProbe's probes) runs the argmax path,
+    the network the parties' single paths train; under darts the mixture of every op."""
+    from mpi_fnas.federation.server import search_server
+
+    for method in ("darts", "gdas"):
+        cfg = load_config(None, [f"search.method={method}"])
+        net = DpnasSearchNetwork((4,), 10, nodes=2)
+        with torch.no_grad():
+            net.alpha.normal_()
+        server = search_server(net, cfg.search, parties=1)
+        x = torch.randn(2, 3, 8, 8)
+        hard = F.one_hot(net.alpha.argmax(dim=-1), net.alpha.shape[-1]).float()
+        with torch.no_grad():
+            expected = _one_hot_forward(net, x, hard) if method == "gdas" else _one_hot_forward(
+                net, x, F.softmax(net.alpha, dim=-1))
+            assert torch.allclose(server.sync_model()(x), expected, atol=1e-5), method

@@ -137,6 +137,13 @@ def validate(cfg: Config) -> Config:
                               f"example); set space.norm: groupnorm, got {cfg.space.norm}")
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
+        side = -(-cfg.data.image_size // cfg.space.stem_stride)
+        for _ in cfg.space.stage_channels:  # each stage's pool halves the side, rounding up
+            side = -(-side // 2)
+        if cfg.space.head_pool > side:
+            raise ConfigError(f"space.head_pool: {cfg.space.head_pool} exceeds the last stage's {side}x{side} maps "
+                              f"(data.image_size {cfg.data.image_size}, stem stride {cfg.space.stem_stride}, "
+                              f"{len(cfg.space.stage_channels)} stages): at most {side}")
     elif cfg.search.method == "gdas":
         raise ConfigError("search.method: gdas draws one op per edge of the dpnas cell; set space.kind: dpnas or "
                           "search.method: darts")

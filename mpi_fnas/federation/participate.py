@@ -293,6 +293,8 @@ class SearchSide(StageSide):
 
     def finish(self, party: Party, channel: Channel) -> None:
         if not party.private:  # the summary's validation accuracy: Σ_k [loss_sum, correct, count] on D_k^val
+            if self.cfg.search.method == "gdas":  # on the argmax path, as rank 0 evaluates, not the last draw's
+                party.model.path_noise = torch.zeros_like(party.model.path_noise)
             channel.reduce_sum(party.evaluate_val())
 
 

@@ -406,7 +406,8 @@ class ServedStage(LoopStage):
             outcome.epsilon, outcome.delta = ledger.epsilons(), ledger.plan.delta
             outcome.epsilon_collusion, outcome.epsilon_server = ledger.epsilons_collusion(), ledger.epsilons_server()
             outcome.colluders = ledger.secure.colluders if ledger.secure is not None else 0
-            outcome.epsilon_alone = ledger.epsilons_alone(self.name)
+            if self.name == "augment" and self.setup.private:  # what DPNAS reports; the search's is its ε
+                outcome.epsilon_alone = ledger.epsilons_alone(self.name)
             ledger.close()
         return outcome
 

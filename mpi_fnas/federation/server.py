@@ -200,7 +200,11 @@ def _channels_last(images: torch.Tensor) -> torch.Tensor:
 def search_server(model: nn.Module, search: SearchConfig, parties: int, steps_per_epoch: int = 1,
                   adadp: AdadpSettings | None = None) -> Server:
     """The search's server: W by SGD (or ADADP) at the cosine rate of each epoch of `steps_per_epoch`
-    iterations, A by Adam or SGD; both on the mean (or, ``search.aggregate: sum``, the sum) of the releases."""
+    iterations, A by Adam or SGD; both on the mean (or, ``search.aggregate: sum``, the sum) of the releases. Under
+    ``search.method: gdas`` its model (what it evaluates and probes with) runs the argmax path, the network the
+    parties' single paths train, rather than the mixture of every op."""
+    if search.method == "gdas":
+        model.path_noise = torch.zeros_like(model.alpha.detach())
     def a_optimizer(a: nn.Parameter) -> FlatSGD | FlatAdam:
         if search.a_optimizer == "adam":
             return FlatAdam(a, lr=search.a_lr, betas=(search.a_beta1, search.a_beta2),

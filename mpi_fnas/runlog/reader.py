@@ -46,8 +46,8 @@ def read_run(
     (``cell`` in a log from before the attribute), genotype, params, test_acc, test_error, private,
     privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the rest
     float64}, cost, privacy (as the search's, with sample_rate (K,) and the release's ``RELEASE_FIELDS`` by their
-    own names; no accountant; epsilon_alone (K,), the augmentation's releases alone, once it finished under DP) and
-    selection. A dataset an older log never wrote is absent (docs/hdf5.md says
+    own names; no accountant; epsilon_alone (K,), the augmentation's releases alone, once an attempt finished or
+    was interrupted under DP) and selection. A dataset an older log never wrote is absent (docs/hdf5.md says
     which).
 
     A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status

@@ -552,6 +552,8 @@ def _begin_attempt(group: h5py.Group, **attrs: Any) -> None:
     incremented."""
     group.attrs.update({"status": "running", "reason": "", **attrs})
     group.attrs["attempts"] = np.int64(int(group.attrs["attempts"]) + 1)
+    if "privacy" in group:  # an earlier attempt's ε alone no longer covers what this one will charge
+        group["privacy"].attrs.pop("epsilon_alone", None)
 
 
 # ---------------------------------------------------------------------- opening helpers

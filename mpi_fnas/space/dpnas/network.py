@@ -49,7 +49,7 @@ def sampled_path(alpha: torch.Tensor, noise: torch.Tensor, temperature: float) -
     softmax(alpha)); its weight is 1 in value with the gradient of ``softmax((alpha + noise) / temperature)``
     (straight-through). ``alpha`` (edges, ops), or (N, edges, ops) equal per-example copies; ``noise`` (edges,
     ops). Returns the weights (the shape of ``alpha``) and the op index of every edge."""
-    perturbed = alpha + noise.to(alpha.dtype)
+    perturbed = alpha + noise.to(device=alpha.device, dtype=alpha.dtype)
     index = (perturbed if perturbed.dim() == 2 else perturbed[0]).detach().argmax(dim=-1)
     soft = F.softmax(perturbed / temperature, dim=-1)
     hard = F.one_hot(index, alpha.shape[-1]).to(soft.dtype)
