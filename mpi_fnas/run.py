@@ -440,8 +440,8 @@ def _augment_lines(outcome, search) -> list[str]:
         alone = outcome.epsilon_alone
         lines += [f"privacy         ε = {eps.max():.4g} (worst party) … {eps.min():.4g} (best) at δ = "
                   f"{outcome.delta.max():.3g} — {spent_on}, {bound}", *_collusion_lines(outcome),
-                  *([f"                ε = {alone.max():.4g} (worst party) of the augmentation alone, its search not "
-                     "charged (as DPNAS reports; not the guarantee)"]
+                  *([f"                ε = {alone.max():.4g} (worst party) for the augmentation's releases by "
+                     "themselves, its search not charged (as DPNAS reports; not the guarantee)"]
                     if outcome.composed_with_search and alone is not None else []),
                   f"noise           σ = {release.noise_multiplier:.4g} per release ({release.aggregation}), "
                   f"expected batch B = {release.expected_batch_size:g} per party"]

@@ -90,6 +90,7 @@ def test_dp_augmentation_learns_and_logs_nothing_data_dependent(dp_run):
     assert augment["test_acc"] > 0.2, augment  # chance is 0.1
     assert np.isnan(augment["metrics"]["train_loss"]).all() and np.isnan(augment["metrics"]["train_acc"]).all()
     assert "search + augmentation composed" in out.stdout and "the augmentation alone" not in out.stdout
+    assert "for the augmentation's releases by themselves, its search not charged" in out.stdout  # DPNAS's ε
     assert "noise           σ = " in out.stdout
 
 
