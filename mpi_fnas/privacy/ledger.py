@@ -287,12 +287,8 @@ class FederationLedger:
                         ledger.load_state_dict(one)
             elif stage == "search" or self.augment is not None:
                 for party in range(len(self.train)):
-                    releases = self.iteration_releases(party, stage)
-                    for ledgers, (sigma, rate, per_iteration) in zip(fresh, (releases.train, releases.val),
-                                                                     strict=True):
-                        steps = int(self._steps[stage][party]) * per_iteration
-                        if rate > 0 and steps:
-                            ledgers[party].step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps)
+                    _pay(fresh[0][party], fresh[1][party], self.iteration_releases(party, stage),
+                         int(self._steps[stage][party]))
             train[:], val[:] = fresh
 
     # -- internals -----------------------------------------------------------------------------------------------
@@ -300,14 +296,8 @@ class FederationLedger:
         if stage == "augment" and self.augment is None:
             raise RuntimeError("augment releases charged before start_augment")
         releases = self.iteration_releases(party, stage)
-        for ledger, (sigma, rate, per_iteration) in ((self.train[party], releases.train),
-                                                     (self.val[party], releases.val)):
-            if rate > 0:  # a shard outside the augment pool is never touched: nothing to pay
-                ledger.step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps * per_iteration)
-        for ledger, (sigma, rate, per_iteration) in zip(self._alone[stage], (releases.train, releases.val),
-                                                         strict=True):
-            if rate > 0:
-                ledger[party].step(noise_multiplier=sigma, sample_rate=rate, num_steps=steps * per_iteration)
+        _pay(self.train[party], self.val[party], releases, steps)
+        _pay(self._alone[stage][0][party], self._alone[stage][1][party], releases, steps)
         self._steps[stage][party] += steps
 
     def _augment_charged(self, shard: Literal["train", "val"]) -> np.ndarray:
@@ -348,6 +338,14 @@ class _Party:
     def ledgers(self) -> tuple[PrivacyLedger, ...]:
         return tuple(PrivacyLedger.from_runs(runs, self.interval, self.secure)
                      for runs in (self.train_runs, self.val_runs))
+
+
+def _pay(train: PrivacyLedger, val: PrivacyLedger, releases: IterationReleases, iterations: int) -> None:
+    """Charge `iterations` iterations of `releases` to a party's train and validation ledgers (a shard outside the
+    augment pool, rate 0, is never touched: nothing to pay)."""
+    for ledger, (sigma, rate, per_iteration) in ((train, releases.train), (val, releases.val)):
+        if rate > 0 and iterations:
+            ledger.step(noise_multiplier=sigma, sample_rate=rate, num_steps=iterations * per_iteration)
 
 
 def _runs(ledger: PrivacyLedger) -> Runs:
