@@ -31,3 +31,8 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int
         correct += float((logits.argmax(1) == target).sum())
     model.train(was_training)
     return np.array([loss_sum, correct, float(y.shape[0])], dtype=np.float32)
+
+
+def ratio(a: float, b: float) -> float:
+    """a / b, NaN when b is not positive (no example, no accuracy)."""
+    return float(a / b) if b > 0 else float("nan")

@@ -31,7 +31,7 @@ def _finite(row: Mapping[str, float], key: str) -> float | None:
 
 
 class Progress:
-    """Callable ``(step, total, row)`` for :func:`mpi_fnas.federation.search.run_search`.
+    """Callable ``(step, total, row)`` for :func:`mpi_fnas.stages.job.run_search`.
 
     ``row`` is a metrics row as logged to ``/metrics``: ``step``, ``epoch`` (0-based), ``train_loss``, ``val_acc``,
     ``step_seconds`` (NaN under DP), ``test_acc`` (epoch ends only; the last one is remembered) and, under DP,

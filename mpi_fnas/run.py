@@ -121,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def accept_config(own: Config | None, args: argparse.Namespace, received: Config, run_dir: Path, rank: int) -> None:
     """A party checks the config rank 0 broadcast against the one it trusts (it pins it once its stage starts:
-    :func:`mpi_fnas.federation.participate.participate`, so that a launch refused as bad input leaves nothing).
+    :func:`mpi_fnas.stages.participate.participate`, so that a launch refused as bad input leaves nothing).
 
     Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
     :func:`cli.refuse_job`) on a difference in a privacy-relevant key. `run_dir` is the party's own
@@ -167,8 +167,8 @@ def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
 
 def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace, stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
-    from mpi_fnas.federation.job import run_job
     from mpi_fnas.progress import Progress
+    from mpi_fnas.stages.job import run_job
 
     # After the imports (torch), so that the parties import it while rank 0 plans.
     memory = check_memory(channel, cfg, stage)
@@ -245,7 +245,7 @@ def _check_stages(cfg: Config) -> None:
 
 def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
     from mpi_fnas.checkpoint import load_checkpoint
-    from mpi_fnas.federation.job import searched_state
+    from mpi_fnas.stages.job import searched_state
 
     path = Path(args.resume)
     try:
@@ -292,7 +292,7 @@ def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, s
 
 
 def _decide_augment(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:
-    from mpi_fnas.federation.job import searched_state
+    from mpi_fnas.stages.job import searched_state
 
     path = Path(args.augment)
     log = path / "search.h5"

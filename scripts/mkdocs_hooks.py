@@ -32,6 +32,7 @@ log = logging.getLogger("mkdocs.hooks.mpi_fnas")
 API_PAGES = (
     ("api/entry-points.md", "Entry points", ("mpi_fnas", "mpi_fnas.run", "mpi_fnas.cli", "mpi_fnas.config",
                                              "mpi_fnas.bench", "mpi_fnas.identities", "mpi_fnas.__main__")),
+    ("api/stages.md", "Stages", ("mpi_fnas.stages",)),
     ("api/federation.md", "Federation", ("mpi_fnas.federation",)),
     ("api/privacy.md", "Privacy", ("mpi_fnas.privacy",)),
     ("api/secagg.md", "Secure aggregation", ("mpi_fnas.secagg",)),

@@ -20,11 +20,11 @@ from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import SetupError
-from mpi_fnas.federation.serve import AugmentStage
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
 from mpi_fnas.space.handcrafted import TanhCifarNet
+from mpi_fnas.stages.augment import AugmentStage
 
 pytestmark = pytest.mark.slow  # real mpirun jobs
 

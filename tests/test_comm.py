@@ -51,7 +51,7 @@ def test_a_failed_party_waits_longer_than_the_server_takes_to_settle_and_mark_th
     rows (bounded by SETTLE_SECONDS) and the status `failed`. With the old 3 s grace a settle slowed by a loaded
     machine lost that race and the log stayed `running` (seen in CI)."""
     from mpi_fnas.federation.comm import FAILURE_GRACE
-    from mpi_fnas.federation.stage import SETTLE_SECONDS
+    from mpi_fnas.stages.iteration import SETTLE_SECONDS
 
     assert FAILURE_GRACE >= 2 * SETTLE_SECONDS
 
@@ -145,7 +145,7 @@ if __name__ == "__main__":
 
 
 def test_the_adaptive_limit_is_a_whole_multiple_of_the_floor_between_the_floor_and_the_cap():
-    from mpi_fnas.federation.stage import adaptive_timeout
+    from mpi_fnas.stages.iteration import adaptive_timeout
 
     # 10 × a 0.5 s step = 5 s: the 60 s floor; 10 × 7 s = 70 s: rounded up to 120 s; never above the cap.
     assert adaptive_timeout(1800.0, 60.0, 10.0, 0.5) == 60.0

@@ -24,7 +24,7 @@ def test_the_site_builds_strict(tmp_path: Path) -> None:
     config = (site / "config.html").read_text(encoding="utf-8")
     assert "search.epochs" in config and "privacy.aggregation" in config  # the keys, from the schema
     assert "runs/&lt;name&gt;-&lt;YYYYmmdd-HHMMSS&gt;/" in config  # a meaning's <...> is text, not a tag
-    api = (site / "api" / "federation.html").read_text(encoding="utf-8")
+    api = (site / "api" / "stages.html").read_text(encoding="utf-8")
     assert "What <code>ServerLoop</code> needs of a stage" in api  # a docstring, its Sphinx role made a code span
     assert ":class:" not in api
     assert "Apptainer" in (site / "containers.html").read_text(encoding="utf-8")  # containers/README.md included

@@ -585,7 +585,7 @@ def test_a_party_runs_each_search_iteration_on_its_public_path(method: str) -> N
     of (seed, step) at ``search.gdas_temperature``, the one every other party draws; under darts none."""
     from types import SimpleNamespace
 
-    from mpi_fnas.federation.participate import SearchSide
+    from mpi_fnas.stages.search import SearchSide
 
     cfg = load_config(None, ["seed=5", f"search.method={method}", "search.gdas_temperature=0.3"])
     side = SearchSide(cfg)

@@ -1,9 +1,9 @@
 """The package imports one way: no two modules of mpi_fnas import each other, directly or through others.
 
 Every import statement of a module counts, wherever it stands: at module level, under ``if TYPE_CHECKING:`` and
-inside functions. A cycle hidden behind a type-only or a lazy import is still a cycle in the design (issue 47:
-``federation/serve.py`` ↔ ``federation/server_loop.py`` and ``privacy/params.py`` ↔ ``privacy/release.py`` were
-two), so the graph is read with ast, nothing is imported.
+inside functions. A cycle hidden behind a type-only or a lazy import is still a cycle
+in the design (rank 0's stage driver ↔ its loop and ``privacy/params.py`` ↔ ``privacy/release.py`` were two once),
+so the graph is read with ast, nothing is imported.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_the_package() -> None:
     graph = import_graph()
     assert len(graph) > 100
-    assert "mpi_fnas.federation.server_loop" in graph["mpi_fnas.federation.serve"]
+    assert "mpi_fnas.stages.server_loop" in graph["mpi_fnas.stages.serve"]
     assert "mpi_fnas.privacy.release" in graph["mpi_fnas.privacy.params"]
 
 

@@ -18,7 +18,6 @@ from pre_recipe import PRE_RECIPE
 from mpi_fnas.config import load_config
 from mpi_fnas.federation import plan as plan_module
 from mpi_fnas.federation.handshake import plan_digest
-from mpi_fnas.federation.participate import AugmentSide
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import AugmentAssignment, augment_demand, plan_run, secure_dimension
 from mpi_fnas.federation.verify import (
@@ -41,6 +40,7 @@ from mpi_fnas.privacy.trusted_config import (
     trusted_config,
     write_pin,
 )
+from mpi_fnas.stages.augment import AugmentSide
 
 K = 3
 SMALL = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",

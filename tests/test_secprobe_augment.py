@@ -23,7 +23,6 @@ from pre_recipe import PRE_RECIPE
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.participate import own_pool, own_shard
 from mpi_fnas.federation.party import Party, Shard, augment_party
 from mpi_fnas.federation.plan import open_split, parse_genotype, plan_assignments, plan_augment_stage
 from mpi_fnas.federation.randomness import PartyRandomness
@@ -34,6 +33,8 @@ from mpi_fnas.privacy.release import Release
 from mpi_fnas.report.figures import selection_rate
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog, SelectionSchema, StagePrivacy, read_run
 from mpi_fnas.space import DARTS_V2, search_space
+from mpi_fnas.stages.augment import own_pool
+from mpi_fnas.stages.search import own_shard
 
 # A small DARTS network with BatchNorm on 8×8 images: exact gradients take it off chance within a few dozen steps.
 NETWORK = ["data.image_size=8", "data.train_size=800", "data.test_size=40", "space.norm=batchnorm",

@@ -111,9 +111,9 @@ def _decide_dir(base: Config, args: argparse.Namespace) -> Path:
 
 
 def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
-    from mpi_fnas.federation.job import run_job
     from mpi_fnas.federation.party_store import party_dir
     from mpi_fnas.progress import Progress
+    from mpi_fnas.stages.job import run_job
 
     threads = cli.limit_torch_threads(base)
     todo = arms(args.seeds, args.random, args.handcrafted)

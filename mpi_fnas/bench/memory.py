@@ -16,7 +16,7 @@ import numpy as np
 from mpi_fnas.bench.party_step import make_party
 from mpi_fnas.config import Config
 from mpi_fnas.federation.memory import peak_rss_mb
-from mpi_fnas.federation.stage import process_age
+from mpi_fnas.stages.iteration import process_age
 
 VARIANTS = ("plain", "private")
 SERVER_VARIANT = "server"  # rank 0's memory (measure_server_memory)
@@ -69,10 +69,10 @@ def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
     """Run in a fresh process: rank 0's peak resident memory through what it holds in a search: its modules (planner,
     ledgers, log), the plan of `parties` parties (under dpfnas the privacy plan of the whole job), the test split
     rendered, the supernet, and one evaluation of it on the test split."""
-    from mpi_fnas.federation import serve  # noqa: F401  (rank 0's modules: what a server imports)
     from mpi_fnas.federation.plan import open_split, plan_run
     from mpi_fnas.federation.server import search_server
     from mpi_fnas.space import search_space
+    from mpi_fnas.stages import serve  # noqa: F401  (rank 0's modules: what a server imports)
 
     plan_run(cfg, parties)
     test = open_split(cfg, "test")

@@ -42,12 +42,15 @@ import numpy as np
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.selection import Selector
-from mpi_fnas.federation.stage import CONTINUE
 
 if TYPE_CHECKING:  # each side's state: autograd, which this MPI module never calls itself
     from mpi_fnas.federation.party import Party
     from mpi_fnas.federation.server import Server
     from mpi_fnas.secagg.series import SecureSeries
+
+
+#: The control word of a step's last broadcast (every other broadcast carries CONTINUE).
+CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 
 
 @dataclass

@@ -20,15 +20,13 @@ Before a stage's first release the parties confirm among themselves, party to pa
 the same config and the same stage plan (:func:`agree_on_plan`): a party given another value of a key it does not
 check (a warm-up, a step count) would otherwise wait at a different exchange than the others until the timeout.
 
-Then the party's steps: before anything of a step leaves a DP party, its send count grows on its own disk; at a
-checkpoint step it saves its own state, then acknowledges with an empty message; at a stop it waits for the server
-to finish its checkpoint and the log. The iteration itself (what is computed and sent) is the stage's own.
+Then the party's steps (:mod:`mpi_fnas.stages.party_loop`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -37,9 +35,7 @@ import torch
 from mpi_fnas.config import ServerReportedError
 from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.federation.placement import device_for_rank
-from mpi_fnas.federation.stage import CONTINUE, STOP, Injections
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.secagg.identities import PartyIdentity
 from mpi_fnas.secagg.keyset import check_confirmations, confirmation
@@ -47,7 +43,7 @@ from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
 from mpi_fnas.wire import encode
 
 if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
-    from mpi_fnas.federation.party import Party
+    pass
 
 AssignmentT = TypeVar("AssignmentT")
 
@@ -192,26 +188,3 @@ def agree_on_plan(channel: Channel, digest: bytes, *, stage: str) -> None:
         raise AssignmentRefusedError(
             f"rank {channel.rank} refuses the {stage} plan: rank 0 sent rank(s) {', '.join(map(str, differing))} "
             "another config or stage plan than it sent this party; nothing was sent")
-
-
-def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,
-                iterate: Callable[[int], int]) -> bool:
-    """Run steps `first`..`last` of `stage` on this party; True when the server stopped the run (interrupted).
-
-    `iterate(step)` runs one iteration and returns rank 0's control word. A DP party counts each step's sends in
-    `store` before they leave it; at a checkpoint it saves its own state there, tagged with its randomness source.
-    """
-    injected = Injections(channel.rank, stage)
-    for step in range(first, last + 1):
-        injected.at(step)
-        if party.private and store is not None:
-            store.record_send()  # before anything of this step leaves the party
-        control = iterate(step)
-        if control != CONTINUE:
-            if store is not None:
-                store.save_party(step, party.randomness.source, party.state_dict())
-            channel.gather_objects(None)  # acknowledge: this party's state of `step` is on its disk
-            if control == STOP:
-                channel.barrier()  # wait for the server to finish its checkpoint and the log
-                return True
-    return False

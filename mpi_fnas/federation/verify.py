@@ -22,7 +22,7 @@ differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one l
   under ``data.partition: local`` its own folder's seeded split). A shard of repeats would put one example in
   almost every batch, and an overlap would release it through both ledgers, each accounted as if it were not.
 
-No MPI and no autograd: the party's side (:mod:`mpi_fnas.federation.participate`) calls these and sends nothing
+No MPI and no autograd: the party's side (:mod:`mpi_fnas.stages.participate`) calls these and sends nothing
 until they pass.
 """
 

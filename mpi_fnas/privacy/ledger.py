@@ -24,8 +24,8 @@ import numpy as np
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.params import PrivacyPlan
-from mpi_fnas.privacy.party_ledger import IterationReleases, iterations_within
-from mpi_fnas.privacy.release import AugmentReleases
+from mpi_fnas.privacy.party_ledger import iterations_within
+from mpi_fnas.privacy.release import AugmentReleases, IterationReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 Stage = Literal["search", "augment"]
@@ -211,15 +211,14 @@ class FederationLedger:
         ``w_releases_per_step`` W releases (train) and one A release (validation); the augmentation's releases
         of its pool (:meth:`start_augment` first)."""
         if stage == "search":
-            return IterationReleases(
-                (float(self.plan.params.noise_multiplier_w), float(self.plan.sample_rate_train[party]),
-                 int(self.plan.w_releases_per_step)),
-                (float(self.plan.params.noise_multiplier_a), float(self.plan.sample_rate_val[party]), 1))
+            releases = self.plan.params.search_releases(self.plan.w_releases_per_step)
+            return IterationReleases.of(releases["W"], self.plan.sample_rate_train[party], releases["A"],
+                                        self.plan.sample_rate_val[party])
         augment = self.augment
         if augment is None:
             raise RuntimeError("augment releases asked for before start_augment")
-        return IterationReleases(*((float(augment.noise_multiplier), float(rates[party]), augment.releases_per_step)
-                                   for rates in (augment.sample_rate_train, augment.sample_rate_val)))
+        return IterationReleases.of(augment.release, augment.sample_rate_train[party], augment.release,
+                                    augment.sample_rate_val[party])
 
     def iterations_within(self, cap: float, stage: Stage, requested: int) -> np.ndarray:
         """(K,) for each party, the most iterations ≤ `requested` of `stage` after what it was charged that keep

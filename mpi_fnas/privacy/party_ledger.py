@@ -25,32 +25,14 @@ has a cap to check.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_deltas, party_epsilon
+from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.privacy.trusted_config import BudgetRefusedError
 
 if TYPE_CHECKING:
     from mpi_fnas.secagg.accounting import SecureAccounting
-
-
-@dataclass(frozen=True)
-class IterationReleases:
-    """What one iteration of a stage releases on a party's two shards: ``(σ, q, releases)`` on each (q = 0: the
-    stage never touches that shard)."""
-
-    train: tuple[float, float, int]
-    val: tuple[float, float, int]
-
-    @classmethod
-    def from_lists(cls, train: Sequence[float], val: Sequence[float]) -> IterationReleases:
-        """From the ``[σ, q, releases]`` lists of a party's record."""
-        return cls(*((float(s), float(q), int(r)) for s, q, r in (train, val)))
-
-    def runs(self, iterations: int) -> tuple[Runs, Runs]:
-        """((σ, q, count) runs on the train shard, the same on the validation shard) of `iterations` iterations."""
-        return _shard_runs(self.train, iterations), _shard_runs(self.val, iterations)
 
 
 def own_delta(delta: float | None, record: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> float:
@@ -143,8 +125,3 @@ def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], s
             f"rank {rank} refuses the {requested} {stage} iterations rank 0 asks for: its own cap {cap[1]} "
             f"{cap[0]:g} allows {allowed} after what it has sent (ε = {now:.4g}, {sent.get(stage, 0)} {stage} "
             "iterations); nothing more was sent")
-
-
-def _shard_runs(kind: tuple[float, float, int], iterations: int) -> Runs:
-    sigma, rate, releases = kind
-    return ((sigma, rate, releases * int(iterations)),) if rate > 0 and iterations > 0 else ()

@@ -150,6 +150,33 @@ class Release:
         return series.seal(total, masks)
 
 
+@dataclass(frozen=True)
+class IterationReleases:
+    """What one iteration of a stage releases on a party's two shards: ``(σ, q, releases)`` on each (q = 0: the
+    stage never touches that shard). Built from the stage's :class:`Release` objects (:meth:`of`) by rank 0's
+    ledger and by the party's own alike."""
+
+    train: tuple[float, float, int]
+    val: tuple[float, float, int]
+
+    @classmethod
+    def of(cls, train: Release, train_rate: float, val: Release, val_rate: float) -> IterationReleases:
+        """The releases `train` at rate `train_rate` on the train shard and `val` at `val_rate` on the validation
+        shard, each `per_step` times an iteration."""
+        return cls(*((float(release.noise_multiplier), float(rate), int(release.per_step))
+                     for release, rate in ((train, train_rate), (val, val_rate))))
+
+    @classmethod
+    def from_lists(cls, train: Sequence[float], val: Sequence[float]) -> IterationReleases:
+        """From the ``[σ, q, releases]`` lists of a party's record."""
+        return cls(*((float(s), float(q), int(r)) for s, q, r in (train, val)))
+
+    def runs(self, iterations: int) -> tuple[tuple, tuple]:
+        """((σ, q, count) runs on the train shard, the same on the validation shard) of `iterations` iterations."""
+        return tuple(((sigma, rate, releases * int(iterations)),) if rate > 0 and iterations > 0 else ()
+                     for sigma, rate, releases in (self.train, self.val))
+
+
 def securely_aggregated(releases: Mapping[str, Release] | None) -> bool:
     """Whether a stage's releases (by name; None: not private) go through secure aggregation."""
     return releases is not None and any(release.secure is not None for release in releases.values())

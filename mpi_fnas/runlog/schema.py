@@ -28,7 +28,7 @@ SEARCH_METRICS = ("step", "epoch", "train_loss", "train_acc", "val_loss", "val_a
 
 # Costs of successive attempts (requeues) add up; the layout fields describe the latest attempt.
 COST_ADDITIVE = ("wall_seconds", "gpu_hours", "cpu_core_hours",
-                 # rank 0's time in the iterations, split (federation.stage.IterationClock)
+                 # rank 0's time in the iterations, split (stages.iteration.IterationClock)
                  "party_compute_seconds", "transfer_seconds", "server_seconds")
 COST_LAYOUT = ("ranks", "gpus")
 # The largest over attempts. Rank 0's own peak resident memory only: a DP party's peak depends on its realised Poisson

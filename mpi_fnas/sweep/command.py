@@ -129,8 +129,8 @@ def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
 def _run_sweep(base: Config, spec: SweepSpec, channel, out_dir: Path, args: argparse.Namespace,
                stop: cli.StopRequest) -> int:
     from mpi_fnas.federation.party_store import party_dir
-    from mpi_fnas.federation.search import run_search
     from mpi_fnas.progress import Progress
+    from mpi_fnas.stages.job import run_search
 
     threads = cli.limit_torch_threads(base)
     rank = channel.rank

@@ -16,8 +16,8 @@ import sys
 if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads (mpi_fnas.run loads it later)
     LIE = os.environ.get("LYING_SERVER", "cap")
     from mpi_fnas import run
-    from mpi_fnas.federation import serve
     from mpi_fnas.privacy import planning
+    from mpi_fnas.stages import search, serve
 
     if LIE == "cap":
         planning._steps_within = lambda budget, shards, planned: planned
@@ -31,14 +31,14 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
 
         run._decide = named_elsewhere
     elif LIE == "one_party_plan":
-        honest = serve.plan_run  # serve holds its own reference, imported above
+        honest = search.plan_run  # the search stage holds its own reference, imported above
 
         def one_party_changed(*args, **kwargs):
             planned = honest(*args, **kwargs)
             planned.assignments[0].steps_per_epoch += 1
             return planned
 
-        serve.plan_run = one_party_changed
+        search.plan_run = one_party_changed
     else:
         raise SystemExit(f"lying_server: unknown lie {LIE!r}")
 

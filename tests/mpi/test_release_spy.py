@@ -41,13 +41,13 @@ from mpi_fnas.config import config_from_text, load_config
 from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
-from mpi_fnas.federation.job import run_job
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample, per_sample_gradients
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.privacy.trusted_config import privacy_view
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length
+from mpi_fnas.stages.job import run_job
 
 B = 8
 SIGMA = 1.5

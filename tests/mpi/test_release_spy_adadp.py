@@ -28,9 +28,8 @@ import mpi_fnas.federation.party as party_module
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.flat import STATS
-from mpi_fnas.federation.job import run_job
-from mpi_fnas.federation.search import run_search
 from mpi_fnas.runlog import read_run
+from mpi_fnas.stages.job import run_job, run_search
 
 B = 8
 SIGMA = 1.5

@@ -29,12 +29,12 @@ from test_release_spy import (
 
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.job import run_job
 from mpi_fnas.federation.party_store import PartyStore
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length, wrap
 from mpi_fnas.secagg.keyset import DIGEST_BYTES
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES
+from mpi_fnas.stages.job import run_job
 
 STEPS = 3
 DARTS = ["space.channels=4", "space.layers=3", "space.nodes=1"]

@@ -1,4 +1,5 @@
-"""A whole job on every rank: the search, then the augmentation of the cell it found, with the same ranks.
+"""A whole job on every rank, the server/party split at the top: the search, then the augmentation of the cell it
+found, with the same ranks (:func:`run_job`); or the search alone (:func:`run_search`).
 
 * ``stage="search"``: search (fresh or resumed), write ``RUN_DIR/searched.pt``, then augment unless
   ``augment.epochs`` is 0;
@@ -17,17 +18,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.memory import return_free_memory
-from mpi_fnas.federation.participate import AugmentSide, SearchSide, participate
-from mpi_fnas.federation.stage import Progress
-
-if TYPE_CHECKING:
-    from mpi_fnas.federation.serve import AugmentOutcome, SearchOutcome
+from mpi_fnas.federation.plan import Assignment
+from mpi_fnas.stages.augment import AugmentOutcome, AugmentSide
+from mpi_fnas.stages.iteration import Progress
+from mpi_fnas.stages.participate import participate
+from mpi_fnas.stages.search import SearchOutcome, SearchSide
 
 SEARCHED_NAME = "searched.pt"
 
@@ -66,7 +66,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         return participate(cfg, channel, run_dir, AugmentSide(cfg)) if augment else False
 
     # Rank 0's side alone needs its planner, ledgers and log (dp_accounting, scipy, h5py): a party never imports it.
-    from mpi_fnas.federation.serve import serve
+    from mpi_fnas.stages.serve import serve
 
     search = None
     if stage == "search":
@@ -85,3 +85,22 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         return JobOutcome(search, None)
     return JobOutcome(search, serve("augment", cfg, channel, run_dir, searched=searched, resume=resume,
                                     progress=progress("augment"), stop_requested=stop_requested))
+
+
+def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *, assignments: list[Assignment] | None = None,
+               progress: Progress | None = None, resume: dict | None = None,
+               stop_requested: Callable[[], str | None] = lambda: None) -> SearchOutcome | bool:
+    """Run the whole search on every rank.
+
+    Rank 0 returns the :class:`SearchOutcome`; a party returns True when the run stopped as interrupted.
+    `assignments` (rank 0 only) replaces the planned partition: tests use it to compare K parties with one party
+    holding their union. `progress(step, total, row)` is called on rank 0 after each logged row. `resume` (rank 0
+    only) is the server's checkpoint to continue from. `stop_requested()` (rank 0) returns a reason to checkpoint
+    and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
+    """
+    if channel.is_server:
+        from mpi_fnas.stages.serve import serve  # rank 0's alone (see run_job)
+
+        return serve("search", cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
+                     stop_requested=stop_requested)
+    return participate(cfg, channel, run_dir, SearchSide(cfg))

@@ -1,6 +1,6 @@
 """What the two stages of a job (search, augmentation) share around their iterations. No MPI, no autograd.
 
-* the control word rank 0 appends to the last broadcast of a step (continue, checkpoint, or stop);
+* rank 0's decision at a step's end, the control word of its last broadcast (:class:`StepControl`);
 * the cost of an attempt (the log adds the attempts of a requeued run up);
 * on a failure, the charge of the step in flight (:func:`charge_in_flight`) and the last ε rows of what the
   privacy ledgers charged (:func:`settle_privacy`);
@@ -20,12 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from mpi_fnas.federation.algorithm import CHECKPOINT, CONTINUE, STOP
 from mpi_fnas.federation.memory import peak_rss_mb
 
 if TYPE_CHECKING:  # the ledger (dp_accounting) is rank 0's; parties import this module too
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-
-CONTINUE, CHECKPOINT, STOP = 0, 1, 2
 
 STOP_ENV = "MPI_FNAS_STOP_AFTER"
 FAULT_ENV = "MPI_FNAS_INJECT_FAULT"

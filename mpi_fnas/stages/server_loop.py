@@ -1,10 +1,10 @@
 """Rank 0's one iteration loop, for any stage (the search, the augmentation): the stage (:class:`LoopStage`, which
-:class:`~mpi_fnas.federation.serve.ServedStage` implements) says what an iteration, an evaluation, a log row and a
+:class:`~mpi_fnas.stages.base.ServedStage` implements) says what an iteration, an evaluation, a log row and a
 checkpoint are; the loop decides when each happens. No autograd here.
 
 Per step: the control word (continue, checkpoint, or stop on a signal), the stage's iteration, the charge of its
 releases on the privacy ledger, the step the parties may be in next (charged if the run fails:
-:func:`~mpi_fnas.federation.stage.charge_in_flight`), the evaluation at epoch ends, a log row every
+:func:`~mpi_fnas.stages.iteration.charge_in_flight`), the evaluation at epoch ends, a log row every
 ``runtime.log_every`` steps and at epoch ends, the ε rows the ledger's worker has finished, and the checkpoint
 (every party acknowledges its own saved state first).
 """
@@ -22,7 +22,8 @@ import numpy as np
 from mpi_fnas.checkpoint import save_checkpoint
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.stage import (
+from mpi_fnas.runlog import RunLog, StageLog
+from mpi_fnas.stages.iteration import (
     ADAPT_AFTER_STEPS,
     CONTINUE,
     STOP,
@@ -32,7 +33,6 @@ from mpi_fnas.federation.stage import (
     charge_in_flight,
     settle_privacy,
 )
-from mpi_fnas.runlog import RunLog, StageLog
 
 if TYPE_CHECKING:  # the ledger (dp_accounting, scipy) is loaded only by a DP stage
     from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
@@ -41,7 +41,8 @@ if TYPE_CHECKING:  # the ledger (dp_accounting, scipy) is loaded only by a DP st
 
 class LoopStage(Protocol):
     """What :class:`ServerLoop` needs of a stage. The loop owns this interface and the stages implement it
-    (:class:`~mpi_fnas.federation.serve.ServedStage`), so the stage definitions import the loop, never the reverse."""
+    (:class:`~mpi_fnas.stages.base.ServedStage`); neither imports the other (:func:`~mpi_fnas.stages.serve.serve`
+    hands the stage to the loop)."""
 
     name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
     steps: int  # the last step the stage runs
@@ -175,8 +176,3 @@ class ServerLoop:
         self._write_privacy_rows(wait=True)
         if self.run_dir is not None:
             save_checkpoint(self.run_dir, self.stage.checkpoint(step))
-
-
-def ratio(a: float, b: float) -> float:
-    """a / b, NaN when b is not positive (no example, no accuracy)."""
-    return float(a / b) if b > 0 else float("nan")
