@@ -10,6 +10,7 @@ import torch
 
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.randomness import PartyRandomness
+from mpi_fnas.keystream import Keystream
 
 
 def test_journal_counts_every_send_durably_across_attempts(tmp_path):
@@ -44,13 +45,22 @@ def test_error_details_stay_in_the_party_directory(tmp_path):
     assert path.parent == store.directory and "1234 MiB" in path.read_text()
 
 
-def test_secret_randomness_is_not_derived_from_the_config():
+def test_secret_randomness_is_keyed_by_the_os_alone(monkeypatch):
+    """Each secret stream is keyed by its own 32 bytes of os.urandom and by nothing of the config: with the OS's
+    bytes fixed, other seeds, ranks and stages give the same draws, and each stream is AES-CTR under its key."""
+    import mpi_fnas.keystream as keystream
+
+    keys = iter(bytes([n]) * 32 for n in range(1, 100))
+    monkeypatch.setattr(keystream.os, "urandom", lambda n: next(keys)[:n])
     a = PartyRandomness.create("secret", seed=0, rank=1)
-    b = PartyRandomness.create("secret", seed=0, rank=1)
+    b = PartyRandomness.create("secret", seed=7, rank=3, stage="augment")
+    for stream, key in ((a.sampling, 1), (a.noise, 2)):
+        assert torch.equal(stream.words(8), Keystream(bytes([key]) * 32, secret=True).words(8))
+    monkeypatch.setattr(keystream.os, "urandom", lambda n: bytes([1]) * n)
+    same_os = PartyRandomness.create("secret", seed=7, rank=3, stage="augment")
+    assert torch.equal(same_os.sampling.words(8), Keystream(bytes([1]) * 32, secret=True).words(8))
+    assert not torch.equal(b.sampling.words(8), b.noise.words(8))  # b's streams: the OS's 3rd and 4th keys
     public = PartyRandomness.create("reproducible", seed=0, rank=1)
-    draws = [r.sampling.words(8) for r in (a, b, public)]
-    assert not torch.equal(draws[0], draws[1]) and not torch.equal(draws[0], draws[2])
-    assert not torch.equal(a.noise.words(8), b.noise.words(8))
     assert a.sampling.secret and a.noise.secret and not public.noise.secret
 
 

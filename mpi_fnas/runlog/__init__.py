@@ -3,7 +3,8 @@
 The search's augment stage (training the derived genotype from scratch) appends its ``/augment`` group to the
 same file. docs/hdf5.md documents the file name by name. Modules: ``schema`` (names and layout, one
 ``StageLayout`` per stage group), ``liveness`` (the writer's liveness record and the dead-writer rule), ``writer``
-(``RunLog``, the file, and ``StageLog``, one writer per stage group), ``reader`` (``read_run``).
+(``RunLog``, the file), ``stage_log`` (``StageLog``, one writer per stage group), ``h5file`` (rank 0's opens of the
+file), ``reader`` (``read_run``).
 """
 
 from mpi_fnas.runlog.reader import DEFAULT_STALE_SECONDS, read_run

@@ -196,7 +196,7 @@ def _open_swmr_reader(path: Path, wait_seconds: float) -> h5py.File:
             return h5py.File(path, "r", libver="latest", swmr=True, locking=locking)
         except OSError as exc:
             # Within the writer's own process HDF5 shares one open file, and insists on the writer's locking
-            # flag: the writer bypasses locking when an outside reader held the lock (writer._open_read_write).
+            # flag: the writer bypasses locking when an outside reader held the lock (h5file.open_read_write).
             if "file locking flag values don't match" in str(exc) and locking is None:
                 locking = False
                 continue

@@ -32,26 +32,13 @@ from mpi_fnas.federation.plan import (
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability
 from mpi_fnas.federation.server import augment_server
-from mpi_fnas.federation.verify import (
-    check_augment,
-    check_network,
-    check_shards,
-)
+from mpi_fnas.federation.verify import check_augment, check_network, check_shards
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.space import augment_network, search_space, trains_cell
-from mpi_fnas.stages.base import (
-    ServedStage,
-    StageOutcome,
-    StageSetup,
-    StageSide,
-    StepTotals,
-    job_ledger,
-    own_examples,
-    selection_schema,
-    stage_setup,
-)
+from mpi_fnas.stages import base
+from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSetup, StageSide, StepTotals
 from mpi_fnas.stages.search import open_search_log
 
 if TYPE_CHECKING:  # rank 0's log (h5py): a party never imports it
@@ -101,7 +88,7 @@ class AugmentStage(ServedStage):
             where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
             genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
-        ledger = job_ledger(search_plan.privacy) if search_plan.privacy is not None else None
+        ledger = base.job_ledger(search_plan.privacy) if search_plan.privacy is not None else None
         if ledger is not None and searched.get("ledger") is not None:
             ledger.load_state_dict(searched["ledger"])
         private = ledger is not None and augment_is_private(cfg)
@@ -109,7 +96,7 @@ class AugmentStage(ServedStage):
         plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
         if private:
             ledger.start_augment(plan.releases)  # a resume then loads the checkpointed ledgers over this
-        return stage_setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
+        return base.stage_setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
                       partial(augment_network, cfg, genotype, seed=cfg.seed))
 
     @staticmethod
@@ -131,7 +118,7 @@ class AugmentStage(ServedStage):
                                sample_rates={"W": plan.releases.sample_rate_train}) if setup.private else None
         log.begin_augment(network=plan.network, genotype=plan.genotype_text, params=setup.model.num_params(),
                           private=setup.private, privacy=privacy, parties=len(plan.assignments),
-                          privacy_guarantee=setup.guarantee, selection=selection_schema(cfg, setup.selector))
+                          privacy_guarantee=setup.guarantee, selection=base.selection_schema(cfg, setup.selector))
         if resume is not None:
             log.augment.truncate(*resume["log_rows"])
         return log
@@ -227,7 +214,7 @@ class AugmentSide(StageSide):
 def own_pool(cfg: Config, data: Dataset, got: AugmentAssignment, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The party's augmentation pool as it holds it, x (N, C, H, W), y (N,): its search shards (train, then val),
     an unreliable party's with the same examples replaced by noise as in the search."""
-    pieces = [own_examples(cfg, data, got.pool_indices[:got.train_count], got.corruption, rank, "train")]
+    pieces = [base.own_examples(cfg, data, got.pool_indices[:got.train_count], got.corruption, rank, "train")]
     if got.train_count < len(got.pool_indices):
-        pieces.append(own_examples(cfg, data, got.pool_indices[got.train_count:], got.corruption, rank, "val"))
+        pieces.append(base.own_examples(cfg, data, got.pool_indices[got.train_count:], got.corruption, rank, "val"))
     return torch.cat([x for x, _ in pieces]), torch.cat([y for _, y in pieces])

@@ -93,7 +93,7 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         last = receive_last_step(channel, first=got.checkpoint_step + 1, planned=got.steps)
     agree_on_plan(channel, plan_digest(side.name, cfg.to_yaml(), shared_plan(got), last), stage=side.name)
     if party.private:
-        keep_ownjob_ledger(cfg, side, got, store, channel.rank, last - got.checkpoint_step)
+        keep_own_ledger(cfg, side, got, store, channel.rank, last - got.checkpoint_step)
     if party.secure:
         party.use_secure_aggregation(agree_masks(channel, identity), side.name)
 
@@ -131,7 +131,7 @@ def check_assignment(cfg: Config, side: StageSide, got: Any, channel: Channel, s
     return data
 
 
-def keep_ownjob_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | None, rank: int,
+def keep_own_ledger(cfg: Config, side: StageSide, got: Any, store: PartyStore | None, rank: int,
                     requested: int) -> None:
     """This party's own budget (:mod:`mpi_fnas.privacy.party_ledger`), before it sends anything of this launch:
     BudgetRefusedError when the `requested` iterations rank 0 announced would take its ε, composed from its own

@@ -20,34 +20,16 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.party import Party, Shard, search_party
-from mpi_fnas.federation.plan import (
-    Assignment,
-    plan_run,
-)
+from mpi_fnas.federation.plan import Assignment, plan_run
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
-from mpi_fnas.federation.verify import (
-    calibrated,
-    check_params,
-    check_shards,
-    expected_params,
-)
+from mpi_fnas.federation.verify import calibrated, check_params, check_shards, expected_params
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.space import search_space
-from mpi_fnas.stages.base import (
-    ServedStage,
-    StageOutcome,
-    StageSetup,
-    StageSide,
-    StepTotals,
-    job_ledger,
-    own_examples,
-    rates,
-    selection_schema,
-    stage_setup,
-)
+from mpi_fnas.stages import base
+from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSetup, StageSide, StepTotals
 
 if TYPE_CHECKING:  # rank 0's log (h5py): a party never imports it
     from mpi_fnas.runlog import RunLog
@@ -95,7 +77,7 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
         alpha_ops=space.candidates(cfg.space), genotype_length=space.max_genotype_length(cfg.space), privacy=privacy,
         rank_attrs=ranks,
         privacy_guarantee=setup.guarantee, unreliable=plan.unreliable, corruption=cfg.federation.corruption,
-        selection=selection_schema(cfg, setup.selector),
+        selection=base.selection_schema(cfg, setup.selector),
     )
 
 
@@ -113,8 +95,8 @@ class SearchStage(ServedStage):
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
         """Plan the search on rank 0: partitions, steps, the privacy plan and its ledger."""
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
-        ledger = job_ledger(plan.privacy) if plan.privacy is not None else None
-        return stage_setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
+        ledger = base.job_ledger(plan.privacy) if plan.privacy is not None else None
+        return base.stage_setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
                       partial(search_space(cfg.space.kind).build_supernet, cfg.space, seed=cfg.seed))
 
     @staticmethod
@@ -146,7 +128,7 @@ class SearchStage(ServedStage):
                    if acc.train[2] > 0 else math.nan}
         if self.charging is not None:  # a step's duration tracks its realised Poisson batch size: not released
             timings = dict.fromkeys(timings, math.nan)
-        return {**super().row(step, epoch, test), **rates("val", acc.val), **timings}
+        return {**super().row(step, epoch, test), **base.rates("val", acc.val), **timings}
 
     def checkpoint(self, step: int) -> dict:
         state = super().checkpoint(step)
@@ -159,9 +141,9 @@ class SearchStage(ServedStage):
         if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
             val[:] = 0
             self.channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
-        outcome = SearchOutcome(parties=self.channel.parties, **rates("val", val), test_acc=ratio(test[1], test[2]),
-                                genotype=server.genotype().to_string(), w=server.w_buffer.copy(),
-                                a=server.a_buffer.copy(), shard_sizes=self.plan.shard_sizes,
+        outcome = SearchOutcome(parties=self.channel.parties, **base.rates("val", val),
+                                test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(),
+                                w=server.w_buffer.copy(), a=server.a_buffer.copy(), shard_sizes=self.plan.shard_sizes,
                                 selection_state=self.selector.summary() if self.selector is not None else None,
                                 **common)
         outcome.alpha_entropy, outcome.alpha_margin = server.alpha_movement()
@@ -231,4 +213,4 @@ def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str
     """The party's `shard` ("train" or "val") as it holds it: an unreliable party's with noise in place of the
     stated fraction of its examples (simulated here, inside the party: these images are its data)."""
     indices = got.train_indices if shard == "train" else got.val_indices
-    return own_examples(cfg, data, indices, got.corruption, rank, shard)
+    return base.own_examples(cfg, data, indices, got.corruption, rank, shard)
