@@ -270,8 +270,8 @@ def test_alpha_movement_is_one_and_zero_at_uniform_and_moves_with_a():
 def test_the_summary_says_when_the_search_left_a_where_it_started(entropy: float, hinted: bool):
     """The DARTS values in 10 private steps end at entropy 0.9999 (the cell is an argmax over noise): the summary
     says so and names the keys that move A; a search that steered (0.967 on mnist-5k) gets no such line."""
-    from mpi_fnas.stages.summary import summary
     from mpi_fnas.stages.search import SearchOutcome
+    from mpi_fnas.stages.summary import summary
 
     outcome = SearchOutcome(mode="dpfnas", genotype="dpnas=skip_connect@0|skip_connect@0,none@1", epochs=2, steps=10,
                             test_acc=0.1, stop_reason="completed", parties=8, val_acc=float("nan"),

@@ -23,9 +23,9 @@ from mpi_fnas.privacy import (
     clip_per_sample,
     clipped_sum,
     gaussian_noise,
+    layer_grads,
     party_release,
     per_example_cross_entropy,
-    per_sample,
     per_sample_gradients,
     poisson_sample,
     privatize_per_sample_gradients,
@@ -221,8 +221,8 @@ def test_dense_per_example_gradients_by_unfold_match_the_loop(monkeypatch, kerne
     names = ["0.weight", "0.bias"]
     expected = loop_gradients(model, names, inputs, targets)
     unfolded = []
-    original = per_sample._conv_weight_grads_by_unfold
-    monkeypatch.setattr(per_sample, "_conv_weight_grads_by_unfold",
+    original = layer_grads.conv_weight_grads_by_unfold
+    monkeypatch.setattr(layer_grads, "conv_weight_grads_by_unfold",
                         lambda *args: unfolded.append(1) or original(*args))
     for layout in (torch.contiguous_format, torch.channels_last):
         model.to(memory_format=layout)
@@ -240,7 +240,7 @@ def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(mon
                           nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(), nn.Linear(4 * 36, 3))
     inputs, targets = torch.randn(5, 3, 6, 6), torch.randint(0, 3, (5,))
     seen, alive_at_first = [], []
-    original = per_sample._layer_per_example_grads
+    original = layer_grads.layer_per_example_grads
 
     def watched(module, x, g_out, *statistics):
         if module is model[0]:  # the backward's last layer: everything behind it should be gone
@@ -254,7 +254,7 @@ def test_per_example_hooks_let_go_of_each_layer_once_the_backward_is_past_it(mon
 
     for index in (2, 4):  # the later convs' outputs, as the forward made them
         model[index].register_forward_hook(keep_a_weak_reference)
-    monkeypatch.setattr(per_sample, "_layer_per_example_grads", watched)
+    monkeypatch.setattr(layer_grads, "layer_per_example_grads", watched)
     per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method="hooks")
     # The linear's and the two later convs' inputs, then those convs' outputs.
     assert len(seen) == 4 and alive_at_first == [False] * 5
@@ -275,8 +275,8 @@ def test_group_norm_per_example_gradients_come_from_the_forwards_saved_statistic
     inputs = torch.randn(6, 3, 5, 5, dtype=torch.float64).contiguous(memory_format=layout)
     targets = torch.randint(0, 3, (6,))
     x = model[0](inputs)
-    assert per_sample._saved_statistics(model[1], model[1](x)) is not None
-    assert per_sample._saved_statistics(model[1], model[1](x).detach()) is None
+    assert layer_grads.saved_statistics(model[1], model[1](x)) is not None
+    assert layer_grads.saved_statistics(model[1], model[1](x).detach()) is None
     names = ["1.weight", "1.bias"]
     # The loop's backward computes every parameter's gradient: torch 2.13's channels-last GroupNorm backward crashes
     # (SIGSEGV) when only its weight and bias are asked for.

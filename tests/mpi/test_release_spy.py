@@ -42,7 +42,7 @@ from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.keystream import Keystream
-from mpi_fnas.privacy import clipped_sum, per_example_cross_entropy, per_sample, per_sample_gradients
+from mpi_fnas.privacy import clipped_sum, layer_grads, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.privacy.trusted_config import privacy_view
 from mpi_fnas.runlog import read_run
@@ -196,8 +196,8 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     unfolded = []  # per-example weight gradients made from unfolded patches (per_sample's rule picks them)
-    unfold = per_sample._conv_weight_grads_by_unfold
-    monkeypatch.setattr(per_sample, "_conv_weight_grads_by_unfold", lambda *args: unfolded.append(1) or unfold(*args))
+    unfold = layer_grads.conv_weight_grads_by_unfold
+    monkeypatch.setattr(layer_grads, "conv_weight_grads_by_unfold", lambda *args: unfolded.append(1) or unfold(*args))
     cfg = load_config(None, [*PRE_RECIPE,
         # Local noise: each party's own noised release is what this spy sees (test_release_spy_secure: the sealed one).
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
@@ -395,7 +395,7 @@ def recording_release(real_release, releases: list[dict]):
     through the statistics its forward saved), the same sum by the party's own route, how many GroupNorm calls of
     the release took that route, the realised batch size b, its R, σ and B, and its passes' limit."""
 
-    saved_statistics = per_sample._saved_statistics  # the party's own lookup, counted around each real release
+    saved_statistics = layer_grads.saved_statistics  # the party's own lookup, counted around each real release
 
     def spy(model, params, inputs, targets, **kw):
         routed: list[bool] = []
@@ -405,12 +405,12 @@ def recording_release(real_release, releases: list[dict]):
             routed.append(statistics is not None)
             return statistics
 
-        with mock.patch.object(per_sample, "_saved_statistics", counted):
+        with mock.patch.object(layer_grads, "saved_statistics", counted):
             out = real_release(model, params, inputs, targets, **kw)
         loss_fn = kw.get("loss_fn", per_example_cross_entropy)
         with torch.no_grad():
             route = clipped_sum(per_sample_gradients(model, params, inputs, targets, loss_fn), kw["clip_bound"])
-            with mock.patch.object(per_sample, "_saved_statistics", lambda module, output: None):
+            with mock.patch.object(layer_grads, "saved_statistics", lambda module, output: None):
                 clean = clipped_sum(per_sample_gradients(model, params, inputs, targets, loss_fn), kw["clip_bound"])
         releases.append({"out": out.detach().numpy().copy(), "clean": clean.numpy().copy(),
                          "route": route.numpy().copy(), "routed": sum(routed), "b": int(inputs.shape[0]),
