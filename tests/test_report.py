@@ -33,7 +33,8 @@ from matplotlib.image import imread, imsave
 
 from mpi_fnas.report import document, main
 from mpi_fnas.report.collect import read_record
-from mpi_fnas.report.figures import FIGURE_PIXELS, cost_figure, table1_figure
+from mpi_fnas.report.figures import FIGURE_PIXELS
+from mpi_fnas.report.table_figures import cost_figure, table1_figure
 from mpi_fnas.report.tables import group_runs
 from mpi_fnas.runlog import read_run
 from mpi_fnas.runlog.liveness import process_identity

@@ -40,6 +40,8 @@ class LayerCall(NamedTuple):
 
 @contextmanager
 def record_calls(modules: Mapping[str, nn.Module], calls: list[LayerCall]) -> Iterator[None]:
+    """While in the block, append every forward call of the `modules` (by owner name) to `calls`, in call order,
+    with its input, output and what its forward saved."""
     handles = []
     for owner, module in modules.items():
 

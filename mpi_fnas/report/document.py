@@ -10,16 +10,7 @@ from collections.abc import Sequence
 from mpi_fnas import __version__
 from mpi_fnas.report.baseline import BASELINE_COLUMNS, BASELINE_CSV, baseline_section, find_baselines, table_runs
 from mpi_fnas.report.collect import RunRecord, slugify
-from mpi_fnas.report.figures import (
-    COST_FIGURE,
-    FIGURE_PIXELS,
-    TABLE1_FIGURE,
-    TABLE2_FIGURE,
-    cost_figure,
-    run_figures,
-    table1_figure,
-    table2_figure,
-)
+from mpi_fnas.report.figures import COST_FIGURE, FIGURE_PIXELS, TABLE1_FIGURE, TABLE2_FIGURE, run_figures
 from mpi_fnas.report.page import (
     FIGURES_DIR,
     Block,
@@ -31,6 +22,7 @@ from mpi_fnas.report.page import (
     render_html,
     render_markdown,
 )
+from mpi_fnas.report.table_figures import cost_figure, table1_figure, table2_figure
 from mpi_fnas.report.tables import (
     TABLE1_COLUMNS,
     TABLE1_CSV,
