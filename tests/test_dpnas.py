@@ -527,9 +527,10 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     then one augment release of the derived network."""
     from mpi_fnas.config import load_config
     from mpi_fnas.federation.flat import STATS
-    from mpi_fnas.federation.party import Shard, augment_party, search_party
+    from mpi_fnas.federation.party import augment_party, search_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.federation.server import search_server
+    from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.runlog import SEARCH_METRICS, RunLog, StagePrivacy, read_run

@@ -23,11 +23,12 @@ from pre_recipe import PRE_RECIPE
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.party import Party, Shard, augment_party
+from mpi_fnas.federation.party import Party, augment_party
 from mpi_fnas.federation.plan import open_split, parse_genotype, plan_assignments, plan_augment_stage
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
 from mpi_fnas.federation.server import Server, augment_server
+from mpi_fnas.federation.shard import Shard
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.release import Release
 from mpi_fnas.report.figures import selection_rate

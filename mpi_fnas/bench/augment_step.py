@@ -23,8 +23,9 @@ def make_augment_party(cfg: Config, private: bool) -> Party:
     derived from ``cfg.seed``)."""
     import torch
 
-    from mpi_fnas.federation.party import Shard, augment_party
+    from mpi_fnas.federation.party import augment_party
     from mpi_fnas.federation.randomness import PartyRandomness
+    from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.space import augment_network, search_space, trains_cell
 

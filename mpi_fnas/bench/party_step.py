@@ -32,8 +32,9 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     """
     import torch
 
-    from mpi_fnas.federation.party import Shard, search_party
+    from mpi_fnas.federation.party import search_party
     from mpi_fnas.federation.randomness import PartyRandomness
+    from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.space import search_space
 

@@ -10,8 +10,6 @@ in :mod:`mpi_fnas.privacy.planning`.
 
 from __future__ import annotations
 
-import queue
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -26,6 +24,7 @@ from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.params import PrivacyPlan
 from mpi_fnas.privacy.party_ledger import iterations_within
 from mpi_fnas.privacy.release import AugmentReleases, IterationReleases
+from mpi_fnas.privacy.worker import OrderedWorker
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 Stage = Literal["search", "augment"]
@@ -73,7 +72,7 @@ class FederationLedger:
         self._replays = {stage: np.zeros(k, dtype=np.int64) for stage in STAGES}
         self.augment: AugmentReleases | None = None  # set by start_augment
         self._pending: deque[Future[EpsilonRow]] = deque()
-        self._worker: _Worker | None = None
+        self._worker: OrderedWorker | None = None
         self._last_submitted: tuple[list[int], list[int]] | None = None  # the counts of the last row submitted
 
     # -- recording -----------------------------------------------------------------------------------------------
@@ -157,7 +156,7 @@ class FederationLedger:
     def submit(self, step: int) -> None:
         """Compute the log row of ``step`` on the background thread, from the counts as they are now."""
         if self._worker is None:
-            self._worker = _Worker()
+            self._worker = OrderedWorker()
         step, parties = int(step), self._parties()
         charged, augment = self.charged_steps(), self.charged_steps("augment")
         self._last_submitted = (charged.tolist(), augment.tolist())
@@ -377,31 +376,3 @@ def _per_party(parties: tuple[_Party, ...], epsilon: Callable[[PrivacyLedger, fl
 
 def _mu_gdp(parties: tuple[_Party, ...]) -> np.ndarray:
     return np.array([max(ledger.mu_gdp() for ledger in party.ledgers()) for party in parties], dtype=np.float64)
-
-
-class _Worker:
-    """One daemon thread running submitted calls in order. Daemon: a crashing run does not wait for it."""
-
-    def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="privacy-epsilon", daemon=True)
-        self._thread.start()
-
-    def submit(self, fn: Callable[[], Any]) -> Future[Any]:
-        future: Future[Any] = Future()
-        self._queue.put((future, fn))
-        return future
-
-    def close(self, timeout: float | None = None) -> None:
-        self._queue.put(None)
-        self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while (item := self._queue.get()) is not None:
-            future, fn = item
-            if not future.set_running_or_notify_cancel():  # cancelled by close()
-                continue
-            try:
-                future.set_result(fn())
-            except BaseException as exc:  # handed to whoever reads the row
-                future.set_exception(exc)

@@ -29,6 +29,7 @@ from mpi_fnas.privacy.accountant import (
     party_deltas,
 )
 from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.monotone import bisect, gallop
 from mpi_fnas.privacy.params import DPParams, PrivacyPlan
 from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
@@ -170,7 +171,7 @@ def _steps_within(budget: float, shards: set[_Shard], planned: int) -> int:
     def within(steps: int) -> bool:
         return _worst(shards, steps, 0, None, DEFAULT_VALUE_DISCRETIZATION) <= budget
 
-    return planned if within(planned) else _bisect(within, 0, planned)
+    return planned if within(planned) else bisect(within, 0, planned)
 
 
 # -- planning both stages: shards, σ calibration, step budgets ----------------------------------------------------
@@ -394,22 +395,4 @@ def _largest_within(shards: set[_Shard], pairs: np.ndarray, budget: float, inter
 
     last = len(pairs) - 1
     coarse = within(interval * _COARSE_FACTOR)
-    return _gallop(within(interval), last if coarse(last) else _bisect(coarse, 0, last), last)
-
-
-def _bisect(within: Callable[[int], bool], lo: int, hi: int) -> int:
-    """The largest i in [lo, hi) with within(i), given within(lo) and not within(hi) (monotone)."""
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if within(mid) else (lo, mid)
-    return lo
-
-
-def _gallop(within: Callable[[int], bool], guess: int, last: int) -> int:
-    """The largest i ≤ last with within(i) (true at 0, monotone), searched outwards from ``guess``."""
-    if not within(guess):
-        return _bisect(within, 0, guess)
-    lo, step = guess, 1
-    while lo + step <= last and within(lo + step):
-        lo, step = lo + step, step * 2
-    return _bisect(within, lo, min(lo + step, last + 1))
+    return gallop(within(interval), last if coarse(last) else bisect(coarse, 0, last), last)

@@ -19,7 +19,7 @@ from mpi_fnas.data import Dataset
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.inventory import gather_inventory
-from mpi_fnas.federation.party import Party, Shard, augment_party
+from mpi_fnas.federation.party import Party, augment_party
 from mpi_fnas.federation.plan import (
     AugmentAssignment,
     AugmentPlan,
@@ -32,6 +32,7 @@ from mpi_fnas.federation.plan import (
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability
 from mpi_fnas.federation.server import augment_server
+from mpi_fnas.federation.shard import Shard
 from mpi_fnas.federation.verify import check_augment, check_network, check_shards
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, augment_sample_rates

@@ -19,11 +19,12 @@ from mpi_fnas.evaluation import ratio
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.inventory import gather_inventory
-from mpi_fnas.federation.party import Party, Shard, search_party
+from mpi_fnas.federation.party import Party, search_party
 from mpi_fnas.federation.plan import Assignment, plan_run
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
+from mpi_fnas.federation.shard import Shard
 from mpi_fnas.federation.verify import calibrated, check_params, check_shards, expected_params
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
