@@ -13,6 +13,9 @@
 #     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
 #     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
 #     CPUs too (a kernel once corrupted the heap on AVX2 only: docs/benchmarks.md, "heap corruption on AVX2 CPUs").
+#     In-process tests of networks and releases; the bench's (tests/test_bench.py: whole bench jobs, ~80 s) run the
+#     same networks' steps and stay in lane 1 only, as tests/test_cpu_kernels.py does, whose runs pin
+#     ONEDNN_MAX_CPU_ISA=AVX2 themselves.
 # Then the MPI tests (CPU-bound: 5 ranks, after both lanes) and ruff. Exit status: the first failure's, after all ran.
 set -u
 cd "$(dirname "$0")/.."
@@ -20,7 +23,7 @@ PYTHON=${PYTHON:-.venv/bin/python}
 LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
              tests/test_cluster.py tests/test_image.py tests/test_docs_site.py tests/test_report_trained.py
              tests/test_augment.py tests/test_noise_sweep.py tests/test_resume.py tests/test_party_ledger.py)
-AVX2_TESTS=(tests/test_cpu_kernels.py tests/test_bench.py tests/test_space.py tests/test_derived.py
+AVX2_TESTS=(tests/test_space.py tests/test_derived.py
             tests/test_privacy_mechanism.py tests/test_dpnas.py tests/test_handcrafted.py)
 
 # scripts/run_tests.sh --lane2 TMPDIR: lane 2 alone (how the script starts it, below).

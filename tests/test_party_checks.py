@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 import stat
-import sys
+import subprocess
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import MPIRUN, ROOT, TINY, _env
+from conftest import ROOT, TINY
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
@@ -360,34 +360,49 @@ def test_on_resume_and_augment_the_pin_is_trusted(tmp_path):
             trusted_config(None, explicit=False, resume=resume, augment=augment, overrides=[], pin=None, rank=1)
 
 
-# -- a whole job -------------------------------------------------------------------------------------------------
-#: Rank 0 halves σ_W in every search assignment it plans (plan_run, before serve imports it).
-LYING_SERVER = """
-import sys, dataclasses
-from mpi_fnas.federation import plan
-honest = plan.plan_run
-def lying(*args, **kwargs):
-    run = honest(*args, **kwargs)
-    for a in run.assignments:
-        a.dp = a.dp.with_noise(a.dp.noise_multiplier_w / 2, a.dp.noise_multiplier_a)
-    return run
-plan.plan_run = lying
-from mpi_fnas.run import main
-sys.exit(main(sys.argv[1:]))
-"""
+# -- a whole job, rank 0 lying ---------------------------------------------------------------------------------
+OWN_CELL = ("normal=sep_conv_3x3@0,skip_connect@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
+            "reduce=max_pool_3x3@0,sep_conv_3x3@1|skip_connect@0,sep_conv_3x3@2;reduce_concat=2,3")
+AUGMENT_ONLY = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=8"]
+
+
+@pytest.fixture(scope="module")
+def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, float]]:
+    """Five jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
+    real code): each job's result, run directory and wall seconds, by lie."""
+    from conftest import mpirun_together
+
+    root = tmp_path_factory.mktemp("lying")
+    dp = [*TINY, "--set", "mode=dpfnas"]
+    dir_a, dir_b = root / "dirA", root / "dirB"
+    run_cfg = load_config(None, dp[1::2])  # TINY is all --set KEY=VALUE pairs
+    for rank in (1, 2):
+        write_pin(pin_directory(dir_a, rank), run_cfg.to_yaml())
+    (dir_a / "search.h5").touch()
+    jobs = {
+        "run_dir": (["--resume", str(dir_a)], {"LYING_SERVER_DIR": str(dir_b)}, dir_a),
+        "one_party_plan": ([*dp, "--out", str(root / "plan")], {}, root / "plan"),
+        "low_sigma": ([*dp, "--out", str(root / "sigma")], {}, root / "sigma"),
+        "other_network": ([*dp, "--set", "augment.network=cnn-tanh", *AUGMENT_ONLY, "--out", str(root / "network")],
+                          {}, root / "network"),
+        "other_ops": ([*dp, "--set", "privacy.aggregation=secure",
+                       "--set", "space.ops=[sep_conv_3x3, skip_connect, max_pool_3x3]",
+                       "--set", f"augment.genotype={OWN_CELL}", *AUGMENT_ONLY, "--out", str(root / "ops")],
+                      {}, root / "ops"),
+    }
+    helpers = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
+    start = time.monotonic()
+    done = mpirun_together(*((3, args, {**helpers, **env, "LYING_SERVER": lie}, "lying_server")
+                             for lie, (args, env, _) in jobs.items()), timeout=300)
+    took = time.monotonic() - start
+    return {lie: (out, jobs[lie][2], took) for lie, out in zip(jobs, done, strict=True)}
 
 
 @pytest.mark.slow
-def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(tmp_path):
-    import subprocess
-
+def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(lying_jobs):
     from mpi_fnas.runlog import read_run
 
-    out = tmp_path / "run"
-    start = time.monotonic()
-    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", LYING_SERVER, *TINY, "--set", "mode=dpfnas",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
-    took = time.monotonic() - start
+    done, out, took = lying_jobs["low_sigma"]
     assert done.returncode != 0, done.stderr
     for rank in (1, 2):
         assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the search assignment "
@@ -396,33 +411,11 @@ def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(tmp_path):
     assert took < 120, took  # FAILURE_GRACE is 60 s: rank 0 must have aborted the job on the notice
 
 
-#: Rank 0 keeps the honest config (augment.network: cnn-tanh) but asks every party to train cnn-gn.
-OTHER_NETWORK_SERVER = """
-import sys
-from mpi_fnas.federation import plan
-honest = plan.plan_augment_stage
-def lying(*args, **kwargs):
-    augment = honest(*args, **kwargs)
-    for a in augment.assignments:
-        a.network = "cnn-gn"
-    return augment
-plan.plan_augment_stage = lying
-from mpi_fnas.run import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.slow
-def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_line(tmp_path):
-    import subprocess
-
+def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_line(lying_jobs):
     from mpi_fnas.runlog import read_run
 
-    out = tmp_path / "run"
-    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", OTHER_NETWORK_SERVER, *TINY, "--set", "mode=dpfnas",
-                           "--set", "augment.network=cnn-tanh", "--set", "augment.epochs=1", "--set",
-                           "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
+    done, out, _ = lying_jobs["other_network"]
     assert done.returncode != 0, done.stderr
     for rank in (1, 2):
         assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the augmentation "
@@ -433,40 +426,11 @@ def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_lin
     assert not (party_dir(out, 1) / "sent_steps").exists()  # nothing was released
 
 
-#: Rank 0 asks every party to train a cell of sep_conv_5x5 edges, an op its space.ops leaves out: a network larger
-#: than the one the run's ε (under secure aggregation, its D) was planned for.
-OTHER_OPS_SERVER = """
-import sys
-from mpi_fnas.federation import plan
-honest = plan.plan_augment_stage
-LARGER = ("normal=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;normal_concat=2,3;"
-          "reduce=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;reduce_concat=2,3")
-def lying(*args, **kwargs):
-    augment = honest(*args, **kwargs)
-    for a in augment.assignments:
-        a.genotype = LARGER
-    return augment
-plan.plan_augment_stage = lying
-from mpi_fnas.run import main
-sys.exit(main(sys.argv[1:]))
-"""
-OWN_CELL = ("normal=sep_conv_3x3@0,skip_connect@1|sep_conv_3x3@0,skip_connect@2;normal_concat=2,3;"
-            "reduce=max_pool_3x3@0,sep_conv_3x3@1|skip_connect@0,sep_conv_3x3@2;reduce_concat=2,3")
-
-
 @pytest.mark.slow
-def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_release(tmp_path):
+def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_release(lying_jobs):
     """A party builds only a cell of its own config's ``space.ops``, whatever genotype rank 0 sends (secure
-    aggregation: its D was planned for the largest network of those ops)."""
-    import subprocess
-
-    out = tmp_path / "run"
-    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", OTHER_OPS_SERVER, *TINY, "--set", "mode=dpfnas",
-                           "--set", "privacy.aggregation=secure",
-                           "--set", "space.ops=[sep_conv_3x3, skip_connect, max_pool_3x3]",
-                           "--set", f"augment.genotype={OWN_CELL}", "--set", "augment.epochs=1",
-                           "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
+    aggregation: its D was planned for the largest network of those ops): here a cell of sep_conv_5x5 edges."""
+    done, out, _ = lying_jobs["other_ops"]
     assert done.returncode != 0, done.stderr
     # Under DP a party's error text stays on its own disk; what rank 0 prints says where.
     assert "the party failed; under DP its error text stays with it" in done.stderr, done.stderr
@@ -477,32 +441,16 @@ def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_re
 
 
 @pytest.mark.slow
-def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is_refused(tmp_path):
-    """Two jobs side by side, each with a modified rank 0 (tests/helpers/lying_server.py):
-
-    * ``--resume dirA``, where rank 0 names a fresh ``dirB``: before, every party wrote its record and journal in
+def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is_refused(lying_jobs):
+    """* ``--resume dirA``, where rank 0 names a fresh ``dirB``: before, every party wrote its record and journal in
       dirB, so dirA's cap never saw those releases (ε 3.30 over two launches at a cap of 3, 7.10 after 50); now
       each party refuses in one line, and writes nothing in dirB;
     * party 1's search plan one step per epoch longer than the others': before, the job waited until
       ``runtime.comm_timeout``; now every party refuses in the parties' own round, and the log says failed."""
-    from conftest import mpirun_together
-
     from mpi_fnas.runlog import read_run
 
-    dp = [*TINY, "--set", "mode=dpfnas"]
-    dir_a, dir_b, plan_dir = tmp_path / "dirA", tmp_path / "dirB", tmp_path / "plan"
-    run_cfg = load_config(None, dp[1::2])  # TINY is all --set KEY=VALUE pairs
-    for rank in (1, 2):
-        write_pin(pin_directory(dir_a, rank), run_cfg.to_yaml())
-    (dir_a / "search.h5").touch()
-    lying = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
-    start = time.monotonic()
-    swapped, one_party = mpirun_together(
-        (3, ["--resume", str(dir_a)], {**lying, "LYING_SERVER": "run_dir", "LYING_SERVER_DIR": str(dir_b)},
-         "lying_server"),
-        (3, [*dp, "--out", str(plan_dir)], {**lying, "LYING_SERVER": "one_party_plan"}, "lying_server"),
-        timeout=300)
-    took = time.monotonic() - start
+    (swapped, dir_a, took), (one_party, plan_dir, _) = lying_jobs["run_dir"], lying_jobs["one_party_plan"]
+    dir_b = dir_a.parent / "dirB"
     # Each refusing party prints its line before it tells rank 0, whose abort may end the other before it prints.
     assert swapped.returncode != 0, swapped.stderr[-3000:]
     assert any(f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the run directory rank 0 "

@@ -5,7 +5,10 @@
   (tests/test_party_ledger.py);
 * ``run_dir``: it names the run directory ``LYING_SERVER_DIR`` to the parties, whatever they were launched with,
   and sends the config pinned under the directory they name (tests/test_party_checks.py);
-* ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same).
+* ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same);
+* ``low_sigma``: every search assignment with half the σ_W the config derives (the same);
+* ``other_network``: every augmentation assignment names ``cnn-gn``, whatever the config says (the same);
+* ``other_ops``: every augmentation assignment names a cell of ``sep_conv_5x5`` edges (the same).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
     LIE = os.environ.get("LYING_SERVER", "cap")
     from mpi_fnas import run
     from mpi_fnas.privacy import planning
-    from mpi_fnas.stages import search, serve
+    from mpi_fnas.stages import augment, search, serve
 
     if LIE == "cap":
         planning._steps_within = lambda budget, shards, planned: planned
@@ -39,6 +42,32 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
             return planned
 
         search.plan_run = one_party_changed
+    elif LIE == "low_sigma":
+        honest = search.plan_run
+
+        def halved_sigma(*args, **kwargs):
+            planned = honest(*args, **kwargs)
+            for assignment in planned.assignments:
+                assignment.dp = assignment.dp.with_noise(assignment.dp.noise_multiplier_w / 2,
+                                                         assignment.dp.noise_multiplier_a)
+            return planned
+
+        search.plan_run = halved_sigma
+    elif LIE in ("other_network", "other_ops"):
+        honest_augment = augment.plan_augment_stage
+        LARGER = ("normal=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;normal_concat=2,3;"
+                  "reduce=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;reduce_concat=2,3")
+
+        def other_network(*args, **kwargs):
+            planned = honest_augment(*args, **kwargs)
+            for assignment in planned.assignments:
+                if LIE == "other_network":
+                    assignment.network = "cnn-gn"
+                else:
+                    assignment.genotype = LARGER
+            return planned
+
+        augment.plan_augment_stage = other_network
     else:
         raise SystemExit(f"lying_server: unknown lie {LIE!r}")
 
