@@ -14,11 +14,12 @@ import subprocess
 import sys
 import time
 from datetime import datetime
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, mpirun, mpirun_background, rank_pid
+from conftest import ROOT, mpirun, mpirun_background, mpirun_together, rank_pid
 from pre_recipe import PRE_RECIPE_ARGS
 
 from mpi_fnas.config import Config
@@ -68,25 +69,36 @@ def test_outside_mpirun_says_how_to_launch():
     assert len(lines) == 1 and "mpirun -n 9 python -m mpi_fnas.run" in lines[0]
 
 
+#: Bad inputs: (arguments, the one line's needle, whether the user made --out beforehand: theirs, it stays even empty).
+BAD_INPUTS = {
+    "unknown-key": (["--set", "search.epoch=1"], "search.epoch: unknown key", False),
+    "party-count": (["--set", "federation.parties=4"], "federation.parties: config says 4 but the MPI world has 2",
+                    True),
+    "vanilla-ranks": (["--config", "configs/vanilla_nas.yaml"], "config says 1 but the MPI world has 2 parties", False),
+    "missing-cifar": (["--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent/cifar",
+                       "--set", "data.image_size=32"], "cifar-10-python.tar.gz", False),
+    "too-few-examples": (["--set", "data.train_size=2"], "data.partition", False),
+    "too-little-memory": (["--set", "runtime.node_memory_mb=500"], "memory: node", False),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_input_launches(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Every launch of BAD_INPUTS, side by side: its result and its --out."""
+    root = tmp_path_factory.mktemp("bad")
+    runs = {name: root / name for name in BAD_INPUTS}
+    for name, (_, _, user_made) in BAD_INPUTS.items():
+        if user_made:
+            runs[name].mkdir()
+    done = mpirun_together(*((3, [*args, "--out", str(runs[name])]) for name, (args, _, _) in BAD_INPUTS.items()),
+                           timeout=240)
+    return {name: (out, runs[name]) for name, out in zip(BAD_INPUTS, done, strict=True)}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("args", "needle", "user_made"),  # user_made: the user made --out beforehand; theirs, it stays even empty
-    [
-        (["--set", "search.epoch=1"], "search.epoch: unknown key", False),
-        (["--set", "federation.parties=4"], "federation.parties: config says 4 but the MPI world has 2", True),
-        (["--config", "configs/vanilla_nas.yaml"], "config says 1 but the MPI world has 2 parties", False),
-        (["--set", "data.dataset=cifar10", "--set", "data.root=/nonexistent/cifar", "--set", "data.image_size=32"],
-         "cifar-10-python.tar.gz", False),
-        (["--set", "data.train_size=2"], "data.partition", False),
-        (["--set", "runtime.node_memory_mb=500"], "memory: node", False),
-    ],
-    ids=["unknown-key", "party-count", "vanilla-ranks", "missing-cifar", "too-few-examples", "too-little-memory"],
-)
-def test_bad_input_is_one_line_from_rank_0_and_exit_2(args, needle, user_made, tmp_path):
-    run = tmp_path / "run"
-    if user_made:
-        run.mkdir()
-    out = launch(3, *args, "--out", str(run))
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_line_from_rank_0_and_exit_2(case, bad_input_launches):
+    (out, run), (_, needle, user_made) = bad_input_launches[case], BAD_INPUTS[case]
     assert out.returncode == 2, out.stderr
     lines = error_lines(out.stderr)
     assert len(lines) == 1, out.stderr  # printed once, by rank 0, no traceback
@@ -109,11 +121,24 @@ def test_existing_run_is_never_overwritten(tmp_path):
     assert hashlib.sha256(log.read_bytes()).hexdigest() == digest
 
 
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
+    """Three small jobs side by side: FNAS (2 epochs of 3 steps), the default mode (DP-FNAS, 2 steps) and vanilla
+    NAS with one party (2 steps); each one's result and run directory."""
+    root = tmp_path_factory.mktemp("small")
+    short = ["--set", "search.epochs=1", "--set", "search.steps_per_epoch=2"]
+    jobs = {"fnas": (3, [*TINY, "--set", "mode=fnas", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3"]),
+            "default": (3, [*TINY, *short]),
+            "vanilla": (2, ["--config", "configs/vanilla_nas.yaml", *TINY, *short])}
+    runs = {name: root / name for name in jobs}
+    done = mpirun_together(*((ranks, [*args, "--out", str(runs[name])]) for name, (ranks, args) in jobs.items()),
+                           timeout=300)
+    return {name: (out, runs[name]) for name, out in zip(jobs, done, strict=True)}
+
+
 @pytest.mark.slow
-def test_small_federated_run_writes_the_documented_log(tmp_path):
-    run = tmp_path / "run"
-    out = launch(3, *TINY, "--set", "mode=fnas", "--set", "search.epochs=2",
-                 "--set", "search.steps_per_epoch=3", "--out", str(run))
+def test_small_federated_run_writes_the_documented_log(small_runs):
+    out, run = small_runs["fnas"]
     assert out.returncode == 0, out.stderr
     for needle in ("mode            fnas", "parties         2", "final val acc", "genotype", "wall time",
                    str(run / "search.h5")):
@@ -145,13 +170,12 @@ def test_small_federated_run_writes_the_documented_log(tmp_path):
 
 
 @pytest.mark.slow
-def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
-    out = launch(3, *TINY, "--set", "search.epochs=1", "--set", "search.steps_per_epoch=2",
-                 "--out", str(tmp_path / "d"))
+def test_default_mode_is_dpfnas_and_reports_privacy(small_runs):
+    out, run = small_runs["default"]
     assert out.returncode == 0, out.stderr
-    # The default aggregation is secure (issue 46): the summary says so, and gives ε against the server.
+    # The default aggregation is secure: the summary says so, and gives ε against the server.
     assert "mode            dpfnas" in out.stdout and "against the server (secure aggregation" in out.stdout
-    log = read_run(tmp_path / "d" / "search.h5")
+    log = read_run(run / "search.h5")
     assert log["mode"] == "dpfnas" and log["privacy"]["epsilon"].shape == (2, 2)
     # Parties send no statistics under DP, so the party-side metric columns are NaN; the server's test split is not.
     assert np.all(np.isnan(log["metrics"]["train_loss"])) and np.all(np.isnan(log["metrics"]["val_acc"]))
@@ -159,11 +183,10 @@ def test_default_mode_is_dpfnas_and_reports_privacy(tmp_path):
 
 
 @pytest.mark.slow
-def test_vanilla_nas_runs_with_one_party(tmp_path):
-    out = launch(2, "--config", "configs/vanilla_nas.yaml", *TINY, "--set", "search.epochs=1",
-                 "--set", "search.steps_per_epoch=2", "--out", str(tmp_path / "v"))
+def test_vanilla_nas_runs_with_one_party(small_runs):
+    out, run = small_runs["vanilla"]
     assert out.returncode == 0, out.stderr
-    log = read_run(tmp_path / "v" / "search.h5")
+    log = read_run(run / "search.h5")
     assert log["mode"] == "vanilla" and log["parties"] == 1 and log["status"] == "finished"
 
 
