@@ -39,16 +39,23 @@ GENOTYPE = ("normal=sep_conv_3x3@0,skip_connect@1;normal_concat=2;"
             "reduce=max_pool_3x3@0,skip_connect@1;reduce_concat=2")
 
 
-@pytest.mark.mpi(min_size=3)
-def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir):
+def spy_on_party(monkeypatch, methods: tuple[str, ...]) -> tuple[list[dict], list[str]]:
+    """Pinned keys, every party release recorded (tests/mpi/test_release_spy.py) and the names of the Party
+    `methods` called, in order: (the releases, the calls), filled as the job runs."""
     releases: list[dict] = []
     pin_secret_keys(monkeypatch)
     monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
     calls: list[str] = []
-    for name in ("w_release", "a_release", "load_w", "load_a"):
+    for name in methods:
         real = getattr(party_module.Party, name)
         monkeypatch.setattr(party_module.Party, name,
                             lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
+    return releases, calls
+
+
+@pytest.mark.mpi(min_size=3)
+def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir):
+    releases, calls = spy_on_party(monkeypatch, ("w_release", "a_release", "load_w", "load_a"))
     cfg = load_config(None, [*PRE_RECIPE,
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
         "data.image_size=8",
@@ -91,14 +98,7 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir)
 def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkeypatch, shared_dir):
     """A DP augmentation of a given genotype with ADADP: 2 iterations (augment.steps_per_epoch 4 releases), a
     checkpoint after iteration 1 carrying η; each party sent [G1, G2] per iteration, noised, nothing else."""
-    releases: list[dict] = []
-    pin_secret_keys(monkeypatch)
-    monkeypatch.setattr(release_module, "party_release", recording_release(release_module.party_release, releases))
-    calls: list[str] = []
-    for name in ("w_release", "load_w"):
-        real = getattr(party_module.Party, name)
-        monkeypatch.setattr(party_module.Party, name,
-                            lambda self, *a, _real=real, _name=name: (calls.append(_name), _real(self, *a))[1])
+    releases, calls = spy_on_party(monkeypatch, ("w_release", "load_w"))
     cfg = load_config(None, [*PRE_RECIPE,
         "mode=dpfnas", "privacy.aggregation=local", "seed=1", "data.train_size=320", "data.test_size=16",
         "data.image_size=8",
