@@ -13,25 +13,22 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from pre_recipe import PRE_RECIPE_ARGS
+from pre_recipe import PRE_RECIPE_ARGS, as_args, tiny
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = str(Path(sys.executable).parent / "mpirun")
 #: A search small enough for a few seconds per run on 2 cores (2 epochs of 4 steps, a row per step).
-TINY = [
-    *PRE_RECIPE_ARGS,
-    "--set", "data.train_size=400", "--set", "data.test_size=40", "--set", "data.image_size=8",
-    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
-    "--set", "search.batch_size=8", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=4",
-    "--set", "runtime.progress=off", "--set", "checkpoint.every_steps=0", "--set", "runtime.log_every=1",
-    "--set", "augment.epochs=0",  # search only; the augmentation's tests add their own tiny one
-    # Local noise, not the secure default (issue 46): these runs test everything else, and local is 2 s cheaper per
-    # run (no key round) and resumes bit for bit under reproducible noise. tests/test_secure_aggregation.py, the
-    # secure spy tests and the party-ledger tests run the secure path; the default itself is checked there too.
-    "--set", "privacy.aggregation=local",
-]
+TINY = [*PRE_RECIPE_ARGS, *as_args(tiny(
+    "search.epochs=2", "search.steps_per_epoch=4", "runtime.progress=off", "checkpoint.every_steps=0",
+    "runtime.log_every=1",
+    "augment.epochs=0",  # search only; the augmentation's tests add their own tiny one
+    # Local noise, not the secure default: these runs test everything else, and local is 2 s cheaper per run (no
+    # key round) and resumes bit for bit under reproducible noise. tests/test_secure_aggregation.py, the secure spy
+    # tests and the party-ledger tests run the secure path; the default itself is checked there too.
+    "privacy.aggregation=local",
+))]
 #: Environment variables of the failure-injection hooks; never inherited by a launch unless given.
 INJECTION_ENV = ("MPI_FNAS_STOP_AFTER", "MPI_FNAS_INJECT_FAULT", "MPI_FNAS_INJECT_SLEEP")
 

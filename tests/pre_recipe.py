@@ -8,3 +8,21 @@ later ``--set`` wins). A module of its own, so that tests/ and tests/mpi (which 
 PRE_RECIPE = ["space.kind=darts", "space.ops=[]", "search.batch_size=16", "search.w_lr=0.1", "search.a_lr=0.003",
               "privacy.target_epsilon=null", "augment.epochs=4", "augment.batch_size=64", "augment.lr=0.3"]
 PRE_RECIPE_ARGS = [arg for item in PRE_RECIPE for arg in ("--set", item)]
+
+#: The tiny data and network of most small runs: 400 train and 40 test images of 8x8, 3 cells of 4 channels and 2
+#: nodes, search batches of 8 (a few seconds a run on 2 cores).
+TINY_CORE = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
+             "space.nodes=2", "search.batch_size=8"]
+
+
+def tiny(*changes: str) -> list[str]:
+    """TINY_CORE with `changes` (KEY=VALUE): a key already there takes the new value in its place, a new key is
+    appended."""
+    settings = dict(item.split("=", 1) for item in TINY_CORE)
+    settings.update(item.split("=", 1) for item in changes)
+    return [f"{key}={value}" for key, value in settings.items()]
+
+
+def as_args(settings: list[str]) -> list[str]:
+    """KEY=VALUE settings as a command line's --set pairs."""
+    return [arg for item in settings for arg in ("--set", item)]

@@ -20,18 +20,13 @@ import h5py
 import numpy as np
 import pytest
 from conftest import ROOT, mpirun, mpirun_background, mpirun_together, rank_pid
-from pre_recipe import PRE_RECIPE_ARGS
+from pre_recipe import PRE_RECIPE_ARGS, as_args, tiny
 
 from mpi_fnas.config import Config
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import Genotype
 
-TINY = [
-    *PRE_RECIPE_ARGS,
-    "--set", "data.train_size=240", "--set", "data.test_size=40", "--set", "data.image_size=8",
-    "--set", "space.channels=4", "--set", "space.layers=3", "--set", "space.nodes=2",
-    "--set", "search.batch_size=8", "--set", "runtime.progress=off", "--set", "runtime.log_every=1",
-]
+TINY = [*PRE_RECIPE_ARGS, *as_args(tiny("data.train_size=240", "runtime.progress=off", "runtime.log_every=1"))]
 
 
 def launch(ranks: int, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pre_recipe import as_args, tiny
 
 from mpi_fnas.runlog import read_run
 
@@ -20,11 +21,8 @@ pytestmark = pytest.mark.slow  # a real mpirun job across namespaces
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "cluster.sh"
 PREFIX = "mft"  # not the default mfc: a cluster a user brought up is left alone
-TINY_FNAS = ["--set", "mode=fnas", "--set", "data.train_size=400", "--set", "data.test_size=40",
-             "--set", "data.image_size=8", "--set", "space.channels=4", "--set", "space.layers=3",
-             "--set", "space.nodes=2", "--set", "search.batch_size=8", "--set", "search.epochs=1",
-             "--set", "search.steps_per_epoch=4", "--set", "runtime.progress=off",
-             "--set", "checkpoint.every_steps=0", "--set", "augment.epochs=0"]
+TINY_FNAS = ["--set", "mode=fnas", *as_args(tiny("search.epochs=1", "search.steps_per_epoch=4", "runtime.progress=off",
+                                                 "checkpoint.every_steps=0", "augment.epochs=0"))]
 
 
 def cluster(state: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import ROOT, TINY
-from pre_recipe import PRE_RECIPE
+from pre_recipe import PRE_RECIPE, tiny
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation import plan as plan_module
@@ -43,9 +43,8 @@ from mpi_fnas.privacy.trusted_config import (
 from mpi_fnas.stages.augment import AugmentSide
 
 K = 3
-SMALL = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
-         "space.nodes=2", "search.batch_size=8", "search.steps_per_epoch=2", "augment.batch_size=8",
-         "augment.epochs=1", "augment.steps_per_epoch=2", "mode=dpfnas"]
+SMALL = tiny("search.steps_per_epoch=2", "augment.batch_size=8", "augment.epochs=1", "augment.steps_per_epoch=2",
+             "mode=dpfnas")
 
 
 def config(*overrides: str):

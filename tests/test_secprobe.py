@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon as rdp_to_dp_epsilon
+from pre_recipe import tiny
 from scipy import stats
 
 from mpi_fnas.checkpoint import atomic_save, load_checkpoint
@@ -33,9 +34,8 @@ from mpi_fnas.privacy.exponential import exponential_mechanism_select, selection
 from mpi_fnas.space import DARTS_V2, build_supernet, search_space
 from mpi_fnas.stages.search import own_shard
 
-TINY = ["data.train_size=400", "data.test_size=40", "data.image_size=8", "space.channels=4", "space.layers=3",
-        "space.nodes=2", "search.batch_size=8", "augment.epochs=0",
-        "privacy.aggregation=local"]  # a selection needs each party's own release (secure shows only the sum)
+TINY = tiny("augment.epochs=0",
+            "privacy.aggregation=local")  # a selection needs each party's own release (secure shows only the sum)
 
 
 # -- the exponential mechanism --------------------------------------------------------------------------------------
