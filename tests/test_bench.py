@@ -59,8 +59,8 @@ def test_bench_json_fields(ranks, memory):
     assert report["comm_fraction"] == pytest.approx(
         report["comm_seconds"] / (report["step_seconds"] + report["comm_seconds"]))
     assert report["num_a"] == 2 * 2 * 8  # 2 cells kinds × 2 edges (1 node) × 8 ops
-    # Whose kernels ran: oneDNN's ISA as this process's (the same environment: ONEDNN_MAX_CPU_ISA=AVX2 in make
-    # test's AVX2 pass), and ATen's.
+    # Whose kernels ran: oneDNN's ISA as this process's (the same environment, ONEDNN_MAX_CPU_ISA included), and
+    # ATen's.
     assert (report["onednn_isa"], report["aten_cpu_capability"]) == (onednn_isa(), aten_cpu_capability())
     # The plain step's counted FLOPs over its CPU time, beside the core's dense matmul rate of the same run.
     assert report["step_gflop"] > 0 and report["core_peak_gflops"] > 0

@@ -3,8 +3,8 @@ CPUs (and on AVX-512 ones at larger inputs); the ISA oneDNN uses is known and lo
 
 The subprocess tests run the shapes that aborted (scripts/repro_onednn_avx2.py, docs/benchmarks.md "Issue 44")
 through the project's own network in a child process, so that a heap corruption fails the test instead of killing
-the test run. ``make test`` runs this file, and the network-building tests, once more under
-``ONEDNN_MAX_CPU_ISA=AVX2`` (scripts/run_tests.sh), so that an AVX-512 machine exercises the AVX2 kernels too.
+the test run. Its runs pin ``ONEDNN_MAX_CPU_ISA=AVX2`` themselves; ``make test`` runs the network-building tests
+once more under it (scripts/run_tests.sh), so that an AVX-512 machine exercises the AVX2 kernels too.
 """
 
 from __future__ import annotations

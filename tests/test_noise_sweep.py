@@ -13,7 +13,6 @@ import csv
 import functools
 import math
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -287,27 +286,18 @@ def reference_from_logs(logs: list[dict]) -> float:
     return worst
 
 
-@pytest.fixture(scope="module")
-def table_2_sweep(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """One real sweep, 2 variances × 3 seeds, that the table and the composition tests both read."""
-    out_dir = tmp_path_factory.mktemp("table2") / "sw"
-    out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
-                sets=[*TINY, "sweep.variances=[1,10]", f"sweep.seeds={SEEDS}"])
-    assert out.returncode == 0, out.stderr[-3000:]
-    return out_dir, out
-
-
-SEEDS = [0, 1, 2]
-
-
 @pytest.mark.slow
-def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(table_2_sweep, tmp_path):
-    """The sweep's summary.csv, points.csv and table report, per seed, the worst party's ε composed over both
-    variances, as dp_accounting composes the releases read straight from the logs; a log of an abandoned attempt
-    in a point's directory is composed too."""
-    out_dir, out = table_2_sweep
-    logs = {(v, s): read_run(out_dir / f"var{v}-seed{s}" / "search.h5") for v in (1, 10) for s in SEEDS}
-    per_seed = {s: reference_from_logs([logs[1, s], logs[10, s]]) for s in SEEDS}
+def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(tmp_path):
+    """A real 2 variances × 2 seeds sweep: summary.csv, points.csv and the table report, per seed, the worst party's
+    ε composed over both variances, as dp_accounting composes the releases read straight from the logs; a log of
+    an abandoned attempt in a point's directory is composed too."""
+    out_dir = tmp_path / "sw"
+    out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
+                sets=[*TINY, "search.steps_per_epoch=3", "search.batch_size=64", "sweep.variances=[4,16]",
+                      "sweep.seeds=[0,1]"], timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    logs = {(v, s): read_run(out_dir / f"var{v}-seed{s}" / "search.h5") for v in (4, 16) for s in (0, 1)}
+    per_seed = {s: reference_from_logs([logs[4, s], logs[16, s]]) for s in (0, 1)}
     one_point = max(float(log["privacy"]["epsilon"][-1].max()) for log in logs.values())
     assert min(per_seed.values()) > one_point  # the sweep spent more than any one point
 
@@ -320,15 +310,14 @@ def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(table_2
     assert "ε sweep" in out.stdout and "synthetic-shapes seed 0: 2 runs" in out.stdout
 
     # A run preempted before its first checkpoint and started afresh leaves search-attempt<n>.h5: it released the
-    # same shards, so it composes into its seed's pool (here, in a copy of the sweep, a copy of a finished log).
-    copied = tmp_path / "sw"
-    shutil.copytree(out_dir, copied)
-    attempt = copied / "var1-seed0" / "search-attempt1.h5"
-    attempt.write_bytes((copied / "var10-seed0" / "search.h5").read_bytes())
-    by_pool = {c.data_pool: c for c in compose_sweep(summarize_dir(copied))}
+    # same shards, so it composes into its seed's pool (here a copy of a finished log: 3 more releases each).
+    attempt = out_dir / "var4-seed0" / "search-attempt1.h5"
+    attempt.write_bytes((out_dir / "var16-seed0" / "search.h5").read_bytes())
+    results = summarize_dir(out_dir)
+    by_pool = {c.data_pool: c for c in compose_sweep(results)}
     seed0 = by_pool["synthetic-shapes seed 0"]
     assert seed0.runs == 2 and len(seed0.logs) == 3
-    expected = reference_from_logs([logs[1, 0], logs[10, 0], read_run(attempt)])
+    expected = reference_from_logs([logs[4, 0], logs[16, 0], read_run(attempt)])
     assert seed0.epsilon == pytest.approx(expected, rel=1e-6) and seed0.epsilon > per_seed[0]
     assert by_pool["synthetic-shapes seed 1"].epsilon == pytest.approx(per_seed[1], rel=1e-6)
 
@@ -386,9 +375,12 @@ def test_party_failure_aborts_the_sweep_without_hanging(tmp_path):
 
 
 @pytest.mark.slow
-def test_table_2_in_small_error_grows_with_noise_variance(table_2_sweep):
-    out_dir, out = table_2_sweep
-    seeds = SEEDS
+def test_table_2_in_small_error_grows_with_noise_variance(tmp_path):
+    out_dir = tmp_path / "sw"
+    seeds = [0, 1, 2]
+    out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
+                sets=[*TINY, "sweep.variances=[1,10]", f"sweep.seeds={seeds}"])
+    assert out.returncode == 0, out.stderr[-3000:]
 
     # Every run finished; read the per-seed errors straight from the logs (not through mpi_fnas.sweep).
     errors: dict[str, list[float]] = {}

@@ -61,6 +61,7 @@ def test_secret_randomness_is_keyed_by_the_os_alone(monkeypatch):
     assert torch.equal(same_os.sampling.words(8), Keystream(bytes([1]) * 32, secret=True).words(8))
     assert not torch.equal(b.sampling.words(8), b.noise.words(8))  # b's streams: the OS's 3rd and 4th keys
     public = PartyRandomness.create("reproducible", seed=0, rank=1)
+    assert not torch.equal(public.sampling.words(8), a.sampling.words(8))  # the config's stream is another
     assert a.sampling.secret and a.noise.secret and not public.noise.secret
 
 

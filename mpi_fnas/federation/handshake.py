@@ -28,7 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -41,9 +41,6 @@ from mpi_fnas.secagg.identities import PartyIdentity
 from mpi_fnas.secagg.keyset import check_confirmations, confirmation
 from mpi_fnas.secagg.masks import PUBLIC_KEY_BYTES, PairwiseMasks, launch_id
 from mpi_fnas.wire import encode
-
-if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
-    pass
 
 AssignmentT = TypeVar("AssignmentT")
 

@@ -47,7 +47,8 @@ class LogFile(Protocol):
 class StageLog:
     """The rows and the outcome of one stage (``search``: the root group; ``augment``: ``/augment``), written the
     same way for both (module doc); ``row_counts`` / ``truncate`` restore a checkpoint's rows. Obtain it from
-    :class:`RunLog` (``log.search``, ``log.augment``, ``log.stage(name)``); it writes through the log's one handle.
+    :class:`~mpi_fnas.runlog.writer.RunLog` (``log.search``, ``log.augment``, ``log.stage(name)``); it writes
+    through the log's one handle.
     """
 
     def __init__(self, log: LogFile, layout: StageLayout) -> None:

@@ -34,12 +34,7 @@ from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_itera
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party import Party
-from mpi_fnas.federation.plan import (
-    AugmentPlan,
-    RunPlan,
-    SetupError,
-    open_split,
-)
+from mpi_fnas.federation.plan import AugmentPlan, RunPlan, SetupError, open_split
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
 from mpi_fnas.privacy.params import DPParams
@@ -301,7 +296,8 @@ class StageSide:
         return self.private(cfg) and cfg.privacy.aggregation == "secure"
 
     def step(self, party: Party, step: int) -> dict[str, Any]:
-        """Prepare `party` for iteration `step`; the keyword arguments of its :func:`party_iteration`."""
+        """Prepare `party` for iteration `step`; the keyword arguments of its
+        :func:`~mpi_fnas.federation.algorithm.party_iteration`."""
 
     def finish(self, party: Party, channel: Channel) -> None:
         """After the last step (not after a stop): the stage's closing exchange, if any (none by default)."""

@@ -14,7 +14,7 @@ hands to MPI, and nothing else (tests/mpi/test_release_spy.py checks every call)
 Its stream keys never leave its memory: a resumed party keys new streams (a replayed step draws fresh randomness)
 and restores only its batch positions, from its own directory
 (:class:`~mpi_fnas.federation.party_store.PartyStore`). An unreliable
-party holds its corrupted shards here too (:func:`own_examples`).
+party holds its corrupted shards here too (:func:`~mpi_fnas.stages.base.own_examples`).
 """
 
 from __future__ import annotations
@@ -37,18 +37,8 @@ from mpi_fnas.federation.handshake import (
 )
 from mpi_fnas.federation.inventory import report_inventory
 from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import (
-    SetupError,
-    open_split,
-    own_shards,
-    party_corruption,
-    secure_dimension,
-    shared_plan,
-)
-from mpi_fnas.federation.verify import (
-    check_checkpoint_step,
-    check_corruption,
-)
+from mpi_fnas.federation.plan import SetupError, open_split, own_shards, party_corruption, secure_dimension, shared_plan
+from mpi_fnas.federation.verify import check_checkpoint_step, check_corruption
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
 from mpi_fnas.refusal import ReportedRefusalError, refusal_line, refusal_text
 from mpi_fnas.secagg.identities import IdentityError, PartyIdentity, load_party_identity

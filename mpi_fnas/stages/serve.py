@@ -20,10 +20,7 @@ import numpy as np
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel, PartyFailedError
 from mpi_fnas.federation.handshake import announce_last_step, hand_out, refuse_setup, relay_public_keys
-from mpi_fnas.federation.plan import (
-    SetupError,
-    attach_resume,
-)
+from mpi_fnas.federation.plan import SetupError, attach_resume
 from mpi_fnas.stages.augment import AugmentStage
 from mpi_fnas.stages.base import ServedStage, StageOutcome
 from mpi_fnas.stages.iteration import Progress, attempt_cost, process_age, settle_privacy

@@ -41,7 +41,7 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
             planned.assignments[0].steps_per_epoch += 1
             return planned
 
-        search.plan_run = one_party_changed
+        search.plan_run = augment.plan_run = one_party_changed  # each stage holds its own reference
     elif LIE == "low_sigma":
         honest = search.plan_run
 
@@ -52,7 +52,7 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
                                                          assignment.dp.noise_multiplier_a)
             return planned
 
-        search.plan_run = halved_sigma
+        search.plan_run = augment.plan_run = halved_sigma
     elif LIE in ("other_network", "other_ops"):
         honest_augment = augment.plan_augment_stage
         LARGER = ("normal=sep_conv_5x5@0,sep_conv_5x5@1|sep_conv_5x5@0,sep_conv_5x5@1;normal_concat=2,3;"
