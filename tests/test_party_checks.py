@@ -16,6 +16,7 @@ from conftest import ROOT, TINY
 from pre_recipe import PRE_RECIPE, tiny
 
 from mpi_fnas.config import load_config
+from mpi_fnas.data.corruption import party_corruption
 from mpi_fnas.federation import plan as plan_module
 from mpi_fnas.federation.handshake import plan_digest
 from mpi_fnas.federation.party_store import PartyStore, party_dir
@@ -239,21 +240,21 @@ def test_an_augmentation_pool_is_the_partys_own_shards():
         side = AugmentSide(cfg)
         data = plan_module.open_split(cfg, "train")
         for rank, got in enumerate(augment, start=1):
-            own = plan_module.own_shards(cfg, data, K, rank)
-            side.check_shards(cfg, got, own, examples=len(data), rank=rank)
+            own = plan_module.party_view(cfg, data, K, rank)
+            side.check(cfg, got, own, parties=K, rank=rank)
             for lie, reason in (({"train_count": len(got.pool_indices) + 1}, "train_count"),
                                 ({"pool_indices": np.concatenate([got.pool_indices, got.pool_indices[:1]])},
                                  "pool's (train|validation) part (share|repeat|.*not the seeded)"),
                                 ({"pool_indices": augment[rank % K].pool_indices,  # another party's pool
                                   "train_count": augment[rank % K].train_count}, "not the examples of the seeded")):
                 with pytest.raises(AssignmentRefusedError, match=rf"rank {rank} refuses the augmentation .*{reason}"):
-                    side.check_shards(cfg, dataclasses.replace(got, **lie), own, examples=len(data), rank=rank)
+                    side.check(cfg, dataclasses.replace(got, **lie), own, parties=K, rank=rank)
 
 
 def test_a_corruption_the_seed_does_not_give_is_refused():
     cfg = config("mode=fnas", "federation.unreliable_parties=1", "federation.corruption=0.5")
     for rank, assignment in enumerate(plan_run(cfg, K).assignments, start=1):
-        expected = plan_module.party_corruption(cfg, K, rank)
+        expected = party_corruption(cfg, K, rank)
         check_corruption(assignment.corruption, expected, rank=rank, what="search assignment")
         with pytest.raises(AssignmentRefusedError, match="corruption"):
             check_corruption(0.5 - assignment.corruption, expected, rank=rank, what="search assignment")

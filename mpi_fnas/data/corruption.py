@@ -11,8 +11,13 @@ guarantee").
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from mpi_fnas.config import Config
 
 # Mixed into the seeds so these streams differ from any other use of the same user seed.
 _CHOICE_TAG = 0x0C0FFE
@@ -27,6 +32,13 @@ def unreliable_parties(parties: int, count: int, seed: int) -> np.ndarray:
     marked = np.zeros(parties, dtype=bool)
     marked[np.random.default_rng([_CHOICE_TAG, seed]).choice(parties, size=count, replace=False)] = True
     return marked
+
+
+def party_corruption(cfg: Config, parties: int, rank: int) -> float:
+    """The fraction of party `rank`'s shards replaced by noise: ``federation.corruption`` when the public seed
+    marks it unreliable, else 0."""
+    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
+    return cfg.federation.corruption if unreliable[rank - 1] else 0.0
 
 
 def corrupted_count(size: int, fraction: float) -> int:

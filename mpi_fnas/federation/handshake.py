@@ -175,10 +175,12 @@ def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int) -
     return digest.digest()
 
 
-def agree_on_plan(channel: Channel, digest: bytes, *, stage: str) -> None:
-    """Party: send every other party, directly, this party's :func:`plan_digest` and compare theirs. Raises
-    :class:`AssignmentRefusedError` (one line, on every party that sees a difference) before anything of the stage
-    is sent when rank 0 sent some party another config or plan."""
+def agree_on_plan(channel: Channel, stage: str, config_text: str, plan: dict[str, Any], last: int) -> None:
+    """Party: send every other party, directly, this party's :func:`plan_digest` of the `stage`'s `config_text`,
+    `plan` and `last` step, and compare theirs. Raises :class:`AssignmentRefusedError` (one line, on every party
+    that sees a difference) before anything of the stage is sent when rank 0 sent some party another config or
+    plan."""
+    digest = plan_digest(stage, config_text, plan, last)
     received = channel.exchange_among_parties(digest)
     differing = sorted(rank for rank, theirs in received.items() if theirs != digest)
     if differing:

@@ -24,7 +24,7 @@ import numpy as np
 
 from mpi_fnas.config import CELL_NETWORK, Config, SetupError, SpaceConfig
 from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
-from mpi_fnas.data.corruption import unreliable_parties
+from mpi_fnas.data.corruption import party_corruption, unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
 from mpi_fnas.federation.flat import numel
@@ -130,11 +130,24 @@ def own_shards(cfg: Config, data: Any, parties: int, rank: int) -> tuple[np.ndar
     return train[rank - 1], val[rank - 1]
 
 
-def party_corruption(cfg: Config, parties: int, rank: int) -> float:
-    """The fraction of party `rank`'s shards replaced by noise: ``federation.corruption`` when the public seed
-    marks it unreliable, else 0."""
-    unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)
-    return cfg.federation.corruption if unreliable[rank - 1] else 0.0
+@dataclass
+class PartyView:
+    """What a party computes for itself of the plan rank 0 must have sent it, from the public config and its own
+    train split: secure aggregation's D (None unless its releases are securely aggregated), its (train, val)
+    shards of its `examples`, and its corruption fraction."""
+
+    dimension: int | None
+    shards: tuple[np.ndarray, np.ndarray]
+    examples: int
+    corruption: float
+
+
+def party_view(cfg: Config, data: Any, parties: int, rank: int) -> PartyView:
+    """Party `rank`'s :class:`PartyView` from the `data` it opened (the functions rank 0 plans with: < 1 s,
+    docs/privacy.md §2.10)."""
+    secure = cfg.mode == "dpfnas" and cfg.privacy.aggregation == "secure"
+    dimension = secure_dimension(cfg, data.in_channels, data.num_classes) if secure else None
+    return PartyView(dimension, own_shards(cfg, data, parties, rank), len(data), party_corruption(cfg, parties, rank))
 
 
 def local_shards(cfg: Config, examples: int, rank: int) -> tuple[np.ndarray, np.ndarray]:

@@ -23,6 +23,7 @@ from mpi_fnas.federation.party import Party, augment_party
 from mpi_fnas.federation.plan import (
     AugmentAssignment,
     AugmentPlan,
+    PartyView,
     SetupError,
     augment_is_private,
     parse_genotype,
@@ -166,19 +167,16 @@ class AugmentSide(StageSide):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.augment.optimizer)
 
-    def check(self, cfg: Config, got: AugmentAssignment, *, parties: int, dimension: int | None, rank: int) -> None:
+    def check(self, cfg: Config, got: AugmentAssignment, own: PartyView, *, parties: int, rank: int) -> None:
         check_network(cfg, got.network, rank=rank)
-        check_augment(cfg, got.releases, got.params, parties=parties, dimension=dimension, rank=rank)
-
-    def check_shards(self, cfg: Config, got: AugmentAssignment, own: tuple[np.ndarray, np.ndarray], *,
-                     examples: int, rank: int) -> None:
+        check_augment(cfg, got.releases, got.params, parties=parties, dimension=own.dimension, rank=rank)
         pool, count = got.pool_indices, got.train_count
         if not 0 <= count <= len(pool):
             raise AssignmentRefusedError(f"rank {rank} refuses the augmentation assignment rank 0 sent: train_count "
                                          f"{count} of a pool of {len(pool)}; nothing was computed or sent")
-        train, val = own
+        train, val = own.shards
         check_shards([("pool's train part", pool[:count]), ("pool's validation part", pool[count:])],
-                     [train, val if cfg.augment.pool == "all" else val[:0]], examples=examples,
+                     [train, val if cfg.augment.pool == "all" else val[:0]], examples=own.examples,
                      partition=cfg.data.partition, rank=rank, what="augmentation assignment")
 
     def private(self, cfg: Config) -> bool:

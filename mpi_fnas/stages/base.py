@@ -34,7 +34,8 @@ from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_itera
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.party import Party
-from mpi_fnas.federation.plan import AugmentPlan, RunPlan, SetupError, open_split
+from mpi_fnas.federation.party_store import PartyStore
+from mpi_fnas.federation.plan import AugmentPlan, PartyView, RunPlan, SetupError, open_split
 from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
 from mpi_fnas.privacy.params import DPParams
@@ -270,13 +271,9 @@ class StageSide:
         """The stage's party of `rank` on `device`, from its assignment `got` and its train split `data` (each side
         says how)."""
 
-    def check(self, cfg: Config, got: Any, *, parties: int, dimension: int | None, rank: int) -> None:
-        """Raise AssignmentRefusedError unless `got`'s DP parameters are those this party derives (each side)."""
-
-    def check_shards(self, cfg: Config, got: Any, own: tuple[np.ndarray, np.ndarray], *, examples: int,
-                     rank: int) -> None:
-        """Raise AssignmentRefusedError unless `got`'s indices are this party's `own` (train, val) shards of its
-        `examples` (:func:`~mpi_fnas.federation.verify.check_shards`; each side says which indices it holds)."""
+    def check(self, cfg: Config, got: Any, own: PartyView, *, parties: int, rank: int) -> None:
+        """Raise AssignmentRefusedError unless `got`'s DP parameters and indices are those this party derives
+        itself (`own`; :mod:`~mpi_fnas.federation.verify`; each side says which indices it holds)."""
 
     def private(self, cfg: Config) -> bool:
         """Whether this stage's releases are DP under `cfg` (each side)."""
@@ -290,6 +287,25 @@ class StageSide:
         """What one iteration of a private stage releases on this party's train and validation shards (q from the
         shards it samples: B / N), and its search shards' sizes (N_tr, N_val)."""
         raise NotImplementedError
+
+    def keep_own_ledger(self, cfg: Config, got: Any, store: PartyStore | None, rank: int, *, requested: int) -> None:
+        """This party's own budget (:mod:`mpi_fnas.privacy.party_ledger`), before it sends anything of this launch:
+        BudgetRefusedError when the `requested` iterations rank 0 announced would take its ε, composed from its own
+        record and journals, past its own cap; then this launch's releases recorded in its directory."""
+        per_iteration, sizes = self.per_iteration(got)
+        record = store.release_record() if store is not None else []
+        secure = self.params(got).secure_sum
+        cap = self.params(got).party_cap(cfg.privacy.party_max_epsilon)
+        if cap is not None:
+            from mpi_fnas.privacy import party_ledger  # rank 0's accountant: loaded only by a party with a cap
+
+            sent = store.sent_by_stage() if store is not None else {}
+            party_ledger.check_request(cap, record, sent, per_iteration, cfg.privacy.delta, sizes,
+                                       secure.accounting if secure is not None else None, requested, rank=rank,
+                                       stage=self.name)
+        if store is not None:
+            constants = [secure.parties, secure.local_variance, secure.dimension, secure.colluders] if secure else None
+            store.begin_releases(list(per_iteration.train), list(per_iteration.val), sizes, constants)
 
     def secure(self, cfg: Config) -> bool:
         """Whether this stage's releases are securely aggregated under `cfg` (a key round, an identity to use)."""

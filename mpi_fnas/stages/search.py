@@ -20,7 +20,7 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.party import Party, search_party
-from mpi_fnas.federation.plan import Assignment, plan_run
+from mpi_fnas.federation.plan import Assignment, PartyView, plan_run
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
@@ -162,14 +162,11 @@ class SearchSide(StageSide):
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.search.w_optimizer)
 
-    def check(self, cfg: Config, got: Assignment, *, parties: int, dimension: int | None, rank: int) -> None:
-        check_params(expected_params(cfg, parties, dimension), got.dp, calibrated=calibrated(cfg), rank=rank,
+    def check(self, cfg: Config, got: Assignment, own: PartyView, *, parties: int, rank: int) -> None:
+        check_params(expected_params(cfg, parties, own.dimension), got.dp, calibrated=calibrated(cfg), rank=rank,
                      what="search assignment")
-
-    def check_shards(self, cfg: Config, got: Assignment, own: tuple[np.ndarray, np.ndarray], *, examples: int,
-                     rank: int) -> None:
-        check_shards([("train indices", got.train_indices), ("validation indices", got.val_indices)], own,
-                     examples=examples, partition=cfg.data.partition, rank=rank, what="search assignment")
+        check_shards([("train indices", got.train_indices), ("validation indices", got.val_indices)], own.shards,
+                     examples=own.examples, partition=cfg.data.partition, rank=rank, what="search assignment")
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas"
