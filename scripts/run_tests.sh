@@ -4,11 +4,9 @@
 #   lane 2 (background): the Slurm tests (tests/test_slurm_*.py: one set of loopback daemons for three modules, and
 #     Slurm across three simulated hosts), then the simulated-cluster tests (tests/test_cluster.py) and the image's
 #     (tests/test_image.py: they skip, saying so, until `make image` has built it), the documentation site's strict
-#     build (tests/test_docs_site.py), the report's tiny real runs (tests/test_report_trained.py), and four of the
+#     build (tests/test_docs_site.py), the report's tiny real runs (tests/test_report_trained.py), and five of the
 #     longest serial modules (tests/test_augment.py, tests/test_noise_sweep.py, tests/test_resume.py,
-#     tests/test_party_ledger.py: moved here so that the lanes end together; on 2026-11-29 lane 2 ended after 11
-#     minutes and lane 1 after 23 with the last two in lane 1, whose slowest tests they were; after the move, 19 and
-#     18). The Slurm tests spend most of their wall time waiting for slurmctld's scheduling passes and for
+#     tests/test_party_ledger.py, tests/test_privacy_system.py: here so that the lanes end together). The Slurm tests spend most of their wall time waiting for slurmctld's scheduling passes and for
 #     `sbatch --wait`, which the other lane's jobs fill.
 #     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
 #     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
@@ -22,7 +20,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
              tests/test_cluster.py tests/test_image.py tests/test_docs_site.py tests/test_report_trained.py
-             tests/test_augment.py tests/test_noise_sweep.py tests/test_resume.py tests/test_party_ledger.py)
+             tests/test_augment.py tests/test_noise_sweep.py tests/test_resume.py tests/test_party_ledger.py
+             tests/test_privacy_system.py)
 AVX2_TESTS=(tests/test_space.py tests/test_derived.py
             tests/test_privacy_mechanism.py tests/test_dpnas.py tests/test_handcrafted.py)
 

@@ -1,10 +1,9 @@
 """The noise sweep (paper Table 2 in small): `mpi_fnas.sweep` as users run it, plus its config handling.
 
-The central test runs a real sweep under `mpirun -n 3` (server + 2 parties) on a tiny setting tuned so that
-σ = 1 learns clearly above chance in 30 steps and σ² = 10 does not (each party's release has per-coordinate noise
-σ·R/B; with B = 256 and R near the median per-example gradient norm, σ² = 10 drowns the signal). Measured on
-this 2-core box (9 seeds, 3 triples): σ = 1 test error 80.3 / 81.6 / 81.3 %, σ² = 10: 91.4 / 88.6 / 89.0 %;
-every σ = 1 seed (77–85 %) beat every σ² = 10 seed (87–93 %). Chance is 90 % (10 classes).
+The real sweeps run under `mpirun -n 3` (server + 2 parties) on a tiny setting (TINY below), short: what they check
+is what the logs, the tables and the composed ε say, not how well they learn. The setting is the one on which
+σ = 1 learns clearly above chance in 30 steps and σ² = 10 does not: that signal is a benchmark (docs/benchmarks.md,
+"The noise sweep's signal").
 """
 
 from __future__ import annotations
@@ -43,18 +42,16 @@ from mpi_fnas.sweep import (
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = str(Path(sys.executable).parent / "mpirun")
 CONFIG = ROOT / "configs" / "dpfnas_noise_sweep.yaml"
-STEPS = 30
 # The tiny setting (on top of the shipped config): 1 cell with 1 node on 8×8 images, full shards as the expected
-# batch (q = 1), a large W step. See the module docstring for the numbers it gives.
+# batch (q = 1), a large W step; the benchmark's setting (docs/benchmarks.md, "The noise sweep's signal").
 TINY = [
     "federation.parties=2", "data.train_size=1024", "data.test_size=300", "data.image_size=8",
-    "space.channels=8", "space.layers=1", "space.nodes=1", "search.epochs=1", f"search.steps_per_epoch={STEPS}",
+    "space.channels=8", "space.layers=1", "space.nodes=1", "search.epochs=1", "search.steps_per_epoch=30",
     "search.batch_size=256", "search.w_lr=0.8", "search.w_lr_min=0.8", "privacy.clip_w=4.0",
     "privacy.clip_a=0.15", "runtime.progress=off", "runtime.threads_per_rank=1", "runtime.log_every=10",
     # Reproducible noise (ε void): the statistical test below was measured with fixed seeds and must stay fixed.
     "privacy.reproducible_noise=true",
 ]
-CHANCE_ERROR_PCT = 90.0
 
 
 def sweep(ranks: int, *args: str, sets: list[str] = (), env: dict | None = None,
@@ -288,15 +285,47 @@ def reference_from_logs(logs: list[dict]) -> float:
 
 @pytest.mark.slow
 def test_sweep_epsilon_from_real_logs_matches_an_independent_composition(tmp_path):
-    """A real 2 variances × 2 seeds sweep: summary.csv, points.csv and the table report, per seed, the worst party's
-    ε composed over both variances, as dp_accounting composes the releases read straight from the logs; a log of
-    an abandoned attempt in a point's directory is composed too."""
+    """A real 2 variances × 2 seeds sweep, as users run it: every point's log, and summary.csv, points.csv and the
+    table equal to what the logs say (read straight, not through mpi_fnas.sweep): per variance the mean and sample
+    std of the test error, σ, the worst point ε; per seed the worst party's ε composed over both variances, as
+    dp_accounting composes the releases of the logs; ``--summarize`` re-tables the directory alike; a log of an
+    abandoned attempt in a point's directory is composed too. (That the error grows with the noise is an accuracy
+    claim: docs/benchmarks.md, "The noise sweep's signal".)"""
     out_dir = tmp_path / "sw"
+    steps, seeds = 3, [0, 1]
     out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
-                sets=[*TINY, "search.steps_per_epoch=3", "search.batch_size=64", "sweep.variances=[4,16]",
-                      "sweep.seeds=[0,1]"], timeout=300)
+                sets=[*TINY, f"search.steps_per_epoch={steps}", "search.batch_size=64", "sweep.variances=[4,16]",
+                      f"sweep.seeds={seeds}"], timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    logs = {(v, s): read_run(out_dir / f"var{v}-seed{s}" / "search.h5") for v in (4, 16) for s in (0, 1)}
+    logs = {(v, s): read_run(out_dir / f"var{v}-seed{s}" / "search.h5") for v in (4, 16) for s in seeds}
+    errors: dict[str, list[float]] = {}
+    for (variance, seed), log in logs.items():
+        assert log["status"] == "finished" and log["reason"] == "completed"
+        assert int(log["metrics"]["step"][-1]) == steps
+        assert log["privacy"]["noise_multiplier_w"] == pytest.approx(math.sqrt(variance))
+        assert log["privacy"]["noise_multiplier_a"] == pytest.approx(math.sqrt(variance))
+        assert f"seed: {seed}\n" in log["config"]
+        errors.setdefault(str(variance), []).append(100.0 * (1.0 - log["metrics"]["test_acc"][-1]))
+    summary = read_csv(out_dir / "summary.csv")
+    assert [row["variance"] for row in summary] == ["4", "16"]  # one row per variance
+    for row in summary:
+        mine = errors[row["variance"]]
+        worst = max(float(logs[int(row["variance"]), s]["privacy"]["epsilon"][-1].max()) for s in seeds)
+        assert int(row["seeds"]) == len(seeds)
+        assert float(row["test_error_mean_pct"]) == pytest.approx(np.mean(mine))
+        assert float(row["test_error_std_pct"]) == pytest.approx(np.std(mine, ddof=1))
+        assert float(row["epsilon_worst"]) == pytest.approx(worst)
+        assert float(row["sigma"]) == pytest.approx(math.sqrt(float(row["variance"])))
+    assert float(summary[1]["epsilon_worst"]) < float(summary[0]["epsilon_worst"])  # more noise, less spent
+    assert len(read_csv(out_dir / "points.csv")) == 2 * len(seeds)
+    assert "test error (%)" in out.stdout and str(out_dir / "summary.csv") in out.stdout
+    before = (out_dir / "summary.csv").read_text()
+    (out_dir / "summary.csv").unlink()
+    again = subprocess.run([sys.executable, "-m", "mpi_fnas.sweep", "--summarize", str(out_dir)],
+                           capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert again.returncode == 0, again.stderr
+    assert (out_dir / "summary.csv").read_text() == before
+
     per_seed = {s: reference_from_logs([logs[4, s], logs[16, s]]) for s in (0, 1)}
     one_point = max(float(log["privacy"]["epsilon"][-1].max()) for log in logs.values())
     assert min(per_seed.values()) > one_point  # the sweep spent more than any one point
@@ -372,57 +401,6 @@ def test_party_failure_aborts_the_sweep_without_hanging(tmp_path):
     assert point.releases[0].releases == (4, 4) and not point.releases[0].exact
     with pytest.raises(ConfigError, match="holds no finished"):
         summarize_dir(out_dir)
-
-
-@pytest.mark.slow
-def test_table_2_in_small_error_grows_with_noise_variance(tmp_path):
-    out_dir = tmp_path / "sw"
-    seeds = [0, 1, 2]
-    out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
-                sets=[*TINY, "sweep.variances=[1,10]", f"sweep.seeds={seeds}"])
-    assert out.returncode == 0, out.stderr[-3000:]
-
-    # Every run finished; read the per-seed errors straight from the logs (not through mpi_fnas.sweep).
-    errors: dict[str, list[float]] = {}
-    epsilons: dict[str, float] = {}
-    for variance in ("1", "10"):
-        for seed in seeds:
-            log = read_run(out_dir / f"var{variance}-seed{seed}" / "search.h5")
-            assert log["status"] == "finished" and log["reason"] == "completed"
-            assert int(log["metrics"]["step"][-1]) == STEPS
-            assert log["privacy"]["noise_multiplier_w"] == pytest.approx(math.sqrt(float(variance)))
-            assert log["privacy"]["noise_multiplier_a"] == pytest.approx(math.sqrt(float(variance)))
-            assert f"seed: {seed}\n" in log["config"]
-            errors.setdefault(variance, []).append(100.0 * (1.0 - log["metrics"]["test_acc"][-1]))
-            epsilons[variance] = float(log["privacy"]["epsilon"][-1].max())
-
-    summary = read_csv(out_dir / "summary.csv")
-    assert [row["variance"] for row in summary] == ["1", "10"]  # one row per variance
-    for row in summary:
-        mine = errors[row["variance"]]
-        assert int(row["seeds"]) == len(seeds)
-        assert float(row["test_error_mean_pct"]) == pytest.approx(np.mean(mine))
-        assert float(row["test_error_std_pct"]) == pytest.approx(np.std(mine, ddof=1))
-        assert float(row["epsilon_worst"]) == pytest.approx(epsilons[row["variance"]])
-        assert float(row["sigma"]) == pytest.approx(math.sqrt(float(row["variance"])))
-    assert len(read_csv(out_dir / "points.csv")) == 2 * len(seeds)
-    assert "test error (%)" in out.stdout and str(out_dir / "summary.csv") in out.stdout
-
-    # The signal: σ = 1 learns clearly above chance, σ² = 10 is worse (more noise, stronger privacy).
-    err_1, err_10 = np.mean(errors["1"]), np.mean(errors["10"])
-    print(f"test error (%): σ²=1 {np.round(errors['1'], 2)} mean {err_1:.2f}; "
-          f"σ²=10 {np.round(errors['10'], 2)} mean {err_10:.2f}")
-    assert err_1 < CHANCE_ERROR_PCT - 4.0, errors
-    assert err_10 > err_1 + 3.0, errors
-    assert epsilons["10"] < epsilons["1"]
-
-    # --summarize re-tables the directory from the logs alone, to the same summary.
-    before = (out_dir / "summary.csv").read_text()
-    (out_dir / "summary.csv").unlink()
-    again = subprocess.run([sys.executable, "-m", "mpi_fnas.sweep", "--summarize", str(out_dir)],
-                           capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert again.returncode == 0, again.stderr
-    assert (out_dir / "summary.csv").read_text() == before
 
 
 @pytest.mark.slow
