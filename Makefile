@@ -7,7 +7,8 @@ PYTHON := $(VENV)/bin/python
 MPIRUN := $(VENV)/bin/mpirun
 NP     ?= 9
 ARGS   ?=
-MPI_TEST_RANKS ?= 5
+# The MPI tests: a server and 3 parties (each test needs at most 3 ranks; 3 parties keep several mask pairs).
+MPI_TEST_RANKS ?= 4
 STAMP  := $(VENV)/.mpi_fnas-installed
 
 .PHONY: setup run test test-serial test-mpi lint docs bench image clean

@@ -1,4 +1,4 @@
-"""Shared setup of the MPI tests (run under `mpirun -n 5 python -m pytest --with-mpi --only-mpi tests/mpi`)."""
+"""Shared setup of the MPI tests (run under `mpirun -n 4 python -m pytest --with-mpi --only-mpi tests/mpi`)."""
 
 from __future__ import annotations
 
