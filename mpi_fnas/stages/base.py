@@ -294,8 +294,9 @@ class StageSide:
         record and journals, past its own cap; then this launch's releases recorded in its directory."""
         per_iteration, sizes = self.per_iteration(got)
         record = store.release_record() if store is not None else []
-        secure = self.params(got).secure_sum
-        cap = self.params(got).party_cap(cfg.privacy.party_max_epsilon)
+        params = self.params(got)
+        secure = params.secure_sum
+        cap = params.party_cap(cfg.privacy.party_max_epsilon)
         if cap is not None:
             from mpi_fnas.privacy import party_ledger  # rank 0's accountant: loaded only by a party with a cap
 
