@@ -9,12 +9,14 @@
 * the failure policy (:func:`run_guarded`): any exception on any rank ends the whole job quickly with a non-zero
   exit; a DP party sends the server only a generic reason and keeps the details in its own ``error.log``;
 * a series of jobs in one MPI job (:func:`run_series`: ``sweep``, ``baseline``), set up under that policy;
-* signals (:class:`StopRequest`): SIGTERM, SIGUSR1 and SIGINT ask for a checkpoint at the next step boundary.
+* signals (:class:`StopRequest`): SIGTERM, SIGUSR1 and SIGINT ask for a checkpoint at the next step boundary;
+* the exit (:func:`exit_process`).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -22,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from mpi_fnas import __version__
 from mpi_fnas.config import Config, ConfigError, ServerReportedError, SetupError, load_config
@@ -44,6 +46,16 @@ class LaunchFailedError(RuntimeError):
 
 
 # -- arguments ------------------------------------------------------------------------------------------------------
+def exit_process(code: int) -> NoReturn:
+    """End the process with exit status `code` (every entry point's ``__main__``).
+
+    Why ``gc.freeze()`` first: the interpreter's last collections would walk every object torch's import made,
+    about 0.6 CPU-seconds per rank of every job; frozen objects are skipped (the atexit handlers, MPI's finalize
+    and the flushes still run)."""
+    gc.freeze()
+    sys.exit(code)
+
+
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """The options every entry point takes: the config, overrides, verbosity and the version."""
     parser.add_argument("--config", metavar="FILE", help="YAML config (default: built-in = configs/default.yaml)")

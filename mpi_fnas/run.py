@@ -345,4 +345,4 @@ def _read_log(log: Path, option: str) -> dict:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    cli.exit_process(main())

@@ -1,8 +1,7 @@
 """``python -m mpi_fnas.baseline``: see mpi_fnas.baseline.command."""
 
-import sys
-
 from mpi_fnas.baseline.command import main
+from mpi_fnas.cli import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

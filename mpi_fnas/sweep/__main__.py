@@ -1,8 +1,7 @@
 """``python -m mpi_fnas.sweep``: see mpi_fnas.sweep.command."""
 
-import sys
-
+from mpi_fnas.cli import exit_process
 from mpi_fnas.sweep.command import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
