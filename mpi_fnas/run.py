@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ConfigError("--out and --resume name different run directories; give one of them")
         if args.augment and (args.resume or args.out):
             raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
-        text, path, stage = cli.decide_on_root(channel, lambda: _decide(cfg, args, made))
+        text, path, stage = cli.decide_on_root(channel, lambda: decide_launch(cfg, args, made))
         state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
         check_world(state["cfg"], channel.size)
         if not channel.is_server:  # a party keeps its state where it says, not where rank 0 says
@@ -212,7 +212,7 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
     return cli.EXIT_OK
 
 
-def _decide(cfg: Config | None, args: argparse.Namespace, made: list[Path]) -> tuple[str, str, str]:
+def decide_launch(cfg: Config | None, args: argparse.Namespace, made: list[Path]) -> tuple[str, str, str]:
     """Rank 0: the config (as YAML text, so every rank runs the same one), the run directory and the stage; a new
     run's directory, if this launch creates it, is appended to `made`."""
     if args.augment:

@@ -87,6 +87,19 @@ def mpirun_together(*launches: tuple, timeout: float = 600) -> list[subprocess.C
                 proc.communicate()
 
 
+def rank0_decision(*argv: str) -> tuple[str, str, str]:
+    """Rank 0's decision on a ``mpi_fnas.run`` command line, in this process (no launch): (config text, run
+    directory, stage). A refusal raises the ConfigError a launch prints as its one line, exit 2 (tests/test_cli.py
+    launches that path)."""
+    from mpi_fnas import cli
+    from mpi_fnas.run import build_parser, decide_launch
+
+    args = build_parser().parse_args(list(argv))
+    cfg, error = cli.load_config_args(args)
+    assert error is None, error
+    return decide_launch(cfg, args, [])
+
+
 def descendants(pid: int) -> list[int]:
     """Every process below `pid` (from /proc)."""
     children = []

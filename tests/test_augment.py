@@ -14,11 +14,11 @@ import shutil
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together
+from conftest import TINY, mpirun, mpirun_together, rank0_decision
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.checkpoint import load_checkpoint
-from mpi_fnas.config import load_config
+from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.federation.plan import SetupError
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
@@ -286,7 +286,7 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     run = tmp_path / "run"
     searched = tmp_path / "searched"
     common = [*AUGMENT, "--set", "mode=dpfnas"]
-    # Two independent runs side by side, then their two refusals side by side.
+    # Two independent runs side by side; then rank 0's refusals, in this process.
     stopped, finished = mpirun_together(
         (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "3"}),  # the search did not finish
         (3, [*common, "--set", "augment.epochs=0", "--out", str(searched)]))
@@ -294,18 +294,17 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     assert finished.returncode == 0, finished.stderr[-3000:]
     log = read_run(searched / "search.h5")
     assert log["augment"] is None
-    refused, changed = mpirun_together((3, ["--augment", str(run)]),
-                                       (3, ["--augment", str(searched), "--set", "search.epochs=3"]))
-    assert refused.returncode == 2 and "did not finish" in refused.stderr
-    assert refused.stderr.count("did not finish") == 1  # one line, printed once
-    assert changed.returncode == 2 and "only augment.*" in changed.stderr
+    with pytest.raises(ConfigError, match=r"^--augment: the search in .* did not finish \(status interrupted\)"):
+        rank0_decision("--augment", str(run))
+    with pytest.raises(ConfigError, match=r"^--augment: only augment\.\*, runtime\.\* and checkpoint\.\* may differ"):
+        rank0_decision("--augment", str(searched), "--set", "search.epochs=3")
     out = launch("--augment", str(searched), "--set", "augment.epochs=1")
     assert out.returncode == 0, out.stderr[-3000:]
     log = read_run(searched / "search.h5")
     assert log["status"] == "finished" and log["augment"]["status"] == "finished"
     assert (log["augment"]["privacy"]["epsilon"][-1] > log["privacy"]["epsilon"][-1]).all()  # continued ledgers
-    again = launch("--augment", str(searched), "--set", "augment.epochs=1")
-    assert again.returncode == 2 and "already augmented" in again.stderr
+    with pytest.raises(ConfigError, match=r"^--augment: the run in .* was already augmented"):
+        rank0_decision("--augment", str(searched), "--set", "augment.epochs=1")
 
 
 class _Parties:

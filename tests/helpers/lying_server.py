@@ -32,7 +32,7 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
             own = args.resume or args.augment or args.out
             return read_pin(pin_directory(own, 1)), os.environ["LYING_SERVER_DIR"], "search"
 
-        run._decide = named_elsewhere
+        run.decide_launch = named_elsewhere
     elif LIE == "one_party_plan":
         honest = search.plan_run  # the search stage holds its own reference, imported above
 
