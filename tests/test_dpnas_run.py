@@ -4,6 +4,8 @@ that dp_accounting, called directly on the log's public facts, reproduces for bo
 
 from __future__ import annotations
 
+import functools
+
 import dp_accounting
 import numpy as np
 import pytest
@@ -27,6 +29,12 @@ DPNAS_RUN = [
 
 def pld_epsilon(segments: list[tuple[float, float, int]], delta: float) -> float:
     """dp_accounting's PLD accountant over (σ, q, releases) segments composed in order."""
+    return _pld_epsilon(tuple(segments), delta)
+
+
+@functools.lru_cache(maxsize=16)
+def _pld_epsilon(segments: tuple[tuple[float, float, int], ...], delta: float) -> float:
+    # Cached: parties with equal shards ask for the same composition (seconds each).
     accountant = dp_accounting.pld.PLDAccountant(value_discretization_interval=DEFAULT_VALUE_DISCRETIZATION)
     for sigma, rate, count in segments:
         if count:
