@@ -9,6 +9,7 @@
 * the failure policy (:func:`run_guarded`): any exception on any rank ends the whole job quickly with a non-zero
   exit; a DP party sends the server only a generic reason and keeps the details in its own ``error.log``;
 * a series of jobs in one MPI job (:func:`run_series`: ``sweep``, ``baseline``), set up under that policy;
+* the exchange pattern every rank agrees on (:func:`agree_on_exchange`);
 * signals (:class:`StopRequest`): SIGTERM, SIGUSR1 and SIGINT ask for a checkpoint at the next step boundary;
 * the exit (:func:`exit_process`).
 """
@@ -163,6 +164,24 @@ def decide_on_root(channel: Channel, decide: Callable[[], T]) -> T:
     return value
 
 
+def agree_on_exchange(channel: Channel, cfg: Config, own: Config, facts: list | None) -> str:
+    """Rank 0 chooses the per-step exchanges' pattern from every rank's `facts` (hosts, cores) and `cfg`; a party
+    refuses a collective one its `own` config does not allow
+    (:func:`~mpi_fnas.federation.topology.collective_refusal`). Sets ``channel.pattern``; rank 0 gets the line to
+    print."""
+    from mpi_fnas.federation.topology import COLLECTIVE, choose_exchange, collective_refusal
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+
+    pattern, why = decide_on_root(channel, lambda: choose_exchange(cfg, facts))
+    if not channel.is_server and pattern == COLLECTIVE:
+        refusal = collective_refusal(own)
+        if refusal is not None:
+            raise AssignmentRefusedError(f"rank {channel.rank} refuses the collective exchange rank 0 chose: "
+                                         f"{refusal}")
+    channel.pattern, channel.pattern_reason = pattern, why
+    return f"exchange: {pattern} ({why})"
+
+
 def require_parties(channel: Channel, tool: str, launch: str) -> None:
     """ConfigError unless the world has a server and at least one party; `launch` shows how to start `tool`."""
     if channel.size < 2:
@@ -290,6 +309,19 @@ def run_series(cfg: Config | None, config_error: ConfigError | None, setup: Call
         return code
     resolved, *rest = state["setup"]
     channel.timeout = resolved.runtime.comm_timeout
+
+    def exchange() -> int:
+        from mpi_fnas.federation.memory import node_facts
+
+        facts = channel.gather_objects(node_facts(resolved.runtime.node_memory_mb))
+        line = agree_on_exchange(channel, resolved, cfg if cfg is not None else resolved, facts)
+        if channel.is_server:
+            print(line, flush=True)
+        return EXIT_OK
+
+    code = run_guarded(channel, exchange, debug=debug)
+    if code != EXIT_OK:
+        return code
     code = run(channel, stop, resolved, *rest)
     stop.disarm()
     return code

@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
             from mpi_fnas.privacy.trusted_config import own_run_directory
 
             state["run_dir"] = own_run_directory(args.augment or args.resume or args.out, path, rank=channel.rank)
-            accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
+            trusted = accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
+            # The exchange pattern it takes part in: by its own command line's runtime.exchange where it gave one.
+            state["own"] = cfg if cfg is not None and (args.config or args.overrides) else trusted
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
@@ -113,20 +115,21 @@ def main(argv: list[str] | None = None) -> int:
     private_party = "dpfnas" in (run_cfg.mode, cfg.mode if cfg is not None else None) and not channel.is_server
     from mpi_fnas.federation.party_store import party_dir
 
-    code = cli.run_guarded(channel, lambda: _run(run_cfg, channel, run_dir, state["stage"], args, stop),
+    code = cli.run_guarded(channel, lambda: _run(run_cfg, state.get("own", run_cfg), channel, run_dir, state["stage"],
+                                                 args, stop),
                            debug=args.debug,
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
     stop.disarm()
     return _tidy_bad_input(code, channel.rank, made)
 
 
-def accept_config(own: Config | None, args: argparse.Namespace, received: Config, run_dir: Path, rank: int) -> None:
+def accept_config(own: Config | None, args: argparse.Namespace, received: Config, run_dir: Path, rank: int) -> Config:
     """A party checks the config rank 0 broadcast against the one it trusts (it pins it once its stage starts:
     :func:`mpi_fnas.stages.participate.participate`, so that a launch refused as bad input leaves nothing).
 
     Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
     :func:`cli.refuse_job`) on a difference in a privacy-relevant key. `run_dir` is the party's own
-    (:func:`~mpi_fnas.privacy.trusted_config.own_run_directory`)."""
+    (:func:`~mpi_fnas.privacy.trusted_config.own_run_directory`). Returns the config the party trusts."""
     from mpi_fnas.privacy import trusted_config as trusted
 
     directory = trusted.pin_directory(run_dir, rank)
@@ -134,14 +137,12 @@ def accept_config(own: Config | None, args: argparse.Namespace, received: Config
                                             resume=bool(args.resume), augment=bool(args.augment),
                                             overrides=args.overrides, pin=trusted.read_pin(directory), rank=rank)
     trusted.check_config(expected, received, rank=rank, trusted_name=name)
+    return expected
 
 
-def check_memory(channel: Channel, cfg: Config, stage: str) -> list[str]:
-    """Every rank reports its host and the memory its node gives the job; rank 0 estimates each rank's peak and
-    refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
-    from mpi_fnas.federation.memory import node_facts
-
-    facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))
+def check_memory(channel: Channel, cfg: Config, stage: str, facts: list | None) -> list[str]:
+    """Rank 0 estimates each rank's peak from every rank's `facts` (its host and the memory its node gives the job)
+    and refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
 
     def plan() -> list[str]:
         from mpi_fnas.federation.memory import plan_memory
@@ -166,13 +167,17 @@ def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
     return code
 
 
-def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace, stop: cli.StopRequest) -> int:
+def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace,
+         stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
+    from mpi_fnas.federation.memory import node_facts
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 
     # After the imports (torch), so that the parties import it while rank 0 plans.
-    memory = check_memory(channel, cfg, stage)
+    facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))  # rank 0: every rank's; parties: None
+    memory = check_memory(channel, cfg, stage, facts)
+    exchange = cli.agree_on_exchange(channel, cfg, own, facts)
     threads = cli.limit_torch_threads(cfg)
     resume = None
     if channel.is_server and (args.resume or args.augment):
@@ -195,7 +200,7 @@ def _run(cfg: Config, channel, run_dir: Path, stage: str, args: argparse.Namespa
             print("mpi_fnas: WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the "
                   "final weights are NOT private and the ε reported covers the search only", file=sys.stderr,
                   flush=True)
-        print("\n".join(memory), flush=True)
+        print("\n".join([*memory, exchange]), flush=True)
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
     outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,

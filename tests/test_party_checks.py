@@ -368,7 +368,7 @@ AUGMENT_ONLY = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2
 
 @pytest.fixture(scope="module")
 def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, float]]:
-    """Five jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
+    """Six jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
     real code): each job's result, run directory and wall seconds, by lie."""
     from conftest import mpirun_together
 
@@ -389,6 +389,7 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
                        "--set", "space.ops=[sep_conv_3x3, skip_connect, max_pool_3x3]",
                        "--set", f"augment.genotype={OWN_CELL}", *AUGMENT_ONLY, "--out", str(root / "ops")],
                       {}, root / "ops"),
+        "collective": ([*TINY, "--set", "mode=fnas", "--out", str(root / "collective")], {}, root / "collective"),
     }
     helpers = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
     start = time.monotonic()
@@ -466,3 +467,18 @@ def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is
         assert not (party_dir(plan_dir, rank) / "sent_steps").exists()
     assert read_run(plan_dir / "search.h5")["status"] == "failed"
     assert took < 120, took  # within the failure grace, not runtime.comm_timeout
+
+
+@pytest.mark.slow
+def test_a_party_refuses_a_collective_exchange_its_own_config_does_not_allow(lying_jobs):
+    """Plain FNAS under ``runtime.exchange: auto`` keeps the star (a reduction tree would hand a party's raw gradient,
+    or a sum holding it, to another party): a rank 0 that chooses collectives anyway is refused by every party in
+    one line, before any release."""
+    done, out, took = lying_jobs["collective"]
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert any(f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the collective exchange "
+               "rank 0 chose: mode fnas: a reduction tree would hand raw gradient sums to other parties"
+               in done.stderr for rank in (1, 2)), done.stderr[-3000:]
+    for rank in (1, 2):
+        assert not (party_dir(out, rank) / "sent_steps").exists()
+    assert took < 120, took

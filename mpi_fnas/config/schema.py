@@ -307,6 +307,12 @@ class RuntimeConfig:
     progress: Literal["auto", "on", "off"] = _key(
         "auto", "rank 0's progress display on stderr: on (a live bar), off, or auto (the bar on a terminal, "
         "otherwise one line per tenth of the run)")
+    exchange: Literal["auto", "collective", "star"] = _key(
+        "auto", "the per-step exchanges: star (each party to and from rank 0, point to point), collective "
+        "(MPI_Ireduce and MPI_Ibcast; under secure aggregation a binomial tree rooted at rank 0) or auto (star where "
+        "a node runs more ranks than cores, else collective). Plain FNAS and vanilla keep the star unless this says "
+        "collective; a selection and privacy.colluders > 0 keep it always. Under local aggregation the float32 sum "
+        "may differ in its last bits (summation order)")
     comm_timeout: float = _key(
         1800.0, "seconds one collective may take (incl. the slowest party's step) before the job is aborted: the limit "
         "at setup, in a stage's first 2 steps and at checkpoints, and the most the adaptive limit may reach")

@@ -9,9 +9,11 @@ float32 buffers and the setup objects alike) is non-blocking MPI polled by :meth
 * **No spinning.** Waiters sleep between polls (``SPIN_POLLS`` tight polls, then pauses that double from
   ``FIRST_PAUSE`` up to a cap: :func:`next_pause`), so ranks that outnumber the cores leave them to the parties
   still computing.
-* **A star, point to point**: a party sends only to, and receives only from, the server (the one exception,
+* **A star, point to point, or collectives** (``pattern``, chosen per job: :mod:`mpi_fnas.federation.topology`).
+  In the star a party sends only to, and receives only from, the server (the one exception,
   :meth:`Channel.exchange_among_parties`, carries secure aggregation's public confirmations party to party), and
-  the server sums in rank order, so the float32 sum is deterministic.
+  the server sums in rank order, so the float32 sum is deterministic. Collectives: ``MPI_Ireduce`` (float32),
+  a binomial tree of point-to-point messages for the masked uint32 words, and ``MPI_Ibcast``.
 * **Nothing is added or executed.** A party hands MPI exactly its caller's buffers and objects, and on failure its
   caller's notice text; setup objects travel in :mod:`mpi_fnas.wire`'s data-only format, never as pickles, and a
   message that is not data, or larger than ``MAX_OBJECT_MESSAGE``, is refused.
@@ -27,6 +29,7 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
+from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children, tree_parent
 from mpi_fnas.wire import WireError, decode, encode
 
 SERVER = 0
@@ -85,7 +88,9 @@ class Channel:
         self.max_pause = SERVER_MAX_PAUSE if self.rank == SERVER else PARTY_MAX_PAUSE
         self.pause_fraction = SERVER_PAUSE_FRACTION if self.rank == SERVER else PARTY_PAUSE_FRACTION
         self._notice = np.zeros(_MAX_NOTICE, dtype=np.uint8)
-        self._parts: dict[tuple[int, str], np.ndarray] = {}  # server: (K, n) receive buffers by (n, dtype), reused
+        self.pattern = STAR  # or COLLECTIVE: the per-step exchanges' pattern (mpi_fnas.federation.topology) ...
+        self.pattern_reason = "the channel's default"  # ... and why rank 0 chose it
+        self._parts: dict[tuple[int, int, str], np.ndarray] = {}  # (rows, n) receive buffers by shape and dtype
         # Requests (and their buffers) of an exchange abandoned by an exception: kept alive so that MPI never
         # writes into freed memory before the caller aborts the job. Their receives stay posted and would match
         # later messages, so the channel refuses any further exchange.
@@ -110,24 +115,48 @@ class Channel:
             recv: server only, (n,) contiguous, of `send`'s dtype; parties pass None.
         """
         _check_buffer(send, np.uint32)
-        if not self.is_server:
-            self._wait(_Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "reduce")
+        if self.is_server:
+            if recv is None:
+                raise ValueError("the server must pass a receive buffer")
+            _check_buffer(recv, send.dtype.type)
+            if recv.size != send.size or recv.dtype != send.dtype:
+                raise ValueError(f"reduce: receive buffer has {recv.size} {recv.dtype}, send buffer {send.size} "
+                                 f"{send.dtype}")
+        if self.pattern == COLLECTIVE and send.dtype == np.float32:
+            # Each float32 contribution is a noised, accounted release (or plain FNAS by the user's explicit
+            # choice): MPI's own algorithm may route it through other parties.
+            out = recv if self.is_server else None
+            self._wait(_Requests([self.comm.Ireduce(send, out, op=MPI.SUM, root=SERVER)], keep=(send, out)),
+                       "reduce")
             return
-        if recv is None:
-            raise ValueError("the server must pass a receive buffer")
-        _check_buffer(recv, send.dtype.type)
-        if recv.size != send.size or recv.dtype != send.dtype:
-            raise ValueError(f"reduce: receive buffer has {recv.size} {recv.dtype}, send buffer {send.size} "
-                             f"{send.dtype}")
-        parts = self._parts.get((send.size, send.dtype.str))
+        senders = tree_children(self.rank, self.size) if self.pattern == COLLECTIVE else (
+            list(range(1, self.size)) if self.is_server else [])
+        parts = self._receive_parts(senders, send)
+        if self.is_server:
+            np.copyto(recv, send)
+            for part in parts:  # rank (or child) order: the sum does not depend on who arrived first
+                np.add(recv, part, out=recv)
+            return
+        total = send
+        if parts is not None:  # a tree's inner party: its own words plus its subtree's partial sums (mod 2^32)
+            total = send.copy()
+            for part in parts:
+                np.add(total, part, out=total)
+        to = tree_parent(self.rank) if self.pattern == COLLECTIVE else SERVER
+        self._wait(_Requests([self.comm.Isend(total, dest=to, tag=BUFFER_TAG)], keep=(total,)), "reduce")
+
+    def _receive_parts(self, senders: list[int], send: np.ndarray) -> np.ndarray | None:
+        """Each sender's (n,) buffer of `send`'s size and dtype, as the rows of a reused array (None: no sender)."""
+        if not senders:
+            return None
+        key = (len(senders), send.size, send.dtype.str)
+        parts = self._parts.get(key)
         if parts is None:
-            parts = self._parts[(send.size, send.dtype.str)] = np.zeros((self.size - 1, send.size), dtype=send.dtype)
-        pending = _Requests([self.comm.Irecv(parts[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
+            parts = self._parts[key] = np.zeros((len(senders), send.size), dtype=send.dtype)
+        pending = _Requests([self.comm.Irecv(parts[i], source=k, tag=BUFFER_TAG) for i, k in enumerate(senders)])
         self._wait(pending, "reduce")
         pending.check_count(send.size, send.dtype)
-        np.copyto(recv, send)
-        for part in parts:  # rank order: the sum does not depend on who arrived first
-            np.add(recv, part, out=recv)
+        return parts
 
     def gather(self, send: np.ndarray, recv: np.ndarray | None = None) -> None:
         """Server: ``recv[k - 1] = send_k`` for every party k (the server's own `send` is not kept). Party: send.
@@ -161,6 +190,9 @@ class Channel:
         _check_buffer(buf)
         start = time.perf_counter()
         try:
+            if self.pattern == COLLECTIVE:  # W and A are what every party gets: any route is fine
+                self._wait(_Requests([self.comm.Ibcast(buf, root=SERVER)], keep=(buf,)), "bcast")
+                return
             if self.is_server:
                 # Synchronous sends: each completes once its party has the data, not once it sits in a socket
                 # buffer, so `bcast_seconds` is the transfer itself, also over a slow link (the parties already
@@ -319,9 +351,10 @@ class _Pending:
 class _Requests(_Pending):
     """Non-blocking requests, with the status of each once all completed."""
 
-    def __init__(self, requests: list[MPI.Request]) -> None:
+    def __init__(self, requests: list[MPI.Request], keep: tuple = ()) -> None:
         self.requests = requests
         self.statuses = [MPI.Status() for _ in requests]
+        self.keep = keep  # the buffers MPI may still read or write until the requests complete
 
     def test(self) -> bool:
         return MPI.Request.Testall(self.requests, self.statuses)

@@ -47,14 +47,16 @@ AssignmentT = TypeVar("AssignmentT")
 
 @dataclass(frozen=True)
 class SetupReports:
-    """What rank 0 learns at setup: every rank's device and CPU kernels (rank 0 first; :mod:`mpi_fnas.cpu_kernels`)
-    and each party's count of sent iterations."""
+    """What rank 0 learns at setup: every rank's device and CPU kernels (rank 0 first; :mod:`mpi_fnas.cpu_kernels`),
+    each party's count of sent iterations, and the exchange pattern every rank agreed on, with why."""
 
     devices: list[str]
     sent_steps: list[int]
     onednn_isa: list[str]
     aten_cpu_capability: list[str]
     refusals: dict[int, str] = field(default_factory=dict)  # rank -> its one line: it refused its assignment
+    exchange: str = "star"
+    exchange_reason: str = ""
 
     @property
     def gpus(self) -> int:
@@ -65,7 +67,8 @@ class SetupReports:
     def rank_attrs(self) -> dict[str, list[str]]:
         """The run log's ``/ranks`` attributes."""
         return {"devices": self.devices, "onednn_isa": self.onednn_isa,
-                "aten_cpu_capability": self.aten_cpu_capability}
+                "aten_cpu_capability": self.aten_cpu_capability, "exchange": self.exchange,
+                "exchange_reason": self.exchange_reason}
 
 
 # -- rank 0 ----------------------------------------------------------------------------------------------------------
@@ -84,7 +87,8 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
                         onednn_isa=[onednn_isa()] + [str(r["onednn_isa"]) for r in reports],
                         aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports],
                         refusals={rank: str(r["refused"]) for rank, r in enumerate(reports, start=1)
-                                  if r.get("refused") is not None})
+                                  if r.get("refused") is not None},
+                        exchange=channel.pattern, exchange_reason=channel.pattern_reason)
 
 
 def relay_public_keys(channel: Channel) -> bytes:

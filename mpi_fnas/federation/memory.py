@@ -49,11 +49,13 @@ POISSON_MARGIN_SIGMAS = 3.0  # B_max = B + 3 √B for a Poisson batch of mean B
 @wire_type
 @dataclass(frozen=True)
 class NodeFacts:
-    """What one rank reports: its host and the memory its node gives the job (MB), with where that came from."""
+    """What one rank reports: its host, the memory its node gives the job (MB) with where that came from, and the
+    cores it may run on."""
 
     host: str
     capacity_mb: float
     source: str
+    cores: int = 1
 
 
 @dataclass(frozen=True)
@@ -143,18 +145,18 @@ def node_facts(node_memory_mb: float | None) -> NodeFacts:
     """This rank's host name and the memory its node gives the job: `node_memory_mb` when set, else the smallest of
     the node's available memory (``MemAvailable``), the room left under this process's cgroup limit, and Slurm's
     ``SLURM_MEM_PER_NODE``. Public machine facts, the same for every rank of a node."""
-    host = socket.gethostname()
+    host, cores = socket.gethostname(), len(os.sched_getaffinity(0))
     if node_memory_mb is not None:
-        return NodeFacts(host, float(node_memory_mb), "runtime.node_memory_mb")
+        return NodeFacts(host, float(node_memory_mb), "runtime.node_memory_mb", cores)
     found = [(value, source) for value, source in (
         (_status_mb("MemAvailable", "/proc/meminfo"), "available on the node"),
         (_cgroup_room_mb(), "cgroup limit"),
         (_slurm_mem_mb(), "SLURM_MEM_PER_NODE"),
     ) if value is not None]
     if not found:
-        return NodeFacts(host, math.inf, "unknown")
+        return NodeFacts(host, math.inf, "unknown", cores)
     value, source = min(found)
-    return NodeFacts(host, value, source)
+    return NodeFacts(host, value, source, cores)
 
 
 def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPlan:

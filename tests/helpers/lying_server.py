@@ -8,7 +8,8 @@
 * ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same);
 * ``low_sigma``: every search assignment with half the σ_W the config derives (the same);
 * ``other_network``: every augmentation assignment names ``cnn-gn``, whatever the config says (the same);
-* ``other_ops``: every augmentation assignment names a cell of ``sep_conv_5x5`` edges (the same).
+* ``other_ops``: every augmentation assignment names a cell of ``sep_conv_5x5`` edges (the same);
+* ``collective``: it chooses the collective exchange, whatever the config allows (the same).
 """
 
 from __future__ import annotations
@@ -68,6 +69,10 @@ if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads 
             return planned
 
         augment.plan_augment_stage = other_network
+    elif LIE == "collective":
+        from mpi_fnas.federation import topology
+
+        topology.choose_exchange = lambda cfg, facts: (topology.COLLECTIVE, "a lying rank 0")
     else:
         raise SystemExit(f"lying_server: unknown lie {LIE!r}")
 

@@ -1,0 +1,74 @@
+"""The collective exchange end to end (real `mpirun` jobs, side by side): under secure aggregation a search through
+the tree ends bit for bit where the star's does, with the same ε; under local aggregation the same ε and alphas
+equal up to the float32 summation order; a party that fails mid-step ends a collective job quickly with the log
+`failed`; the log says which pattern ran and why. `auto` on this machine (more ranks than cores) is the star: every
+other run of the suite takes it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import TINY, mpirun_together
+
+from mpi_fnas.runlog import read_run
+
+pytestmark = pytest.mark.slow  # real mpirun jobs
+
+PARTIES = 3  # 4 ranks: the tree 0 ← 1, 0 ← 2 ← 3 (party 2 relays party 3's words)
+SECURE = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure",
+          "--set", "privacy.reproducible_noise=true", "--set", "search.steps_per_epoch=2"]
+LOCAL = [*TINY, "--set", "mode=dpfnas", "--set", "search.steps_per_epoch=2"]
+COLLECTIVE = ["--set", "runtime.exchange=collective"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("exchange")
+    plans = {
+        "secure-star": [*SECURE],
+        "secure-collective": [*SECURE, *COLLECTIVE],
+        "local-star": [*LOCAL, "--set", "privacy.reproducible_noise=true"],
+        "local-collective": [*LOCAL, "--set", "privacy.reproducible_noise=true", *COLLECTIVE],
+        "failed-collective": [*LOCAL, *COLLECTIVE],
+    }
+    faults = {"failed-collective": {"MPI_FNAS_INJECT_FAULT": "3:3"}}
+    outs = mpirun_together(*((PARTIES + 1, [*args, "--out", str(root / name)], faults.get(name))
+                             for name, args in plans.items()), timeout=600)
+    return root, dict(zip(plans, outs, strict=True))
+
+
+def log_of(runs, name: str) -> dict:
+    root, outs = runs
+    if not name.startswith("failed"):
+        assert outs[name].returncode == 0, outs[name].stderr[-3000:]
+    return read_run(root / name / "search.h5")
+
+
+def test_a_secure_search_through_the_tree_ends_bit_for_bit_where_the_stars_does(runs):
+    star, tree = log_of(runs, "secure-star"), log_of(runs, "secure-collective")
+    for cell in ("normal", "reduce"):
+        np.testing.assert_array_equal(tree["alphas"][cell], star["alphas"][cell])
+    np.testing.assert_array_equal(tree["metrics"]["test_loss"], star["metrics"]["test_loss"])
+    np.testing.assert_array_equal(tree["privacy"]["epsilon"], star["privacy"]["epsilon"])
+    assert tree["final_genotype"] == star["final_genotype"]
+    assert (tree["ranks"]["exchange"], tree["ranks"]["exchange_reason"]) == ("collective",
+                                                                             "runtime.exchange is collective")
+    assert star["ranks"]["exchange"] == "star"  # auto: 4 ranks on this machine's cores
+    assert star["ranks"]["exchange_reason"].startswith("auto: node ")
+    assert "exchange: collective (runtime.exchange is collective)" in runs[1]["secure-collective"].stdout
+
+
+def test_a_local_search_through_mpi_reduce_keeps_its_epsilon_and_its_alphas_to_rounding(runs):
+    star, tree = log_of(runs, "local-star"), log_of(runs, "local-collective")
+    np.testing.assert_array_equal(tree["privacy"]["epsilon"], star["privacy"]["epsilon"])
+    for cell in ("normal", "reduce"):
+        np.testing.assert_allclose(tree["alphas"][cell], star["alphas"][cell], rtol=1e-4, atol=1e-6)
+    assert tree["ranks"]["exchange"] == "collective"
+
+
+def test_a_party_that_fails_mid_step_ends_a_collective_job_quickly_and_marks_the_log(runs):
+    _, outs = runs
+    out = outs["failed-collective"]
+    assert out.returncode != 0
+    log = log_of(runs, "failed-collective")
+    assert log["status"] == "failed" and "party rank 3 failed" in log["reason"], log["reason"]
