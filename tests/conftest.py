@@ -13,15 +13,15 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from pre_recipe import PRE_RECIPE_ARGS, as_args, tiny
+from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
 MPIRUN = str(Path(sys.executable).parent / "mpirun")
-#: A search small enough for a few seconds per run on 2 cores (2 epochs of 4 steps, a row per step).
+#: A search small enough for a few seconds per run on 2 cores (2 epochs of 4 steps, a row per step, 4 ops).
 TINY = [*PRE_RECIPE_ARGS, *as_args(tiny(
-    "search.epochs=2", "search.steps_per_epoch=4", "runtime.progress=off", "checkpoint.every_steps=0",
+    TINY_DARTS_OPS, "search.epochs=2", "search.steps_per_epoch=4", "runtime.progress=off", "checkpoint.every_steps=0",
     "runtime.log_every=1",
     "augment.epochs=0",  # search only; the augmentation's tests add their own tiny one
     # Local noise, not the secure default: these runs test everything else, and local is 2 s cheaper per run (no

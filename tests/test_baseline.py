@@ -215,7 +215,7 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
         assert row.epsilon_searched == searched.epsilon_worst
         assert row.augment_noise_multiplier < searched.augment_noise_multiplier  # more budget: less noise
     for row in randoms:
-        assert row.network == "cell" and row.genotype == random_genotype_text(load_config(None, [*PRE_RECIPE]), 0,
+        assert row.network == "cell" and row.genotype == random_genotype_text(load_config(None, small[1::2]), 0,
                                                                               int(row.arm.split("-")[1]))
     for row in handcrafted:
         assert (row.network, row.genotype) == (row.arm, "")

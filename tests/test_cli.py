@@ -20,13 +20,14 @@ import h5py
 import numpy as np
 import pytest
 from conftest import ROOT, mpirun, mpirun_background, mpirun_together, rank_pid
-from pre_recipe import PRE_RECIPE_ARGS, as_args, tiny
+from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
 from mpi_fnas.config import Config
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import Genotype
 
-TINY = [*PRE_RECIPE_ARGS, *as_args(tiny("data.train_size=240", "runtime.progress=off", "runtime.log_every=1"))]
+TINY = [*PRE_RECIPE_ARGS,
+        *as_args(tiny(TINY_DARTS_OPS, "data.train_size=240", "runtime.progress=off", "runtime.log_every=1"))]
 
 
 def launch(ranks: int, *args: str, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
@@ -147,7 +148,7 @@ def test_small_federated_run_writes_the_documented_log(small_runs):
     assert np.all((metrics["val_acc"] >= 0) & (metrics["val_acc"] <= 1))
     assert np.all(metrics["comm_seconds"] <= metrics["step_seconds"] + 1e-9)
     assert np.all(np.isfinite(metrics["train_loss"]))
-    assert log["alphas"]["normal"].shape == (2, 5, 8)  # (epochs, edges for 2 nodes, ops)
+    assert log["alphas"]["normal"].shape == (2, 5, 4)  # (epochs, edges for 2 nodes, TINY's 4 ops)
     np.testing.assert_allclose(log["alphas"]["normal"].sum(-1), 1.0, rtol=1e-5)
     final = Genotype.from_string(log["final_genotype"])
     assert final == Genotype.from_string(log["genotypes"][-1])

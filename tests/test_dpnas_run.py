@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow  # a real mpirun job
 
 STAGES = [4, 4, 8]
 DPNAS_RUN = [
-    *TINY, "--set", "space.kind=dpnas", "--set", "space.nodes=5", "--set", f"space.stage_channels={STAGES}",
+    *TINY, "--set", "space.kind=dpnas", "--set", "space.ops=[]", "--set", "space.nodes=5",
+    "--set", f"space.stage_channels={STAGES}",
     "--set", "mode=dpfnas", "--set", "data.train_size=800", "--set", "augment.epochs=1",
     "--set", "augment.steps_per_epoch=4", "--set", "augment.batch_size=16",
 ]

@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
 
 
 def _initial_alphas() -> np.ndarray:
-    cfg = load_config(None, [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes=2"])
+    cfg = load_config(None, WARM[1::2])  # WARM is all --set KEY=VALUE pairs
     supernet = search_space("darts").build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
     return supernet.alpha_softmax()["normal"].detach().numpy()
 
