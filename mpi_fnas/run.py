@@ -140,9 +140,14 @@ def accept_config(own: Config | None, args: argparse.Namespace, received: Config
     return expected
 
 
-def check_memory(channel: Channel, cfg: Config, stage: str, facts: list | None) -> list[str]:
-    """Rank 0 estimates each rank's peak from every rank's `facts` (its host and the memory its node gives the job)
-    and refuses (bad input, one line) a placement that cannot fit a node. Rank 0 gets the lines to print."""
+def check_placement(channel: Channel, cfg: Config, own: Config, stage: str) -> list[str]:
+    """Every rank reports its host, the memory its node gives the job and its cores (public machine facts); rank 0
+    refuses (bad input, one line) a placement whose expected peak cannot fit a node, and chooses the exchange
+    pattern, which every party checks against its `own` config (:func:`cli.agree_on_exchange`). Rank 0 gets the
+    lines to print."""
+    from mpi_fnas.federation.memory import node_facts
+
+    facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))  # rank 0: every rank's; parties: None
 
     def plan() -> list[str]:
         from mpi_fnas.federation.memory import plan_memory
@@ -153,7 +158,8 @@ def check_memory(channel: Channel, cfg: Config, stage: str, facts: list | None) 
             raise ConfigError(refusal)
         return memory.lines()
 
-    return cli.decide_on_root(channel, plan) or []
+    lines = cli.decide_on_root(channel, plan) or []
+    return [*lines, cli.agree_on_exchange(channel, cfg, own, facts)]
 
 
 def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
@@ -170,14 +176,11 @@ def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
 def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace,
          stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
-    from mpi_fnas.federation.memory import node_facts
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 
     # After the imports (torch), so that the parties import it while rank 0 plans.
-    facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))  # rank 0: every rank's; parties: None
-    memory = check_memory(channel, cfg, stage, facts)
-    exchange = cli.agree_on_exchange(channel, cfg, own, facts)
+    placement = check_placement(channel, cfg, own, stage)
     threads = cli.limit_torch_threads(cfg)
     resume = None
     if channel.is_server and (args.resume or args.augment):
@@ -200,7 +203,7 @@ def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: arg
             print("mpi_fnas: WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the "
                   "final weights are NOT private and the ε reported covers the search only", file=sys.stderr,
                   flush=True)
-        print("\n".join([*memory, exchange]), flush=True)
+        print("\n".join(placement), flush=True)
         if args.verbose:
             print("# resolved config\n" + cfg.to_yaml(), end="", flush=True)
     outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,

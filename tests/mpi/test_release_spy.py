@@ -444,14 +444,16 @@ def check_noised_releases(sent_buffers: list[np.ndarray], releases: list[dict], 
 
 
 @pytest.mark.mpi(min_size=3)
-def test_a_partys_only_message_of_the_memory_plan_is_its_hosts_public_facts():
-    """The memory check every launch runs before its first stage (``run.check_memory``): a DP party sends rank 0 one
-    object, its host name and the memory its node gives the job (``federation.memory.node_facts``), and nothing of
-    its own process or data; rank 0 alone plans and broadcasts the lines it prints."""
+def test_a_partys_only_message_of_the_placement_check_is_its_hosts_public_facts():
+    """The placement check every launch runs before its first stage (``run.check_placement``): a DP party sends
+    rank 0 one object, its host name, the memory its node gives the job and its cores
+    (``federation.memory.node_facts``), and nothing of its own process or data; rank 0 alone plans the memory and
+    chooses the exchange pattern, and broadcasts both."""
+    import os
     import socket
 
     from mpi_fnas.federation.memory import NodeFacts
-    from mpi_fnas.run import check_memory
+    from mpi_fnas.run import check_placement
 
     class MemoryCheckChannel(Channel):
         """Records what this rank sends; a broadcast's payload from a party is the placeholder MPI discards (rank 0's
@@ -474,15 +476,16 @@ def test_a_partys_only_message_of_the_memory_plan_is_its_hosts_public_facts():
     cfg = load_config(None, [*PRE_RECIPE, "mode=dpfnas", "data.train_size=320", "data.test_size=16",
                              "data.image_size=8"])
     channel = MemoryCheckChannel(MPI.COMM_WORLD)
-    lines = check_memory(channel, cfg, "search")
-    assert any(line.startswith("memory: node ") for line in lines)
+    lines = check_placement(channel, cfg, cfg, "search")
+    assert any(line.startswith("memory: node ") for line in lines) and lines[-1].startswith("exchange: ")
     if channel.is_server:
         return
-    assert channel.calls == ["gather_objects", "bcast_object"]
+    assert channel.calls == ["gather_objects", "bcast_object", "bcast_object"]
     (facts,) = channel.objects
     assert type(facts) is NodeFacts and facts.host == socket.gethostname()
     assert isinstance(facts.capacity_mb, float) and facts.capacity_mb > 0
     assert facts.source in ("available on the node", "cgroup limit", "SLURM_MEM_PER_NODE", "unknown")
+    assert facts.cores == len(os.sched_getaffinity(0))
 
 
 class PointToPointRecorder:
