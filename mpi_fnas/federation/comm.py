@@ -138,17 +138,17 @@ class Channel:
                 np.add(recv, part, out=recv)
             return
         total = send
-        if parts is not None:  # a tree's inner party: its own words plus its subtree's partial sums (mod 2^32)
+        if len(parts):  # a tree's inner party: its own words plus its subtree's partial sums (mod 2^32)
             total = send.copy()
             for part in parts:
                 np.add(total, part, out=total)
         to = tree_parent(self.rank) if self.pattern == COLLECTIVE else SERVER
         self._wait(_Requests([self.comm.Isend(total, dest=to, tag=BUFFER_TAG)], keep=(total,)), "reduce")
 
-    def _receive_parts(self, senders: list[int], send: np.ndarray) -> np.ndarray | None:
-        """Each sender's (n,) buffer of `send`'s size and dtype, as the rows of a reused array (None: no sender)."""
+    def _receive_parts(self, senders: list[int], send: np.ndarray) -> np.ndarray:
+        """Each sender's (n,) buffer of `send`'s size and dtype, as the rows of a reused array (no sender: no row)."""
         if not senders:
-            return None
+            return np.empty((0, send.size), dtype=send.dtype)
         key = (len(senders), send.size, send.dtype.str)
         parts = self._parts.get(key)
         if parts is None:
