@@ -173,11 +173,16 @@ def agree_on_exchange(channel: Channel, cfg: Config, own: Config, facts: list | 
     from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 
     pattern, why = decide_on_root(channel, lambda: choose_exchange(cfg, facts))
-    if not channel.is_server and pattern == COLLECTIVE:
-        refusal = collective_refusal(own)
-        if refusal is not None:
-            raise AssignmentRefusedError(f"rank {channel.rank} refuses the collective exchange rank 0 chose: "
-                                         f"{refusal}")
+    refusal = None
+    if not channel.is_server and pattern == COLLECTIVE and (reason := collective_refusal(own)) is not None:
+        refusal = f"rank {channel.rank} refuses the collective exchange rank 0 chose: {reason}"
+    # Every party answers (None: it agrees), so that rank 0 ends the job at once rather than in its next wait.
+    answers = channel.gather_objects(refusal)
+    if refusal is not None:
+        raise AssignmentRefusedError(refusal)
+    refused = [answer for answer in answers or () if answer is not None]
+    if refused:
+        raise AssignmentRefusedError(str(refused[0]))
     channel.pattern, channel.pattern_reason = pattern, why
     return f"exchange: {pattern} ({why})"
 

@@ -480,8 +480,9 @@ def test_a_partys_only_message_of_the_placement_check_is_its_hosts_public_facts(
     assert any(line.startswith("memory: node ") for line in lines) and lines[-1].startswith("exchange: ")
     if channel.is_server:
         return
-    assert channel.calls == ["gather_objects", "bcast_object", "bcast_object"]
-    (facts,) = channel.objects
+    assert channel.calls == ["gather_objects", "bcast_object", "bcast_object", "gather_objects"]
+    facts, answer = channel.objects
+    assert answer is None  # it agrees to the exchange pattern: nothing else
     assert type(facts) is NodeFacts and facts.host == socket.gethostname()
     assert isinstance(facts.capacity_mb, float) and facts.capacity_mb > 0
     assert facts.source in ("available on the node", "cgroup limit", "SLURM_MEM_PER_NODE", "unknown")
