@@ -49,7 +49,7 @@ def test_a_secure_search_through_the_tree_finishes_with_the_stars_epsilon(runs):
     assert tree["status"] == "finished" and tree["privacy"]["aggregation"] == "secure"
     np.testing.assert_array_equal(tree["privacy"]["epsilon"], star["privacy"]["epsilon"])
     np.testing.assert_array_equal(tree["privacy"]["epsilon_collusion"], star["privacy"]["epsilon_collusion"])
-    assert np.all(np.isfinite(tree["metrics"]["test_loss"][~np.isnan(tree["metrics"]["test_loss"])]))
+    assert np.isfinite(tree["metrics"]["test_loss"][-1])  # the last epoch's evaluation of what the tree opened
     assert (tree["ranks"]["exchange"], tree["ranks"]["exchange_reason"]) == ("collective",
                                                                              "runtime.exchange is collective")
     assert star["ranks"]["exchange"] == "star"  # auto: 4 ranks on this machine's cores

@@ -39,8 +39,9 @@ from scipy import stats
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import config_from_text, load_config
 from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
-from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.comm import BUFFER_TAG, Channel
 from mpi_fnas.federation.flat import STATS
+from mpi_fnas.federation.topology import COLLECTIVE
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import clipped_sum, layer_grads, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
@@ -184,7 +185,9 @@ CASES = {"darts": ("search", SPACES["darts"]), "dpnas": ("search", SPACES["dpnas
          "darts-passes": ("search", [*SPACES["darts"], f"runtime.max_physical_batch={PASSES}"]),
          "augment": ("augment", []), "augment-secprobe": ("augment", SELECTING),
          "augment-passes": ("augment", [f"runtime.max_physical_batch={PASSES}"]),
-         "augment-cnn-gn": ("augment", ["augment.genotype=null", "augment.network=cnn-gn"])}
+         "augment-cnn-gn": ("augment", ["augment.genotype=null", "augment.network=cnn-gn"]),
+         # The collective exchange (runtime.exchange): the releases by MPI_Ireduce, W and A by MPI_Ibcast.
+         "darts-collective": ("search", SPACES["darts"])}
 
 
 @pytest.mark.mpi(min_size=3)
@@ -206,7 +209,10 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     ])
     world = MPI.COMM_WORLD
     run_dir = shared_dir(f"spy-{case}-")
-    channel = RecordingChannel(world)
+    wire = PointToPointRecorder(world)
+    channel = RecordingChannel(wire)
+    if case.endswith("collective"):
+        channel.pattern = COLLECTIVE  # what mpi_fnas.run's agreement sets (tests/test_topology.py: the choice)
     run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
     world.Barrier()
     sent_per_party = world.gather(None if channel.is_server else len(channel.sent), root=0)
@@ -232,6 +238,12 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
         return
 
     check_party_messages(channel, exchange="gather" if selecting else "reduce_sum")
+    # On the wire: each release exactly as the party made it, to rank 0 in the star, to MPI's reduce under
+    # collectives (whose algorithm may pass it through other parties: a noised, accounted release); nothing else.
+    route = "Ireduce" if case.endswith("collective") else "Isend"
+    assert [(kind, dest) for kind, dest, _ in wire.buffers] == [(route, 0)] * len(channel.sent)
+    for (_, _, payload), sent in zip(wire.buffers, channel.sent, strict=True):
+        np.testing.assert_array_equal(payload, sent)
 
     per_step = len(run["clips"])
     assert len(channel.sent) == per_step * STEPS == len(releases)  # the step's releases, nothing else
@@ -491,17 +503,24 @@ def test_a_partys_only_message_of_the_placement_check_is_its_hosts_public_facts(
 
 class PointToPointRecorder:
     """A communicator that records every point-to-point send and receive a Channel posts through it, then posts it
-    on the real one (`Channel` moves buffers with Isend/Issend/Irecv only)."""
+    on the real one (`Channel` moves buffers with Isend/Issend/Irecv, and under collectives Ireduce/Ibcast).
+    ``buffers``: a copy of every per-step buffer this rank hands MPI (a BUFFER_TAG Isend, an Ireduce), with where."""
 
     def __init__(self, comm) -> None:
-        self.comm, self.posted = comm, []
+        self.comm, self.posted, self.buffers = comm, [], []
 
     def __getattr__(self, name: str):
         return getattr(self.comm, name)
 
     def Isend(self, buf, dest, tag):  # noqa: N802 (mpi4py's names)
         self.posted.append(("Isend", dest))
+        if tag == BUFFER_TAG:
+            self.buffers.append(("Isend", dest, np.array(buf, copy=True)))
         return self.comm.Isend(buf, dest=dest, tag=tag)
+
+    def Ireduce(self, send, recv, op, root):  # noqa: N802
+        self.buffers.append(("Ireduce", root, np.array(send, copy=True)))
+        return self.comm.Ireduce(send, recv, op=op, root=root)
 
     def Issend(self, buf, dest, tag):  # noqa: N802
         self.posted.append(("Issend", dest))

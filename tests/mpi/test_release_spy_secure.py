@@ -21,6 +21,7 @@ from test_release_spy import (
     SETUP_REPORT,
     SPACES,
     STAGES,
+    PointToPointRecorder,
     RecordingChannel,
     check_checkpoint_holds_no_party_state,
     pin_secret_keys,
@@ -30,6 +31,7 @@ from test_release_spy import (
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.party_store import PartyStore
+from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children, tree_parent
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length, wrap
 from mpi_fnas.secagg.keyset import DIGEST_BYTES
@@ -51,16 +53,20 @@ TARGET_EPSILON = 3.0
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize(("stage", "passes", "space", "calibrated"), [
-    ("search", None, "darts", False), ("augment", None, "darts", False), ("search", PASSES, "darts", False),
-    ("search", None, "dpnas-convs", False),  # the built-in default's space: D from the largest network of its ops
-    ("search", None, "dpnas-convs", True),  # ... and its σ, calibrated to a target ε by the secure accountant
+@pytest.mark.parametrize(("stage", "passes", "space", "calibrated", "pattern"), [
+    ("search", None, "darts", False, STAR), ("augment", None, "darts", False, STAR),
+    ("search", PASSES, "darts", False, STAR),
+    ("search", None, "dpnas-convs", False, STAR),  # the built-in default's space: D from the largest network of its ops
+    ("search", None, "dpnas-convs", True, STAR),  # ... and its σ, calibrated to a target ε by the secure accountant
+    ("search", None, "darts", False, COLLECTIVE),  # the words up the binomial tree (runtime.exchange)
 ])
 def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatch, stage, passes, space, calibrated,
-                                                                       shared_dir):
+                                                                       pattern, shared_dir):
     """`passes`: ``runtime.max_physical_batch`` (None: one pass per batch). `calibrated`: σ planned for
     ``privacy.target_epsilon`` (the default) instead of configured; the words a party hands MPI are the same kind,
-    only less noised, so the run's logged ε must still end at the target, not beyond it."""
+    only less noised, so the run's logged ε must still end at the target, not beyond it. `pattern`: under
+    collectives a party relays its subtree's words: each message it sends its parent is its own masked words plus
+    its children's messages (mod 2^32), still masked, never the subtree's unmasked total."""
     run = STAGES[stage]
     totals: list[np.ndarray] = []
     limits: list[int | None] = []  # each release's max_physical_batch, and its realised batch size
@@ -83,11 +89,14 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         *([f"privacy.target_epsilon={TARGET_EPSILON}", "privacy.colluders=1"] if calibrated else []),
     ])
     world = MPI.COMM_WORLD
-    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-{calibrated}-")
-    channel = RecordingChannel(world)
+    run_dir = shared_dir(f"spy-secure-{stage}-{passes}-{space}-{calibrated}-{pattern}-")
+    wire = PointToPointRecorder(world)
+    channel = RecordingChannel(wire)
+    channel.pattern = pattern  # what mpi_fnas.run's agreement sets (tests/test_topology.py: the choice)
     run_job(cfg, channel, run_dir, stage=stage)
     world.Barrier()
     gathered = world.gather((channel.sent, totals), root=0)
+    on_wire = world.gather(wire.buffers, root=0)
     if not channel.is_server:
         assert set(channel.calls) <= {"reduce_sum", "gather_objects", "bcast", "bcast_object", "scatter_objects",
                                       "exchange_among_parties"}
@@ -122,6 +131,28 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         for rank in range(1, world.Get_size()):
             own = PartyStore(run_dir / "parties" / f"rank{rank}", stage=stage).recorded_epsilon()
             assert own == privacy["epsilon"][-1][rank - 1]
+    # On the wire: to its parent (rank 0 in the star), one message a release, never through MPI's own reduce.
+    size = world.Get_size()
+    for rank in range(1, size):
+        parent = tree_parent(rank) if pattern == COLLECTIVE else 0
+        assert [(kind, dest) for kind, dest, _ in on_wire[rank]] == [("Isend", parent)] * len(gathered[rank][0])
+
+    def subtree(rank: int) -> list[int]:
+        below = [rank]
+        for child in tree_children(rank, size) if pattern == COLLECTIVE else []:
+            below += subtree(child)
+        return below
+
+    for rank in range(1, size):
+        for i, (_, _, message) in enumerate(on_wire[rank]):
+            relayed = gathered[rank][0][i].copy()
+            for child in tree_children(rank, size) if pattern == COLLECTIVE else []:
+                relayed += on_wire[child][i][2]
+            np.testing.assert_array_equal(message, relayed)  # its words plus its children's messages
+            plain = np.sum([gathered[k][1][i] for k in subtree(rank)], axis=0, dtype=np.uint32)
+            assert mid_band(message) > 0.9 and mid_band(plain) < 0.01  # masked, never the subtree's total
+    if pattern == COLLECTIVE:
+        assert any(tree_children(rank, size) for rank in range(1, size))  # some party relayed (4 ranks: party 2)
     # The masks cancel: Σ_k masked words ≡ Σ_k unmasked totals (mod 2^32), release by release.
     parties = gathered[1:]
     for i in range(len(parties[0][0])):
