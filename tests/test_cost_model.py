@@ -1,4 +1,5 @@
-"""The cost model's arithmetic (mpi_fnas/report/cost_model.py): a star exchange around rank 0's link, parties
+"""The cost model's arithmetic (mpi_fnas/report/cost_model.py): a star exchange around rank 0's link or collectives
+(the channel's tree, MPICH's algorithms), parties
 sharing cores, strong scaling at a fixed amount of data, and the paper's Table 1 read through it. Its check against
 real runs on shaped links is scripts/cost_table.sh (docs/hpc.md), not a test: it takes minutes and measures time."""
 
@@ -14,9 +15,13 @@ from mpi_fnas.report.cost_model import (
     Link,
     MeasuredSearch,
     StepCosts,
+    bcast_values,
     comparison_figure,
     markdown_table,
     predict_step,
+    rank0_link_values,
+    reduce_values,
+    scaling_table,
     strong_scaling_efficiency,
     transfer_to_compute_for,
 )
@@ -72,3 +77,37 @@ def test_the_table_and_figure_show_every_run():
     table = markdown_table(rows)
     assert table.count("\n") == 5 and "| 8 | 50mbit | 16 | 10.1 | 9.6 | -5% |" in table
     assert comparison_figure(rows)[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_collectives_put_a_trees_copies_on_rank_0s_link_and_follow_mpichs_choice():
+    n = 100_000  # 400 kB: long for MPICH's reduce, medium for its broadcast
+    # the channel's own tree (secure words): one copy from each of rank 0's ⌈log2(K + 1)⌉ children
+    assert reduce_values(n, 9, "collective", own_tree=True) == 4 * n
+    assert reduce_values(n, 33, "collective", own_tree=True) == 6 * n
+    # MPI_Ireduce of floats: reduce-scatter + gather, 2 (1 - 1/p) copies where K + 1 is a power of two; one copy
+    # where rank 0 is folded onto rank 1 first; binomial for a short message
+    assert reduce_values(n, 8, "collective", own_tree=False) == pytest.approx(2 * n * 7 / 8)
+    assert reduce_values(n, 9, "collective", own_tree=False) == n
+    assert reduce_values(80, 9, "collective", own_tree=False) == 4 * 80
+    # MPI_Ibcast: binomial below 8 ranks or 12 kB, else scatter + allgather
+    assert bcast_values(n, 5, "collective") == 3 * n
+    assert bcast_values(n, 9, "collective") == pytest.approx(2 * n * 8 / 9)
+    assert bcast_values(80, 33, "collective") == 6 * 80
+    assert reduce_values(n, 9, "star", own_tree=True) == bcast_values(n, 9, "star") == 8 * n
+
+
+def test_values_on_rank_0s_link_meet_the_trees_bound_and_the_star_grows_with_k():
+    num_w, num_a = 77_906, 80
+    for parties in (2, 4, 8, 16, 32):
+        depth = math.ceil(math.log2(parties + 1))
+        secure = rank0_link_values(num_w, num_a, parties, "collective", secure=True)
+        assert secure <= 2 * (num_w + num_a) * depth
+        assert rank0_link_values(num_w, num_a, parties, "collective", secure=False) <= secure
+        assert rank0_link_values(num_w, num_a, parties, "star", secure=True) == 2 * parties * (num_w + num_a)
+    # so the collective step's transfer stops growing linearly and strong scaling holds up at K = 64 on 10 Gbit/s
+    link = Link(10e9)
+    star = strong_scaling_efficiency(COSTS, 64, link, "star", secure=True)
+    tree = strong_scaling_efficiency(COSTS, 64, link, "collective", secure=True)
+    assert tree > star and tree > 0.9
+    table = scaling_table(COSTS, [64, 1024], link, secure=True)
+    assert table.count("\n") == 4 and table.startswith("| K | star: step (s)")

@@ -1,7 +1,7 @@
 """The search's wall time from K, the model size, the link and one party's step: a cost model, and its check.
 
-One iteration of Algorithm 1, as rank 0 runs it (``federation.comm``: every party sends its release to rank 0, and
-rank 0 sends W and A to every party, point to point, so the exchange is a star around rank 0's link)::
+One iteration of Algorithm 1, as rank 0 runs it under ``runtime.exchange: star`` (every party sends its release to
+rank 0, and rank 0 sends W and A to every party, point to point, so the exchange is a star around rank 0's link)::
 
     T_step     = T_party + T_transfer + T_server
     T_party    = t_step * max(1, (K + 1) / cores)     # the ranks compute side by side; on fewer cores, in turns
@@ -11,6 +11,11 @@ rank 0 sends W and A to every party, point to point, so the exchange is a star a
     T_server   = t_server                             # rank 0's W and A steps and sums (measured, small)
 
     T_search   = steps * T_step                       # the iterations; start-up and evaluations are apart
+
+Under ``collective`` the K copies become what rank 0's link carries in the algorithm that runs
+(:func:`reduce_values`, :func:`bcast_values`): the channel's own binomial tree for secure words (⌈log₂(K + 1)⌉
+children), and for ``MPI_Ireduce``/``MPI_Ibcast`` the algorithm MPICH's selection picks for that size and rank
+count (binomial, reduce-scatter + gather, scatter + allgather).
 
 ``t_step`` is one party's step on one core while every core is busy (``python -m mpi_fnas.bench`` on each core at
 once: ``step_seconds``, or ``dp_step_seconds`` under DP), ``t_message`` the software cost of one message and
@@ -39,8 +44,47 @@ from pathlib import Path
 
 import numpy as np
 
-BYTES_PER_VALUE = 4  # float32 releases and broadcasts
+from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children
+
+BYTES_PER_VALUE = 4  # float32 releases and broadcasts, uint32 secure words
 ROUND_TRIPS = 8  # per iteration: 4 exchanges, each a handshake (rendezvous or synchronous send) and the data
+# MPICH's defaults for choosing a nonblocking reduce's and broadcast's algorithm (MPIR_CVAR_REDUCE_SHORT_MSG_SIZE,
+# MPIR_CVAR_BCAST_SHORT_MSG_SIZE, MPIR_CVAR_BCAST_MIN_PROCS), in bytes and ranks.
+REDUCE_SHORT_BYTES = 2048
+BCAST_SHORT_BYTES = 12288
+BCAST_MIN_RANKS = 8
+
+
+def reduce_values(values: int, ranks: int, exchange: str, own_tree: bool) -> float:
+    """Values rank 0's link carries, in its busier direction, to reduce `values` values from `ranks` ranks onto rank 0.
+
+    Star: one copy from each party. `own_tree` (secure words): the channel's binomial tree, one copy from each of
+    rank 0's children. ``MPI_Ireduce``: binomial below MPICH's short-message size or for fewer values than the
+    largest power of two p' <= `ranks`, else reduce-scatter by recursive halving and a gather: 2 (1 - 1/p') copies
+    in where `ranks` = p', one copy where rank 0 is among the ranks first folded onto a neighbour."""
+    if exchange == STAR:
+        return float((ranks - 1) * values)
+    pof2 = 1 << (ranks.bit_length() - 1)
+    if own_tree or values * BYTES_PER_VALUE <= REDUCE_SHORT_BYTES or values < pof2:
+        return float(len(tree_children(0, ranks)) * values)
+    return 2.0 * values * (1 - 1 / pof2) if pof2 == ranks else float(values)
+
+
+def bcast_values(values: int, ranks: int, exchange: str) -> float:
+    """Values rank 0's link carries to broadcast `values` values to `ranks` ranks: a copy to each party (star), to
+    each of its binomial children (``MPI_Ibcast`` of short messages or fewer than 8 ranks), else a scatter and an
+    allgather, 2 (1 - 1/`ranks`) copies out."""
+    if exchange == STAR:
+        return float((ranks - 1) * values)
+    if values * BYTES_PER_VALUE < BCAST_SHORT_BYTES or ranks < BCAST_MIN_RANKS:
+        return float(len(tree_children(0, ranks)) * values)
+    return 2.0 * values * (1 - 1 / ranks)
+
+
+def rank0_link_values(num_w: int, num_a: int, parties: int, exchange: str, secure: bool) -> float:
+    """Values on rank 0's link per iteration: G_k and H_k reduced, W and A broadcast (the star's 2 K (n_W + n_A))."""
+    ranks = parties + 1
+    return sum(reduce_values(n, ranks, exchange, secure) + bcast_values(n, ranks, exchange) for n in (num_w, num_a))
 
 
 @dataclass(frozen=True)
@@ -88,22 +132,45 @@ class IterationTime:
         return self.party + self.transfer + self.server
 
 
-def predict_step(costs: StepCosts, parties: int, link: Link, cores: float) -> IterationTime:
-    """T_step of the module docstring for K = `parties`, the K + 1 ranks sharing `cores` cores (a core each: K + 1).
+def predict_step(costs: StepCosts, parties: int, link: Link, cores: float, exchange: str = STAR,
+                 secure: bool = False) -> IterationTime:
+    """T_step of the module docstring for K = `parties`, the K + 1 ranks sharing `cores` cores (a core each: K + 1),
+    under the `exchange` pattern that ran (`secure`: the releases are secure words, reduced by the channel's tree).
 
     Rank 0 counts as one more rank on shared cores: it takes the parties' CPU for its ε accounting (every
     ``runtime.log_every`` steps under DP), its own steps and MPI's progress polling. With K / cores instead, the
     compute-bound runs of docs/hpc.md came out 21-27 % short."""
     party = costs.party_step_seconds * max(1.0, (parties + 1) / cores)
-    wire = 2 * parties * BYTES_PER_VALUE * (costs.num_w + costs.num_a) * 8 / link.bandwidth_bits
-    transfer = wire + ROUND_TRIPS * link.latency_seconds + 4 * parties * costs.message_seconds
+    values = rank0_link_values(costs.num_w, costs.num_a, parties, exchange, secure)
+    wire = BYTES_PER_VALUE * values * 8 / link.bandwidth_bits
+    # messages and hops on rank 0's critical path: K per exchange in the star, a tree's depth with collectives
+    hops = parties if exchange == STAR else len(tree_children(0, parties + 1))
+    latency = ROUND_TRIPS * link.latency_seconds * (1 if exchange == STAR else hops)
+    transfer = wire + latency + 4 * hops * costs.message_seconds
     return IterationTime(party, transfer, costs.server_seconds)
 
 
-def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link) -> float:
+def strong_scaling_efficiency(costs: StepCosts, parties: int, link: Link, exchange: str = STAR,
+                              secure: bool = False) -> float:
     """T_1 / (K T_K) at a fixed amount of data, every rank on a core or GPU of its own: T_step(1) / T_step(K)."""
-    one = predict_step(costs, 1, link, 2).total
-    return one / predict_step(costs, parties, link, parties + 1).total
+    one = predict_step(costs, 1, link, 2, exchange, secure).total
+    return one / predict_step(costs, parties, link, parties + 1, exchange, secure).total
+
+
+def scaling_table(costs: StepCosts, parties: Sequence[int], link: Link, secure: bool) -> str:
+    """Modelled strong scaling on a cluster (a core or GPU per rank): per K, the iteration time, rank 0's link values
+    and the efficiency under each pattern, as a markdown table."""
+    lines = ["| K | star: step (s) | star: values on rank 0's link | star: efficiency | collective: step (s) | "
+             "collective: values on rank 0's link | collective: efficiency |", "|---" * 7 + "|"]
+    for k in parties:
+        cells = []
+        for exchange in (STAR, COLLECTIVE):
+            step = predict_step(costs, k, link, k + 1, exchange, secure).total
+            values = rank0_link_values(costs.num_w, costs.num_a, k, exchange, secure)
+            efficiency = strong_scaling_efficiency(costs, k, link, exchange, secure)
+            cells += [f"{step:.3f}", f"{values:,.0f}", f"{efficiency:.2f}"]
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def transfer_to_compute_for(efficiency: float, parties: int) -> float:
@@ -130,17 +197,23 @@ class MeasuredSearch:
     parties: int
     steps: int
     time: IterationTime  # all `steps` iterations together
+    exchange: str = STAR  # the pattern that ran (``/ranks`` ``exchange``)
+    secure: bool = False  # secure aggregation: the channel's own tree under collectives
 
 
 def measured_search(run_dir: Path) -> MeasuredSearch:
     """Read a run's ``search.h5``."""
+    from mpi_fnas.report.collect import parse_config
     from mpi_fnas.runlog import read_run
 
     run = read_run(Path(run_dir) / "search.h5")
     cost = run["cost"]
+    cfg = parse_config(run["config"])
     return MeasuredSearch(parties=int(run["parties"]), steps=int(run["metrics"]["step"][-1]),
                           time=IterationTime(cost["party_compute_seconds"], cost["transfer_seconds"],
-                                             cost["server_seconds"]))
+                                             cost["server_seconds"]),
+                          exchange=str(run["ranks"].get("exchange", STAR)),
+                          secure=cfg.get("mode") == "dpfnas" and cfg.get("privacy", {}).get("aggregation") == "secure")
 
 
 @dataclass(frozen=True)
@@ -168,7 +241,7 @@ def compare(benches: Sequence[dict], runs: Sequence[tuple[str, Path]], cores: fl
     for rate, run_dir in runs:
         seen = measured_search(run_dir)
         rows.append(Comparison(rate, seen, predict_step(costs, seen.parties, Link.parse(rate, latency_seconds),
-                                                        cores)))
+                                                        cores, seen.exchange, seen.secure)))
     return rows
 
 
