@@ -5,16 +5,18 @@
 #
 #   sudo scripts/cost_table.sh [OUT_DIR]        (default /tmp/mpi_fnas-cost-table)
 #
-# Environment: PARTIES="2 4 8", RATES="200mbit 50mbit 15mbit", STEPS=16, ARGS (more mpi_fnas.run --set options),
-# PYTHON (default .venv/bin/python). Needs root (scripts/cluster.sh). Writes OUT_DIR/bench-<i>.json (one party's
-# step, measured first on this machine), OUT_DIR/K<K>-<rate>/search.h5, OUT_DIR/table.md and OUT_DIR/cost-model.png;
-# removes the hosts after each run, also on failure.
+# Environment: PARTIES="2 4 8", RATES="200mbit 50mbit 15mbit", EXCHANGES="star" (runtime.exchange values: "star
+# collective" runs both), STEPS=16, ARGS (more mpi_fnas.run --set options), PYTHON (default .venv/bin/python). Needs
+# root (scripts/cluster.sh). Writes OUT_DIR/bench-<i>.json (one party's step, measured first on this machine),
+# OUT_DIR/K<K>-<rate>-<exchange>/search.h5 and .bytes (rank 0's host: bytes received and sent over the whole job,
+# start-up included), OUT_DIR/table.md and OUT_DIR/cost-model.png; removes the hosts after each run, also on failure.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 out=${1:-/tmp/mpi_fnas-cost-table}
 python=${PYTHON:-$here/.venv/bin/python}
 parties=${PARTIES:-2 4 8}
 rates=${RATES:-200mbit 50mbit 15mbit}
+exchanges=${EXCHANGES:-star}
 steps=${STEPS:-16}
 export MFC_PREFIX=mfk MFC_STATE=$out/hosts PYTHON=$python
 cluster="$here/scripts/cluster.sh"
@@ -39,17 +41,24 @@ for i in $(seq 1 "$cores"); do
 done
 for pid in "${pids[@]}"; do wait "$pid"; done  # each bench's status: set -e stops at the first that failed
 pids=()
+n0_bytes() { "$cluster" status | awk '$1 == "n0" { sub("rx_bytes=", "", $3); sub("tx_bytes=", "", $4); print $3, $4 }'; }
+pairs=()
 for k in $parties; do
   for rate in $rates; do
-    run=$out/K$k-$rate
-    rm -rf "$run"
-    "$cluster" up $((k + 1)) --rate "$rate" > /dev/null
-    echo "cost_table.sh: K=$k at $rate: $((k + 1)) hosts"
-    "$cluster" run $((k + 1)) "${settings[@]}" --out "$run" > "$out/K$k-$rate.out" 2>&1
-    "$cluster" down > /dev/null
+    for exchange in $exchanges; do
+      run=$out/K$k-$rate-$exchange
+      rm -rf "$run"
+      "$cluster" up $((k + 1)) --rate "$rate" > /dev/null
+      echo "cost_table.sh: K=$k at $rate, exchange $exchange: $((k + 1)) hosts"
+      read -r rx0 tx0 < <(n0_bytes)
+      "$cluster" run $((k + 1)) "${settings[@]}" --set "runtime.exchange=$exchange" --out "$run" \
+        > "$out/K$k-$rate-$exchange.out" 2>&1
+      read -r rx1 tx1 < <(n0_bytes)
+      echo "rx_bytes=$((rx1 - rx0)) tx_bytes=$((tx1 - tx0))" > "$run.bytes"
+      "$cluster" down > /dev/null
+      pairs+=("$rate:$run")
+    done
   done
 done
-pairs=()
-for k in $parties; do for rate in $rates; do pairs+=("$rate:$out/K$k-$rate"); done; done
 "$python" -m mpi_fnas.report.cost_model --private --cores "$cores" --figure "$out/cost-model.png" \
   --bench "$out"/bench-*.json -- "${pairs[@]}" | tee "$out/table.md"

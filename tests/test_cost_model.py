@@ -75,7 +75,7 @@ def test_the_table_and_figure_show_every_run():
     measured, predicted = IterationTime(8.0, 2.0, 0.1), IterationTime(0.5, 0.1, 0.0)
     rows = [Comparison("50mbit", MeasuredSearch(parties, 16, measured), predicted) for parties in (2, 4, 8)]
     table = markdown_table(rows)
-    assert table.count("\n") == 5 and "| 8 | 50mbit | 16 | 10.1 | 9.6 | -5% |" in table
+    assert table.count("\n") == 5 and "| 8 | 50mbit | star | 16 | 10.1 | 9.6 | -5% |" in table
     assert comparison_figure(rows)[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -247,11 +247,11 @@ def compare(benches: Sequence[dict], runs: Sequence[tuple[str, Path]], cores: fl
 
 def markdown_table(rows: Sequence[Comparison]) -> str:
     """The comparison as docs/hpc.md shows it."""
-    lines = ["| K | link | steps | measured (s) | predicted (s) | error | transfer measured (s) | transfer predicted "
-             "(s) | parties measured (s) | parties predicted (s) |", "|---" * 10 + "|"]
+    lines = ["| K | link | exchange | steps | measured (s) | predicted (s) | error | transfer measured (s) | transfer "
+             "predicted (s) | parties measured (s) | parties predicted (s) |", "|---" * 11 + "|"]
     for row in rows:
         seen, step = row.measured, row.predicted
-        lines.append(f"| {seen.parties} | {row.rate} | {seen.steps} | {seen.time.total:.1f} | "
+        lines.append(f"| {seen.parties} | {row.rate} | {seen.exchange} | {seen.steps} | {seen.time.total:.1f} | "
                      f"{row.predicted_total:.1f} | {row.error:+.0%} | {seen.time.transfer:.1f} | "
                      f"{seen.steps * step.transfer:.1f} | {seen.time.party:.1f} | {seen.steps * step.party:.1f} |")
     return "\n".join(lines) + "\n"
