@@ -165,10 +165,10 @@ def scaling_table(costs: StepCosts, parties: Sequence[int], link: Link, secure: 
     for k in parties:
         cells = []
         for exchange in (STAR, COLLECTIVE):
+            one = predict_step(costs, 1, link, 2, exchange, secure).total
             step = predict_step(costs, k, link, k + 1, exchange, secure).total
             values = rank0_link_values(costs.num_w, costs.num_a, k, exchange, secure)
-            efficiency = strong_scaling_efficiency(costs, k, link, exchange, secure)
-            cells += [f"{step:.3f}", f"{values:,.0f}", f"{efficiency:.2f}"]
+            cells += [f"{step:.3f}", f"{values:,.0f}", f"{one / step:.2f}"]
         lines.append(f"| {k} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -203,17 +203,18 @@ class MeasuredSearch:
 
 def measured_search(run_dir: Path) -> MeasuredSearch:
     """Read a run's ``search.h5``."""
-    from mpi_fnas.report.collect import parse_config
+    from mpi_fnas.report.collect import config_value, parse_config
     from mpi_fnas.runlog import read_run
 
     run = read_run(Path(run_dir) / "search.h5")
     cost = run["cost"]
     cfg = parse_config(run["config"])
+    secure = config_value(cfg, "mode") == "dpfnas" and config_value(cfg, "privacy.aggregation") == "secure"
     return MeasuredSearch(parties=int(run["parties"]), steps=int(run["metrics"]["step"][-1]),
                           time=IterationTime(cost["party_compute_seconds"], cost["transfer_seconds"],
                                              cost["server_seconds"]),
                           exchange=str(run["ranks"].get("exchange", STAR)),
-                          secure=cfg.get("mode") == "dpfnas" and cfg.get("privacy", {}).get("aggregation") == "secure")
+                          secure=secure)
 
 
 @dataclass(frozen=True)
