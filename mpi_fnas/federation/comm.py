@@ -1,7 +1,8 @@
 """The MPI side of the parameter server: server/party exchanges that never hang and never spin.
 
-The only module on the hot path that imports mpi4py; it knows nothing about autograd. Every exchange (the per-step
-float32 buffers and the setup objects alike) is non-blocking MPI polled by :meth:`Channel._wait`:
+With :mod:`mpi_fnas.federation.pending` (what its waits poll), the only module on the hot path that imports
+mpi4py; it knows nothing about autograd. Every exchange (the per-step float32 buffers and the setup objects alike) is
+non-blocking MPI polled by :meth:`Channel._wait`:
 
 * **Nothing hangs.** While rank 0 waits it also watches for a party's failure notice
   (:meth:`Channel.notify_failure`), so it marks the log ``failed`` and aborts the job (``MPI_Abort``) at once; an
@@ -29,27 +30,33 @@ from collections.abc import Sequence
 import numpy as np
 from mpi4py import MPI
 
+from mpi_fnas.federation.pending import (
+    FIRST_PAUSE,
+    OBJECT_TAG,
+    PARTY_MAX_PAUSE,
+    PARTY_PAUSE_FRACTION,
+    SERVER_MAX_PAUSE,
+    SERVER_PAUSE_FRACTION,
+    SPIN_POLLS,
+    AllOf,
+    Incoming,
+    Pending,
+    Requests,
+    check_buffer,
+    decoded,
+    incoming_object,
+    next_pause,
+)
 from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children, tree_parent
-from mpi_fnas.wire import WireError, decode, encode
+from mpi_fnas.wire import encode
 
 SERVER = 0
 FAILURE_TAG = 7177  # point-to-point tag of a party's failure notice to the server
 BUFFER_TAG = 7178  # float32 contributions (party → server) and broadcasts (server → party)
-OBJECT_TAG = 7179  # setup objects in the data-only format (mpi_fnas.wire), both directions
 PEER_TAG = 7180  # party to party, never through the server: secure aggregation's key-set confirmations (raw bytes)
 MAX_PEER_MESSAGE = 4096  # bytes of one such message
 _MAX_NOTICE = 4096  # bytes of a failure notice
-# Bytes of one setup object at most (an assignment's index arrays for 60k examples take ~0.5 MB): a larger message is
-# refused before it is received, so a hostile peer cannot make a rank allocate without bound.
-MAX_OBJECT_MESSAGE = 64 * 2**20
 
-SPIN_POLLS = 32  # polls before the first sleep
-FIRST_PAUSE = 2e-5  # seconds of the first sleep; each further sleep doubles, up to the cap
-SERVER_MAX_PAUSE = 2.5e-4  # seconds; the server's cap (one process, on every step's critical path)
-PARTY_MAX_PAUSE = 1e-3  # seconds; a party's cap
-SERVER_PAUSE_FRACTION = 1e-2  # … or this fraction of the time already waited, if larger,
-PARTY_PAUSE_FRACTION = 1e-2
-PAUSE_CEILING = 0.05  # … but never more than this (seconds)
 # Seconds a failed party waits for the server to notice its notice, log its last ε rows (up to
 # stage.SETTLE_SECONDS), mark the log `failed` and abort the job, before it aborts the job itself (capped by the
 # channel's timeout). The server reads notices only while it waits in an exchange, so this also covers its
@@ -114,11 +121,11 @@ class Channel:
                 contributes zeros).
             recv: server only, (n,) contiguous, of `send`'s dtype; parties pass None.
         """
-        _check_buffer(send, np.uint32)
+        check_buffer(send, np.uint32)
         if self.is_server:
             if recv is None:
                 raise ValueError("the server must pass a receive buffer")
-            _check_buffer(recv, send.dtype.type)
+            check_buffer(recv, send.dtype.type)
             if recv.size != send.size or recv.dtype != send.dtype:
                 raise ValueError(f"reduce: receive buffer has {recv.size} {recv.dtype}, send buffer {send.size} "
                                  f"{send.dtype}")
@@ -126,7 +133,7 @@ class Channel:
             # Each float32 contribution is a noised, accounted release (or plain FNAS by the user's explicit
             # choice): MPI's own algorithm may route it through other parties.
             out = recv if self.is_server else None
-            self._wait(_Requests([self.comm.Ireduce(send, out, op=MPI.SUM, root=SERVER)], keep=(send, out)),
+            self._wait(Requests([self.comm.Ireduce(send, out, op=MPI.SUM, root=SERVER)], keep=(send, out)),
                        "reduce")
             return
         senders = tree_children(self.rank, self.size) if self.pattern == COLLECTIVE else (
@@ -143,7 +150,7 @@ class Channel:
             for part in parts:
                 np.add(total, part, out=total)
         to = tree_parent(self.rank) if self.pattern == COLLECTIVE else SERVER
-        self._wait(_Requests([self.comm.Isend(total, dest=to, tag=BUFFER_TAG)], keep=(total,)), "reduce")
+        self._wait(Requests([self.comm.Isend(total, dest=to, tag=BUFFER_TAG)], keep=(total,)), "reduce")
 
     def _receive_parts(self, senders: list[int], send: np.ndarray) -> np.ndarray:
         """Each sender's (n,) buffer of `send`'s size and dtype, as the rows of a reused array (no sender: no row)."""
@@ -153,7 +160,7 @@ class Channel:
         parts = self._parts.get(key)
         if parts is None:
             parts = self._parts[key] = np.zeros((len(senders), send.size), dtype=send.dtype)
-        pending = _Requests([self.comm.Irecv(parts[i], source=k, tag=BUFFER_TAG) for i, k in enumerate(senders)])
+        pending = Requests([self.comm.Irecv(parts[i], source=k, tag=BUFFER_TAG) for i, k in enumerate(senders)])
         self._wait(pending, "reduce")
         pending.check_count(send.size, send.dtype)
         return parts
@@ -168,16 +175,16 @@ class Channel:
             send: (n,) contiguous float32, same n on every rank.
             recv: server only, (K, n) contiguous float32; parties pass None.
         """
-        _check_buffer(send)
+        check_buffer(send)
         if not self.is_server:
-            self._wait(_Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "gather")
+            self._wait(Requests([self.comm.Isend(send, dest=SERVER, tag=BUFFER_TAG)]), "gather")
             return
         if recv is None:
             raise ValueError("the server must pass a receive buffer")
-        _check_buffer(recv)
+        check_buffer(recv)
         if recv.shape != (self.size - 1, send.size):
             raise ValueError(f"gather: receive buffer has shape {recv.shape}, expected ({self.size - 1}, {send.size})")
-        pending = _Requests([self.comm.Irecv(recv[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
+        pending = Requests([self.comm.Irecv(recv[k - 1], source=k, tag=BUFFER_TAG) for k in range(1, self.size)])
         try:
             self._wait(pending, "gather")
         except BaseException:
@@ -187,20 +194,20 @@ class Channel:
 
     def bcast(self, buf: np.ndarray) -> None:
         """Overwrite `buf` ((n,) contiguous float32, same n everywhere) on every party with the server's `buf`."""
-        _check_buffer(buf)
+        check_buffer(buf)
         start = time.perf_counter()
         try:
             if self.pattern == COLLECTIVE:  # W and A are what every party gets: any route is fine
-                self._wait(_Requests([self.comm.Ibcast(buf, root=SERVER)], keep=(buf,)), "bcast")
+                self._wait(Requests([self.comm.Ibcast(buf, root=SERVER)], keep=(buf,)), "bcast")
                 return
             if self.is_server:
                 # Synchronous sends: each completes once its party has the data, not once it sits in a socket
                 # buffer, so `bcast_seconds` is the transfer itself, also over a slow link (the parties already
                 # wait; the extra acknowledgement is one small message per party).
-                self._wait(_Requests([self.comm.Issend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]),
+                self._wait(Requests([self.comm.Issend(buf, dest=k, tag=BUFFER_TAG) for k in range(1, self.size)]),
                            "bcast")
                 return
-            pending = _Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])
+            pending = Requests([self.comm.Irecv(buf, source=SERVER, tag=BUFFER_TAG)])
             self._wait(pending, "bcast")
             pending.check_count(buf.size, buf.dtype)
         finally:
@@ -208,7 +215,7 @@ class Channel:
 
     def barrier(self) -> None:
         """Wait until every rank reached this point (polled, under the channel's time limit)."""
-        self._wait(_Requests([self.comm.Ibarrier()]), "barrier")
+        self._wait(Requests([self.comm.Ibarrier()]), "barrier")
 
     # -- setup objects: plain data and registered dataclasses (mpi_fnas.wire), never pickles ------------------------
     def bcast_object(self, obj: object = None) -> object:
@@ -216,7 +223,7 @@ class Channel:
         if not self.is_server:
             return self._receive_object("bcast_object")
         payload = encode(obj)
-        self._wait(_Requests([self.comm.Isend(payload, dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]),
+        self._wait(Requests([self.comm.Isend(payload, dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]),
                    "bcast_object")
         return obj
 
@@ -230,17 +237,17 @@ class Channel:
         if objs is None or len(objs) != self.size:
             raise ValueError(f"scatter_objects: the server must pass {self.size} objects (one per rank)")
         requests = [self.comm.Isend(encode(objs[k]), dest=k, tag=OBJECT_TAG) for k in range(1, self.size)]
-        self._wait(_Requests(requests), "scatter_objects")
+        self._wait(Requests(requests), "scatter_objects")
         return objs[SERVER]
 
     def gather_objects(self, obj: object) -> list | None:
         """Server: ``[obj of rank 0, obj of rank 1, …]``; parties send `obj` and get None."""
         if not self.is_server:
-            self._wait(_Requests([self.comm.Isend(encode(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
+            self._wait(Requests([self.comm.Isend(encode(obj), dest=SERVER, tag=OBJECT_TAG)]), "gather_objects")
             return None
-        incoming = [_incoming_object(self.comm, k) for k in range(1, self.size)]
-        self._wait(_AllOf(incoming), "gather_objects")
-        return [obj, *(_decoded(item) for item in incoming)]
+        incoming = [incoming_object(self.comm, k) for k in range(1, self.size)]
+        self._wait(AllOf(incoming), "gather_objects")
+        return [obj, *(decoded(item) for item in incoming)]
 
     # -- among the parties, never through the server ----------------------------------------------------------
     def exchange_among_parties(self, message: bytes) -> dict[int, bytes]:
@@ -258,15 +265,15 @@ class Channel:
             raise ValueError(f"exchange_among_parties: {len(message)} bytes, at most {MAX_PEER_MESSAGE}")
         payload = np.frombuffer(bytes(message), dtype=np.uint8).copy()  # a buffer MPI may read until the send ends
         peers = [k for k in range(1, self.size) if k != self.rank]
-        incoming = [_Incoming(self.comm, k, PEER_TAG, MAX_PEER_MESSAGE) for k in peers]
-        sends = _Requests([self.comm.Isend(payload, dest=k, tag=PEER_TAG) for k in peers])
-        self._wait(_AllOf([sends, *incoming]), "exchange_among_parties")
+        incoming = [Incoming(self.comm, k, PEER_TAG, MAX_PEER_MESSAGE) for k in peers]
+        sends = Requests([self.comm.Isend(payload, dest=k, tag=PEER_TAG) for k in peers])
+        self._wait(AllOf([sends, *incoming]), "exchange_among_parties")
         return {k: item.value() for k, item in zip(peers, incoming, strict=True)}
 
     def _receive_object(self, what: str) -> object:
-        incoming = _incoming_object(self.comm, SERVER)
+        incoming = incoming_object(self.comm, SERVER)
         self._wait(incoming, what)
-        return _decoded(incoming)
+        return decoded(incoming)
 
     # -- failure handling --------------------------------------------------------------------------------------
     def notify_failure(self, message: str, grace: float | None = None) -> None:
@@ -303,7 +310,7 @@ class Channel:
             text = bytes(self._notice).rstrip(b"\0").decode("utf-8", "replace")
             raise PartyFailedError(f"party rank {source} failed: {text}")
 
-    def _wait(self, pending: _Pending, what: str) -> None:
+    def _wait(self, pending: Pending, what: str) -> None:
         """Poll `pending` until done (schedule: module docstring); the server also checks for failure notices."""
         if self._abandoned:
             self._abandoned.append(pending)
@@ -330,97 +337,3 @@ class Channel:
             raise
         finally:
             self.comm_seconds += time.perf_counter() - start
-
-
-def next_pause(pause: float, waited: float, max_pause: float, fraction: float) -> float:
-    """The sleep after one of `pause` seconds, `waited` seconds into a wait: twice as long, up to the cap
-    ``max(max_pause, fraction × waited)`` bounded by ``PAUSE_CEILING``. A completion is therefore noticed at most
-    one cap late: within `max_pause` of a short wait, within `fraction` of a long one."""
-    cap = min(max(max_pause, fraction * waited), PAUSE_CEILING)
-    return min(pause * 2.0, cap)
-
-
-# -- what _wait polls ----------------------------------------------------------------------------------------------
-class _Pending:
-    """Something `Channel._wait` can poll: ``test()`` drives MPI progress and returns True once complete."""
-
-    def test(self) -> bool:
-        raise NotImplementedError
-
-
-class _Requests(_Pending):
-    """Non-blocking requests, with the status of each once all completed."""
-
-    def __init__(self, requests: list[MPI.Request], keep: tuple = ()) -> None:
-        self.requests = requests
-        self.statuses = [MPI.Status() for _ in requests]
-        self.keep = keep  # the buffers MPI may still read or write until the requests complete
-
-    def test(self) -> bool:
-        return MPI.Request.Testall(self.requests, self.statuses)
-
-    def check_count(self, expected: int, dtype: np.dtype) -> None:
-        """After completion: every receive must have carried exactly `expected` values of `dtype` (float32 or
-        uint32)."""
-        datatype, noun = (MPI.UNSIGNED, "uint32 words") if dtype == np.uint32 else (MPI.FLOAT, "floats")
-        for status in self.statuses:
-            got = status.Get_count(datatype)
-            if got != expected:
-                raise ValueError(f"rank {status.Get_source()} sent {got} {noun}, expected {expected}")
-
-
-class _Incoming(_Pending):
-    """One message of at most `limit` bytes from `source` with `tag`: probed first, so the receive buffer has exactly
-    the message's size, and a larger message is refused before anything is received (a hostile peer cannot make a
-    rank allocate without bound)."""
-
-    def __init__(self, comm: MPI.Comm, source: int, tag: int, limit: int) -> None:
-        self.comm, self.source, self.tag, self.limit = comm, source, tag, limit
-        self.payload: bytearray | None = None
-        self.request: MPI.Request | None = None
-
-    def test(self) -> bool:
-        if self.request is None:
-            status = MPI.Status()
-            message = self.comm.Improbe(source=self.source, tag=self.tag, status=status)
-            if message is None:
-                return False
-            size = status.Get_count(MPI.BYTE)
-            if size > self.limit:
-                raise ValueError(f"rank {self.source} sent {size} bytes, at most {self.limit} are taken")
-            self.payload = bytearray(size)
-            self.request = message.Irecv(self.payload)
-        return self.request.Test()
-
-    def value(self) -> bytes:
-        assert self.payload is not None
-        return bytes(self.payload)
-
-
-def _incoming_object(comm: MPI.Comm, source: int) -> _Incoming:
-    """A setup object from `source`, at most ``MAX_OBJECT_MESSAGE`` bytes (decode its value with :func:`_decoded`)."""
-    return _Incoming(comm, source, OBJECT_TAG, MAX_OBJECT_MESSAGE)
-
-
-def _decoded(incoming: _Incoming) -> object:
-    """The setup object `incoming` carried, decoded as data (:func:`mpi_fnas.wire.decode`: nothing in it is run)."""
-    try:
-        return decode(incoming.value())
-    except WireError as exc:
-        raise WireError(f"rank {incoming.source} sent a message that is not data: {exc}") from None
-
-
-class _AllOf(_Pending):
-    def __init__(self, items: Sequence[_Pending]) -> None:
-        self.items = items
-
-    def test(self) -> bool:
-        return all([item.test() for item in self.items])  # a list, not a generator: drive every item each poll
-
-
-def _check_buffer(buf: np.ndarray, *also: type) -> None:
-    """Hot-path buffers are contiguous float32 (or one of the dtypes `also` allows: uint32 in a reduce)."""
-    if buf.dtype not in (np.float32, *also) or not buf.flags.c_contiguous:
-        allowed = " or ".join(np.dtype(t).name for t in (np.float32, *also))
-        raise TypeError(f"collective buffers must be contiguous {allowed} numpy arrays")
-

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from mpi_waits import quiet_barrier
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def shared_dir() -> Iterator[Callable[[str], Path]]:
         return path
 
     yield make
-    world.Barrier()  # no rank may still be writing into a directory rank 0 removes
+    quiet_barrier(world)  # no rank may still be writing into a directory rank 0 removes
     if world.Get_rank() == 0:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
@@ -45,5 +46,5 @@ def channel():
 
     comm = MPI.COMM_WORLD.Dup()
     yield Channel(comm, timeout=CHANNEL_TIMEOUT)
-    comm.Barrier()
+    quiet_barrier(comm)
     comm.Free()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpi_waits import quiet_barrier
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
@@ -53,7 +54,7 @@ def run_pair(order: str):
                                 np.concatenate([a.val_indices for a in plan]), plan[0].steps_per_epoch)]
         vanilla = run_search(cfg, Channel(sub), None, assignments=union)
         sub.Free()
-    world.Barrier()
+    quiet_barrier(world)
     return fnas, vanilla, plan
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpi_waits import quiet_barrier
 
 from mpi_fnas.federation.comm import BUFFER_TAG, SERVER, Channel
 from mpi_fnas.federation.topology import COLLECTIVE, tree_children, tree_parent
@@ -93,7 +94,7 @@ def test_in_the_tree_a_party_sends_its_words_plus_its_subtrees_once_to_its_paren
     total = np.zeros(n, dtype=np.uint32) if channel.is_server else None
     channel.reduce_sum(mine, total)
     below = MPI.COMM_WORLD.allgather(mine)  # the test's view of every rank's words
-    world.Barrier()
+    quiet_barrier(world)
     world.Free()
     size = len(below)
 

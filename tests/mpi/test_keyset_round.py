@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+from mpi_waits import quiet_barrier
 
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import agree_masks, relay_public_keys
@@ -113,7 +114,7 @@ def identities(channel: Channel, directory: Path) -> Path:
     """`directory`, where rank 0 has made every party's identity and the roster before any rank goes on."""
     if channel.is_server:
         make_identities(directory, channel.parties, directory / "roster.yaml")
-    channel.comm.Barrier()
+    quiet_barrier(channel.comm)
     return directory
 
 

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from mpi_waits import quiet_barrier
 from pre_recipe import PRE_RECIPE
 from scipy import stats
 
@@ -214,7 +215,7 @@ def test_parties_hand_only_noised_releases_to_mpi(monkeypatch, case, shared_dir)
     if case.endswith("collective"):
         channel.pattern = COLLECTIVE  # what mpi_fnas.run's agreement sets (tests/test_topology.py: the choice)
     run_job(cfg, channel, run_dir, stage=stage)  # the search's job writes searched.pt as well
-    world.Barrier()
+    quiet_barrier(world)
     sent_per_party = world.gather(None if channel.is_server else len(channel.sent), root=0)
     peer_messages = world.gather(channel.peer_messages, root=0)
     if channel.is_server:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from mpi4py import MPI
+from mpi_waits import quiet_barrier
 from pre_recipe import PRE_RECIPE
 from test_release_spy import (
     RecordingChannel,
@@ -68,7 +69,7 @@ def test_adadp_parties_release_two_w_and_one_a_per_step(monkeypatch, shared_dir)
     run_dir = shared_dir("spy-adadp-")
     channel = RecordingChannel(world)
     outcome = run_search(cfg, channel, run_dir)
-    world.Barrier()
+    quiet_barrier(world)
     if channel.is_server:
         assert outcome.steps == STEPS
         state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
@@ -111,7 +112,7 @@ def test_adadp_augment_parties_release_two_weight_gradients_per_iteration(monkey
     run_dir = shared_dir("spy-adadp-aug-")
     channel = RecordingChannel(world)
     outcome = run_job(cfg, channel, run_dir, stage="augment")
-    world.Barrier()
+    quiet_barrier(world)
     if channel.is_server:
         assert outcome.augment.steps == STEPS
         state = torch.load(run_dir / "checkpoint.pt", weights_only=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpi_waits import quiet_barrier
 from pre_recipe import PRE_RECIPE
 from test_release_spy import (
     CONVS,
@@ -94,7 +95,7 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
     channel = RecordingChannel(wire)
     channel.pattern = pattern  # what mpi_fnas.run's agreement sets (tests/test_topology.py: the choice)
     run_job(cfg, channel, run_dir, stage=stage)
-    world.Barrier()
+    quiet_barrier(world)
     gathered = world.gather((channel.sent, totals), root=0)
     on_wire = world.gather(wire.buffers, root=0)
     if not channel.is_server:
