@@ -39,12 +39,12 @@ def secure_run(tmp_path_factory):
 
 
 def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: float, noisy: int,
-                        dimension: int) -> float:
-    """ε of releases (σ, q, count) as the accountant's parts compose them: each party adds N_Z(0, 8000²) to an
-    encoding with c/γ = √(K·8000²)/σ, accounted at the run's `dimension`."""
+                        dimension: int, parties: int = PARTIES) -> float:
+    """ε of releases (σ, q, count) as the accountant's parts compose them: each of the K = `parties` parties adds
+    N_Z(0, 8000²) to an encoding with c/γ = √(K·8000²)/σ, accounted at the run's `dimension`."""
     charges = []
     for sigma, rate, count in sigma_and_rates:
-        units = math.sqrt(PARTIES * LOCAL_VARIANCE) / sigma
+        units = math.sqrt(parties * LOCAL_VARIANCE) / sigma
         bound = sensitivity(units, dimension)
         charges.append(SecureCharge(SummedDiscreteGaussian.of_record(bound, dimension, LOCAL_VARIANCE, noisy), rate,
                                     count))
