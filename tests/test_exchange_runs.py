@@ -1,19 +1,16 @@
 """The collective exchange end to end (real `mpirun` jobs, side by side): a secure search through the tree finishes
 with the ε its releases compose to, the star's (the opened sums of the same uploads are the same integers:
 tests/mpi/test_exchange_patterns.py; two secure launches never end bit for bit alike, since each launch's keys name
-its public rotation); under local
-aggregation the same ε and alphas equal up to the float32 summation order; a party that fails mid-step ends a
-collective job with the log `failed`; the log says which pattern ran and why. `auto` on this machine (more ranks
-than cores) is the star: every other run of the suite takes it."""
+its public rotation); under local aggregation the same ε and alphas equal up to the float32 summation order; a party
+that fails mid-step ends a collective job with the log `failed`; the log says which pattern ran and why. `auto` on
+this machine (more ranks than cores) is the star: every other run of the suite takes it."""
 
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import pytest
 from conftest import TINY, mpirun_together
-from test_secure_aggregation import independent_epsilon
+from test_secure_aggregation import reproduced_epsilons
 
 from mpi_fnas.runlog import read_run
 
@@ -53,15 +50,9 @@ def test_a_secure_search_through_the_tree_finishes_with_the_epsilon_its_releases
     tree = log_of(runs, "secure-collective")
     p = tree["privacy"]
     assert tree["status"] == "finished" and p["aggregation"] == "secure"
-    dimension = int(re.search(r"D<=(\d+)", p["accountant"]).group(1))
     for k in range(PARTIES):
-        steps = int(p["charged_steps"][-1, k])
-        train = [(float(p["noise_multiplier_w"]), float(p["sample_rate_train"][k]), steps)]
-        val = [(float(p["noise_multiplier_a"]), float(p["sample_rate_val"][k]), steps)]
-        delta = float(p["delta"][k])
-        for logged, noisy in ((p["epsilon"], PARTIES), (p["epsilon_collusion"], 1)):
-            expected = max(independent_epsilon(part, delta, noisy, dimension, parties=PARTIES) for part in (train, val))
-            assert logged[-1, k] == pytest.approx(expected, rel=1e-9), (k, noisy)
+        for name, expected in reproduced_epsilons(p, k, PARTIES).items():
+            assert p[name][-1, k] == pytest.approx(expected, rel=1e-9), (k, name)
     assert np.isfinite(tree["metrics"]["test_loss"][-1])  # the last epoch's evaluation of what the tree opened
     assert (tree["ranks"]["exchange"], tree["ranks"]["exchange_reason"]) == ("collective",
                                                                              "runtime.exchange is collective")

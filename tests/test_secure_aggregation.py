@@ -39,7 +39,7 @@ def secure_run(tmp_path_factory):
 
 
 def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: float, noisy: int,
-                        dimension: int, parties: int = PARTIES) -> float:
+                        dimension: int, parties: int) -> float:
     """ε of releases (σ, q, count) as the accountant's parts compose them: each of the K = `parties` parties adds
     N_Z(0, 8000²) to an encoding with c/γ = √(K·8000²)/σ, accounted at the run's `dimension`."""
     charges = []
@@ -51,26 +51,35 @@ def independent_epsilon(sigma_and_rates: list[tuple[float, float, int]], delta: 
     return epsilon(composed_rdp(charges), delta)
 
 
+def accounted_dimension(privacy: dict) -> int:
+    """D, as the log's accountant line states it (``D<=…``)."""
+    return int(re.search(r"D<=(\d+)", privacy["accountant"]).group(1))
+
+
+def reproduced_epsilons(privacy: dict, k: int, parties: int) -> dict[str, float]:
+    """Party `k`'s last ``epsilon`` (all `parties` noises count) and ``epsilon_collusion`` (its own noise alone),
+    composed independently from the log's public facts: its σ, q and charged steps on each shard, δ and D."""
+    steps = int(privacy["charged_steps"][-1, k])
+    shards = ([(float(privacy["noise_multiplier_w"]), float(privacy["sample_rate_train"][k]), steps)],
+              [(float(privacy["noise_multiplier_a"]), float(privacy["sample_rate_val"][k]), steps)])
+    delta, dimension = float(privacy["delta"][k]), accounted_dimension(privacy)
+    return {name: max(independent_epsilon(shard, delta, noisy, dimension, parties=parties) for shard in shards)
+            for name, noisy in (("epsilon", parties), ("epsilon_collusion", 1))}
+
+
 def test_a_secure_run_logs_both_epsilons_each_reproduced(secure_run):
     log, stdout = secure_run
     p = log["privacy"]
     assert p["aggregation"] == "secure" and "KLS21" in p["accountant"]
     assert log["privacy_guarantee"] == "holds" and log["status"] == "finished"
-    row, k = -1, 0  # both parties hold equal shards here; party 1's last search row
-    steps = int(p["charged_steps"][row, k])
-    train = [(float(p["noise_multiplier_w"]), float(p["sample_rate_train"][k]), steps)]
-    val = [(float(p["noise_multiplier_a"]), float(p["sample_rate_val"][k]), steps)]
-    delta = float(p["delta"][k])
     # The accounted dimension, as the accountant's line states it, is the run's largest release, padded: the
     # supernet's W (no augmentation here).
-    dimension = int(re.search(r"D<=(\d+)", p["accountant"]).group(1))
     cfg = load_config(None, [*TINY[1::2], "mode=dpfnas"])
     supernet = search_space(cfg.space.kind).build_supernet(cfg.space, seed=0, in_channels=3, num_classes=10)
-    assert dimension == padded_length(numel(supernet.weights()))
-    for logged, noisy in ((p["epsilon"], PARTIES), (p["epsilon_collusion"], 1)):
-        expected = max(independent_epsilon(train, delta, noisy, dimension),
-                       independent_epsilon(val, delta, noisy, dimension))
-        assert logged[row, k] == pytest.approx(expected, rel=1e-9)
+    assert accounted_dimension(p) == padded_length(numel(supernet.weights()))
+    k = 0  # both parties hold equal shards here: party 1's last search row
+    for name, expected in reproduced_epsilons(p, k, PARTIES).items():
+        assert p[name][-1, k] == pytest.approx(expected, rel=1e-9), name
     assert np.all(p["epsilon_collusion"] > p["epsilon"])
     assert "against the server (secure aggregation" in stdout and "collude with the server" in stdout
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from mpi_waits import quiet_barrier
+from mpi_waits import CHANNEL_TIMEOUT, quiet_barrier
 
 
 @pytest.fixture
@@ -30,10 +30,6 @@ def shared_dir() -> Iterator[Callable[[str], Path]]:
     if world.Get_rank() == 0:
         for path in made:
             shutil.rmtree(path, ignore_errors=True)
-
-
-#: Seconds one exchange of a `channel` may take: a round that does not complete fails the test instead of hanging it.
-CHANNEL_TIMEOUT = 60.0
 
 
 @pytest.fixture
