@@ -287,7 +287,7 @@ def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: 
 
 # -- commands that run a series of jobs -----------------------------------------------------------------------------
 def run_series(cfg: Config | None, config_error: ConfigError | None, setup: Callable[[Channel], tuple[Any, ...]],
-               run: Callable[..., int], *, debug: bool) -> int:
+               run: Callable[..., int], *, debug: bool, comm: Any = None) -> int:
     """The MPI part of a command that runs a series of jobs in one MPI job (``mpi_fnas.sweep``,
     ``mpi_fnas.baseline``); returns the exit code.
 
@@ -295,11 +295,11 @@ def run_series(cfg: Config | None, config_error: ConfigError | None, setup: Call
     ends every rank with exit 2), `config_error`, the bad input found before MPI, is raised, else ``setup(channel)``
     returns what every rank agreed on: the resolved config first, then anything else the series needs. Then
     ``run(channel, stop, config, *rest)`` runs with the channel's timeout from that config; further stop signals are
-    ignored once it returns.
+    ignored once it returns. `comm`: the communicator to run on, default COMM_WORLD (as :func:`mpi_fnas.run.main`).
     """
     from mpi_fnas.federation.comm import Channel
 
-    channel = Channel(start_mpi(cfg))
+    channel = Channel(start_mpi(cfg) if comm is None else comm)
     stop = StopRequest.install()
     state: dict[str, tuple[Any, ...]] = {}
 

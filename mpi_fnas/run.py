@@ -12,7 +12,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import (
@@ -71,8 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mpi_fnas.run`` on every rank: the job (search, augmentation) and its summary; the exit code."""
+def main(argv: list[str] | None = None, comm: Any = None) -> int:
+    """``python -m mpi_fnas.run`` on every rank: the job (search, augmentation) and its summary; the exit code.
+
+    `comm`: the communicator the job runs on (rank 0 the server), default COMM_WORLD; the tests run several jobs in
+    one set of warm processes on sub-communicators of theirs (tests/helpers/job_pool.py)."""
     args = build_parser().parse_args(argv)
     cfg, config_error = cli.load_config_args(args)
     if args.print_config and config_error is None and cli.launcher_rank() in (None, 0):
@@ -81,8 +84,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mpi_fnas.federation.comm import Channel
 
-    comm = cli.start_mpi(cfg)
-    channel = Channel(comm)
+    channel = Channel(cli.start_mpi(cfg) if comm is None else comm)
     stop = cli.StopRequest.install()
     state: dict = {}
     made: list[Path] = []  # rank 0: the run directory this launch created, if it did

@@ -4,6 +4,7 @@ per-example checks of both search spaces."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -85,6 +86,121 @@ def mpirun_together(*launches: tuple, timeout: float = 600) -> list[subprocess.C
             if proc.poll() is None:
                 proc.kill()
                 proc.communicate()
+
+
+#: Ranks of the warm pool (tests/helpers/job_pool.py): two 3-rank jobs side by side, or one of up to 7 ranks.
+POOL_RANKS = 7
+#: The commands the warm ranks run: each one's module for ``python -m`` and the module of its ``main(argv, comm)``.
+WARM_MAINS = {"mpi_fnas.run": "mpi_fnas.run", "mpi_fnas.sweep": "mpi_fnas.sweep.command",
+              "mpi_fnas.baseline": "mpi_fnas.baseline.command"}
+
+
+class _WarmPool:
+    """The warm ranks of this pytest process (started at the first :func:`warm_jobs`, again after a job aborted
+    them; stopped when this process exits)."""
+
+    def __init__(self) -> None:
+        self.proc: subprocess.Popen | None = None
+        self.queue: Path | None = None
+        self.batches = 0
+
+    def ensure(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            return
+        import atexit
+        import tempfile
+
+        self.queue = Path(tempfile.mkdtemp(prefix="mpi_fnas-pool."))
+        cmd = [MPIRUN, "-n", str(POOL_RANKS), sys.executable, str(ROOT / "tests" / "helpers" / "job_pool.py"),
+               str(self.queue), str(os.getpid())]
+        with open(self.queue / "pool.log", "w") as log:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=_env(None))
+        atexit.register(self.stop, self.proc, self.queue)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen, queue: Path) -> None:
+        import shutil
+
+        (queue / "stop").touch()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(queue, ignore_errors=True)
+
+    def run(self, jobs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
+        self.ensure()
+        assert self.proc is not None and self.queue is not None
+        self.batches += 1
+        name = f"batch-{self.batches}"
+        tmp = self.queue / f"{name}.tmp"
+        tmp.write_text(json.dumps({"jobs": jobs}))
+        tmp.rename(self.queue / f"{name}.json")
+        deadline = time.monotonic() + timeout
+        while not (self.queue / f"{name}.done").exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is None:
+                    self.proc.kill()
+                self.proc.wait()
+                log = (self.queue / "pool.log").read_text(errors="replace")[-4000:]
+                raise RuntimeError(f"the warm pool ended (or timed out) in a batch of {jobs}:\n{log}")
+            time.sleep(0.05)
+        results = []
+        for j, job in enumerate(jobs):
+            parts = [json.loads((self.queue / f"{name}.{j}.{r}.json").read_text()) for r in range(job["ranks"])]
+            results.append(subprocess.CompletedProcess(
+                ["warm", str(job["ranks"]), *job["args"]], max(part["code"] for part in parts),
+                "".join(part["stdout"] for part in parts), "".join(part["stderr"] for part in parts)))
+        return results
+
+
+_POOL = _WarmPool()
+
+
+def warm_jobs(*launches: tuple, timeout: float = 600) -> list[subprocess.CompletedProcess]:
+    """Run jobs, each ``(ranks, args)``, ``(ranks, args, env)`` or ``(ranks, args, env, module)`` (``mpi_fnas.run``,
+    ``mpi_fnas.sweep`` or ``mpi_fnas.baseline``; default the first) as :func:`mpirun_together` takes them, in this
+    process's warm ranks
+    (tests/helpers/job_pool.py): side by side where they fit, on sub-communicators of their own, through the same
+    ``main`` a launch runs, without a launch's start-up (~8 CPU-s of its ~13). Their results in order, as
+    :func:`mpirun_together` gives them (the output of every rank joined, the largest exit code).
+
+    Only for jobs that end by returning (finished, interrupted, bad input): a job that fails aborts the pool
+    (MPI_Abort), and the call raises. The command line, the exit codes of failures, signals and kills stay
+    :func:`mpirun` launches."""
+    jobs = [{"ranks": ranks, "args": list(args), "env": dict(rest[0]) if rest and rest[0] else {},
+             "module": WARM_MAINS[rest[1] if len(rest) > 1 else "mpi_fnas.run"]}
+            for ranks, args, *rest in launches]
+    results: list[subprocess.CompletedProcess] = []
+    batch: list[dict] = []
+    for job in jobs:
+        assert job["ranks"] <= POOL_RANKS, f"a job of {job['ranks']} ranks needs a launch of its own"
+        if sum(j["ranks"] for j in batch) + job["ranks"] > POOL_RANKS:
+            results += _POOL.run(batch, timeout)
+            batch = []
+        batch.append(job)
+    if batch:
+        results += _POOL.run(batch, timeout)
+    return results
+
+
+def warm_job(ranks: int, *args: str, env: dict | None = None, module: str = "mpi_fnas.run",
+             timeout: float = 600) -> subprocess.CompletedProcess:
+    """One :func:`warm_jobs` job: ``mpirun -n RANKS python -m MODULE ARGS`` without its launch."""
+    return warm_jobs((ranks, list(args), env, module), timeout=timeout)[0]
+
+
+def side_by_side(warm: list[tuple], launched: list[tuple], timeout: float = 600
+                 ) -> tuple[list[subprocess.CompletedProcess], list[subprocess.CompletedProcess]]:
+    """:func:`warm_jobs` of `warm` while :func:`mpirun_together` runs `launched` (jobs that fail or that a test
+    watches from outside): (the warm results, the launched results)."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(warm_jobs, *warm, timeout=timeout)
+        launched_results = mpirun_together(*launched, timeout=timeout)
+        return future.result(timeout=timeout), launched_results
 
 
 def rank0_decision(*argv: str) -> tuple[str, str, str]:

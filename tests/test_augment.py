@@ -1,4 +1,5 @@
-"""The augmentation: the searched cell trained from scratch across the parties (real `mpirun` jobs, 2 parties).
+"""The augmentation: the searched cell trained from scratch across the parties (real jobs of 2 parties, run in the
+tests' warm ranks: conftest.warm_jobs).
 
 What is checked: it learns (exact gradients; how well DP-FNAS's learns is a benchmark), it trains exactly a given
 genotype with the size an independent count gives, the ε it logs is the composition of the search's and its own
@@ -14,7 +15,7 @@ import shutil
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together, rank0_decision
+from conftest import TINY, mpirun, rank0_decision, warm_job, warm_jobs
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.checkpoint import load_checkpoint
@@ -27,7 +28,7 @@ from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
 from mpi_fnas.space.handcrafted import TanhCifarNet
 from mpi_fnas.stages.augment import AugmentStage
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 # A search of TINY shortened to 4 steps, then a small, short augmentation on pools of 800 (8×8 images: what these
 # tests check does not depend on learning anything).
@@ -48,7 +49,7 @@ SMALL_GENOTYPE = ("normal=sep_conv_3x3@0,sep_conv_3x3@1|sep_conv_3x3@0,skip_conn
 
 
 def launch(*args: str, ranks: int = 3, env: dict | None = None):
-    return mpirun(ranks, *args, env=env, timeout=600)
+    return warm_job(ranks, *args, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def learning_runs(tmp_path_factory):
     dp: a short DP-FNAS search and augmentation, secret noise (the real thing); fnas: a longer one with exact
     gradients, long enough to learn."""
     root = tmp_path_factory.mktemp("learn")
-    dp, fnas = mpirun_together((3, [*AUGMENT, "--set", "mode=dpfnas", "--out", str(root / "dp")]),
+    dp, fnas = warm_jobs((3, [*AUGMENT, "--set", "mode=dpfnas", "--out", str(root / "dp")]),
                                (3, [*AUGMENT, *LEARN_FNAS, "--set", "mode=fnas", "--out", str(root / "fnas")]))
     return {"dp": (root / "dp", dp), "fnas": (root / "fnas", fnas)}
 
@@ -160,7 +161,7 @@ def given_genotype_runs(tmp_path_factory):
                         "--set", f"augment.genotype={SMALL_GENOTYPE}", "--set", "augment.steps_per_epoch=2"],
         "darts_v2": [*AUGMENT, "--set", f"augment.genotype={DARTS_V2.to_string()}", "--set", "augment.epochs=0"],
     }
-    outs = mpirun_together(*((3, [*args, "--out", str(root / name)]) for name, args in plans.items()))
+    outs = warm_jobs(*((3, [*args, "--out", str(root / name)]) for name, args in plans.items()))
     return {name: (root / name, out) for name, out in zip(plans, outs, strict=True)}
 
 
@@ -188,7 +189,7 @@ def test_a_hand_designed_network_is_trained_by_the_same_private_augmentation(tmp
     augment.epochs=0 is refused in one line (nothing to train, and no search)."""
     hand = [*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.network=cnn-tanh", "--set", "augment.steps_per_epoch=3"]
     run = tmp_path / "cnn"
-    done, refused = mpirun_together((3, [*hand, "--out", str(run)]),
+    done, refused = warm_jobs((3, [*hand, "--out", str(run)]),
                                     (3, [*hand, "--set", "augment.epochs=0", "--out", str(tmp_path / "none")]))
     assert refused.returncode == 2 and "augment.network: training the hand-designed cnn-tanh needs augment.epochs > 0" \
         in refused.stderr, refused.stderr[-3000:]
@@ -218,7 +219,7 @@ def test_interrupted_augmentation_resumes_to_the_uninterrupted_result(tmp_path):
     """DP (reproducible noise): the parties' own generator states and the ledger must both resume exactly."""
     common = [*AUGMENT, "--set", "mode=dpfnas", *REPRODUCIBLE]
     run = tmp_path / "interrupted"
-    straight, first = mpirun_together((3, [*common, "--out", str(tmp_path / "straight")]),  # independent
+    straight, first = warm_jobs((3, [*common, "--out", str(tmp_path / "straight")]),  # independent
                                       (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "augment:3"}))
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert first.returncode == 75, first.stderr[-3000:]
@@ -244,7 +245,7 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
     45), and each party's ε composes every augment release it ever sent, those replays included."""
     common = [*AUGMENT, "--set", "mode=dpfnas", "--set", "checkpoint.every_steps=2"]
     run = tmp_path / "run"
-    failed = launch(*common, "--out", str(run), env={"MPI_FNAS_INJECT_FAULT": "2:augment:6"})
+    failed = mpirun(3, *common, "--out", str(run), env={"MPI_FNAS_INJECT_FAULT": "2:augment:6"}, timeout=600)
     assert failed.returncode == 1, failed.stderr[-3000:]
     dead = read_run(run / "search.h5")
     assert dead["augment"]["status"] == "failed"
@@ -261,7 +262,7 @@ def test_a_failed_augmentation_resumes_from_each_party_own_state_and_charges_its
         assert PartyStore(party_dir(run, rank), stage="augment").load_state(4)["randomness"] == "secret"
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    for out in mpirun_together(*((3, [*common, "--resume", str(d)]) for d in (run, copy))):  # independent copies
+    for out in warm_jobs(*((3, [*common, "--resume", str(d)]) for d in (run, copy))):  # independent copies
         assert out.returncode == 0, out.stderr[-3000:]
     a, b = read_run(run / "search.h5"), read_run(copy / "search.h5")
     assert a["augment"]["status"] == "finished" and a["augment"]["attempts"] == 2
@@ -293,7 +294,7 @@ def test_augment_later_continues_the_ledgers_and_refuses_what_it_must(tmp_path):
     searched = tmp_path / "searched"
     common = [*AUGMENT, "--set", "mode=dpfnas"]
     # Two independent runs side by side; then rank 0's refusals, in this process.
-    stopped, finished = mpirun_together(
+    stopped, finished = warm_jobs(
         (3, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "3"}),  # the search did not finish
         (3, [*common, "--set", "augment.epochs=0", "--out", str(searched)]))
     assert stopped.returncode == 75, stopped.stderr[-3000:]

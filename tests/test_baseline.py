@@ -16,7 +16,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together
+from conftest import TINY, warm_job, warm_jobs
 from pre_recipe import PRE_RECIPE
 from scipy import stats
 
@@ -200,9 +200,9 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
     small = [*TINY, "--set", "search.epochs=1", "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=3",
              "--set", "augment.layers=2", "--set", "augment.channels=4", "--set", "augment.batch_size=8"]
     arguments = [*small, "--random", "2", "--handcrafted", "cnn-tanh,cnn-gn", "--seeds", "0"]
-    first, unknown = mpirun_together((3, [*arguments, "--out", str(out)], None, "mpi_fnas.baseline"),
-                                     (3, [*small, "--random", "1", "--handcrafted", "cnn-relu", "--seeds", "0", "--out",
-                                          str(tmp_path / "unknown")], None, "mpi_fnas.baseline"))
+    first, unknown = warm_jobs((3, [*arguments, "--out", str(out)], None, "mpi_fnas.baseline"),
+                               (3, [*small, "--random", "1", "--handcrafted", "cnn-relu", "--seeds", "0", "--out",
+                                    str(tmp_path / "unknown")], None, "mpi_fnas.baseline"))
     assert unknown.returncode == 2 and "--handcrafted: unknown network 'cnn-relu'" in unknown.stderr, unknown.stderr
     assert first.returncode == 0, first.stderr[-3000:]
     rows = read_csv(out / "baseline.csv")
@@ -221,7 +221,7 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
         assert (row.network, row.genotype) == (row.arm, "")
     assert [r.params for r in handcrafted] == [304_810, 24_346]  # TINY's 8x8 colour images
     assert "RI = " in first.stdout and "vs the best hand-designed network" in first.stdout
-    again = mpirun(3, *arguments, "--out", str(out), module="mpi_fnas.baseline", timeout=600)
+    again = warm_job(3, *arguments, "--out", str(out), module="mpi_fnas.baseline", timeout=600)
     assert again.returncode == 0 and again.stdout.count("finished earlier: read back") == 5, again.stdout
     assert report_main([str(out), "--out", str(tmp_path / "report")]) == 0  # in this process: torch is loaded
     page = (tmp_path / "report" / "report.md").read_text()

@@ -1,4 +1,5 @@
-"""The command line as users run it: real `mpirun` jobs in subprocesses.
+"""The command line as users run it: real MPI jobs in subprocesses (the runs whose launch adds nothing to what
+a test checks run in the warm ranks: conftest.warm_jobs).
 
 Covers bad input (one line from rank 0, exit 2, nothing overwritten), a complete small run and its HDF5 log,
 vanilla NAS, and failures (an exception in a party, a killed party) ending the whole job quickly.
@@ -19,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, mpirun, mpirun_background, mpirun_together, rank_pid
+from conftest import ROOT, mpirun, mpirun_background, rank_pid, warm_jobs
 from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
 from mpi_fnas.config import Config
@@ -80,14 +81,15 @@ BAD_INPUTS = {
 
 @pytest.fixture(scope="module")
 def bad_input_launches(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Every launch of BAD_INPUTS, side by side: its result and its --out."""
+    """Every job of BAD_INPUTS, in the warm ranks: its result and its --out (a launch's own exit 2 and one line:
+    test_existing_run_is_never_overwritten)."""
     root = tmp_path_factory.mktemp("bad")
     runs = {name: root / name for name in BAD_INPUTS}
     for name, (_, _, user_made) in BAD_INPUTS.items():
         if user_made:
             runs[name].mkdir()
-    done = mpirun_together(*((3, [*args, "--out", str(runs[name])]) for name, (args, _, _) in BAD_INPUTS.items()),
-                           timeout=240)
+    done = warm_jobs(*((3, [*args, "--out", str(runs[name])]) for name, (args, _, _) in BAD_INPUTS.items()),
+                     timeout=240)
     return {name: (out, runs[name]) for name, out in zip(BAD_INPUTS, done, strict=True)}
 
 
@@ -113,23 +115,35 @@ def test_existing_run_is_never_overwritten(tmp_path):
     digest = hashlib.sha256(log.read_bytes()).hexdigest()
     out = launch(2, *TINY, "--out", str(run))
     assert out.returncode == 2
-    assert "already holds a run log" in out.stderr
+    lines = error_lines(out.stderr)
+    assert len(lines) == 1 and lines[0].startswith("mpi_fnas: error: ") and "already holds a run log" in lines[0]
     assert hashlib.sha256(log.read_bytes()).hexdigest() == digest
 
 
 @pytest.fixture(scope="module")
 def small_runs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path]]:
-    """Three small jobs side by side: FNAS (2 epochs of 3 steps), the default mode (DP-FNAS, 2 steps) and vanilla
-    NAS with one party (2 steps); each one's result and run directory."""
+    """Three small jobs side by side: FNAS (2 epochs of 3 steps: a launch of its own, whose log says how long rank
+    0's process took to start), the default mode (DP-FNAS, 2 steps) and vanilla NAS with one party (2 steps), both in
+    the warm ranks; each one's result and run directory."""
     root = tmp_path_factory.mktemp("small")
     short = ["--set", "search.epochs=1", "--set", "search.steps_per_epoch=2"]
     jobs = {"fnas": (3, [*TINY, "--set", "mode=fnas", "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3"]),
             "default": (3, [*TINY, *short]),
             "vanilla": (2, ["--config", "configs/vanilla_nas.yaml", *TINY, *short])}
     runs = {name: root / name for name in jobs}
-    done = mpirun_together(*((ranks, [*args, "--out", str(runs[name])]) for name, (ranks, args) in jobs.items()),
-                           timeout=300)
-    return {name: (out, runs[name]) for name, out in zip(jobs, done, strict=True)}
+    ranks, args = jobs.pop("fnas")
+    launched = mpirun_background(ranks, *args, "--out", str(runs["fnas"]))
+    try:
+        done = warm_jobs(*((ranks, [*args, "--out", str(runs[name])]) for name, (ranks, args) in jobs.items()),
+                         timeout=300)
+        out, err = launched.communicate(timeout=300)
+    finally:
+        if launched.poll() is None:
+            launched.kill()
+            launched.communicate()
+    results = {"fnas": subprocess.CompletedProcess(launched.args, launched.returncode, out, err),
+               **dict(zip(jobs, done, strict=True))}
+    return {name: (out, runs[name]) for name, out in results.items()}
 
 
 @pytest.mark.slow

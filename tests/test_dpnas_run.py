@@ -1,4 +1,4 @@
-"""DP-FNAS on the DPNAS space end to end: a real `mpirun` job (2 parties) searches the 15-edge cell under DP and
+"""DP-FNAS on the DPNAS space end to end: a real MPI job (2 parties) searches the 15-edge cell under DP and
 trains the cell it found from scratch under DP; its log holds one alpha matrix, parseable DPNAS genotypes and an ε
 that dp_accounting, called directly on the log's public facts, reproduces for both stages."""
 
@@ -9,7 +9,7 @@ import functools
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, warm_job
 
 from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.report.collect import read_record
@@ -17,7 +17,7 @@ from mpi_fnas.report.figures import run_figures
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space.dpnas import PRIMITIVES, DpnasGenotype, DpnasNetwork
 
-pytestmark = pytest.mark.slow  # a real mpirun job
+pytestmark = pytest.mark.slow  # a real MPI job
 
 STAGES = [4, 4, 8]
 DPNAS_RUN = [
@@ -44,7 +44,7 @@ def _pld_epsilon(segments: tuple[tuple[float, float, int], ...], delta: float) -
 
 
 def test_dpfnas_searches_and_trains_a_dpnas_cell_with_its_epsilon_reproduced(tmp_path):
-    out = mpirun(3, *DPNAS_RUN, "--out", str(tmp_path / "run"), timeout=300)
+    out = warm_job(3, *DPNAS_RUN, "--out", str(tmp_path / "run"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     log = read_run(tmp_path / "run" / "search.h5")
     assert log["status"] == "finished" and log["space"] == "dpnas" and log["privacy_guarantee"] == "holds"

@@ -1,4 +1,4 @@
-"""The collective exchange end to end (real `mpirun` jobs, side by side): a secure search through the tree finishes
+"""The collective exchange end to end (real MPI jobs, side by side): a secure search through the tree finishes
 with the ε its releases compose to, the star's (the opened sums of the same uploads are the same integers:
 tests/mpi/test_exchange_patterns.py; two secure launches never end bit for bit alike, since each launch's keys name
 its public rotation); under local aggregation the same ε and alphas equal up to the float32 summation order; a party
@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun_together
+from conftest import TINY, side_by_side
 from test_secure_aggregation import reproduced_epsilons
 
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 PARTIES = 3  # 4 ranks: the tree 0 ← 1, 0 ← 2 ← 3 (party 2 relays party 3's words)
 SECURE = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure", "--set", "search.steps_per_epoch=2"]
@@ -32,9 +32,10 @@ def runs(tmp_path_factory):
         "failed-collective": [*LOCAL, *COLLECTIVE],
     }
     faults = {"failed-collective": {"MPI_FNAS_INJECT_FAULT": "3:3"}}
-    outs = mpirun_together(*((PARTIES + 1, [*args, "--out", str(root / name)], faults.get(name))
-                             for name, args in plans.items()), timeout=600)
-    return root, dict(zip(plans, outs, strict=True))
+    jobs = {name: (PARTIES + 1, [*args, "--out", str(root / name)], faults.get(name)) for name, args in plans.items()}
+    finishing = [name for name in plans if name not in faults]
+    warm, failed = side_by_side([jobs[name] for name in finishing], [jobs[name] for name in faults])
+    return root, {**dict(zip(finishing, warm, strict=True)), **dict(zip(faults, failed, strict=True))}
 
 
 def log_of(runs, name: str) -> dict:

@@ -1,9 +1,9 @@
 """The noise sweep (paper Table 2 in small): `mpi_fnas.sweep` as users run it, plus its config handling.
 
-The real sweeps run under `mpirun -n 3` (server + 2 parties) on a tiny setting (TINY below), short: what they check
-is what the logs, the tables and the composed ε say, not how well they learn. The setting is the one on which
-σ = 1 learns clearly above chance in 30 steps and σ² = 10 does not: that signal is a benchmark (docs/benchmarks.md,
-"The noise sweep's signal").
+The real sweeps run as 3-rank jobs (server + 2 parties; in the warm ranks, conftest.warm_jobs) on a tiny setting
+(TINY below), short: what they check is what the logs, the tables and the composed ε say, not how well they learn.
+The setting is the one on which σ = 1 learns clearly above chance in 30 steps and σ² = 10 does not: that signal is
+a benchmark (docs/benchmarks.md, "The noise sweep's signal").
 """
 
 from __future__ import annotations
@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import functools
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import dp_accounting
 import numpy as np
 import pytest
 import yaml
+from conftest import mpirun, warm_job
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.runlog import read_run
@@ -40,7 +40,6 @@ from mpi_fnas.sweep import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-MPIRUN = str(Path(sys.executable).parent / "mpirun")
 CONFIG = ROOT / "configs" / "dpfnas_noise_sweep.yaml"
 # The tiny setting (on top of the shipped config): 1 cell with 1 node on 8×8 images, full shards as the expected
 # batch (q = 1), a large W step; the benchmark's setting (docs/benchmarks.md, "The noise sweep's signal").
@@ -54,13 +53,14 @@ TINY = [
 ]
 
 
-def sweep(ranks: int, *args: str, sets: list[str] = (), env: dict | None = None,
+def sweep(ranks: int, *args: str, sets: list[str] = (), env: dict | None = None, launch: bool = False,
           timeout: float = 600) -> subprocess.CompletedProcess:
-    cmd = [MPIRUN, "-n", str(ranks), sys.executable, "-m", "mpi_fnas.sweep", *args]
-    for item in sets:
-        cmd += ["--set", item]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+    """``mpirun -n RANKS python -m mpi_fnas.sweep ARGS --set SETS...``: in the warm ranks (conftest.warm_jobs), or
+    a launch of its own if `launch` (a sweep that fails aborts its job)."""
+    args = (*args, *(arg for item in sets for arg in ("--set", item)))
+    if launch:
+        return mpirun(ranks, *args, module="mpi_fnas.sweep", env=env, timeout=timeout)
+    return warm_job(ranks, *args, module="mpi_fnas.sweep", env=env, timeout=timeout)
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -386,7 +386,7 @@ def test_party_failure_aborts_the_sweep_without_hanging(tmp_path):
     out_dir = tmp_path / "sw"
     out = sweep(3, "--config", str(CONFIG), "--out", str(out_dir),
                 sets=[*TINY, "search.steps_per_epoch=4", "sweep.variances=[1,10]", "sweep.seeds=[0]"],
-                env={"MPI_FNAS_INJECT_FAULT": "2:3"}, timeout=180)
+                env={"MPI_FNAS_INJECT_FAULT": "2:3"}, launch=True, timeout=180)
     assert out.returncode not in (0, 2), out.stdout
     # Under DP the party's error text stays with it: a generic reason on the wire, the details in its error.log.
     assert "injected fault at step 3" not in out.stderr
@@ -417,9 +417,7 @@ def test_signal_checkpoints_the_current_point_and_exits_75(tmp_path):
     assert read_run(run_dir / "search.h5")["status"] == "interrupted"
     assert (run_dir / "checkpoint.pt").exists() and not (out_dir / "var10-seed0").exists()
 
-    resumed = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-m", "mpi_fnas.run", "--resume", str(run_dir)],
-                             capture_output=True, text=True, timeout=180, cwd=ROOT,
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
+    resumed = warm_job(3, "--resume", str(run_dir), timeout=180)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     log = read_run(run_dir / "search.h5")
     assert log["status"] == "finished" and int(log["metrics"]["step"][-1]) == 4

@@ -12,12 +12,12 @@ import math
 import dp_accounting
 import numpy as np
 import pytest
-from conftest import mpirun
+from conftest import warm_job
 from pre_recipe import PRE_RECIPE_ARGS
 
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 
 def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
@@ -29,14 +29,14 @@ def pld_epsilon(q: float, sigma: float, steps: int, delta: float) -> float:
 @pytest.fixture(scope="module")
 def dp_log(tmp_path_factory) -> dict:
     run = tmp_path_factory.mktemp("dp") / "run"
-    out = mpirun(4, *PRE_RECIPE_ARGS, "--set", "mode=dpfnas", "--set", "data.train_size=600",
-           "--set", "data.partition=dirichlet",
-           "--set", "data.dirichlet_alpha=1.0", "--set", "data.test_size=20", "--set", "data.image_size=8",
-           "--set", "space.channels=4", "--set", "space.nodes=1", "--set", "search.batch_size=8",
-           "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--set", "privacy.noise_multiplier_a=1.3",
-           "--set", "privacy.clip_w=0.01", "--set", "privacy.aggregation=local",  # the PLD path is what is checked
-           "--set", "runtime.log_every=2", "--set", "runtime.progress=off",
-           "--set", "augment.epochs=0",  # the search's /privacy is what is checked: no augmentation
+    out = warm_job(4, *PRE_RECIPE_ARGS, "--set", "mode=dpfnas", "--set", "data.train_size=600",
+             "--set", "data.partition=dirichlet",
+             "--set", "data.dirichlet_alpha=1.0", "--set", "data.test_size=20", "--set", "data.image_size=8",
+             "--set", "space.channels=4", "--set", "space.nodes=1", "--set", "search.batch_size=8",
+             "--set", "search.epochs=2", "--set", "search.steps_per_epoch=3", "--set", "privacy.noise_multiplier_a=1.3",
+             "--set", "privacy.clip_w=0.01", "--set", "privacy.aggregation=local",  # the PLD path is what is checked
+             "--set", "runtime.log_every=2", "--set", "runtime.progress=off",
+             "--set", "augment.epochs=0",  # the search's /privacy is what is checked: no augmentation
            "--out", str(run))
     assert out.returncode == 0, out.stderr
     log = read_run(run / "search.h5")

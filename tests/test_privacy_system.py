@@ -1,8 +1,9 @@
 """The privacy guarantee of the whole system, as an honest-but-curious server or a log reader would test it.
 
-Real `mpirun` jobs (3 ranks = 2 parties). Each test names the leak it closes (the privacy issue's items):
-secret noise by default (1), party RNG state that never leaves the party (2), replays charged (4), no per-step
-timing in the log (5), generic failure reasons from a DP party (6), δ checked (8).
+Real jobs of 3 ranks (2 parties), in the warm ranks (conftest.warm_jobs) unless a test kills or fails one. Each
+test names the leak it closes (the privacy issue's items): secret noise by default (1), party RNG state that never
+leaves the party (2), replays charged (4), no per-step timing in the log (5), generic failure reasons from a DP
+party (6), δ checked (8).
 """
 
 from __future__ import annotations
@@ -14,14 +15,14 @@ import signal
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_background, mpirun_together, rank_pid, wait_for
+from conftest import TINY, mpirun, mpirun_background, rank_pid, wait_for, warm_job, warm_jobs
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.federation.party_store import PartyStore, party_dir
 from mpi_fnas.privacy import PrivacyLedger
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 
 DP = [*TINY, "--set", "mode=dpfnas"]
@@ -42,7 +43,7 @@ def same_seed_runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("same_seed")
     plans = {"s1": [], "s2": ["--set", "runtime.progress=auto"], "r1": REPRODUCIBLE, "r2": REPRODUCIBLE}
     short = [*DP, "--set", "search.steps_per_epoch=2"]
-    outs = mpirun_together(*((3, [*short, *extra, "--out", str(root / name)]) for name, extra in plans.items()))
+    outs = warm_jobs(*((3, [*short, *extra, "--out", str(root / name)]) for name, extra in plans.items()))
     return root, dict(zip(plans, outs, strict=True))
 
 
@@ -67,7 +68,7 @@ def test_secret_resume_draws_fresh_randomness_from_each_party_own_state(tmp_path
     and a resume keys new streams: two copies of one interrupted run, resumed side by side, end different (a replay
     of a step sent before is a fresh release, as the ledger charges it), each charged every step."""
     run = tmp_path / "run"
-    first = mpirun(3, *DP, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "3"})
+    first = warm_job(3, *DP, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "3"})
     assert first.returncode == 75, first.stderr
     server_state = load_checkpoint(run)
     assert "parties" not in server_state
@@ -76,7 +77,7 @@ def test_secret_resume_draws_fresh_randomness_from_each_party_own_state(tmp_path
         assert own["randomness"] == "secret" and set(own["party"]) == {"train_stream", "val_stream"}
     copy = tmp_path / "copy"
     shutil.copytree(run, copy)
-    for out in mpirun_together(*((3, [*DP, "--resume", str(d)]) for d in (run, copy))):  # independent copies
+    for out in warm_jobs(*((3, [*DP, "--resume", str(d)]) for d in (run, copy))):  # independent copies
         assert out.returncode == 0, out.stderr
     assert not np.array_equal(alphas(run), alphas(copy))
     np.testing.assert_array_equal(read_run(run / "search.h5")["privacy"]["charged_steps"][-1], [8, 8])
@@ -122,7 +123,7 @@ def test_a_killed_party_fails_the_run_and_its_replayed_steps_are_charged(tmp_pat
     np.testing.assert_array_equal(dead["metrics"]["step"], [1, 2, 3, 4, 5])
     assert load_checkpoint(run)["step"] == 4
 
-    out = mpirun(3, *args, "--resume", str(run))
+    out = warm_job(3, *args, "--resume", str(run))
     assert out.returncode == 0, out.stderr
     log = read_run(run / "search.h5")
     assert log["status"] == "finished" and log["attempts"] == 2
@@ -177,7 +178,7 @@ def test_a_dp_party_failure_sends_only_a_generic_reason(tmp_path):
 def test_a_delta_not_below_one_over_n_is_refused(tmp_path):
     """δ ≥ 1/N_k lets a mechanism publish a whole record with probability δ and still 'satisfy' (ε, δ): one line
     from rank 0, exit 2 (every δ of that branch and its boundary: tests/test_budget.py, in-process)."""
-    out = mpirun(3, *DP, "--set", "privacy.delta=0.01", "--out", str(tmp_path / "d"))
+    out = warm_job(3, *DP, "--set", "privacy.delta=0.01", "--out", str(tmp_path / "d"))
     assert out.returncode == 2, out.stderr
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "privacy:" in lines[0] and ("δ" in lines[0] or "delta" in lines[0]), lines

@@ -1,4 +1,4 @@
-"""Nothing hangs: a rank-0 error during setup, a stuck party, and periodic checkpoints, in real `mpirun` jobs.
+"""Nothing hangs: a rank-0 error during setup, a stuck party, and periodic checkpoints, in real MPI jobs.
 
 (A SIGKILLed party, the log saying `failed` and the resume from a periodic checkpoint are in
 tests/test_privacy_system.py, which also checks the replayed releases are charged.)
@@ -9,13 +9,13 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, mpirun, warm_job
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.federation.party_store import party_dir
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 
 FNAS = [*TINY, "--set", "mode=fnas"]
@@ -30,7 +30,7 @@ def one_line(stderr: str) -> str:
 def test_resume_of_a_directory_without_its_log_is_bad_input_not_a_hang(tmp_path):
     """The reported hang: rank 0 raised while deciding, and the party waited in a blocking broadcast for good."""
     run = tmp_path / "run"
-    first = mpirun(2, *FNAS, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "2"})
+    first = warm_job(2, *FNAS, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "2"})
     assert first.returncode == 75, first.stderr
     (run / "search.h5").unlink()
     start = time.monotonic()
@@ -58,7 +58,7 @@ def test_a_stuck_party_is_noticed_by_the_adaptive_collective_timeout(tmp_path):
 
 def test_periodic_checkpoints_are_written_by_the_server_and_by_each_party(tmp_path):
     run = tmp_path / "run"
-    out = mpirun(3, *FNAS, "--set", "checkpoint.every_steps=3", "--out", str(run))
+    out = warm_job(3, *FNAS, "--set", "checkpoint.every_steps=3", "--out", str(run))
     assert out.returncode == 0, out.stderr
     assert load_checkpoint(run)["step"] == 6  # steps 3 and 6 of 8 (none at the last step: the run is over)
     for rank in (1, 2):

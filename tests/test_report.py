@@ -13,6 +13,7 @@ interpreter and torch start-up per rank on CI's 2 cores.
 from __future__ import annotations
 
 import base64
+import concurrent.futures
 import contextlib
 import csv
 import dataclasses
@@ -28,7 +29,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, TINY, mpirun_background, wait_for
+from conftest import ROOT, TINY, mpirun_background, wait_for, warm_jobs
 from matplotlib.image import imread, imsave
 
 from mpi_fnas.report import document, main
@@ -37,9 +38,9 @@ from mpi_fnas.report.figures import FIGURE_PIXELS
 from mpi_fnas.report.table_figures import cost_figure, table1_figure
 from mpi_fnas.report.tables import group_runs
 from mpi_fnas.runlog import read_run
-from mpi_fnas.runlog.liveness import process_identity
+from mpi_fnas.runlog.liveness import machine_scope, process_identity
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 SMALL = [*TINY, "--set", "search.steps_per_epoch=2"]  # 2 epochs of 2 steps
 AUGMENT = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.layers=2",
@@ -87,20 +88,25 @@ def runs(tmp_path_factory):
         "dpfnas-K2-seed1": ([*dpfnas, "--set", "seed=1"], None),
         FAILED: ([*fnas, "--set", "seed=2"], {"MPI_FNAS_INJECT_FAULT": "2:3"}),
     }
-    procs = {name: mpirun_background(3, *args, "--out", str(root / name), env=env)
-             for name, (args, env) in plans.items()}
-    try:
-        assert wait_for(lambda: (root / LIVE / "search.h5").is_file(), timeout=300), "the live run never started"
-        followed = report_cli("--follow", str(root / LIVE), "--interval", "0.5", timeout=600)
-        outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
-    finally:
-        for proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-    for name in plans:
-        if name != FAILED:
-            assert procs[name].returncode == 0, (name, outputs[name][1][-3000:])
+    # The live and the failed run are launches of their own (one is watched, one aborts); the others run in the warm
+    # ranks meanwhile.
+    procs = {name: mpirun_background(3, *plans[name][0], "--out", str(root / name), env=plans[name][1])
+             for name in (LIVE, FAILED)}
+    finished = [name for name in plans if name not in procs]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        warm = pool.submit(warm_jobs, *((3, [*plans[name][0], "--out", str(root / name)]) for name in finished))
+        try:
+            assert wait_for(lambda: (root / LIVE / "search.h5").is_file(), timeout=300), "the live run never started"
+            followed = report_cli("--follow", str(root / LIVE), "--interval", "0.5", timeout=600)
+            outputs = {name: proc.communicate(timeout=600) for name, proc in procs.items()}
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.communicate()
+        for name, out in zip(finished, warm.result(timeout=600), strict=True):
+            assert out.returncode == 0, (name, out.stderr[-3000:])
+    assert procs[LIVE].returncode == 0, outputs[LIVE][1][-3000:]
     assert procs[FAILED].returncode != 0
     return root, followed
 
@@ -464,17 +470,20 @@ def test_a_dead_writer_is_a_failed_run_for_follow_and_the_report(runs, tmp_path,
     going = tmp_path / "logs" / "fnas-K2-seed1"
     shutil.copytree(root / "fnas-K2-seed0", dead, ignore=_only_logs)
     shutil.copytree(root / "fnas-K2-seed1", going, ignore=_only_logs)
-    for run in (dead, going):
-        with h5py.File(run / "search.h5", "r+") as f:
-            f.attrs["status"] = "running"
-            f.attrs["reason"] = ""
-            if run == going:
-                f["writer/pid"][()] = os.getpid()
-                f["writer/process"][()] = process_identity(os.getpid()).encode()
     between = tmp_path / "logs" / "dpfnas-K2-seed0"  # the search finished, the job died before its augmentation
     shutil.copytree(root / "dpfnas-K2-seed0", between, ignore=_only_logs)
-    with h5py.File(between / "search.h5", "r+") as f:
-        del f["augment"]
+    for run in (dead, going, between):
+        with h5py.File(run / "search.h5", "r+") as f:
+            if run == between:
+                del f["augment"]
+            else:
+                f.attrs["status"] = "running"
+                f.attrs["reason"] = ""
+            # The writer: this process for `going`; for the others one that has ended (a start tick no process has:
+            # their own writer may be a warm rank, still alive).
+            writer = os.getpid() if run == going else int(f["writer/pid"][()])
+            f["writer/pid"][()] = writer
+            f["writer/process"][()] = (process_identity(writer) if run == going else f"{machine_scope()}/0").encode()
     code, out, _ = report(capsys, "--follow", str(dead))
     assert code == 1
     assert "== run failed ==" in out and "writer died" in out

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import h5py
 import pytest
-from conftest import TINY, mpirun_together
+from conftest import TINY, warm_jobs
 
 from mpi_fnas.report import main
 from mpi_fnas.report.collect import GIVEN_CELL, read_record
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 AUGMENT = ["--set", "mode=dpfnas", "--set", "search.steps_per_epoch=2", "--set", "augment.epochs=1",
            "--set", "augment.steps_per_epoch=2", "--set", "augment.layers=2", "--set", "augment.channels=4",
@@ -50,7 +50,7 @@ def folder(tmp_path_factory) -> Path:
         "cnn-tanh": ["--set", "augment.network=cnn-tanh", "--set", "augment.drop_path=0",
                      "--set", "augment.auxiliary_weight=0"],
     }
-    results = mpirun_together(*((3, [*TINY, *AUGMENT, *extra, "--out", str(root / name)])
+    results = warm_jobs(*((3, [*TINY, *AUGMENT, *extra, "--out", str(root / name)])
                                 for name, extra in plans.items()))
     for name, result in zip(plans, results, strict=True):
         assert result.returncode == 0, (name, result.stderr[-3000:])

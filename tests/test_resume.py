@@ -1,7 +1,7 @@
 """Checkpoint and resume: an interrupted + resumed run equals an uninterrupted one, bit for bit on CPU.
 
-Real `mpirun` jobs. `MPI_FNAS_STOP_AFTER=N` makes rank 0 act as if SIGUSR1 arrived during step N; one test
-sends the real signal.
+Real jobs, in the warm ranks (conftest.warm_jobs). `MPI_FNAS_STOP_AFTER=N` makes rank 0 act as if SIGUSR1 arrived
+during step N; one test launches a job of its own and sends it the real signal.
 """
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_background, mpirun_together, rank0_decision, wait_for
+from conftest import TINY, mpirun_background, rank0_decision, wait_for, warm_job, warm_jobs
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.config import ConfigError, config_from_text
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 
 # Bit-identical comparisons under DP need noise that two runs share: reproducible mode (its ε is void, which is
@@ -27,7 +27,7 @@ REPRODUCIBLE = ["--set", "privacy.reproducible_noise=true"]
 
 def launch(*args: str, stop_after: int | None = None, ranks: int = 3):
     env = {"MPI_FNAS_STOP_AFTER": str(stop_after)} if stop_after is not None else None
-    return mpirun(ranks, *args, env=env)
+    return warm_job(ranks, *args, env=env)
 
 
 def assert_same_result(straight: dict, resumed: dict) -> None:
@@ -46,7 +46,7 @@ def test_interrupt_and_resume_equals_uninterrupted(tmp_path, mode, stop_after, r
     common = [*TINY, "--set", f"mode={mode}", *(REPRODUCIBLE if mode == "dpfnas" else [])]
     run = tmp_path / "interrupted"
     # The straight run and the first attempt are independent: side by side.
-    straight, first = mpirun_together((ranks, [*common, "--out", str(tmp_path / "straight")]),
+    straight, first = warm_jobs((ranks, [*common, "--out", str(tmp_path / "straight")]),
                                       (ranks, [*common, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": str(stop_after)}))
     assert straight.returncode == 0, straight.stderr
     assert first.returncode == 75, first.stderr
@@ -97,7 +97,7 @@ def test_resume_refusals_and_fresh_start(tmp_path):
     fresh = tmp_path / "fresh"
     fresh.mkdir()
     (fresh / "search.h5").write_bytes(b"earlier attempt")
-    stopped, out = mpirun_together((2, [*TINY, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "2"}),
+    stopped, out = warm_jobs((2, [*TINY, "--out", str(run)], {"MPI_FNAS_STOP_AFTER": "2"}),
                                    (2, [*TINY, "--resume", str(fresh)]))
     assert stopped.returncode == 75, stopped.stderr
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,4 @@
-"""SecProbe end to end (issue 13): one real mpirun job, a search and then an augmentation, where the unreliable
+"""SecProbe end to end (issue 13): one real MPI job, a search and then an augmentation, where the unreliable
 parties hold pure noise. The only real-MPI test of the issue; everything else is in process
 (tests/test_secprobe.py, tests/test_secprobe_augment.py).
 
@@ -18,12 +18,12 @@ import math
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun
+from conftest import TINY, warm_job
 
 from mpi_fnas.data.corruption import unreliable_parties
 from mpi_fnas.runlog import read_run
 
-pytestmark = pytest.mark.slow  # a real mpirun job
+pytestmark = pytest.mark.slow  # a real MPI job
 
 PARTIES, UNRELIABLE, SELECT, EPSILON_EM, AUX = 4, 2, 2, 1e6, 100
 SEARCH_STEPS, AUGMENT_STEPS = 3, 3
@@ -57,7 +57,7 @@ def check_stage(selection: dict, steps: int) -> None:
 
 def test_secprobe_run_of_both_stages_chooses_the_best_scored_parties_and_accounts_every_draw(tmp_path) -> None:
     out = tmp_path / "run"
-    result = mpirun(PARTIES + 1, *TINY, *SECPROBE, "--out", str(out))
+    result = warm_job(PARTIES + 1, *TINY, *SECPROBE, "--out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     run = read_run(out / "search.h5")
     augment = run["augment"]

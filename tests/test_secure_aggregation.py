@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun, mpirun_together
+from conftest import TINY, mpirun, side_by_side, warm_job
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.flat import numel
@@ -24,7 +24,7 @@ from mpi_fnas.secagg.encoding import padded_length, sensitivity
 from mpi_fnas.secagg.identities import identity_key_path
 from mpi_fnas.space import search_space
 
-pytestmark = pytest.mark.slow  # a real mpirun job
+pytestmark = pytest.mark.slow  # real jobs
 
 PARTIES = 2
 
@@ -32,8 +32,8 @@ PARTIES = 2
 @pytest.fixture(scope="module")
 def secure_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("secure") / "run"
-    out = mpirun(PARTIES + 1, *TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure",
-                 "--out", str(run), timeout=600)
+    out = warm_job(PARTIES + 1, *TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure",
+                   "--out", str(run), timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return read_run(run / "search.h5"), out.stdout
 
@@ -142,9 +142,9 @@ def test_an_interrupted_secure_run_resumes_with_fresh_keys_and_charges_every_rel
     skipped it could not seal a release), finishes, and the ledger charges all 8 steps of every party."""
     run = tmp_path / "run"
     secure = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure", "--set", "checkpoint.every_steps=2"]
-    stopped = mpirun(PARTIES + 1, *secure, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "4"}, timeout=300)
+    stopped = warm_job(PARTIES + 1, *secure, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "4"}, timeout=300)
     assert stopped.returncode == 75, stopped.stderr[-3000:]
-    resumed = mpirun(PARTIES + 1, *secure, "--resume", str(run), timeout=300)
+    resumed = warm_job(PARTIES + 1, *secure, "--resume", str(run), timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     log = read_run(run / "search.h5")
     assert log["status"] == "finished" and log["attempts"] == 2
@@ -168,9 +168,9 @@ def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_ros
     identity_key_path(tmp_path / "elsewhere" / "parties" / "rank2").rename(stranger_key)
     secure = [*TINY, "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure"]
     late_setup = {"honest": {}, "stranger": {"MPI_FNAS_INJECT_SLEEP": "1:0:5"}}
-    honest, stranger = mpirun_together(*[
-        (PARTIES + 1, [*secure, "--set", f"privacy.party_identities={run / 'party_identities.yaml'}", "--out",
-                       str(run)], late_setup[name]) for name, run in runs.items()], timeout=600)
+    honest, stranger = (results[0] for results in side_by_side(*[  # the stranger's job fails: a launch of its own
+        [(PARTIES + 1, [*secure, "--set", f"privacy.party_identities={run / 'party_identities.yaml'}", "--out",
+                        str(run)], late_setup[name])] for name, run in runs.items()]))
     assert honest.returncode == 0, honest.stderr[-3000:]
     log = read_run(runs["honest"] / "search.h5")
     assert log["status"] == "finished" and len(log["metrics"]["step"]) == 8

@@ -1,4 +1,4 @@
-"""The W warm-up (``search.warmup_epochs``): real `mpirun` jobs (a server and one party: A is rank 0's), FNAS and
+"""The W warm-up (``search.warmup_epochs``): real MPI jobs (a server and one party: A is rank 0's), FNAS and
 DP-FNAS side by side.
 
 What is checked: during the warm-up A does not move (the logged alphas of the warm-up epochs are the initial ones,
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TINY, mpirun_together
+from conftest import TINY, warm_jobs
 from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import search_space
 
-pytestmark = pytest.mark.slow  # real mpirun jobs
+pytestmark = pytest.mark.slow  # real MPI jobs
 
 WARM = [*TINY, "--set", "search.epochs=3", "--set", "search.warmup_epochs=2", "--set", "search.a_lr=0.05"]
 
@@ -26,7 +26,7 @@ WARM = [*TINY, "--set", "search.epochs=3", "--set", "search.warmup_epochs=2", "-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("warmup")
-    outs = mpirun_together((2, [*WARM, "--set", "mode=fnas", "--out", str(root / "fnas")]),
+    outs = warm_jobs((2, [*WARM, "--set", "mode=fnas", "--out", str(root / "fnas")]),
                            (2, [*WARM, "--set", "mode=dpfnas", "--out", str(root / "dp")]))
     return root, dict(zip(("fnas", "dp"), outs, strict=True))
 

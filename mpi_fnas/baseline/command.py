@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, parse_handcrafted
@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mpi_fnas.baseline`` on every rank: the arms of every seed, at equal ε; the exit code."""
+def main(argv: list[str] | None = None, comm: Any = None) -> int:
+    """``python -m mpi_fnas.baseline`` on every rank: the arms of every seed, at equal ε; the exit code.
+    `comm`: as :func:`mpi_fnas.run.main`'s."""
     args = build_parser().parse_args(argv)
     base, config_error = cli.load_config_args(args)
     if config_error is None:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         check_world(resolved, channel.size)
         return resolved, Path(path)
 
-    return cli.run_series(base, config_error, setup, debug=args.debug,
+    return cli.run_series(base, config_error, setup, debug=args.debug, comm=comm,
                           run=lambda channel, stop, resolved, out: _run_baseline(resolved, channel, out, args, stop))
 
 

@@ -7,7 +7,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -62,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m mpi_fnas.sweep`` on every rank: every (variance, seed) point, then the summary; the exit code."""
+def main(argv: list[str] | None = None, comm: Any = None) -> int:
+    """``python -m mpi_fnas.sweep`` on every rank: every (variance, seed) point, then the summary; the exit code.
+    `comm`: as :func:`mpi_fnas.run.main`'s."""
     args = build_parser().parse_args(argv)
     if args.summarize:
         return _summarize_command(args)
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     def run(channel: Channel, stop: cli.StopRequest, resolved: Config, resolved_spec: SweepSpec, out: Path) -> int:
         return _run_sweep(resolved, resolved_spec, channel, out, args, stop)
 
-    return cli.run_series(base, config_error, setup, run, debug=args.debug)
+    return cli.run_series(base, config_error, setup, run, debug=args.debug, comm=comm)
 
 
 def _summarize_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,146 @@
+"""Warm ranks for the tests' jobs: ``mpirun -n N python tests/helpers/job_pool.py QUEUE_DIR CLIENT_PID``.
+
+Every rank imports torch, mpi4py and the package once; then each batch of jobs the client (a pytest process,
+``conftest.warm_jobs``) writes into QUEUE_DIR runs here, side by side, each on a sub-communicator of its own through
+its command's ``main`` (``mpi_fnas.run``, ``mpi_fnas.sweep``, ``mpi_fnas.baseline``), as a launch of its own runs it.
+Why: a tiny job's launch spends ~8 of its ~13
+CPU-seconds starting processes and importing, and the suite starts dozens of them.
+
+Protocol (files, written whole then renamed): the client writes ``batch-<n>.json`` =
+``{"jobs": [{"ranks", "args", "env", "module"}, ...]}``; each rank of job j writes ``batch-<n>.<j>.<rank>.json`` =
+``{"code", "stdout", "stderr"}``; world rank 0 writes ``batch-<n>.done`` once every rank is back. A job that fails
+aborts the pool (its ``MPI_Abort``, as in a launch of its own): the client sees the pool end and starts another for
+its next batch. The pool ends when ``QUEUE_DIR/stop`` appears or the client process is gone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # imported once here: what the warm ranks save
+from mpi4py import MPI
+
+import mpi_fnas.run  # noqa: F401  (the package, once: what the warm ranks save)
+
+PLAN_TAG = 7
+IDLE_PAUSE = 0.02  # seconds between looks at the queue (idle ranks sleep: 2 cores, other lanes' jobs)
+
+
+def _write(path: Path, obj: object) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.rename(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _next_batch(queue: Path, client: int) -> tuple[str, list[dict]] | None:
+    """World rank 0: the oldest batch in the queue (None: stop)."""
+    while True:
+        if (queue / "stop").exists() or not _alive(client):
+            return None
+        batches = sorted(queue.glob("batch-*.json"), key=lambda p: int(p.name.split("-")[1].split(".")[0]))
+        batches = [p for p in batches if p.name.count(".") == 1]
+        if batches:
+            return batches[0].name[:-len(".json")], json.loads(batches[0].read_text())["jobs"]
+        time.sleep(IDLE_PAUSE)
+
+
+def _receive_plan(world) -> dict:
+    """Ranks > 0: the next plan from world rank 0, sleeping between probes."""
+    status = MPI.Status()
+    while not world.Iprobe(source=0, tag=PLAN_TAG, status=status):
+        time.sleep(IDLE_PAUSE)
+    data = bytearray(status.Get_count(MPI.BYTE))
+    world.Recv([data, MPI.BYTE], source=0, tag=PLAN_TAG)
+    return json.loads(bytes(data))
+
+
+def _quiet_barrier(comm) -> None:
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.002)
+
+
+def _run_job(job: dict, comm) -> dict:
+    """Run one job on `comm`, this rank's part: its exit code and what it printed."""
+    saved_env = {key: os.environ.get(key) for key in job.get("env", {})}
+    os.environ.update(job.get("env", {}))
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = importlib.import_module(job["module"]).main(list(job["args"]), comm=comm)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    return {"code": int(code), "stdout": out.getvalue(), "stderr": err.getvalue()}
+
+
+def serve(queue: Path, client: int) -> None:
+    """Every rank: run the client's batches until it stops."""
+    world = MPI.COMM_WORLD
+    rank = world.Get_rank()
+    torch.set_num_threads(1)
+    while True:
+        if rank == 0:
+            found = _next_batch(queue, client)
+            plan = {"stop": True} if found is None else {"name": found[0], "jobs": found[1]}
+            payload = json.dumps(plan).encode()
+            for dest in range(1, world.Get_size()):
+                world.Send([payload, MPI.BYTE], dest=dest, tag=PLAN_TAG)
+        else:
+            plan = _receive_plan(world)
+        if plan.get("stop"):
+            return
+        # Job j takes the next plan["jobs"][j]["ranks"] world ranks; its first is its server.
+        color, start = MPI.UNDEFINED, 0
+        for j, job in enumerate(plan["jobs"]):
+            if start <= rank < start + job["ranks"]:
+                color = j
+            start += job["ranks"]
+        sub = world.Split(color, rank)
+        if sub != MPI.COMM_NULL:
+            try:
+                result = _run_job(plan["jobs"][color], sub)
+            except BaseException:  # what main lets out (argparse exits too): end the pool, never hang it
+                traceback.print_exc()
+                world.Abort(1)
+            _write(queue / f"{plan['name']}.{color}.{sub.Get_rank()}.json", result)
+            sub.Free()
+        _quiet_barrier(world)
+        if rank == 0:
+            (queue / f"{plan['name']}.json").unlink()
+            (queue / f"{plan['name']}.done").touch()
+
+
+if __name__ == "__main__":
+    queue, client = Path(sys.argv[1]), int(sys.argv[2])
+    serve(queue, client)
+    if MPI.COMM_WORLD.Get_rank() == 0 and not _alive(client):  # nobody is left to remove the queue
+        shutil.rmtree(queue, ignore_errors=True)
