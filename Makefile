@@ -1,7 +1,8 @@
 # mpi_fnas — the two commands of the quickstart:
 #   make run    set up .venv if needed, then the default federated search (8 parties = 9 MPI ranks)
-#   make test   set up .venv if needed, then every test (the serial tests in two lanes, the Slurm and simulated-
-#               cluster ones beside the others: scripts/run_tests.sh; then the MPI tests under mpirun; then ruff)
+#   make test   set up .venv if needed, then every test (two lanes: the serial tests in two pytest-xdist workers;
+#               beside them the Slurm and simulated-cluster tests, the AVX2 pass and the MPI tests under mpirun:
+#               scripts/run_tests.sh), then ruff
 VENV   ?= .venv
 PYTHON := $(VENV)/bin/python
 MPIRUN := $(VENV)/bin/mpirun

@@ -1,29 +1,28 @@
 #!/usr/bin/env bash
-# `make test`: every test, then ruff. The serial tests run in two lanes at once:
-#   lane 1 (foreground): every serial test but the Slurm ones;
-#   lane 2 (background): the Slurm tests (tests/test_slurm_*.py: one set of loopback daemons for three modules, and
-#     Slurm across three simulated hosts), then the simulated-cluster tests (tests/test_cluster.py) and the image's
-#     (tests/test_image.py: they skip, saying so, until `make image` has built it), the documentation site's strict
-#     build (tests/test_docs_site.py), the report's tiny real runs (tests/test_report_trained.py), and five of the
-#     longest serial modules (tests/test_augment.py, tests/test_noise_sweep.py, tests/test_resume.py,
-#     tests/test_party_ledger.py, tests/test_privacy_system.py: here so that the lanes end together). The Slurm tests spend most of their wall time waiting for slurmctld's scheduling passes and for
-#     `sbatch --wait`, which the other lane's jobs fill.
-#     Then, in the same lane, the tests that build and train networks once more on oneDNN's AVX2 kernels
-#     (ONEDNN_MAX_CPU_ISA=AVX2, AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common
-#     CPUs too (a kernel once corrupted the heap on AVX2 only: docs/benchmarks.md, "heap corruption on AVX2 CPUs").
-#     In-process tests of networks and releases; the bench's (tests/test_bench.py: whole bench jobs, ~80 s) run the
-#     same networks' steps and stay in lane 1 only, as tests/test_cpu_kernels.py does, whose runs pin
-#     ONEDNN_MAX_CPU_ISA=AVX2 themselves.
-# Then the MPI tests (CPU-bound: 5 ranks, after both lanes) and ruff. Exit status: the first failure's, after all ran.
+# `make test`: every test, then ruff. Two lanes at once:
+#   lane 1 (foreground): every serial test but lane 2's, in two pytest-xdist workers that take whole modules as they
+#     come free (--dist loadfile: a module-scoped fixture is still set up once; conftest orders the modules that run
+#     jobs first, the longest work first). Each worker keeps its own warm ranks for its jobs (tests/helpers/job_pool.py).
+#   lane 2 (background): the tests that mostly wait, then those that must run on their own:
+#     - the Slurm tests (tests/test_slurm_*.py: one set of loopback daemons for three modules, and Slurm across three
+#       simulated hosts; they spend their time waiting for slurmctld's scheduling passes and `sbatch --wait`), the
+#       simulated-cluster tests (tests/test_cluster.py) and the image's (tests/test_image.py: they skip, saying so,
+#       until `make image` has built it);
+#     - the tests that build and train networks once more on oneDNN's AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2,
+#       AVX2_TESTS), so that a machine with AVX-512 exercises the kernels of the most common CPUs too (a kernel once
+#       corrupted the heap on AVX2 only: docs/benchmarks.md, "heap corruption on AVX2 CPUs"). The bench's tests
+#       (tests/test_bench.py) run the same networks' steps and stay in lane 1 only, as tests/test_cpu_kernels.py does,
+#       whose runs pin ONEDNN_MAX_CPU_ISA=AVX2 themselves;
+#     - the MPI tests (`make test-mpi`: 4 ranks under pytest-mpi).
+# Then ruff. Exit status: the first failure's, after all ran.
 set -u
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 LANE2_TESTS=(tests/test_slurm_cluster.py tests/test_slurm_scripts.py tests/test_slurm_e2e.py tests/test_slurm_multinode.py
-             tests/test_cluster.py tests/test_image.py tests/test_docs_site.py tests/test_report_trained.py
-             tests/test_augment.py tests/test_noise_sweep.py tests/test_resume.py tests/test_party_ledger.py
-             tests/test_privacy_system.py)
+             tests/test_cluster.py tests/test_image.py)
 AVX2_TESTS=(tests/test_space.py tests/test_derived.py
             tests/test_privacy_mechanism.py tests/test_dpnas.py tests/test_handcrafted.py)
+LANE1_WORKERS=${LANE1_WORKERS:-2}
 
 # scripts/run_tests.sh --lane2 TMPDIR: lane 2 alone (how the script starts it, below).
 if [ "${1:-}" = --lane2 ]; then
@@ -33,8 +32,13 @@ if [ "${1:-}" = --lane2 ]; then
   echo "== AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2): ${AVX2_TESTS[*]}"
   ONEDNN_MAX_CPU_ISA=AVX2 "$PYTHON" -m pytest -q -rs -p no:cacheprovider --basetemp="$2/avx2" "${AVX2_TESTS[@]}"
   avx2=$?
-  [ "$rc" -ne 0 ] && exit "$rc"
-  exit "$avx2"
+  echo "== MPI tests"
+  make --no-print-directory test-mpi
+  mpi=$?
+  for code in "$rc" "$avx2" "$mpi"; do
+    [ "$code" -ne 0 ] && exit "$code"
+  done
+  exit 0
 fi
 
 lane2_log=.pytest-lane2.log
@@ -46,20 +50,19 @@ lane2=$!
 cleanup() { kill -TERM -- "-$lane2" 2>/dev/null; wait "$lane2" 2>/dev/null; rm -rf "$lane2_tmp"; }
 trap 'cleanup; exit 130' INT TERM
 
-"$PYTHON" -m pytest -q -rs --durations=30 tests --ignore=tests/mpi "${LANE2_TESTS[@]/#/--ignore=}"
+"$PYTHON" -m pytest -q -rs --durations=30 -n "$LANE1_WORKERS" --dist loadfile tests --ignore=tests/mpi \
+  "${LANE2_TESTS[@]/#/--ignore=}"
 lane1=$?
 wait "$lane2"
 lane2_rc=$?
 trap - INT TERM
 rm -rf "$lane2_tmp"
-echo "== lane 2: ${LANE2_TESTS[*]}, then AVX2 kernels"
+echo "== lane 2: ${LANE2_TESTS[*]}, then AVX2 kernels, then the MPI tests"
 cat "$lane2_log"
 
-make --no-print-directory test-mpi
-mpi=$?
 "$PYTHON" -m ruff check mpi_fnas tests
 lint=$?
-for rc in "$lane1" "$lane2_rc" "$mpi" "$lint"; do
+for rc in "$lane1" "$lane2_rc" "$lint"; do
   [ "$rc" -ne 0 ] && exit "$rc"
 done
 exit 0

@@ -259,10 +259,9 @@ def rank_pid(proc: subprocess.Popen, rank: int) -> int | None:
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """Modules without a `slow` test (in-process, one core) run first, then the modules that launch `mpirun` jobs,
-    each group in its usual order. Why: `make test` runs the Slurm tests beside this lane in its first minutes
-    (scripts/run_tests.sh), and their jobs leave one core idle beside a one-core test but collide with a
-    multi-rank launch (the augmentation's learning runs took 100 s beside them, 53 s alone). Whole modules move, so
-    a module-scoped fixture is still set up once."""
+    """Modules with a `slow` test (they run jobs: the longest work) first, then the in-process ones, each group in
+    its usual order. Why: `make test` hands whole modules to two pytest-xdist workers as they come free
+    (scripts/run_tests.sh), and the short one-core modules at the end even out when the workers finish. Whole
+    modules move, so a module-scoped fixture is still set up once."""
     launches = {item.module.__name__ for item in items if item.get_closest_marker("slow") is not None}
-    items.sort(key=lambda item: item.module.__name__ in launches)  # stable: the order within each group stays
+    items.sort(key=lambda item: item.module.__name__ not in launches)  # stable: the order within each group stays

@@ -97,9 +97,12 @@ def test_a_run_spreads_over_hosts_crosses_the_links_ends_on_a_cut_link_and_resum
     for host in ("n1", "n2"):  # a party on each: its traffic went over its own link
         received, sent = (crossed[host][i] - before[host][i] for i in (0, 1))
         assert received > 100_000 and sent > 100_000, (host, received, sent)
-    assert job.returncode != 0 and "runtime.comm_timeout" in output, output[-3000:]
+    assert job.returncode != 0, output[-3000:]
     assert ended <= timeout + 45, ended  # the pending Reduce began before the cut: its timeout runs from then
-    assert read_run(run_dir / "search.h5")["status"] == "failed"
+    # Why the log, not the output: rank 0 prints the same reason before it aborts, but mpiexec's teardown can
+    # overtake the forwarding of that line (seen once under load).
+    failed = read_run(run_dir / "search.h5")
+    assert failed["status"] == "failed" and "runtime.comm_timeout" in failed["reason"], (failed["reason"], output)
     subprocess.run(["ip", "-n", f"{PREFIX}-n2", "link", "set", "eth0", "up"], check=True)
     resumed = cluster(state, "run", "3", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
