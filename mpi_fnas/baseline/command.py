@@ -62,8 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, comm: Any = None) -> int:
-    """``python -m mpi_fnas.baseline`` on every rank: the arms of every seed, at equal ε; the exit code.
-    `comm`: as :func:`mpi_fnas.run.main`'s."""
+    """``python -m mpi_fnas.baseline`` on every rank of `comm` (COMM_WORLD): the arms of every seed, at equal ε."""
     args = build_parser().parse_args(argv)
     base, config_error = cli.load_config_args(args)
     if config_error is None:

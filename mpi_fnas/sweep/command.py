@@ -63,8 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None, comm: Any = None) -> int:
-    """``python -m mpi_fnas.sweep`` on every rank: every (variance, seed) point, then the summary; the exit code.
-    `comm`: as :func:`mpi_fnas.run.main`'s."""
+    """``python -m mpi_fnas.sweep`` on every rank of `comm` (COMM_WORLD): every point, then the summary; exit code."""
     args = build_parser().parse_args(argv)
     if args.summarize:
         return _summarize_command(args)
