@@ -41,8 +41,8 @@ test-serial: $(STAMP)
 # the others' only when the run fails.
 test-mpi: $(STAMP)
 	@rm -f .pytest-rank*.log
-	@timeout 900 $(MPIRUN) -n $(MPI_TEST_RANKS) -outfile-pattern .pytest-rank%r.log -errfile-pattern .pytest-rank%r.log \
-	  $(PYTHON) -m pytest -q --with-mpi --only-mpi tests/mpi; rc=$$?; cat .pytest-rank0.log; \
+	@timeout --foreground 900 $(MPIRUN) -n $(MPI_TEST_RANKS) -outfile-pattern .pytest-rank%r.log -errfile-pattern .pytest-rank%r.log \
+	  $(PYTHON) -m pytest -q -p no:cacheprovider --with-mpi --only-mpi tests/mpi; rc=$$?; cat .pytest-rank0.log; \
 	  if [ $$rc -ne 0 ]; then for f in .pytest-rank*.log; do echo "== $$f"; tail -n 60 $$f; done; fi; exit $$rc
 
 bench: $(STAMP)

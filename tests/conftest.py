@@ -103,6 +103,7 @@ class _WarmPool:
         self.proc: subprocess.Popen | None = None
         self.queue: Path | None = None
         self.batches = 0
+        self.deadline = 0.0  # of the current warm_jobs call, every batch of it
 
     def ensure(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -129,7 +130,7 @@ class _WarmPool:
             proc.wait()
         shutil.rmtree(queue, ignore_errors=True)
 
-    def run(self, jobs: list[dict], timeout: float) -> list[subprocess.CompletedProcess]:
+    def run(self, jobs: list[dict]) -> list[subprocess.CompletedProcess]:
         self.ensure()
         assert self.proc is not None and self.queue is not None
         self.batches += 1
@@ -137,9 +138,8 @@ class _WarmPool:
         tmp = self.queue / f"{name}.tmp"
         tmp.write_text(json.dumps({"jobs": jobs}))
         tmp.rename(self.queue / f"{name}.json")
-        deadline = time.monotonic() + timeout
         while not (self.queue / f"{name}.done").exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc.poll() is not None or time.monotonic() > self.deadline:
                 if self.proc.poll() is None:
                     self.proc.kill()
                 self.proc.wait()
@@ -149,8 +149,11 @@ class _WarmPool:
         results = []
         for j, job in enumerate(jobs):
             parts = [json.loads((self.queue / f"{name}.{j}.{r}.json").read_text()) for r in range(job["ranks"])]
+            code = 0
+            for part in parts:  # as mpiexec (Hydra) combines its ranks' exit codes
+                code |= part["code"]
             results.append(subprocess.CompletedProcess(
-                ["warm", str(job["ranks"]), *job["args"]], max(part["code"] for part in parts),
+                ["warm", str(job["ranks"]), *job["args"]], code,
                 "".join(part["stdout"] for part in parts), "".join(part["stderr"] for part in parts)))
         return results
 
@@ -161,10 +164,10 @@ _POOL = _WarmPool()
 def warm_jobs(*launches: tuple, timeout: float = 600) -> list[subprocess.CompletedProcess]:
     """Run jobs, each ``(ranks, args)``, ``(ranks, args, env)`` or ``(ranks, args, env, module)`` (``mpi_fnas.run``,
     ``mpi_fnas.sweep`` or ``mpi_fnas.baseline``; default the first) as :func:`mpirun_together` takes them, in this
-    process's warm ranks
-    (tests/helpers/job_pool.py): side by side where they fit, on sub-communicators of their own, through the same
-    ``main`` a launch runs, without a launch's start-up (~8 CPU-s of its ~13). Their results in order, as
-    :func:`mpirun_together` gives them (the output of every rank joined, the largest exit code).
+    process's warm ranks (tests/helpers/job_pool.py): side by side where they fit, on sub-communicators of their
+    own, through the same ``main`` a launch runs, without a launch's start-up (~8 CPU-s of its ~13). Their results
+    in order, as :func:`mpirun_together` gives them (every rank's output joined, their exit codes OR-ed as mpiexec
+    does); `env` may hold only the failure-injection variables (INJECTION_ENV), which a job reads as it runs.
 
     Only for jobs that end by returning (finished, interrupted, bad input): a job that fails aborts the pool
     (MPI_Abort), and the call raises. The command line, the exit codes of failures, signals and kills stay
@@ -172,16 +175,19 @@ def warm_jobs(*launches: tuple, timeout: float = 600) -> list[subprocess.Complet
     jobs = [{"ranks": ranks, "args": list(args), "env": dict(rest[0]) if rest and rest[0] else {},
              "module": WARM_MAINS[rest[1] if len(rest) > 1 else "mpi_fnas.run"]}
             for ranks, args, *rest in launches]
+    for job in jobs:  # a variable read when a process starts would do nothing in a warm one
+        assert set(job["env"]) <= set(INJECTION_ENV), f"{job['env']}: a launch of its own (mpirun) sets these"
+    _POOL.deadline = time.monotonic() + timeout
     results: list[subprocess.CompletedProcess] = []
     batch: list[dict] = []
     for job in jobs:
         assert job["ranks"] <= POOL_RANKS, f"a job of {job['ranks']} ranks needs a launch of its own"
         if sum(j["ranks"] for j in batch) + job["ranks"] > POOL_RANKS:
-            results += _POOL.run(batch, timeout)
+            results += _POOL.run(batch)
             batch = []
         batch.append(job)
     if batch:
-        results += _POOL.run(batch, timeout)
+        results += _POOL.run(batch)
     return results
 
 

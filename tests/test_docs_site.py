@@ -1,6 +1,6 @@
 """The documentation site builds with no warning (``make docs``: ``mkdocs build --strict``): a broken link or
 anchor, a page missing from the nav, a module on no API page or a public name without a docstring fails it
-(scripts/mkdocs_hooks.py). It runs in the second lane of ``make test`` (scripts/run_tests.sh), which has slack."""
+(scripts/mkdocs_hooks.py). It is one of ``make test``'s serial modules (scripts/run_tests.sh)."""
 
 from __future__ import annotations
 

@@ -15,16 +15,16 @@ its next batch. The pool ends when ``QUEUE_DIR/stop`` appears or the client proc
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-import io
 import json
 import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -79,7 +79,29 @@ def _receive_plan(world) -> dict:
 def _quiet_barrier(comm) -> None:
     request = comm.Ibarrier()
     while not request.Test():
-        time.sleep(0.002)
+        time.sleep(IDLE_PAUSE)
+
+
+def _captured(call) -> tuple[int, str, str]:
+    """``call()``'s return value and everything written to file descriptors 1 and 2 meanwhile (Python's prints and
+    what C libraries write: a launch's output holds both)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            code = call()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, old in zip((1, 2), saved, strict=True):
+                os.dup2(old, fd)
+                os.close(old)
+        out.seek(0)
+        err.seek(0)
+        return code, out.read().decode(errors="replace"), err.read().decode(errors="replace")
 
 
 def _run_job(job: dict, comm) -> dict:
@@ -87,10 +109,11 @@ def _run_job(job: dict, comm) -> dict:
     saved_env = {key: os.environ.get(key) for key in job.get("env", {})}
     os.environ.update(job.get("env", {}))
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    out, err = io.StringIO(), io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = importlib.import_module(job["module"]).main(list(job["args"]), comm=comm)
+        with warnings.catch_warnings():
+            warnings.simplefilter("default")  # a warning an earlier job showed is shown again, as a new process would
+            code, out, err = _captured(lambda: importlib.import_module(job["module"]).main(list(job["args"]),
+                                                                                            comm=comm))
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
@@ -99,7 +122,7 @@ def _run_job(job: dict, comm) -> dict:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-    return {"code": int(code), "stdout": out.getvalue(), "stderr": err.getvalue()}
+    return {"code": int(code), "stdout": out, "stderr": err}
 
 
 def serve(queue: Path, client: int) -> None:
