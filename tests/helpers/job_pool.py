@@ -33,8 +33,10 @@ import torch  # imported once here: what the warm ranks save
 from mpi4py import MPI
 
 import mpi_fnas.run  # noqa: F401  (the package, once: what the warm ranks save)
+from mpi_fnas.federation.comm import Channel
 
 PLAN_TAG = 7
+BATCH_LIMIT = 3600.0  # seconds a rank waits for the others of its batch (the client gives up sooner)
 IDLE_PAUSE = 0.02  # seconds between looks at the queue (idle ranks sleep: 2 cores, other lanes' jobs)
 
 
@@ -77,9 +79,9 @@ def _receive_plan(world) -> dict:
 
 
 def _quiet_barrier(comm) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
-        time.sleep(IDLE_PAUSE)
+    """Wait for every rank through the package's polled barrier (it sleeps while it waits: MPICH's own spins), for as
+    long as the longest batch the client allows."""
+    Channel(comm, timeout=BATCH_LIMIT).barrier()
 
 
 def _captured(call) -> tuple[int, str, str]:
