@@ -84,8 +84,8 @@ def cell_inputs(c_prev_prev: int, c_prev: int, channels: int, reduction_prev: bo
     if reduction_prev:
         preprocess0: nn.Module = FactorizedReduce(c_prev_prev, channels, norm, affine=affine)
     else:
-        preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=affine)
-    return preprocess0, ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=affine)
+        preprocess0 = ReLUConvBN(c_prev_prev, channels, norm, affine=affine)
+    return preprocess0, ReLUConvBN(c_prev, channels, norm, affine=affine)
 
 
 class WholeNetwork(nn.Module):
