@@ -83,8 +83,8 @@ class ReluFirst(nn.Module):
 class ReLUConvBN(nn.Sequential):
     """ReLU -> 1x1 Conv2d (no bias) -> norm: ``(N, c_in, H, W)`` -> ``(N, c_out, H, W)``.
 
-    A cell's input preprocessing (:func:`~mpi_fnas.space.scaffold.cell_inputs`), its only use: DARTS' ReLUConvBN
-    with kernel 1, stride 1 and no padding.
+    A cell's input preprocessing (:meth:`~mpi_fnas.space.scaffold.CellPlace.inputs`), its only use: DARTS'
+    ReLUConvBN with kernel 1, stride 1 and no padding.
     """
 
     def __init__(self, c_in: int, c_out: int, norm: str, affine: bool) -> None:
