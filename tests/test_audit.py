@@ -13,7 +13,7 @@ import math
 import pytest
 
 from mpi_fnas.privacy import PrivacyLedger, audit_mechanism, clipped_sum, per_sample_gradients
-from mpi_fnas.privacy.audit import audit_secure_sum, canary_loss, clopper_pearson_upper, epsilon_from_rates
+from mpi_fnas.privacy.audit import AuditDesign, audit_secure_sum, canary_loss, clopper_pearson_upper, epsilon_from_rates
 from mpi_fnas.privacy.mechanism import gaussian_noise
 from mpi_fnas.privacy.release import Release, SecureSum
 from mpi_fnas.secagg.discrete_gaussian import discrete_gaussian
@@ -31,9 +31,8 @@ def claimed_epsilon() -> float:
 
 
 def audit(release_fn=None, trials: int = TRIALS):
-    return audit_mechanism(
-        release_fn, clip_bound=CLIP, noise_multiplier=SIGMA, steps=STEPS, trials=trials, delta=DELTA, seed=0
-    )
+    return audit_mechanism(release_fn, clip_bound=CLIP, noise_multiplier=SIGMA,
+                           design=AuditDesign(steps=STEPS, trials=trials, delta=DELTA, seed=0))
 
 
 def release_without_clipping(model, params, inputs, targets, noise_stream):
@@ -98,7 +97,8 @@ def secure_claim(release: Release) -> float:
 
 
 def audit_secure(release: Release, noise_fn=discrete_gaussian, trials: int = SECURE_TRIALS, seed: int = 0):
-    return audit_secure_sum(release, steps=STEPS, trials=trials, delta=DELTA, seed=seed, noise_fn=noise_fn)
+    return audit_secure_sum(release, design=AuditDesign(steps=STEPS, trials=trials, delta=DELTA, seed=seed),
+                            noise_fn=noise_fn)
 
 
 def test_the_secure_aggregate_is_consistent_with_its_claim(secure_release):

@@ -24,6 +24,7 @@ from mpi_fnas.space import (
     derived,
 )
 from mpi_fnas.space.ops import DilConv, FactorizedReduce, SepConv
+from mpi_fnas.space.scaffold import CellPlace
 
 # Two nodes, every op kind, a strided skip (FactorizedReduce) and an unstrided one (identity) in the reduce cell.
 SMALL = Genotype(
@@ -225,8 +226,8 @@ def test_construction_is_deterministic_and_validated() -> None:
     with pytest.raises(TypeError, match="Genotype"):
         AugmentNetwork(SMALL.to_string(), 4, 10, 3)
     with pytest.raises(ValueError, match="cannot be built"):
-        DerivedCell(Genotype((("none", 0), ("sep_conv_3x3", 1)), (2,), SMALL.reduce[:2], (2,)), 4, 4, 4,
-                    False, False, "groupnorm")
+        DerivedCell(Genotype((("none", 0), ("sep_conv_3x3", 1)), (2,), SMALL.reduce[:2], (2,)),
+                    CellPlace(4, 4, 4, False, False), "groupnorm")
     with pytest.raises(ValueError, match=r"expected \(N, 3, H, W\)"):
         small_net()(torch.randn(2, 1, 8, 8))
 

@@ -399,15 +399,33 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
     return {lie: (out, jobs[lie][2], took) for lie, out in zip(jobs, done, strict=True)}
 
 
+def refusing(stderr: str, what: str) -> list[int]:
+    """The parties (ranks 1, 2) whose one-line refusal ``rank r refuses {what}`` is on `stderr` (``{other}`` in
+    `what` stands for the other party's rank)."""
+    return [rank for rank in (1, 2) if f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses "
+            + what.replace("{other}", str(3 - rank)) in stderr]
+
+
+def refused_by_every_party(job: tuple[subprocess.CompletedProcess, Path, float], what: str) -> tuple[Path, float]:
+    """The run directory and wall seconds of a lying job, once it is seen to have failed with both parties' refusal
+    `what` (see :func:`refusing`)."""
+    done, out, took = job
+    assert done.returncode != 0, done.stderr
+    assert refusing(done.stderr, what) == [1, 2], done.stderr
+    return out, took
+
+
+def released_nothing(run_dir: Path, ranks: tuple[int, ...] = (1, 2)) -> bool:
+    """Whether no party of `ranks` recorded a sent step in `run_dir`."""
+    return not any((party_dir(run_dir, rank) / "sent_steps").exists() for rank in ranks)
+
+
 @pytest.mark.slow
 def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(lying_jobs):
     from mpi_fnas.runlog import read_run
 
-    done, out, took = lying_jobs["low_sigma"]
-    assert done.returncode != 0, done.stderr
-    for rank in (1, 2):
-        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the search assignment "
-                "rank 0 sent: noise_multiplier_w 0.5 where this party derives 1.0") in done.stderr, done.stderr
+    out, took = refused_by_every_party(lying_jobs["low_sigma"], "the search assignment rank 0 sent: "
+                                       "noise_multiplier_w 0.5 where this party derives 1.0")
     assert read_run(out / "search.h5")["status"] == "failed"
     assert took < 120, took  # FAILURE_GRACE is 60 s: rank 0 must have aborted the job on the notice
 
@@ -416,15 +434,11 @@ def test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line(lying_jobs
 def test_a_job_whose_rank_0_asks_for_another_network_fails_with_every_partys_line(lying_jobs):
     from mpi_fnas.runlog import read_run
 
-    done, out, _ = lying_jobs["other_network"]
-    assert done.returncode != 0, done.stderr
-    for rank in (1, 2):
-        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the augmentation "
-                "assignment rank 0 sent: augment network 'cnn-gn' where this party's config says 'cnn-tanh'"
-                ) in done.stderr, done.stderr
+    out, _ = refused_by_every_party(lying_jobs["other_network"], "the augmentation assignment rank 0 sent: augment "
+                                    "network 'cnn-gn' where this party's config says 'cnn-tanh'")
     log = read_run(out / "search.h5")
     assert log["augment"]["status"] == "failed" and log["augment"]["network"] == "cnn-tanh"
-    assert not (party_dir(out, 1) / "sent_steps").exists()  # nothing was released
+    assert released_nothing(out, ranks=(1,))
 
 
 @pytest.mark.slow
@@ -437,8 +451,7 @@ def test_a_job_whose_rank_0_asks_for_an_op_outside_space_ops_fails_before_any_re
     assert "the party failed; under DP its error text stays with it" in done.stderr, done.stderr
     errors = [party_dir(out, rank) / "error.log" for rank in (1, 2)]
     assert any("unknown op 'sep_conv_5x5'" in path.read_text() for path in errors if path.exists()), done.stderr
-    for rank in (1, 2):
-        assert not (party_dir(out, rank) / "sent_steps").exists()  # nothing was released
+    assert released_nothing(out)
 
 
 @pytest.mark.slow
@@ -454,17 +467,13 @@ def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is
     dir_b = dir_a.parent / "dirB"
     # Each refusing party prints its line before it tells rank 0, whose abort may end the other before it prints.
     assert swapped.returncode != 0, swapped.stderr[-3000:]
-    assert any(f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the run directory rank 0 "
-               f"named: {dir_b} is not its own {dir_a}; nothing was computed or sent" in swapped.stderr
-               for rank in (1, 2)), swapped.stderr[-3000:]
-    for rank in (1, 2):
-        assert not party_dir(dir_b, rank).exists() and not (party_dir(dir_a, rank) / "sent_steps").exists()
+    assert refusing(swapped.stderr, f"the run directory rank 0 named: {dir_b} is not its own {dir_a}; nothing was "
+                    "computed or sent"), swapped.stderr[-3000:]
+    assert not any(party_dir(dir_b, rank).exists() for rank in (1, 2)) and released_nothing(dir_a)
     assert one_party.returncode != 0, one_party.stderr[-3000:]
-    assert any(f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the search plan: rank 0 "
-               f"sent rank(s) {3 - rank} another config or stage plan" in one_party.stderr
-               for rank in (1, 2)), one_party.stderr[-3000:]
-    for rank in (1, 2):
-        assert not (party_dir(plan_dir, rank) / "sent_steps").exists()
+    assert refusing(one_party.stderr, "the search plan: rank 0 sent rank(s) {other} another config or stage plan"
+                    ), one_party.stderr[-3000:]
+    assert released_nothing(plan_dir)
     assert read_run(plan_dir / "search.h5")["status"] == "failed"
     assert took < 120, took  # within the failure grace, not runtime.comm_timeout
 
@@ -476,9 +485,7 @@ def test_a_party_refuses_a_collective_exchange_its_own_config_does_not_allow(lyi
     one line, before any release."""
     done, out, took = lying_jobs["collective"]
     assert done.returncode != 0, done.stderr[-3000:]
-    assert any(f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the collective exchange "
-               "rank 0 chose: mode fnas: a reduction tree would hand raw gradient sums to other parties"
-               in done.stderr for rank in (1, 2)), done.stderr[-3000:]
-    for rank in (1, 2):
-        assert not (party_dir(out, rank) / "sent_steps").exists()
+    assert refusing(done.stderr, "the collective exchange rank 0 chose: mode fnas: a reduction tree would hand raw "
+                    "gradient sums to other parties"), done.stderr[-3000:]
+    assert released_nothing(out)
     assert took < 120, took

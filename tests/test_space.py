@@ -26,6 +26,7 @@ from mpi_fnas.space.cells import MixedOp, SearchCell
 from mpi_fnas.space.depthwise import DepthwiseConv2d
 from mpi_fnas.space.genotype import edge_endpoints
 from mpi_fnas.space.ops import make_norm, make_op
+from mpi_fnas.space.scaffold import CellPlace
 
 NONE = PRIMITIVES.index("none")
 
@@ -148,7 +149,7 @@ def test_mixed_op_is_the_weighted_sum_of_its_ops(stride: int) -> None:
 def test_search_cell_edge_order() -> None:
     """Route everything through chosen edges to check which alpha row drives which (node, input) edge."""
     torch.manual_seed(2)
-    cell = SearchCell(2, 5, 6, 4, reduction=False, reduction_prev=False, norm="groupnorm")
+    cell = SearchCell(2, CellPlace(5, 6, 4, reduction=False, reduction_prev=False), norm="groupnorm")
     s0, s1 = torch.randn(2, 5, 8, 8), torch.randn(2, 6, 8, 8)
     weights = torch.zeros(num_edges(2), len(PRIMITIVES))
     weights[:, NONE] = 1.0

@@ -12,7 +12,7 @@ from typing import Any
 _EXPORTS = {
     "PrivacyLedger": "accountant", "calibrate_noise_multiplier": "accountant", "default_delta": "accountant",
     "gdp_epsilon": "accountant", "party_epsilon": "accountant",
-    "AuditResult": "audit", "audit_mechanism": "audit",
+    "AuditDesign": "audit", "AuditResult": "audit", "audit_mechanism": "audit",
     "clip_per_sample": "clipping", "clipped_sum": "clipping",
     "gaussian_noise": "mechanism", "party_release": "mechanism", "privatize_per_sample_gradients": "mechanism",
     "DPParams": "params",

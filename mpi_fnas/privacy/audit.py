@@ -88,26 +88,11 @@ class AuditResult:
     confidence: float
 
 
-def audit_mechanism(
-    release_fn: ReleaseFn | None = None,
-    *,
-    clip_bound: float,
-    noise_multiplier: float,
-    steps: int,
-    trials: int,
-    delta: float,
-    confidence: float = 0.95,
-    canary_scale: float = 10.0,
-    num_other: int = 3,
-    dim: int = 4,
-    seed: int = 0,
-) -> AuditResult:
-    """Lower-bound the epsilon of ``release_fn`` at ``delta`` with a Dirac canary (see module docstring).
+@dataclass(frozen=True)
+class AuditDesign:
+    """The experiment both audits run, whatever the release under audit (see module docstring).
 
-    Args:
-        release_fn: the mechanism; None audits the real ``party_release`` with ``clip_bound``,
-            ``noise_multiplier`` and expected batch size ``num_other + 1`` (q = 1).
-        clip_bound, noise_multiplier: the mechanism's R and sigma (the canary's norm is ``canary_scale * R``).
+    Attributes:
         steps: releases per trial (composed; the score sums them).
         trials: trials per hypothesis (D and D'); half choose the threshold, half measure the rates.
         delta: the delta at which the lower bound is stated.
@@ -115,82 +100,131 @@ def audit_mechanism(
         canary_scale: canary gradient norm in units of R (> 1 so that clipping matters).
         num_other: ordinary examples in D, with gradients of norm R / 2 on coordinate 1.
         dim: parameter dimension of the canary model (>= 2).
-        seed: keys the noise stream (one public stream for the whole audit: the auditor's own, reproducible).
+        seed: keys the auditor's streams (public: the audit is reproducible).
     """
-    if trials < 4:
-        raise ValueError("need at least 4 trials per hypothesis")
-    if dim < 2:
-        raise ValueError("dim must be >= 2 (coordinate 0 for the canary, 1 for the others)")
+
+    steps: int
+    trials: int
+    delta: float
+    confidence: float = 0.95
+    canary_scale: float = 10.0
+    num_other: int = 3
+    dim: int = 4
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.trials < 4:
+            raise ValueError("need at least 4 trials per hypothesis")
+        if self.dim < 2:
+            raise ValueError("dim must be >= 2 (coordinate 0 for the canary, 1 for the others)")
+
+    def examples(self, clip: float, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(num_other, dim)`` ordinary examples (R/2 on coordinate 1) and the ``(1, dim)`` canary (scale·R on 0)."""
+        others = torch.zeros(self.num_other, self.dim, dtype=dtype)
+        others[:, 1] = 0.5 * clip
+        canary = torch.zeros(1, self.dim, dtype=dtype)
+        canary[0, 0] = self.canary_scale * clip
+        return others, canary
+
+    def bound(self, scores: dict[bool, np.ndarray]) -> AuditResult:
+        """The ε lower bound of per-trial scores without (False) and with (True) the canary: the threshold is chosen
+        on the first half of the trials, the rates are counted on the second."""
+        trials = len(scores[False])
+        half = trials // 2
+        threshold = _best_threshold(scores[False][:half], scores[True][:half], self.delta, self.confidence)
+        negatives, positives = scores[False][half:], scores[True][half:]
+        false_positives = int(np.sum(negatives > threshold))
+        false_negatives = int(np.sum(positives <= threshold))
+        n = trials - half
+        alpha = 1.0 - self.confidence
+        fpr_upper = clopper_pearson_upper(false_positives, n, alpha / 2)
+        fnr_upper = clopper_pearson_upper(false_negatives, n, alpha / 2)
+        return AuditResult(
+            epsilon_lower_bound=epsilon_from_rates(fpr_upper, fnr_upper, self.delta),
+            threshold=float(threshold),
+            false_positives=false_positives,
+            false_negatives=false_negatives,
+            holdout_trials=n,
+            fpr_upper=fpr_upper,
+            fnr_upper=fnr_upper,
+            steps=self.steps,
+            delta=self.delta,
+            confidence=self.confidence,
+        )
+
+
+def audit_mechanism(
+    release_fn: ReleaseFn | None = None,
+    *,
+    clip_bound: float,
+    noise_multiplier: float,
+    design: AuditDesign,
+) -> AuditResult:
+    """Lower-bound the epsilon of ``release_fn`` at ``design.delta`` with a Dirac canary (see module docstring).
+
+    Args:
+        release_fn: the mechanism; None audits the real ``party_release`` with ``clip_bound``,
+            ``noise_multiplier`` and expected batch size ``design.num_other + 1`` (q = 1).
+        clip_bound, noise_multiplier: the mechanism's R and sigma (the canary's norm is ``canary_scale * R``).
+        design: steps, trials, delta, confidence, the canary and the seed of the one public noise stream (the
+            auditor's own, reproducible).
+    """
     if release_fn is None:
         release_fn = functools.partial(
             _real_release,
             clip_bound=clip_bound,
             noise_multiplier=noise_multiplier,
-            expected_batch_size=float(num_other + 1),
+            expected_batch_size=float(design.num_other + 1),
         )
-    model = CanaryModel(dim)
+    model = CanaryModel(design.dim)
     params = dict(model.named_parameters())
-    others, canary = _canary_examples(clip_bound, canary_scale, num_other, dim, torch.float32)
+    others, canary = design.examples(clip_bound, torch.float32)
     datasets = {False: others, True: torch.cat([others, canary])}
-    noise_stream = Keystream.from_labels("audit", seed)
+    noise_stream = Keystream.from_labels("audit", design.seed)
 
-    scores = {present: np.empty(trials) for present in (False, True)}
-    for trial in range(trials):
+    scores = {present: np.empty(design.trials) for present in (False, True)}
+    for trial in range(design.trials):
         for present in (False, True):  # interleaved, so both hypotheses see the same stretch of the stream
             inputs = datasets[present]
             targets = torch.zeros(inputs.shape[0])
             total = 0.0
-            for _ in range(steps):
+            for _ in range(design.steps):
                 total += float(release_fn(model, params, inputs, targets, noise_stream)[0])
             scores[present][trial] = total
 
-    return _bound(scores, steps=steps, delta=delta, confidence=confidence)
+    return design.bound(scores)
 
 
-def audit_secure_sum(
-    release: Release,
-    *,
-    steps: int,
-    trials: int,
-    delta: float,
-    confidence: float = 0.95,
-    canary_scale: float = 10.0,
-    num_other: int = 3,
-    dim: int = 4,
-    seed: int = 0,
-    noise_fn: NoiseFn = discrete_gaussian,
-) -> AuditResult:
-    """Lower-bound the ε against the server of secure aggregation at ``delta`` with a Dirac canary in party 1.
+def audit_secure_sum(release: Release, *, design: AuditDesign, noise_fn: NoiseFn = discrete_gaussian) -> AuditResult:
+    """Lower-bound the ε against the server of secure aggregation at ``design.delta`` with a Dirac canary in party 1.
 
     Args:
         release: a secure :class:`~mpi_fnas.privacy.release.Release` (σ, c = R, K = ``release.secure.parties``);
-            q = 1: every example is in every release, and rank 0 divides by B = ``num_other + 1``.
-        steps, trials, delta, confidence, canary_scale, num_other, dim, seed: as in :func:`audit_mechanism`; every
-            party holds ``num_other`` ordinary examples (norm R/2 on coordinate 1), party 1 the canary too under D'.
+            q = 1: every example is in every release, and rank 0 divides by B = ``design.num_other + 1``.
+        design: as in :func:`audit_mechanism`; every party holds ``num_other`` ordinary examples (norm R/2 on
+            coordinate 1), party 1 the canary too under D'.
         noise_fn: a party's noise share (the real :func:`~mpi_fnas.secagg.discrete_gaussian.discrete_gaussian`;
             tests pass broken ones).
     """
     if release.secure is None:
         raise ValueError("audit_secure_sum audits a secure release; audit_mechanism audits the local one")
-    if trials < 4 or dim < 2:
-        raise ValueError("need at least 4 trials per hypothesis and dim >= 2")
-    parties, clip = release.secure.parties, release.clip
+    parties, clip, trials, dim = release.secure.parties, release.clip, design.trials, design.dim
     encoding = release.encoding(dim)
-    others, canary = _canary_examples(clip, canary_scale, num_other, dim, torch.float64)
+    others, canary = design.examples(clip, torch.float64)
     # OS keys (the masks cancel whatever they are) under a fixed run id: the rotations, labelled by it, and so the
     # whole audit follow from `seed` alone (a launch id from the fresh keys made the bound vary from run to run).
-    run_id = f"audit/{seed}".encode()
+    run_id = f"audit/{design.seed}".encode()
     masks = [PairwiseMasks(rank, run_id=run_id) for rank in range(1, parties + 1)]
     for party in masks:
         party.agree({mask.rank: mask.public_key for mask in masks}, parties=parties)
     series = [SecureSeries(run_id, "audit", "canary", encoding) for _ in range(parties + 1)]  # rank 0, 1..K
-    stream = Keystream.from_labels("audit/secure", seed)  # the auditor's: every party's coins and noise
+    stream = Keystream.from_labels("audit/secure", design.seed)  # the auditor's: every party's coins and noise
 
     # Every trial's clipped sum, computed once: (trials, d); party 1's under D' holds the canary.
     sums = {present: clip_per_sample(torch.cat([others, canary]) if present else others, clip).sum(dim=0)
             .expand(trials, dim) for present in (False, True)}
     scores = {present: np.zeros(trials) for present in (False, True)}
-    for _ in range(steps):
+    for _ in range(design.steps):
         for present in (False, True):
             words = np.zeros(trials * encoding.padded, dtype=np.uint32)
             for rank in range(1, parties + 1):
@@ -198,46 +232,9 @@ def audit_secure_sum(
                 encoded = encode_sum(sums[present and rank == 1], encoding, signs, stream).reshape(-1)
                 total = encoded + noise_fn(trials * encoding.padded, release.secure.local_variance, stream)
                 words += series[rank].seal(total, masks[rank - 1])  # uint32: wraps mod 2^32 like the Reduce
-            opened = series[0].open(words.reshape(trials, encoding.padded), float(num_other + 1))
+            opened = series[0].open(words.reshape(trials, encoding.padded), float(design.num_other + 1))
             scores[present] += opened[:, 0]
-    return _bound(scores, steps=steps, delta=delta, confidence=confidence)
-
-
-def _canary_examples(clip: float, canary_scale: float, num_other: int, dim: int,
-                     dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(num_other, dim)`` ordinary examples (R/2 on coordinate 1) and the ``(1, dim)`` canary (scale·R on 0)."""
-    others = torch.zeros(num_other, dim, dtype=dtype)
-    others[:, 1] = 0.5 * clip
-    canary = torch.zeros(1, dim, dtype=dtype)
-    canary[0, 0] = canary_scale * clip
-    return others, canary
-
-
-def _bound(scores: dict[bool, np.ndarray], *, steps: int, delta: float, confidence: float) -> AuditResult:
-    """The ε lower bound of per-trial scores without (False) and with (True) the canary: the threshold is chosen on
-    the first half of the trials, the rates are counted on the second."""
-    trials = len(scores[False])
-    half = trials // 2
-    threshold = _best_threshold(scores[False][:half], scores[True][:half], delta, confidence)
-    negatives, positives = scores[False][half:], scores[True][half:]
-    false_positives = int(np.sum(negatives > threshold))
-    false_negatives = int(np.sum(positives <= threshold))
-    n = trials - half
-    alpha = 1.0 - confidence
-    fpr_upper = clopper_pearson_upper(false_positives, n, alpha / 2)
-    fnr_upper = clopper_pearson_upper(false_negatives, n, alpha / 2)
-    return AuditResult(
-        epsilon_lower_bound=epsilon_from_rates(fpr_upper, fnr_upper, delta),
-        threshold=float(threshold),
-        false_positives=false_positives,
-        false_negatives=false_negatives,
-        holdout_trials=n,
-        fpr_upper=fpr_upper,
-        fnr_upper=fnr_upper,
-        steps=steps,
-        delta=delta,
-        confidence=confidence,
-    )
+    return design.bound(scores)
 
 
 def clopper_pearson_upper(errors: int, trials: int, alpha: float) -> float:

@@ -10,7 +10,7 @@ from torch import nn
 
 from mpi_fnas.space.genotype import NUM_CELL_INPUTS, edge_endpoints, num_edges
 from mpi_fnas.space.ops import PRIMITIVES, ReluFirst, make_op
-from mpi_fnas.space.scaffold import cell_inputs
+from mpi_fnas.space.scaffold import CellPlace
 
 
 def weighted_sum(ops: Sequence[nn.Module], x: torch.Tensor, weights: torch.Tensor,
@@ -81,35 +81,22 @@ class MixedOp(nn.Module):
 class SearchCell(nn.Module):
     """DARTS search cell (edge order: see ``mpi_fnas.space.genotype``).
 
-    ``forward(s0, s1, weights)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1, W1),
+    ``forward(s0, s1, weights)``: ``s0`` (N, place.c_prev_prev, H0, W0), ``s1`` (N, place.c_prev, H1, W1),
     ``weights`` (num_edges(nodes), len(primitives)) softmax weights, or (N, ...) one set per example,
-    -> (N, nodes * channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
-    ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``reduction_prev``),
+    -> (N, nodes * place.channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
+    ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``place.reduction_prev``),
     otherwise the same.
     """
 
-    def __init__(
-        self,
-        nodes: int,
-        c_prev_prev: int,
-        c_prev: int,
-        channels: int,
-        reduction: bool,
-        reduction_prev: bool,
-        norm: str,
-        primitives: Sequence[str] = PRIMITIVES,
-    ) -> None:
+    def __init__(self, nodes: int, place: CellPlace, norm: str, primitives: Sequence[str] = PRIMITIVES) -> None:
         super().__init__()
         self.nodes = nodes
-        self.reduction = reduction
+        self.reduction = place.reduction
         self.num_ops = len(primitives)
         # Bring both inputs to (channels, resolution of s1); affine=False as in the DARTS supernet.
-        self.preprocess0, self.preprocess1 = cell_inputs(c_prev_prev, c_prev, channels, reduction_prev, norm,
-                                                         affine=False)
-        # In a reduction cell only edges leaving the two cell inputs are strided.
+        self.preprocess0, self.preprocess1 = place.inputs(norm, affine=False)
         self.edges = nn.ModuleList(
-            MixedOp(channels, 2 if reduction and j < NUM_CELL_INPUTS else 1, norm, primitives)
-            for _, j in edge_endpoints(nodes)
+            MixedOp(place.channels, place.stride(j), norm, primitives) for _, j in edge_endpoints(nodes)
         )
 
     @property

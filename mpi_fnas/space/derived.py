@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mpi_fnas.space.genotype import EDGES_PER_NODE, NUM_CELL_INPUTS, Genotype
+from mpi_fnas.space.genotype import EDGES_PER_NODE, Genotype
 from mpi_fnas.space.ops import PRIMITIVES, make_norm, make_op
-from mpi_fnas.space.scaffold import CellNetwork, cell_inputs, check_sizes
+from mpi_fnas.space.scaffold import CellNetwork, CellPlace, check_sizes
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.keystream import Keystream
@@ -70,27 +70,19 @@ def drop_path(x: torch.Tensor, drop_prob: float, stream: Keystream | None) -> to
 class DerivedCell(nn.Module):
     """One discrete cell of ``genotype`` (its reduce cell when ``reduction``, else its normal cell).
 
-    ``forward(s0, s1, drop_prob=0.0, stream=None)``: ``s0`` (N, c_prev_prev, H0, W0), ``s1`` (N, c_prev, H1,
-    W1) -> (N, len(concat) * channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a reduction cell, else 1.
-    ``s0`` has twice the resolution of ``s1`` when the previous cell reduced (``reduction_prev``).
+    ``forward(s0, s1, drop_prob=0.0, stream=None)``: ``s0`` (N, place.c_prev_prev, H0, W0), ``s1`` (N,
+    place.c_prev, H1, W1) -> (N, len(concat) * place.channels, ceil(H1 / r), ceil(W1 / r)) with r = 2 for a
+    reduction cell, else 1. ``s0`` has twice the resolution of ``s1`` when the previous cell reduced
+    (``place.reduction_prev``).
     Drop-path applies in training mode only, to every op output except an identity.
     """
 
-    def __init__(
-        self,
-        genotype: Genotype,
-        c_prev_prev: int,
-        c_prev: int,
-        channels: int,
-        reduction: bool,
-        reduction_prev: bool,
-        norm: str,
-    ) -> None:
+    def __init__(self, genotype: Genotype, place: CellPlace, norm: str) -> None:
         super().__init__()
         if not isinstance(genotype, Genotype):
             raise TypeError(f"DerivedCell: genotype must be a Genotype, got {type(genotype).__name__}")
-        edges = genotype.reduce if reduction else genotype.normal
-        concat = genotype.reduce_concat if reduction else genotype.normal_concat
+        edges = genotype.reduce if place.reduction else genotype.normal
+        concat = genotype.reduce_concat if place.reduction else genotype.normal_concat
         for op_name, _ in edges:
             # `none` would make the node a constant zero input: never part of a derived cell (derive_genotype
             # and Genotype.from_string refuse it too).
@@ -99,16 +91,13 @@ class DerivedCell(nn.Module):
                     f"DerivedCell: op {op_name!r} cannot be built; expected one of "
                     f"{', '.join(p for p in PRIMITIVES if p != 'none')}"
                 )
-        self.reduction = reduction
+        self.reduction = place.reduction
         self.nodes = len(edges) // EDGES_PER_NODE
         self.concat = tuple(concat)
         self.indices = tuple(j for _, j in edges)  # input state of each op, in genotype order
-        self.preprocess0, self.preprocess1 = cell_inputs(c_prev_prev, c_prev, channels, reduction_prev, norm,
-                                                         affine=True)
-        # As in the search cell, only edges leaving the two cell inputs are strided in a reduction cell.
+        self.preprocess0, self.preprocess1 = place.inputs(norm, affine=True)
         self.ops = nn.ModuleList(
-            make_op(name, channels, 2 if reduction and j < NUM_CELL_INPUTS else 1, norm, affine=True, pool_norm=False)
-            for name, j in edges
+            make_op(name, place.channels, place.stride(j), norm, affine=True, pool_norm=False) for name, j in edges
         )
 
     @property
@@ -199,7 +188,7 @@ class AugmentNetwork(CellNetwork):
                     stem_multiplier=stem_multiplier, in_channels=in_channels)
 
         super().__init__(channels, num_classes, layers, in_channels, stem_multiplier, norm,
-                         lambda *place: DerivedCell(genotype, *place, norm))
+                         lambda place: DerivedCell(genotype, place, norm))
         self.genotype = genotype
         self.aux_layer = 2 * layers // 3 if auxiliary else None
         self.drop_path_prob: float = 0.0

@@ -63,7 +63,7 @@ class SearchNetwork(CellNetwork):
             raise ValueError("SearchNetwork: primitives need at least one op other than 'none'")
 
         super().__init__(channels, num_classes, layers, in_channels, stem_multiplier, norm,
-                         lambda *place: SearchCell(nodes, *place, norm, primitives))
+                         lambda place: SearchCell(nodes, place, norm, primitives))
         self.nodes = nodes
         self.primitives = primitives
 

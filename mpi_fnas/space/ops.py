@@ -81,21 +81,16 @@ class ReluFirst(nn.Module):
 
 
 class ReLUConvBN(nn.Sequential):
-    """ReLU -> Conv2d (no bias) -> norm: ``(N, c_in, H, W)`` -> ``(N, c_out, H', W')``."""
+    """ReLU -> 1x1 Conv2d (no bias) -> norm: ``(N, c_in, H, W)`` -> ``(N, c_out, H, W)``.
 
-    def __init__(
-        self,
-        c_in: int,
-        c_out: int,
-        kernel_size: int,
-        stride: int,
-        padding: int,
-        norm: str,
-        affine: bool,
-    ) -> None:
+    A cell's input preprocessing (:meth:`~mpi_fnas.space.scaffold.CellPlace.inputs`), its only use: DARTS'
+    ReLUConvBN with kernel 1, stride 1 and no padding.
+    """
+
+    def __init__(self, c_in: int, c_out: int, norm: str, affine: bool) -> None:
         super().__init__(
             nn.ReLU(inplace=False),
-            nn.Conv2d(c_in, c_out, kernel_size, stride=stride, padding=padding, bias=False),
+            nn.Conv2d(c_in, c_out, 1, bias=False),
             make_norm(norm, c_out, affine),
         )
 

@@ -9,13 +9,15 @@ apart (same stem, same reduction positions, same input preprocessing up to ``aff
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from mpi_fnas.space.genotype import NUM_CELL_INPUTS
 from mpi_fnas.space.ops import FactorizedReduce, ReLUConvBN, make_norm
 
-__all__ = ["CellNetwork", "cell_inputs", "cell_stack", "cell_widths", "check_sizes", "reduction_layers", "stem"]
+__all__ = ["CellNetwork", "CellPlace", "cell_stack", "cell_widths", "check_sizes", "reduction_layers", "stem"]
 
 
 def check_sizes(owner: str, **sizes: int) -> None:
@@ -51,41 +53,56 @@ def stem(in_channels: int, stem_channels: int, norm: str) -> nn.Sequential:
     )
 
 
+class CellPlace(NamedTuple):
+    """Where a cell stands in a DARTS network, what :func:`cell_stack` hands `make_cell`: the output channels of the
+    two cells before it (the stem's for the first), its own channels, and whether it and the previous cell reduce.
+    The search cell and the derived cell take their input preprocessing and their edges' strides from it alike."""
+
+    c_prev_prev: int
+    c_prev: int
+    channels: int
+    reduction: bool
+    reduction_prev: bool
+
+    def inputs(self, norm: str, affine: bool) -> tuple[nn.Module, nn.Module]:
+        """(preprocess0, preprocess1): both cell inputs to ``channels`` at the resolution of ``s1``.
+
+        ``s0`` (N, c_prev_prev, H0, W0) has twice the resolution of ``s1`` when the previous cell reduced, and is
+        then halved by a FactorizedReduce; otherwise a 1x1 ReLUConvBN. ``s1`` (N, c_prev, H1, W1) always takes a 1x1
+        ReLUConvBN. Built in that order (the seed's initial weights depend on it).
+        """
+        if self.reduction_prev:
+            preprocess0: nn.Module = FactorizedReduce(self.c_prev_prev, self.channels, norm, affine=affine)
+        else:
+            preprocess0 = ReLUConvBN(self.c_prev_prev, self.channels, norm, affine=affine)
+        return preprocess0, ReLUConvBN(self.c_prev, self.channels, norm, affine=affine)
+
+    def stride(self, j: int) -> int:
+        """The stride of an edge leaving state `j`: in a reduction cell only the edges leaving the two cell inputs
+        are strided."""
+        return 2 if self.reduction and j < NUM_CELL_INPUTS else 1
+
+
 def cell_stack(layers: int, stem_channels: int, channels: int,
-               make_cell: Callable[[int, int, int, bool, bool], nn.Module]) -> tuple[nn.ModuleList, list[int]]:
+               make_cell: Callable[[CellPlace], nn.Module]) -> tuple[nn.ModuleList, list[int]]:
     """The `layers` cells of a DARTS network after a stem of `stem_channels`, and each cell's output channels.
 
-    Cell by cell, ``make_cell(c_prev_prev, c_prev, cell_channels, reduction, reduction_prev)`` builds the next
-    cell from the output channels of the two before it (the stem's for the first), its own channels (`channels`,
-    doubled at each reduction cell of :func:`reduction_layers`) and whether it and the previous cell reduce; a cell
-    outputs ``cell.out_channels_multiplier * cell_channels`` channels.
+    Cell by cell, ``make_cell(place)`` builds the next cell at its :class:`CellPlace`: the output channels of the
+    two before it (the stem's for the first), its own channels (`channels`, doubled at each reduction cell of
+    :func:`reduction_layers`) and whether it and the previous cell reduce; a cell outputs
+    ``cell.out_channels_multiplier * cell_channels`` channels.
     """
     c_prev_prev, c_prev = stem_channels, stem_channels
     reduction_prev = False
     cells = nn.ModuleList()
     out_channels = []
     for c_cell, reduction in cell_widths(layers, channels):
-        cell = make_cell(c_prev_prev, c_prev, c_cell, reduction, reduction_prev)
+        cell = make_cell(CellPlace(c_prev_prev, c_prev, c_cell, reduction, reduction_prev))
         cells.append(cell)
         reduction_prev = reduction
         c_prev_prev, c_prev = c_prev, cell.out_channels_multiplier * c_cell
         out_channels.append(c_prev)
     return cells, out_channels
-
-
-def cell_inputs(c_prev_prev: int, c_prev: int, channels: int, reduction_prev: bool, norm: str,
-                affine: bool) -> tuple[nn.Module, nn.Module]:
-    """(preprocess0, preprocess1): both cell inputs to ``channels`` at the resolution of ``s1``.
-
-    ``s0`` (N, c_prev_prev, H0, W0) has twice the resolution of ``s1`` when the previous cell reduced, and is then
-    halved by a FactorizedReduce; otherwise a 1x1 ReLUConvBN. ``s1`` (N, c_prev, H1, W1) always takes a 1x1
-    ReLUConvBN. Built in that order (the seed's initial weights depend on it).
-    """
-    if reduction_prev:
-        preprocess0: nn.Module = FactorizedReduce(c_prev_prev, channels, norm, affine=affine)
-    else:
-        preprocess0 = ReLUConvBN(c_prev_prev, channels, 1, 1, 0, norm, affine=affine)
-    return preprocess0, ReLUConvBN(c_prev, channels, 1, 1, 0, norm, affine=affine)
 
 
 class WholeNetwork(nn.Module):
@@ -111,7 +128,7 @@ class CellNetwork(nn.Module):
     network add their cells' inputs (alphas, drop-path) and their forward."""
 
     def __init__(self, channels: int, num_classes: int, layers: int, in_channels: int, stem_multiplier: int,
-                 norm: str, make_cell: Callable[[int, int, int, bool, bool], nn.Module]) -> None:
+                 norm: str, make_cell: Callable[[CellPlace], nn.Module]) -> None:
         super().__init__()
         self.channels = channels
         self.num_classes = num_classes
