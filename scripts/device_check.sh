@@ -91,10 +91,11 @@ for wheel in sys.argv[2:]:
             target = dest / info.filename.split("/data/lib/", 1)[1]
             target.parent.mkdir(parents=True, exist_ok=True)
             target.unlink(missing_ok=True)
+            data = z.read(info)
             if stat.S_ISLNK(info.external_attr >> 16):
-                os.symlink(z.read(info).decode(), target)
-            else:
-                target.write_bytes(z.read(info))
+                os.symlink(data.decode(), target)
+            elif not data.startswith(b"INPUT("):  # libmpi.so is a linker script: dlopen wants libmpi.so.12
+                target.write_bytes(data)
 print("libmpi:", sorted(str(p) for p in dest.glob("libmpi*")))
 EOF
   else
@@ -104,6 +105,7 @@ EOF
   export PYTHONPATH=$here:$site${PYTHONPATH:+:$PYTHONPATH}
   export PATH=$site/bin:$PATH
   export LD_LIBRARY_PATH=$site/mpich-lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  [ -e "$site/mpich-lib/libmpi.so.12" ] && export MPI4PY_LIBMPI=$site/mpich-lib/libmpi.so.12  # mpi4py 4's ABI wheels
 else
   export PYTHONPATH=$here${PYTHONPATH:+:$PYTHONPATH}
   export PATH=$(dirname "$python"):$PATH
@@ -216,7 +218,7 @@ fi
 step "DP-FNAS run" 300 "$out/run.log" "$mpirun" "${mpirun_args[@]}" -n $((parties + 1)) "$python" -c "$rank_wrapper" \
   "${run_settings[@]}" --out "$run_dir"
 run_rc=$step_rc run_seconds=$step_seconds
-[ -n "$sampler" ] && kill "$sampler" 2> /dev/null && wait "$sampler" 2> /dev/null
+[ -n "$sampler" ] && kill -KILL "$sampler" 2> /dev/null && wait "$sampler" 2> /dev/null  # KILL: a hung nvidia-smi defers TERM
 run_row=$(quick "$python" - "$run_dir/search.h5" "$out/run.log" "$out/gpu_memory.csv" <<'EOF'
 import re
 import sys
