@@ -37,10 +37,10 @@ failed=()   # the steps that failed or timed out
 # left: seconds of the budget still unspent.
 left() { echo $((budget - ($(date +%s) - start))); }
 
-# quick COMMAND...: a short helper command (versions, summaries) under `timeout`, at most 60 s and inside the budget.
+# quick COMMAND...: a short helper command (versions, summaries) under `timeout`, at most 90 s and inside the budget.
 quick() {
   local limit=$(($(left) - 5))
-  [ "$limit" -gt 60 ] && limit=60
+  [ "$limit" -gt 90 ] && limit=90
   [ "$limit" -lt 1 ] && limit=1
   timeout -k 5 "$limit" "$@"
 }
@@ -121,6 +121,7 @@ import importlib.metadata as md
 
 import torch
 
+gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
 print("python torch", torch.__version__, "cuda", torch.version.cuda, "available", torch.cuda.is_available())
 for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
     print(f"cuda:{i}", torch.cuda.get_device_name(i))
@@ -130,19 +131,19 @@ for name in ("numpy", "scipy", "h5py", "PyYAML", "matplotlib", "pillow", "mpi4py
         print(name, md.version(name))
     except md.PackageNotFoundError:
         print(name, "MISSING")
+print(f"device_check: torch={torch.__version__} gpu={gpu}")
 from mpi4py import MPI
 
-print("MPI library:", MPI.Get_library_version().splitlines()[0])
+print("device_check: MPI library:", MPI.Get_library_version().splitlines()[0])
 EOF
   quick "$mpirun" --version 2>&1 | head -3
 } >> "$env_log" 2>&1
-if quick "$python" -c "from mpi4py import MPI; print(MPI.Get_library_version())" 2>/dev/null | grep -q "Open MPI"; then
+if grep -q "^device_check: MPI library:.*Open MPI" "$env_log"; then
   mpirun_args=(--allow-run-as-root --oversubscribe)  # the image's mpi4py is Open MPI's: its own mpirun
 fi
-gpu_name=$(quick "$python" -c "import torch; print(torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none')" \
-  2>/dev/null || echo unknown)
-torch_version=$(quick "$python" -c "import torch; print(torch.__version__)" 2>/dev/null || echo unknown)
-rows+=("| setup | $([ ${#failed[@]} -eq 0 ] && echo ok || echo FAILED) | torch $torch_version, GPU: $gpu_name; env.log |")
+setup=$(sed -n 's/^device_check: torch=\(.*\) gpu=\(.*\)$/torch \1, GPU: \2/p' "$env_log")
+grep -q "^device_check: MPI library:" "$env_log" || failed+=("setup (torch or mpi4py did not load: env.log)")
+rows+=("| setup | $([ ${#failed[@]} -eq 0 ] && echo ok || echo FAILED) | ${setup:-torch did not load}; env.log |")
 
 # -- a. the device tests on this device -----------------------------------------------------------------------------
 step "device tests" 120 "$out/tests.log" env MPI_FNAS_TEST_DEVICE="$device" "$python" -m pytest -q \
