@@ -176,7 +176,7 @@ if len(r["devices"]) > 1:
     speed = r["dp_step_speedup"][last]
     parts.append(f"speed-up {r['step_speedup'][last]:.2f}× plain, " + ("n/a" if speed is None else f"{speed:.2f}×")
                  + f" private; peak {r['peak_memory_mb'][last] or 0:.0f} MB on {last}")
-print(f"B={r['batch_size']}, |W|={r['num_w']}, {r['threads_per_rank']} CPU thread(s): " + "; ".join(parts))
+print(f"B={r['batch_size']}, P_W={r['num_w']}, {r['threads_per_rank']} CPU thread(s): " + "; ".join(parts))
 EOF
 )
 rows+=("| party step ($bench_devices, bench.json) | $([ "$step_rc" -eq 0 ] && echo ok || echo "FAILED ($step_rc)") \
