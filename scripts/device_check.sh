@@ -153,7 +153,7 @@ rows+=("| device tests (MPI_FNAS_TEST_DEVICE=$device) | $([ "$step_rc" -eq 0 ] &
 
 # -- b. the party step on the device against the CPU, one process ---------------------------------------------------
 if [ "$device" = cuda ]; then
-  bench_devices=cpu,cuda; bench_args=(--config configs/default.yaml --repeats 5)
+  bench_devices=cpu,cuda; bench_args=(--config configs/default.yaml --repeats 3)
 else
   bench_devices=cpu; bench_args=(--config configs/smoke.yaml --repeats 1)
 fi
