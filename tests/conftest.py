@@ -13,6 +13,7 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+import pytest
 import torch
 from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
@@ -30,6 +31,25 @@ TINY = [*PRE_RECIPE_ARGS, *as_args(tiny(
     # tests and the party-ledger tests run the secure path; the default itself is checked there too.
     "privacy.aggregation=local",
 ))]
+#: The torch device of the device-path tests (tests/test_device_path.py): MPI_FNAS_TEST_DEVICE, default cpu
+#: (scripts/device_check.sh sets cuda on a GPU machine).
+TEST_DEVICE = os.environ.get("MPI_FNAS_TEST_DEVICE", "cpu")
+
+
+@pytest.fixture
+def torch_device() -> str:
+    """MPI_FNAS_TEST_DEVICE (default ``cpu``); a CUDA device that is not visible fails the test rather than skipping
+    it, so a GPU check without a GPU cannot pass."""
+    if TEST_DEVICE.startswith("cuda"):
+        from mpi_fnas.bench.devices import check_visible
+
+        try:
+            check_visible([TEST_DEVICE])
+        except ValueError as exc:
+            pytest.fail(f"MPI_FNAS_TEST_DEVICE: {exc}")
+    return TEST_DEVICE
+
+
 #: Environment variables of the failure-injection hooks; never inherited by a launch unless given.
 INJECTION_ENV = ("MPI_FNAS_STOP_AFTER", "MPI_FNAS_INJECT_FAULT", "MPI_FNAS_INJECT_SLEEP")
 

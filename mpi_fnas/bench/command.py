@@ -16,6 +16,7 @@ import numpy as np
 from mpi_fnas import cli
 from mpi_fnas.bench.aggregation import compare_aggregation
 from mpi_fnas.bench.augment_step import time_augment_step
+from mpi_fnas.bench.devices import check_visible, compare_devices, parse_devices
 from mpi_fnas.bench.exchange import time_exchange
 from mpi_fnas.bench.memory import (
     SERVER_VARIANT,
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-aggregation", dest="aggregation", action="store_false",
                    help="skip the secure-against-local aggregation comparison (the aggregate_* and secure_* fields "
                         "are then null)")
+    p.add_argument("--devices", metavar="LIST",
+                   help="comma-separated torch devices, e.g. cpu,cuda: time only the search's party step (plain and "
+                        "private) on each, side by side in this one process (no MPI, no exchange)")
     # Internal: measure one variant's peak memory in this (fresh) process and print it as JSON.
     p.add_argument("--_variant", dest="variant", choices=(*VARIANTS, SERVER_VARIANT), help=argparse.SUPPRESS)
     return p
@@ -60,6 +64,30 @@ def _variant_main(cfg: Config, variant: str) -> int:
 
     torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
     print(json.dumps(measure_server_memory(cfg) if variant == SERVER_VARIANT else measure_variant_memory(cfg, variant)))
+    return 0
+
+
+def _devices_main(cfg: Config, args: argparse.Namespace) -> int:
+    """``--devices``: the party step on each device, side by side; bad devices are bad input (exit 2)."""
+    import mpi4py
+
+    mpi4py.rc.initialize = False  # one process, no MPI job
+    mpi4py.rc.finalize = False
+    try:
+        devices = parse_devices(args.devices)
+        check_visible(devices)
+    except ValueError as exc:
+        return cli.report_bad_input(0, exc, args.debug)
+    import torch
+
+    torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
+    report = compare_devices(cfg, args.repeats, devices)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        width = max(len(k) for k in report)
+        for key, value in report.items():
+            print(f"{key:<{width}}  {value}")
     return 0
 
 
@@ -91,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
         return cli.report_bad_input(cli.launcher_rank() or 0, error, args.debug)
     if args.variant:
         return _variant_main(cfg, args.variant)
+    if args.devices is not None:
+        return _devices_main(cfg, args)
     import torch
 
     from mpi_fnas.federation.comm import Channel

@@ -23,8 +23,9 @@ def input_shape(cfg: Config) -> tuple[int, int, int, int]:
     return 1 if cfg.data.dataset in DIGIT_DATASETS else 3, cfg.data.image_size, cfg.data.image_size, 10
 
 
-def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party:
-    """A party on random data: train and val shards of `examples` (default B = search.batch_size) examples each.
+def make_party(cfg: Config, private: bool, examples: int | None = None, device: str = "cpu") -> Party:
+    """A party on random data: train and val shards of `examples` (default B = search.batch_size) examples each,
+    network and shards on the torch `device`.
 
     Both variants get the same model initialisation (``build_supernet`` seeds from ``cfg.seed``) and the same inputs
     (a fixed data seed). The private party's expected batch size equals its shard size, so its Poisson rate is 1
@@ -43,11 +44,12 @@ def make_party(cfg: Config, private: bool, examples: int | None = None) -> Party
     data_gen = torch.Generator().manual_seed(0)
 
     def shard() -> Shard:
-        return Shard(torch.randn(n, c, h, w, generator=data_gen),
-                     torch.randint(0, classes, (n,), generator=data_gen))
+        return Shard(torch.randn(n, c, h, w, generator=data_gen).to(device),
+                     torch.randint(0, classes, (n,), generator=data_gen).to(device))
 
     train, val = shard(), shard()
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
+    model.to(device)
     if not private:
         return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1),
                             max_physical_batch=cfg.runtime.max_physical_batch)
