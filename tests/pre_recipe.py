@@ -1,4 +1,4 @@
-"""The built-in defaults before issue 46 moved them to the DPNAS recipe (tests/test_config.py checks the new ones,
+"""The built-in defaults before they moved to the DPNAS private recipe (tests/test_config.py checks the new ones,
 and that these equal configs/darts_default.yaml): the DARTS space with every op, DARTS' search batch and learning
 rates, σ as configured (no target ε) and the augmentation's old epochs, batch and lr. The tests written for those
 defaults pin them: ``load_config(None, [*PRE_RECIPE, ...])``, or ``*PRE_RECIPE_ARGS`` first on a command line (a

@@ -502,7 +502,7 @@ CLUSTER_SH = REPO / "scripts" / "cluster.sh"
 
 @dataclass
 class NamespaceSlurmCluster(SlurmCluster):
-    """Slurm across the simulated cluster's hosts (scripts/cluster.sh, issue 27): slurmctld and a slurmd on the first
+    """Slurm across the simulated cluster's hosts (scripts/cluster.sh): slurmctld and a slurmd on the first
     host, a slurmd on each other; munged stays on this machine (its Unix socket is a file every host sees).
 
     Every daemon runs inside its host's namespaces (`cluster.sh on HOST ...`, which execs, so the Popen PID is the

@@ -184,7 +184,7 @@ def test_darts_v2_baseline_parses_from_the_command_line(given_genotype_runs):
 
 
 def test_a_hand_designed_network_is_trained_by_the_same_private_augmentation(tmp_path):
-    """augment.network cnn-tanh (issue 46): no genotype and no search; the same DP releases, ledgers (rank 0's and
+    """augment.network cnn-tanh: no genotype and no search; the same DP releases, ledgers (rank 0's and
     each party's own) and log as a cell's, with the network's exact size. Beside it, the same network with
     augment.epochs=0 is refused in one line (nothing to train, and no search)."""
     hand = [*AUGMENT, "--set", "mode=dpfnas", "--set", "augment.network=cnn-tanh", "--set", "augment.steps_per_epoch=3"]

@@ -1,4 +1,4 @@
-"""The random-architecture baseline (issue 24, part 2): the random draw, the arms' configs, the comparison, and one
+"""The random-architecture baseline: the random draw, the arms' configs, the comparison, and one
 real baseline end to end (2 parties, 1 seed, 2 random cells) with its report.
 
 What is checked: random cells are uniform over the space (χ² on ops and input pairs; DPNAS cells always trainable)

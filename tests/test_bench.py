@@ -89,7 +89,7 @@ def test_bench_json_fields(ranks, memory):
 
     if memory:
         assert all(report[key] is None for key in (*AGGREGATION_FIELDS, *OPACUS_FIELDS))
-    else:  # cnn-tanh's private step beside Opacus's (issue 46): both timed, the ratio theirs over ours
+    else:  # cnn-tanh's private step beside Opacus's: both timed, the ratio theirs over ours
         assert report["opacus_version"] and report["cnn_tanh_params"] > 0
         assert report["dp_step_vs_opacus"] == pytest.approx(
             report["cnn_tanh_dp_step_cpu_seconds"] / report["opacus_dp_step_cpu_seconds"])

@@ -1,4 +1,4 @@
-"""The simulated cluster (scripts/cluster.sh, issue 27, docs/hpc.md): network-namespace hosts joined by rate-limited
+"""The simulated cluster (scripts/cluster.sh, docs/hpc.md): network-namespace hosts joined by rate-limited
 veth links, a tiny run with its ranks spread over them through hydra's ssh launcher, traffic that provably crosses
 the links (each host's interface byte counters), and nothing left behind after ``down``."""
 

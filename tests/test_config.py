@@ -218,7 +218,7 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 
 def test_mnist_recipe_config_carries_the_private_recipe():
-    """configs/mnist_recipe.yaml is configs/mnist.yaml plus issue 46's private recipe (docs/benchmarks.md): the DPNAS
+    """configs/mnist_recipe.yaml is configs/mnist.yaml plus the private recipe (docs/benchmarks.md): the DPNAS
     space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; a search whose batch is a party's whole
     search half, at w_lr 2 and a_lr 0.1; everything else the make-run default."""
     recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
@@ -269,7 +269,7 @@ def test_the_28x28_configs_differ_from_the_full_mnist_recipe_only_where_they_say
 
 
 def test_the_built_in_default_is_the_synthetic_recipe():
-    """Issue 46: the built-in default (what `make run` runs) is the private recipe measured on the default data, and
+    """The built-in default (what `make run` runs) is the private recipe measured on the default data, and
     configs/synthetic_recipe.yaml spells it out: the DPNAS space with its six convolutions, a search of batch 250 at
     w_lr 2 and a_lr 0.1, the augmentation's batch 500 x 20 epochs at lr 2, secure aggregation, σ calibrated to a
     worst-party ε of 3 for search + augmentation."""
@@ -283,8 +283,8 @@ def test_the_built_in_default_is_the_synthetic_recipe():
 
 
 def test_the_old_default_is_kept_as_a_config_and_the_tests_pin_the_same():
-    """configs/darts_default.yaml is the built-in default before issue 46, which the older measurements used; the
-    tests written against it pin the same keys (tests/pre_recipe.py's PRE_RECIPE)."""
+    """configs/darts_default.yaml is the built-in default before the private recipe, which the older measurements
+    used; the tests written against it pin the same keys (tests/pre_recipe.py's PRE_RECIPE)."""
     old = load_config(ROOT / "configs" / "darts_default.yaml")
     assert dataclasses.replace(load_config(None, PRE_RECIPE), name=old.name) == old
     assert (old.space.kind, old.space.ops, old.search.batch_size, old.augment.lr) == ("darts", [], 16, 0.3)

@@ -1,10 +1,11 @@
-"""Issue 44: no network of the project runs oneDNN's strided 1x1 weight gradient, which corrupts the heap on AVX2
+"""No network of the project runs oneDNN's strided 1x1 weight gradient, which corrupts the heap on AVX2
 CPUs (and on AVX-512 ones at larger inputs); the ISA oneDNN uses is known and logged.
 
-The subprocess tests run the shapes that aborted (scripts/repro_onednn_avx2.py, docs/benchmarks.md "Issue 44")
-through the project's own network in a child process, so that a heap corruption fails the test instead of killing
-the test run. Its runs pin ``ONEDNN_MAX_CPU_ISA=AVX2`` themselves; ``make test`` runs the network-building tests
-once more under it (scripts/run_tests.sh), so that an AVX-512 machine exercises the AVX2 kernels too.
+The subprocess tests run the shapes that aborted (scripts/repro_onednn_avx2.py; docs/benchmarks.md, "heap
+corruption on AVX2 CPUs") through the project's own network in a child process, so that a heap corruption fails
+the test instead of killing the test run. Its runs pin ``ONEDNN_MAX_CPU_ISA=AVX2`` themselves; ``make test`` runs
+the network-building tests once more under it (scripts/run_tests.sh), so that an AVX-512 machine exercises the AVX2
+kernels too.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def _networks():
 @pytest.mark.parametrize("name", ["darts supernet", "darts augment", "dpnas supernet", "dpnas augment"])
 def test_no_network_asks_for_a_strided_pointwise_weight_gradient(name):
     """Every convolution the forward, the backward and the per-example gradients run, recorded below the autograd
-    engine: none is a 1x1 convolution of stride 2 whose weight gradient is asked (the kernel of issue 44)."""
+    engine: none is a 1x1 convolution of stride 2 whose weight gradient is asked (the kernel that corrupted the
+    heap)."""
     model = to_channels_last(dict(_networks())[name])
     model.train()
     x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
@@ -121,8 +123,9 @@ def _child(code: str, env: dict[str, str], timeout: float = 300) -> subprocess.C
                           timeout=timeout, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1", **env})
 
 
-# The issue's bench shapes through the project's supernet, channels-last as a party computes, then the last step's
-# gradient against the same network's in float64 (no oneDNN kernel), which also catches a silently wrong gradient.
+# The shapes that aborted (space.channels=4, 8x8) through the project's supernet, channels-last as a party
+# computes, then the last step's gradient against the same network's in float64 (no oneDNN kernel), which also
+# catches a silently wrong gradient.
 NETWORK_STEPS = """
     import torch, torch.nn.functional as F
     torch.set_num_threads(1)

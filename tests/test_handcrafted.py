@@ -1,4 +1,4 @@
-"""The hand-designed networks of ``augment.network`` (issue 46): their shapes and sizes at the project's image sizes,
+"""The hand-designed networks of ``augment.network``: their shapes and sizes at the project's image sizes,
 the paper's parameter counts, their DP-compatibility, their per-example gradients against a per-example loop, and
 the one builder that picks the augmented network (and the secure-aggregation dimension it implies)."""
 

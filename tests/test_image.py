@@ -1,4 +1,4 @@
-"""The image of `make image` (scripts/build_image.sh, containers/Dockerfile; issue 27 item 1) runs the project as
+"""The image of `make image` (scripts/build_image.sh, containers/Dockerfile) runs the project as
 the venv does: the smoke config (reproducible noise) run by this machine's hydra with each rank in its own ch-run
 container (the hybrid model: the host's launcher, the image's MPICH) logs the same alphas, ε and genotype, bit for
 bit, as the same run with venv ranks; and so it does across the simulated cluster's hosts (`cluster.sh run --image`).

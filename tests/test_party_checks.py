@@ -1,4 +1,4 @@
-"""A party checks what rank 0 asks of it (issue 45, docs/privacy.md §2.10): the config it runs and the DP parameters
+"""A party checks what rank 0 asks of it (docs/privacy.md §2.10): the config it runs and the DP parameters
 of its assignments, against what it derives itself. Without MPI; over MPI: tests/mpi/test_assignment_refusal.py;
 a whole job: test_a_job_whose_rank_0_lowers_sigma_fails_with_every_partys_line."""
 

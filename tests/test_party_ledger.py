@@ -1,4 +1,4 @@
-"""Each party's own ledger and its cap (issue 45, docs/privacy.md §2.12): a party composes what it sent from its
+"""Each party's own ledger and its cap (docs/privacy.md §2.12): a party composes what it sent from its
 own record and journals with rank 0's accountant, gets rank 0's ε to the last bit in an honest run, and refuses,
 before it sends anything, iterations that would take it past its cap, whatever rank 0 asks. Rank 0 announces
 the same count from the same function, so an honest resumed run ends within the cap instead."""

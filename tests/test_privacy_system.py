@@ -1,7 +1,7 @@
 """The privacy guarantee of the whole system, as an honest-but-curious server or a log reader would test it.
 
 Real jobs of 3 ranks (2 parties), in the warm ranks (conftest.warm_jobs) unless a test kills or fails one. Each
-test names the leak it closes (the privacy issue's items): secret noise by default (1), party RNG state that never
+test names the leak it closes, by its number here: secret noise by default (1), party RNG state that never
 leaves the party (2), replays charged (4), no per-step timing in the log (5), generic failure reasons from a DP
 party (6), δ checked (8).
 """
@@ -64,9 +64,10 @@ def test_noise_is_secret_by_default_and_reproducible_only_on_request(same_seed_r
 
 
 def test_secret_resume_draws_fresh_randomness_from_each_party_own_state(tmp_path):
-    """Item 2 and issue 45: the server's checkpoint holds no party state, the parties' own states hold no stream key,
-    and a resume keys new streams: two copies of one interrupted run, resumed side by side, end different (a replay
-    of a step sent before is a fresh release, as the ledger charges it), each charged every step."""
+    """Item 2, against a server that replays: the server's checkpoint holds no party state, the parties' own states
+    hold no stream key, and a resume keys new streams: two copies of one interrupted run, resumed side by side, end
+    different (a replay of a step sent before is a fresh release, as the ledger charges it), each charged every
+    step."""
     run = tmp_path / "run"
     first = warm_job(3, *DP, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "3"})
     assert first.returncode == 75, first.stderr
@@ -96,7 +97,7 @@ def independent_epsilon(log: dict, party: int, charged: int) -> float:
 
 
 def test_a_killed_party_fails_the_run_and_its_replayed_steps_are_charged(tmp_path):
-    """Item 4 (and the reliability issue): SIGKILL a party mid-run → the log says failed with every row →
+    """Item 4, and no hang when a party dies: SIGKILL a party mid-run → the log says failed with every row →
     --resume continues from the last periodic checkpoint, finishes, and charges every release that was sent.
 
     Party 2 sleeps at step 6 so the job stalls there deterministically: party 1 has then sent 6 steps and party 2
@@ -137,7 +138,7 @@ def test_a_killed_party_fails_the_run_and_its_replayed_steps_are_charged(tmp_pat
 
 def test_no_per_step_timing_under_dp(same_seed_runs):
     """Item 5: a step's duration tracks its realised Poisson batch size; only the whole run's cost is logged,
-    and the progress line times whole epochs only (issue 23, item 2)."""
+    and the progress line times whole epochs only."""
     root, runs = same_seed_runs  # s2: a plain DP run (TINY in 2 epochs of 2 steps, secret noise)
     assert runs["s2"].returncode == 0, runs["s2"].stderr
     log = read_run(root / "s2" / "search.h5")

@@ -141,7 +141,7 @@ def _private_lines(step_durations: list[float], steps_per_epoch: int, log_every:
 
 
 def test_private_progress_shows_nothing_finer_than_whole_epochs() -> None:
-    """Issue 23, item 2: a step's duration tracks its realised Poisson batch, and a Slurm .out file keeps every
+    """No timing side channel: a step's duration tracks its realised Poisson batch, and a Slurm .out file keeps every
     line. Two runs whose steps take different times, but whose epochs take the same, must print the same lines."""
     uneven = [0.1, 3.0, 0.2, 2.7, 5.0, 0.5, 0.4, 0.1, 1.0, 1.0, 1.0, 3.0]  # epochs of 4 steps: 6, 6 and 6 s
     even = [1.5] * 12

@@ -1,4 +1,4 @@
-"""Issue 45, item 1: every release draws fresh randomness, a replay after a resume included.
+"""Every release draws fresh randomness, a replay after a resume included.
 
 A resumed DP party restores its batch positions from its own state file, but never its stream keys: it draws new
 ones from the OS, so the replay of a step it may have sent before has new Poisson coins, rounding coins and noise.

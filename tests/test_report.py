@@ -52,7 +52,7 @@ TABLE1_COLUMNS = ["mode", "parties", "runs", "test_error_mean", "test_error_std"
                   "search_gpu_days", "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst",
                   "colluders", "epsilon_augment_worst"]
 TABLE2_COLUMNS = ["noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst"]
-TABLE2_EXTRA_COLUMNS = ["augment_noise_variance", "parties", "stage"]  # after the issue's: σ_aug², K, stage
+TABLE2_EXTRA_COLUMNS = ["augment_noise_variance", "parties", "stage"]  # after those five: σ_aug², K, stage
 
 
 def _env() -> dict:

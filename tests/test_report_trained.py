@@ -1,4 +1,4 @@
-"""The report keeps a given cell's and a hand-designed network's runs out of Tables 1 and 2 (issue 47).
+"""The report keeps a given cell's and a hand-designed network's runs out of Tables 1 and 2.
 
 One folder holds real tiny runs: a DP-FNAS search with the augmentation of the cell it found, the augmentation of
 a given cell (``augment.genotype``: no search) and a hand-designed network (``augment.network=cnn-tanh``: no

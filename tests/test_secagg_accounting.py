@@ -1,5 +1,5 @@
 """The secure path's accountant (mpi_fnas.secagg.accounting): its two bounds against Rényi divergences computed
-numerically from the exact distributions, and the sanity checks of issue 26 against the continuous Gaussian."""
+numerically from the exact distributions, and its sanity checks against the continuous Gaussian."""
 
 from __future__ import annotations
 

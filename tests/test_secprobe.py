@@ -1,4 +1,4 @@
-"""SecProbe (issue 13), in process: the exponential-mechanism sampler, its privacy and its composition, the
+"""SecProbe, in process: the exponential-mechanism sampler, its privacy and its composition, the
 unreliable parties' corruption, the aux set, the Gather path, the selection state across a checkpoint, bad config.
 
 The real mpirun run (pure-noise unreliable parties, secprobe at a high ε_EM) is tests/test_secprobe_run.py.

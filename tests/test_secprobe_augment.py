@@ -1,4 +1,4 @@
-"""SecProbe in the augmentation (issue 13), in process: the parties' corrupted pools, a real selecting run against
+"""SecProbe in the augmentation, in process: the parties' corrupted pools, a real selecting run against
 pure-noise parties, the selection ε over both stages, the log and the report figure. The Gather path of both stages
 is tests/test_secprobe.py's.
 

@@ -1,5 +1,5 @@
-"""SecProbe end to end (issue 13): one real MPI job, a search and then an augmentation, where the unreliable
-parties hold pure noise. The only real-MPI test of the issue; everything else is in process
+"""SecProbe end to end: one real MPI job, a search and then an augmentation, where the unreliable
+parties hold pure noise. The only real-MPI test of SecProbe; everything else is in process
 (tests/test_secprobe.py, tests/test_secprobe_augment.py).
 
 4 parties of which 2 hold only noise images with random labels (``federation.corruption=1``), secprobe drawing

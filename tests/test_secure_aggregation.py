@@ -1,4 +1,4 @@
-"""``privacy.aggregation: secure`` end to end (issue 26, docs/privacy.md §8): a DP-FNAS search whose parties seal
+"""``privacy.aggregation: secure`` end to end (docs/privacy.md §8): a DP-FNAS search whose parties seal
 their releases (integer encoding, 1/K of the noise, pairwise masks) and whose rank 0 opens only the sums; the log
 records the aggregation and both ε (against the server, and with K − 1 colluders), each reproduced from the logged
 public constants; a dead party ends the job; and what secure aggregation cannot serve is refused in one line. The
@@ -85,8 +85,8 @@ def test_a_secure_run_logs_both_epsilons_each_reproduced(secure_run):
 
 
 def test_secure_aggregation_is_the_dp_default_and_refuses_a_selection_in_one_line_naming_local():
-    """Issue 46: ``mode: dpfnas`` aggregates securely unless the config says ``local``; a selection, which needs
-    each party's own release, is refused in one line that says which key to set (the default or asked for)."""
+    """Secure by default: ``mode: dpfnas`` aggregates securely unless the config says ``local``; a selection, which
+    needs each party's own release, is refused in one line that says which key to set (the default or asked for)."""
     assert load_config(None, []).privacy.aggregation == "secure" and load_config(None, []).mode == "dpfnas"
     for asked in ([], ["privacy.aggregation=secure"]):
         with pytest.raises(ConfigError, match=r"privacy\.aggregation: secure.*federation\.selection random.*set "
@@ -153,12 +153,12 @@ def test_an_interrupted_secure_run_resumes_with_fresh_keys_and_charges_every_rel
 
 
 def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_roster_stops_it(tmp_path):
-    """Issue 45: with ``privacy.party_identities`` (made by ``python -m mpi_fnas.identities``) an honest secure run
-    signs and checks every key and finishes. A second run whose party 2 holds a key the roster does not name
-    stops in one line from that party (under DP too: the refusal is public), quickly, the log marked failed: also
-    when another party reports its setup late (party 1 sleeps 5 s first), so the refusal cannot end the job
-    before rank 0 has every report and its log open (CI once saw no log: the identity was read after the setup
-    report, and its notice overtook party 1's report)."""
+    """Against a server that substitutes keys: with ``privacy.party_identities`` (made by
+    ``python -m mpi_fnas.identities``) an honest secure run signs and checks every key and finishes. A second run
+    whose party 2 holds a key the roster does not name stops in one line from that party (under DP too: the refusal
+    is public), quickly, the log marked failed: also when another party reports its setup late (party 1 sleeps 5 s
+    first), so the refusal cannot end the job before rank 0 has every report and its log open (CI once saw no log:
+    the identity was read after the setup report, and its notice overtook party 1's report)."""
     runs = {name: tmp_path / name for name in ("honest", "stranger")}
     for run in runs.values():
         assert make_identities_command([str(run), "--parties", str(PARTIES)]) == 0
@@ -174,7 +174,7 @@ def test_a_secure_run_with_party_identities_finishes_and_a_party_outside_the_ros
     assert honest.returncode == 0, honest.stderr[-3000:]
     log = read_run(runs["honest"] / "search.h5")
     assert log["status"] == "finished" and len(log["metrics"]["step"]) == 8
-    for rank in range(1, PARTIES + 1):  # each party's own ledger (issue 45): the secure RDP bound, the log's ε
+    for rank in range(1, PARTIES + 1):  # each party's own ledger: the secure RDP bound, the log's ε
         assert PartyStore(party_dir(runs["honest"], rank)).recorded_epsilon() == log["privacy"]["epsilon"][-1][rank - 1]
     assert stranger.returncode != 0
     refusal = [line for line in stranger.stderr.splitlines() if line.startswith("[mpi_fnas rank 2] error:")]

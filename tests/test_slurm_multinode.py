@@ -1,4 +1,4 @@
-"""slurm/dpfnas_8.sh, unchanged, across three hosts of the simulated cluster (issue 27 item 3): Slurm's controller
+"""slurm/dpfnas_8.sh, unchanged, across three hosts of the simulated cluster: Slurm's controller
 and a slurmd on n0 (the server's node: 1 CPU), a slurmd on n1 and on n2 (the party nodes: 4 CPUs and 4 stand-in
 GPUs each), so the job's 9 tasks and 8 GPUs land as rank 0 on n0 and four parties on each other host. n0 declares
 one stand-in GPU too: Slurm 22.05 does not put a node without a GPU into a `--gpus` job ("Requested node

@@ -1,4 +1,4 @@
-"""The data-only wire format (issue 45): what a rank sends is rebuilt as plain data or a registered dataclass,
+"""The data-only wire format: what a rank sends is rebuilt as plain data or a registered dataclass,
 and nothing received is ever executed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The parties' hash round over MPI (issue 45, docs/privacy.md §8): rank 0 plays the adversary. When it shows
+"""The parties' hash round over MPI (docs/privacy.md §8): rank 0 plays the adversary. When it shows
 different parties different key sets, every party refuses, in one line, before any masked upload, and no rank
 hangs; with identities, an impostor at a party's rank is refused by every honest party. The same checks without
 MPI: tests/test_keyset.py.

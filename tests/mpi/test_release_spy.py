@@ -142,7 +142,7 @@ SPACES = {
     "darts": ["space.channels=4", "space.layers=3", "space.nodes=1"],
     "dpnas": ["space.kind=dpnas", "space.nodes=2", "space.stage_channels=[4, 4]"],
 }
-#: The built-in default's space since issue 46: DPNAS restricted to its six convolutions (``space.ops``).
+#: The built-in default's space since the private recipe: DPNAS restricted to its six convolutions (``space.ops``).
 CONVS = "space.ops=[conv_3x3_relu, conv_3x3_selu, conv_3x3_tanh, conv_3x3_linear, conv_3x3_hardtanh, conv_3x3_sigmoid]"
 #: A's size, by hand: DARTS with 1 node has 2 edges × 8 ops in each of its 2 cells; DPNAS with 2 nodes, 3 × 10, and
 #: 3 × 6 with its convolutions only.
@@ -175,7 +175,7 @@ STAGES = {
 }
 #: The cases (stage, settings): the search in each space (DPNAS also with the built-in default's ops) and in DARTS
 #: under SecProbe; the augmentation (of a given
-#: genotype, no search) with every release reduced and under SecProbe, and of the hand-designed cnn-gn (issue 46; its
+#: genotype, no search) with every release reduced and under SecProbe, and of the hand-designed cnn-gn (its
 #: 32 -> 64 convolution on 2x2 pixels takes the unfolded-patch route to its per-example gradients).
 #: PASSES: every batch larger than 3 examples runs in passes (``runtime.max_physical_batch``; B = 8, so nearly every
 #: Poisson batch does): what leaves the party must not change with how it computes.
@@ -316,7 +316,7 @@ def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, par
         own = torch.load(own_dir / party_state, weights_only=True)
         assert own["randomness"] == "secret"
         # Its batch positions and no stream key, not even on its own disk: a resumed party keys new streams, so a
-        # replayed step draws fresh randomness (issue 45).
+        # replayed step draws fresh randomness.
         assert set(own["party"]) <= {"train_stream", "val_stream"} and "train_stream" in own["party"]
         own_bytes = (own_dir / party_state).read_bytes()
         assert not any(pinned_key(rank, call) in own_bytes + server_bytes for call in range(PINNED_CALLS_CHECKED))
@@ -329,7 +329,7 @@ def check_checkpoint_holds_no_party_state(run_dir: Path, keys: list[str], *, par
 
 
 def check_release_record(own_dir: Path, rank: int, log: dict, *, secure: bool) -> None:
-    """The party's own ledger record (releases.pt, issue 45; 0600, no stream key): per launch and stage only public
+    """The party's own ledger record (releases.pt; 0600, no stream key): per launch and stage only public
     constants, each equal to what rank 0's log says of that party's releases: σ, q = B / N of each shard (N: the
     shard sizes rank 0 assigned), releases per iteration, and under `secure` the public (K, σ_k², D) of secure
     aggregation; nothing the data decides."""

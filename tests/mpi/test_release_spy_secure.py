@@ -1,4 +1,4 @@
-"""Secure aggregation, spied (issue 26, docs/privacy.md §8): under ``privacy.aggregation: secure`` a DP party hands
+"""Secure aggregation, spied (docs/privacy.md §8): under ``privacy.aggregation: secure`` a DP party hands
 MPI its device report, one 32-byte X25519 public key, and per release only masked uint32 words, never its
 unmasked integer total; the server's sum of the masked words is exactly the sum of the unmasked totals (the masks
 cancel), in both stages.

@@ -1,4 +1,4 @@
-"""Nothing from the server is unpickled (issue 45): rank 0 plays the adversary and sends every party, where it
+"""Nothing from the server is unpickled: rank 0 plays the adversary and sends every party, where it
 expects its assignment, a pickle whose loading would run a command. Each party refuses the message as not data,
 and the command never runs. The format itself, without MPI: tests/test_wire.py.
 
