@@ -39,7 +39,7 @@ RANDOM, HANDCRAFTED = "random", "handcrafted"
 
 @dataclass(frozen=True)
 class ArmResult:
-    """One row of ``baseline.csv`` (the first six columns are the issue's; the rest say how it was made). A
+    """One row of ``baseline.csv`` (the first six columns are the comparison's; the rest say how it was made). A
     hand-designed arm's ``genotype`` is empty: its ``network`` (last, so that a CSV written before it reads back as
     ``cell``) names what it trained."""
 
