@@ -20,7 +20,7 @@ from mpi_fnas.runlog import SEARCH_METRICS, RunLog
 from mpi_fnas.scaling import GRID_KEYS, ScalingPoint, main, parse_dirname, plan_grid, point_steps, run_arguments
 from mpi_fnas.scaling.plan import check_overrides
 from mpi_fnas.scaling.results import COLUMNS, read_study, study_rows
-from mpi_fnas.scaling.rss import read_rss, sample_ranks
+from mpi_fnas.scaling.rss import read_rss, sample_ranks, write_rss
 from mpi_fnas.scaling.runner import run_point
 from mpi_fnas.scaling.sizes import release_sizes
 
@@ -159,13 +159,13 @@ def test_the_model_calibrates_on_the_smallest_k_unless_a_bench_is_given(study):
     assert bench["strong-star-K4-seed0"].predicted_from == "bench"
 
 
-def test_rank_memory_from_rss_json_enters_the_row(study):
-    (study / "strong-star-K2-seed0" / "rss.json").write_text('{"rank_peak_mb": {"0": 400, "1": 300, "2": 320}}')
+def test_rank_memory_from_rss_csv_enters_the_row(study):
+    (study / "strong-star-K2-seed0" / "rss.csv").write_text("rank,peak_mb\n0,400\n1,300\n2,320.0\n")
     rows = rows_by_point(study)
     row = rows["strong-star-K2-seed0"]
     assert (row.rss_peak_mb_party_max, row.rss_peak_mb_ranks_total) == (320.0, 1020.0)
     assert row.rss_peak_mb_server == SEARCH_COST["rss_peak_mb_server"]
-    assert math.isnan(rows["strong-star-K4-seed0"].rss_peak_mb_party_max)  # no rss.json: no number
+    assert math.isnan(rows["strong-star-K4-seed0"].rss_peak_mb_party_max)  # no rss.csv: no number
 
 
 def test_collect_writes_the_csv_and_the_figures(study, capsys):
@@ -261,6 +261,8 @@ def test_rank_memory_is_read_below_the_launcher_from_proc(tmp_path):
         (entry / "status").write_text(f"Name:\tpython\nVmHWM:\t  {hwm_kb} kB\nVmRSS:\t  1 kB\n")
     assert sample_ranks(10, proc) == {0: pytest.approx(400_000 * 1024 / 1e6), 1: pytest.approx(300_000 * 1024 / 1e6)}
     assert read_rss(tmp_path) == {}
+    write_rss(tmp_path, {1: 300.04, 0: 400.0})
+    assert read_rss(tmp_path) == {0: 400.0, 1: 300.0}
 
 
 def test_the_runner_does_not_load_mpi_or_torch():

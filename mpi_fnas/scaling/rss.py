@@ -8,11 +8,12 @@ party's peak follows its Poisson batches and never leaves the party through the 
 
 from __future__ import annotations
 
-import json
+import csv
+import io
 import threading
 from pathlib import Path
 
-RSS_FILE = "rss.json"  # in the point's run directory
+RSS_FILE = "rss.csv"  # in the point's run directory
 _PROC = Path("/proc")
 
 
@@ -92,16 +93,16 @@ class RssSampler:
 
 
 def write_rss(run_dir: Path, peaks: dict[int, float]) -> None:
-    """Store the peaks in RUN_DIR/rss.json (nothing when none was seen)."""
+    """Store the peaks in RUN_DIR/rss.csv (``rank,peak_mb``; nothing when none was seen)."""
     if peaks:
-        (run_dir / RSS_FILE).write_text(json.dumps({"rank_peak_mb": {str(r): round(mb, 1) for r, mb in peaks.items()},
-                                                    "source": "VmHWM of each rank from /proc, sampled"}) + "\n")
+        lines = ["rank,peak_mb", *(f"{rank},{mb:.1f}" for rank, mb in sorted(peaks.items()))]
+        (run_dir / RSS_FILE).write_text("\n".join(lines) + "\n")
 
 
 def read_rss(run_dir: Path) -> dict[int, float]:
-    """The peaks of RUN_DIR/rss.json by rank; {} when the point has none (a cluster run, an unreadable file)."""
+    """The peaks of RUN_DIR/rss.csv by rank; {} when the point has none (a cluster run, an unreadable file)."""
     try:
-        data = json.loads((run_dir / RSS_FILE).read_text())
-        return {int(rank): float(mb) for rank, mb in data["rank_peak_mb"].items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        rows = csv.DictReader(io.StringIO((run_dir / RSS_FILE).read_text()))
+        return {int(row["rank"]): float(row["peak_mb"]) for row in rows}
+    except (OSError, ValueError, KeyError, TypeError):
         return {}
