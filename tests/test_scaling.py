@@ -245,7 +245,7 @@ def test_the_runner_skips_a_finished_point_and_resumes_an_unfinished_one(tmp_pat
     new = ScalingPoint(parties=1, exchange="collective", scaling="weak", seed=0, steps=2)
     run_point(new, root, None, [], mpirun)
     assert record.read_text().split()[5:7] == ["--out", str(root / new.dirname)]
-    assert (root / new.dirname / "launch.out").read_text().startswith(mpirun)
+    assert (root / new.dirname / "launch.log").read_text().startswith(mpirun)
 
 
 def test_rank_memory_is_read_below_the_launcher_from_proc(tmp_path):

@@ -18,7 +18,7 @@ from mpi_fnas.scaling.plan import DEFAULT_PARTIES, EXCHANGES, SCALINGS
 
 _EPILOG = """\
 run: one `mpirun -n K+1 python -m mpi_fnas.run` per point (K, exchange, scaling, seed), one after the other, into
-  DIR/<scaling>-<exchange>-K<K>-seed<seed>/ (search.h5, launch.out, rss.csv); points whose log says finished are
+  DIR/<scaling>-<exchange>-K<K>-seed<seed>/ (search.h5, launch.log, rss.csv); points whose log says finished are
   skipped, unfinished ones resumed, so the same command again continues a study. Then it collects DIR.
   strong scaling: a K-party point runs ceil(S/K) iterations (the same total work at every K); weak: S at every K.
   S: --steps, default the config's search.epochs x search.steps_per_epoch. Every point sets federation.parties,

@@ -3,7 +3,7 @@
 No MPI here: the runner only starts jobs and reads their logs. A point whose log says ``finished`` is skipped, so
 running the same command again resumes the study; a point with an unfinished log is continued with ``--resume``
 (from its checkpoint, or afresh with the old log kept as ``search-attempt<N>.h5``). Each point's output goes to
-RUN_DIR/launch.out and each rank's peak memory to RUN_DIR/rss.csv (:mod:`mpi_fnas.scaling.rss`).
+RUN_DIR/launch.log and each rank's peak memory to RUN_DIR/rss.csv (:mod:`mpi_fnas.scaling.rss`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from mpi_fnas.scaling.plan import ScalingPoint, run_arguments
 from mpi_fnas.scaling.rss import RssSampler, write_rss
 
 LOG_NAME = "search.h5"
-LAUNCH_OUTPUT = "launch.out"
+LAUNCH_OUTPUT = "launch.log"
 
 
 @dataclass(frozen=True)
