@@ -267,11 +267,86 @@ def test_spooled_table1_task_uses_the_submitters_home(spooled, tmp_path):
     assert argv == [*expected_argv("vanilla", "1", tmp_path / "t1" / "vanilla-K1-seed4"), "--set", "seed=4"]
 
 
+SCALING_GRID = {"SCALING_KINDS": "strong weak", "SCALING_EXCHANGES": "star collective", "SEEDS": "0 1",
+                "SCALING_STEPS": "10"}
+
+
+def test_spooled_scaling_tasks_run_the_points_of_python_m_mpi_fnas_scaling(spooled, tmp_path):
+    """Array tasks 0..7 of K = 4: each runs the point the Python plan has at that index for K = 4, with the same
+    directory and the same `--set`s after EXTRA_ARGS (strong: ceil(10/4) = 3 steps, weak: 10)."""
+    from mpi_fnas.scaling import plan_grid
+
+    points = [p for p in plan_grid([1, 4], ["star", "collective"], ["strong", "weak"], [0, 1], 10) if p.parties == 4]
+    root = tmp_path / "scaling"
+    for task, point in enumerate(points):
+        done, argv = spooled(
+            SLURM_DIR / "scaling.sh", cwd=tmp_path, MPI_FNAS_HOME=str(REPO), SCALING_K="4",
+            SLURM_ARRAY_TASK_ID=str(task), SLURM_ARRAY_JOB_ID="41", SCALING_ROOT=str(root),
+            EXTRA_ARGS="--set privacy.aggregation=secure", **SCALING_GRID,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        sets = [arg for item in point.overrides() for arg in ("--set", item)]
+        assert argv == [*expected_argv("dpfnas", "4", root / point.dirname), "--set", "privacy.aggregation=secure",
+                        *sets], task
+    assert [p.steps for p in points] == [3, 3, 3, 3, 10, 10, 10, 10]
+
+
+def test_spooled_scaling_task_skips_a_finished_point(spooled, tmp_path):
+    run_dir = tmp_path / "scaling" / "strong-star-K4-seed0"
+    run_dir.mkdir(parents=True)
+    (run_dir / "searched.pt").write_text("a finished search")
+    done, argv = spooled(
+        SLURM_DIR / "scaling.sh", cwd=tmp_path, MPI_FNAS_HOME=str(REPO), SCALING_K="4", SLURM_ARRAY_TASK_ID="0",
+        SCALING_ROOT=str(tmp_path / "scaling"), **SCALING_GRID,
+    )  # fmt: skip
+    assert (done.returncode, argv) == (0, None), done.stderr
+    assert "finished already (searched.pt): skipped" in done.stdout
+
+
+def submit_scaling(tmp_path: Path, **settings: str) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """`bash slurm/scaling.sh` with a stand-in sbatch that records `SCALING_K <its arguments>` per call."""
+    bin_dir, calls = tmp_path / "bin", tmp_path / "sbatch-calls.txt"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "sbatch").write_text(f'#!/usr/bin/env bash\necho "$SCALING_K $*" >> {calls}\necho "77;cluster"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SCALING_", "MPI_FNAS_"))}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SCALING_ROOT=str(tmp_path / "root"), **settings)
+    done = subprocess.run(["bash", str(SLURM_DIR / "scaling.sh")], env=env, cwd=tmp_path, capture_output=True,
+                          text=True, timeout=60, check=False)
+    return done, calls.read_text().splitlines() if calls.exists() else []
+
+
+def test_scaling_submits_one_array_per_k_sized_k_plus_1_tasks_and_k_gpus(tmp_path):
+    done, calls = submit_scaling(tmp_path, SCALING_PARTIES="1 16", SEEDS="0 1 2")
+    assert done.returncode == 0, done.stderr
+    script = str(SLURM_DIR / "scaling.sh")
+    assert calls == [  # 2 scalings x 2 exchanges x 3 seeds = 12 tasks per K
+        f"1 --parsable --job-name=scaling-K1 --array=0-11 --ntasks=2 --gpus=1 {script}",
+        f"16 --parsable --job-name=scaling-K16 --array=0-11 --ntasks=17 --gpus=16 {script}",
+    ]
+    assert done.stdout.count("-> array job 77") == 2
+    assert f"python -m mpi_fnas.scaling collect {tmp_path / 'root'}" in done.stdout
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ({"SCALING_EXCHANGES": "star ring"}, "scaling.sh: bad pattern 'ring' in SCALING_EXCHANGES (want star|collective)"),
+    ({"SCALING_PARTIES": "2 0"}, "scaling.sh: bad K '0' in SCALING_PARTIES (want whole numbers >= 1)"),
+    ({"SCALING_KINDS": "medium"}, "scaling.sh: bad scaling 'medium' in SCALING_KINDS (want strong|weak)"),
+    ({"SEEDS": "x"}, "scaling.sh: bad seed 'x' in SEEDS (want whole numbers >= 0)"),
+    ({"SCALING_STEPS": "0"}, "scaling.sh: SCALING_STEPS must be a whole number >= 1, got '0'"),
+])
+def test_scaling_refuses_a_bad_setting_before_submitting_anything(setting, message, tmp_path):
+    done, calls = submit_scaling(tmp_path, **setting)
+    assert (done.returncode, calls) == (2, [])
+    assert done.stderr.strip() == message
+
+
 @pytest.mark.parametrize(
     ("script", "message"),
     [
         ("noise_sweep.sh", "noise_sweep.sh: submit it as an array job: sbatch slurm/noise_sweep.sh"),
         ("table1.sh", "table1.sh: no slurm/launch.sh in MPI_FNAS_HOME="),
+        ("scaling.sh", "scaling.sh: no slurm/launch.sh in MPI_FNAS_HOME="),
     ],
 )
 def test_script_started_the_wrong_way_is_bad_input(script, message, spooled, tmp_path):
@@ -301,16 +376,20 @@ def test_launch_rejects_bad_mode_or_parties(args, message):
     assert len(done.stderr.strip().splitlines()) == 1
 
 
+BASH_SUBMITTERS = ("table1.sh", "scaling.sh")  # run with bash: they submit array jobs of themselves
+
+
 def test_docs_submit_each_script_the_way_it_runs():
-    """The commands in the docs' code blocks: table1.sh is run with bash (it submits the array jobs); every other
-    script is submitted with sbatch (`bash slurm/noise_sweep.sh` exits 2)."""
+    """The commands in the docs' code blocks: table1.sh and scaling.sh are run with bash (they submit the array
+    jobs); every other script is submitted with sbatch (`bash slurm/noise_sweep.sh` exits 2)."""
     commands = []
     for doc in (REPO / "docs" / "hpc.md", REPO / "containers" / "README.md"):
         for block in re.findall(r"^```\w*\n(.*?)^```", doc.read_text(), flags=re.M | re.S):
             commands += re.findall(r"\b(bash|sbatch)\s+(?:\S+/)?slurm/(\w+\.sh)", block)
     assert ("sbatch", "noise_sweep.sh") in commands and ("bash", "table1.sh") in commands, commands
+    assert ("bash", "scaling.sh") in commands, commands
     for verb, script in commands:
-        assert (verb == "bash") == (script == "table1.sh"), f"{verb} slurm/{script}"
+        assert (verb == "bash") == (script in BASH_SUBMITTERS), f"{verb} slurm/{script}"
 
 
 def test_launch_outside_slurm_forwards_usr1_through_mpirun(tmp_path):
