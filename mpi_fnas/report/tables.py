@@ -27,8 +27,8 @@ TABLE1_COLUMNS = (
     "mode", "parties", "runs", "test_error_mean", "test_error_std", "stage", "params_m", "search_gpu_days",
     "search_cpu_core_hours", "search_wall_hours", "attempts", "epsilon_worst", "colluders", "epsilon_augment_worst",
 )
-#: The paper's Table 2 columns, then the ones that say which row is which: σ_aug² (empty: the augmentation was not private,
-#: or there was none: see stage), K and the stage of the error.
+#: The paper's Table 2 columns, then the ones that say which row is which: σ_aug² (empty: the augmentation was not
+#: private, or there was none: see stage), K and the stage of the error.
 TABLE2_COLUMNS = ("noise_variance", "runs", "val_or_test_error_mean", "val_or_test_error_std", "epsilon_worst",
                   "augment_noise_variance", "parties", "stage")
 
