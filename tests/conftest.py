@@ -17,6 +17,8 @@ import pytest
 import torch
 from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
+from mpi_fnas.scaling.rss import rank_of
+
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -255,18 +257,6 @@ def descendants(pid: int) -> list[int]:
             if ppid == pid:
                 children.append(int(entry.name))
     return children + [g for c in children for g in descendants(c)]
-
-
-def rank_of(pid: int) -> int | None:
-    """The MPI rank of process `pid` (PMI_RANK in its environment), or None."""
-    try:
-        env = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
-    except OSError:
-        return None
-    for item in env:
-        if item.startswith(b"PMI_RANK="):
-            return int(item.split(b"=", 1)[1])
-    return None
 
 
 def wait_for(condition, timeout: float = 120.0, poll: float = 0.3) -> bool:

@@ -31,7 +31,8 @@ def _children(proc: Path) -> dict[int, list[int]]:
     return tree
 
 
-def _rank(proc: Path, pid: int) -> int | None:
+def rank_of(pid: int, proc: Path = _PROC) -> int | None:
+    """The MPI rank of process `pid` (``PMI_RANK`` in its environment), or None."""
     try:
         environ = (proc / str(pid) / "environ").read_bytes().split(b"\0")
     except OSError:
@@ -60,7 +61,7 @@ def sample_ranks(root_pid: int, proc: Path = _PROC) -> dict[int, float]:
     while todo:
         pid = todo.pop()
         todo += tree.get(pid, [])
-        rank = _rank(proc, pid)
+        rank = rank_of(pid, proc)
         mb = _hwm_mb(proc, pid) if rank is not None else None
         if rank is not None and mb is not None:
             found[rank] = max(found.get(rank, 0.0), mb)
