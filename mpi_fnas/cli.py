@@ -93,8 +93,11 @@ def make_dir(path: Path) -> None:
 
 
 # -- processes, threads and MPI -------------------------------------------------------------------------------------
-def launcher_rank() -> int | None:
-    """This process's rank as the launcher set it (before MPI_Init), or None outside a launcher."""
+def launcher_rank(comm: Any = None) -> int | None:
+    """This process's rank in `comm` when one is given, else as the launcher set it (before MPI_Init); None outside
+    a launcher."""
+    if comm is not None:
+        return comm.Get_rank()
     for var in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
         if var in os.environ:
             return int(os.environ[var])

@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
     one set of warm processes on sub-communicators of theirs (tests/helpers/job_pool.py)."""
     args = build_parser().parse_args(argv)
     cfg, config_error = cli.load_config_args(args)
-    if args.print_config and config_error is None and (comm.Get_rank() if comm is not None
-                                                       else cli.launcher_rank()) in (None, 0):
+    if args.print_config and config_error is None and cli.launcher_rank(comm) in (None, 0):
         print(cfg.to_yaml(), end="")
         return cli.EXIT_OK
 

@@ -195,6 +195,7 @@ fi
 run_settings+=(--set privacy.aggregation=secure --set privacy.reproducible_noise=false --set "runtime.device=$device"
                --set runtime.progress=off --set checkpoint.every_steps=0 --set runtime.comm_timeout=240)
 # Each rank reports its peak CUDA memory (torch's allocator) on exit; nvidia-smi samples the whole GPU meanwhile.
+# Both configs use the synthetic shapes: under DP a party's peak follows its Poisson batches, public only here.
 rank_wrapper='
 import atexit, os, runpy, sys
 def _peak():

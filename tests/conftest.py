@@ -125,7 +125,6 @@ class _WarmPool:
         self.proc: subprocess.Popen | None = None
         self.queue: Path | None = None
         self.batches = 0
-        self.deadline = 0.0  # of the current warm_jobs call, every batch of it
 
     def ensure(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -152,7 +151,7 @@ class _WarmPool:
             proc.wait()
         shutil.rmtree(queue, ignore_errors=True)
 
-    def run(self, jobs: list[dict]) -> list[subprocess.CompletedProcess]:
+    def run(self, jobs: list[dict], deadline: float) -> list[subprocess.CompletedProcess]:
         self.ensure()
         assert self.proc is not None and self.queue is not None
         self.batches += 1
@@ -161,7 +160,7 @@ class _WarmPool:
         tmp.write_text(json.dumps({"jobs": jobs}))
         tmp.rename(self.queue / f"{name}.json")
         while not (self.queue / f"{name}.done").exists():
-            if self.proc.poll() is not None or time.monotonic() > self.deadline:
+            if self.proc.poll() is not None or time.monotonic() > deadline:
                 if self.proc.poll() is None:
                     self.proc.kill()
                 self.proc.wait()
@@ -199,17 +198,17 @@ def warm_jobs(*launches: tuple, timeout: float = 600) -> list[subprocess.Complet
             for ranks, args, *rest in launches]
     for job in jobs:  # a variable read when a process starts would do nothing in a warm one
         assert set(job["env"]) <= set(INJECTION_ENV), f"{job['env']}: a launch of its own (mpirun) sets these"
-    _POOL.deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + timeout  # one for the whole call, every batch of it
     results: list[subprocess.CompletedProcess] = []
     batch: list[dict] = []
     for job in jobs:
         assert job["ranks"] <= POOL_RANKS, f"a job of {job['ranks']} ranks needs a launch of its own"
         if sum(j["ranks"] for j in batch) + job["ranks"] > POOL_RANKS:
-            results += _POOL.run(batch)
+            results += _POOL.run(batch, deadline)
             batch = []
         batch.append(job)
     if batch:
-        results += _POOL.run(batch)
+        results += _POOL.run(batch, deadline)
     return results
 
 

@@ -248,6 +248,22 @@ def test_the_runner_skips_a_finished_point_and_resumes_an_unfinished_one(tmp_pat
     assert (root / new.dirname / "launch.log").read_text().startswith(mpirun)
 
 
+@pytest.mark.parametrize(("overrides", "ranks"), [
+    ([], [0, 1]),  # DP-FNAS on the synthetic shapes (public): every rank's peak
+    (["data.dataset=mnist-5k", "data.image_size=14"], [0]),  # DP on real digits: a party's peak follows its batches
+    (["mode=fnas", "data.dataset=mnist-5k", "data.image_size=14"], [0, 1]),  # no DP: nothing private in it
+])
+def test_rss_csv_keeps_a_partys_peak_only_where_it_is_public(tmp_path, overrides, ranks):
+    """A stand-in mpirun starts two ranks (PMI_RANK 0 and 1) that live for 1.5 s; the runner samples both and
+    writes beside the log only what anyone reading the run directory may see."""
+    script = tmp_path / "mpirun"
+    script.write_text("#!/bin/sh\nPMI_RANK=0 sleep 1.5 &\nPMI_RANK=1 sleep 1.5 &\nwait\n")
+    script.chmod(0o755)
+    point = ScalingPoint(parties=1, exchange="star", scaling="weak", seed=0, steps=2)
+    run_point(point, tmp_path / "study", SMOKE, overrides, str(script))
+    assert sorted(read_rss(tmp_path / "study" / point.dirname)) == ranks
+
+
 def test_rank_memory_is_read_below_the_launcher_from_proc(tmp_path):
     """A fake /proc: launcher 10 -> proxy 11 -> ranks 12 (PMI_RANK 0) and 13 (PMI_RANK 1); 20 is unrelated."""
     proc = tmp_path / "proc"

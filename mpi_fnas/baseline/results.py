@@ -28,9 +28,10 @@ import numpy as np
 
 from mpi_fnas.baseline.arms import RANDOM_PREFIX, SEARCHED, Arm
 from mpi_fnas.config import CELL_NETWORK, HANDCRAFTED_NETWORKS
+from mpi_fnas.runlog.schema import LOG_NAME
 
 CSV_NAME = "baseline.csv"
-LOG_NAME = "search.h5"
+
 #: Relative agreement required between a random or hand-designed arm's ε and its searched arm's (within 1 %).
 EPSILON_TOLERANCE = 0.01
 #: The references the searched cell is compared with (:meth:`SeedComparison.reference`).

@@ -27,11 +27,12 @@ PARTY_PAUSE_FRACTION = 1e-2
 PAUSE_CEILING = 0.05  # … but never more than this (seconds)
 
 
-def next_pause(pause: float, waited: float, max_pause: float, fraction: float) -> float:
+def next_pause(pause: float, waited: float, max_pause: float, fraction: float,
+               ceiling: float = PAUSE_CEILING) -> float:
     """The sleep after one of `pause` seconds, `waited` seconds into a wait: twice as long, up to the cap
-    ``max(max_pause, fraction × waited)`` bounded by ``PAUSE_CEILING``. A completion is therefore noticed at most
-    one cap late: within `max_pause` of a short wait, within `fraction` of a long one."""
-    cap = min(max(max_pause, fraction * waited), PAUSE_CEILING)
+    ``max(max_pause, fraction × waited)`` bounded by `ceiling`. A completion is therefore noticed at most one cap
+    late: within `max_pause` of a short wait, within `fraction` of a long one."""
+    cap = min(max(max_pause, fraction * waited), ceiling)
     return min(pause * 2.0, cap)
 
 

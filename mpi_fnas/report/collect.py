@@ -222,6 +222,11 @@ def config_value(config: dict[str, Any], dotted: str, default: Any = None) -> An
     return node
 
 
+def secure_aggregation(config: dict[str, Any]) -> bool:
+    """Whether a run's releases were secure aggregation's words (DP-FNAS under ``privacy.aggregation: secure``)."""
+    return config_value(config, "mode") == "dpfnas" and config_value(config, "privacy.aggregation") == "secure"
+
+
 def run_status(log: dict[str, Any], config: dict[str, Any], *, now: float | None = None,
                stale_after: float = DEFAULT_STALE_SECONDS) -> tuple[str, str]:
     """(status, reason) of the whole run: the search's unless it finished, then the augmentation's.

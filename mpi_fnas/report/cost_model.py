@@ -203,18 +203,16 @@ class MeasuredSearch:
 
 def measured_search(run_dir: Path) -> MeasuredSearch:
     """Read a run's ``search.h5``."""
-    from mpi_fnas.report.collect import config_value, parse_config
+    from mpi_fnas.report.collect import parse_config, secure_aggregation
     from mpi_fnas.runlog import read_run
 
     run = read_run(Path(run_dir) / "search.h5")
     cost = run["cost"]
-    cfg = parse_config(run["config"])
-    secure = config_value(cfg, "mode") == "dpfnas" and config_value(cfg, "privacy.aggregation") == "secure"
     return MeasuredSearch(parties=int(run["parties"]), steps=int(run["metrics"]["step"][-1]),
                           time=IterationTime(cost["party_compute_seconds"], cost["transfer_seconds"],
                                              cost["server_seconds"]),
                           exchange=str(run["ranks"].get("exchange", STAR)),
-                          secure=secure)
+                          secure=secure_aggregation(parse_config(run["config"])))
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,8 @@ import numpy as np
 
 from mpi_fnas import __version__
 
+#: The log's file name in a run directory.
+LOG_NAME = "search.h5"
 FINAL_STATUSES = ("finished", "failed", "interrupted")
 
 # The search's metric columns, in the order they are listed in /metrics (one float64 dataset each).

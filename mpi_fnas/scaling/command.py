@@ -10,11 +10,14 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import ConfigError
 from mpi_fnas.scaling.plan import DEFAULT_PARTIES, EXCHANGES, SCALINGS
+
+if TYPE_CHECKING:
+    from mpi_fnas.report.cost_model import Link
 
 _EPILOG = """\
 run: one `mpirun -n K+1 python -m mpi_fnas.run` per point (K, exchange, scaling, seed), one after the other, into
@@ -85,7 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cores is not None and not (math.isfinite(args.cores) and args.cores > 0):
         parser.error(f"--cores: expected a number > 0, got {args.cores}")
     if args.command == "collect":
-        return _collect(Path(args.dir), args, cores=args.cores)
+        try:
+            link, party_step = _model_inputs(args)
+        except ConfigError as exc:
+            return cli.report_bad_input(0, exc, args.debug)
+        return _collect(Path(args.dir), link, party_step, args.cores, args.debug)
     return _run(args)
 
 
@@ -101,20 +108,21 @@ def _run(args: argparse.Namespace) -> int:
         for point in points:  # every point's config is valid before the first one starts
             point_config(point, args.config, args.overrides)
         mpirun = find_mpirun(args.mpirun)
-        _model_inputs(args)
+        link, party_step = _model_inputs(args)
         cli.make_dir(root)
     except ConfigError as exc:
         return cli.report_bad_input(0, exc, args.debug)
     print(f"mpi_fnas.scaling: {len(points)} points into {root}", flush=True)
     outcomes = run_grid(points, root, args.config, args.overrides, mpirun)
-    code = _collect(root, args, cores=args.cores if args.cores is not None else float(os.cpu_count() or 1))
+    cores = args.cores if args.cores is not None else float(os.cpu_count() or 1)
+    code = _collect(root, link, party_step, cores, args.debug)
     failed = [o for o in outcomes if not o.skipped and o.exit_code != 0]
     for outcome in failed:
         print(f"mpi_fnas.scaling: {outcome.point.dirname} exited {outcome.exit_code}", file=sys.stderr, flush=True)
     return cli.EXIT_FAILURE if failed or code != cli.EXIT_OK else cli.EXIT_OK
 
 
-def _model_inputs(args: argparse.Namespace):
+def _model_inputs(args: argparse.Namespace) -> tuple[Link, float | None]:
     """(Link, the bench's party step or None); ConfigError on a bad --link or --bench."""
     from mpi_fnas.report.cost_model import Link
 
@@ -134,19 +142,20 @@ def _model_inputs(args: argparse.Namespace):
     return link, sum(steps) / len(steps)
 
 
-def _collect(root: Path, args: argparse.Namespace, cores: float | None) -> int:
+def _collect(root: Path, link: Link, party_step: float | None, cores: float | None, debug: bool) -> int:
+    """Read the study under `root` into ROOT/scaling.csv and ROOT/figures/ (the model on `link` with `cores` cores,
+    its party step `party_step` or calibrated per series); bad input: one line, exit 2."""
     from mpi_fnas.scaling.figures import study_figures
     from mpi_fnas.scaling.results import read_study, study_rows
     from mpi_fnas.scaling.table import markdown_table, write_csv
 
     try:
-        link, party_step = _model_inputs(args)
         if not root.is_dir():
             raise ConfigError(f"{root}: no such directory")
         records = read_study(root)
         rows = study_rows(records, link=link, cores=cores, party_step_seconds=party_step)
     except ConfigError as exc:
-        return cli.report_bad_input(0, exc, args.debug)
+        return cli.report_bad_input(0, exc, debug)
     csv_path = write_csv(root, rows)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from mpi_fnas.config import ConfigError
-from mpi_fnas.report.collect import RunRecord, collect_runs, config_value, parse_config
+from mpi_fnas.report.collect import RunRecord, collect_runs, parse_config, secure_aggregation
 from mpi_fnas.report.cost_model import BYTES_PER_VALUE, Link, StepCosts, predict_step, rank0_link_values
 from mpi_fnas.scaling.plan import STRONG, parse_dirname
 from mpi_fnas.scaling.rss import read_rss
@@ -65,6 +65,7 @@ class PointRow:
     rss_peak_mb_server: float = math.nan
     rss_peak_mb_party_max: float = math.nan
     rss_peak_mb_ranks_total: float = math.nan
+    secure: bool = False  # the releases were secure words (the model's tree under collectives); not a CSV column
 
     @property
     def final(self) -> bool:
@@ -89,13 +90,12 @@ def point_row(record: RunRecord) -> PointRow:
     """The measured part of a point's row (no efficiency, no prediction yet)."""
     scaling, exchange, parties, seed = parse_dirname(record.path.parent.name)
     log = record.log
-    cost, config = log["cost"], parse_config(log["config"])
+    cost, secure = log["cost"], secure_aggregation(parse_config(log["config"]))
     steps = int(log["metrics"]["step"][-1]) if len(log["metrics"].get("step", ())) else 0
     split = [float(cost.get(key, math.nan)) for key in ("party_compute_seconds", "transfer_seconds",
                                                            "server_seconds")]
     total = sum(split)
     ran = str(log["ranks"].get("exchange", ""))
-    secure = config_value(config, "mode") == "dpfnas" and config_value(config, "privacy.aggregation") == "secure"
     values = math.nan
     if ran:
         try:
@@ -114,13 +114,8 @@ def point_row(record: RunRecord) -> PointRow:
         wall_seconds=float(cost.get("wall_seconds", math.nan)), rank0_link_values=values,
         rank0_link_bytes=BYTES_PER_VALUE * values, rss_peak_mb_server=float(cost.get("rss_peak_mb_server", math.nan)),
         rss_peak_mb_party_max=max(parties_mb) if parties_mb else math.nan,
-        rss_peak_mb_ranks_total=sum(peaks.values()) if peaks else math.nan,
+        rss_peak_mb_ranks_total=sum(peaks.values()) if peaks else math.nan, secure=secure,
     )
-
-
-def _secure(record: RunRecord) -> bool:
-    config = parse_config(record.log["config"])
-    return config_value(config, "mode") == "dpfnas" and config_value(config, "privacy.aggregation") == "secure"
 
 
 def study_rows(records: Sequence[RunRecord], *, link: Link | None = None, cores: float | None = None,
@@ -156,7 +151,7 @@ def study_rows(records: Sequence[RunRecord], *, link: Link | None = None, cores:
                 costs = StepCosts(party_step_seconds=t_step, server_seconds=0.0, message_seconds=0.0, num_w=num_w,
                                   num_a=num_a)
                 step = predict_step(costs, row.parties, link, cores if cores is not None else row.parties + 1,
-                                    row.exchange_ran, _secure(record))
+                                    row.exchange_ran, row.secure)
                 changes.update(predicted_iteration_seconds=step.total, predicted_from=source)
             out.append(replace(row, **changes))
     return out

@@ -1,9 +1,10 @@
 """Each rank's peak resident memory, read from /proc while a local point runs (Linux; elsewhere nothing).
 
 The study's runner started every rank on this machine, so it reads their ``VmHWM`` (the kernel's high-water mark
-of resident memory) the way ``top`` would: an operator's measurement of its own processes on synthetic data, not
-something a party sends. A run's log holds rank 0's peak only (``/cost`` ``rss_peak_mb_server``): under DP a
-party's peak follows its Poisson batches and never leaves the party through the protocol.
+of resident memory) the way ``top`` would: an operator's measurement of its own processes, not something a party
+sends. A run's log holds rank 0's peak only (``/cost`` ``rss_peak_mb_server``): under DP a party's peak follows its
+realised Poisson batches, which depend on its data. So RUN_DIR/rss.csv, which anyone reading the run directory sees,
+keeps the parties' peaks only where they are public (:func:`public_peaks`): no DP, or the synthetic data.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import threading
 from pathlib import Path
 
 RSS_FILE = "rss.csv"  # in the point's run directory
+PUBLIC_DATASETS = ("synthetic-shapes",)  # drawn from a public seed: nothing in them is anybody's
 _PROC = Path("/proc")
 
 
@@ -91,6 +93,14 @@ class RssSampler:
         self._done.set()
         self._thread.join()
         return dict(sorted(self.peaks.items()))
+
+
+def public_peaks(peaks: dict[int, float], mode: str, dataset: str) -> dict[int, float]:
+    """The peaks that may be written beside the log: every rank's, unless the run is private (``dpfnas``) on data
+    that is not public; then rank 0's only (its peak is in the log already)."""
+    if mode != "dpfnas" or dataset in PUBLIC_DATASETS:
+        return dict(peaks)
+    return {rank: mb for rank, mb in peaks.items() if rank == 0}
 
 
 def write_rss(run_dir: Path, peaks: dict[int, float]) -> None:

@@ -3,7 +3,8 @@
 No MPI here: the runner only starts jobs and reads their logs. A point whose log says ``finished`` is skipped, so
 running the same command again resumes the study; a point with an unfinished log is continued with ``--resume``
 (from its checkpoint, or afresh with the old log kept as ``search-attempt<N>.h5``). Each point's output goes to
-RUN_DIR/launch.log and each rank's peak memory to RUN_DIR/rss.csv (:mod:`mpi_fnas.scaling.rss`).
+RUN_DIR/launch.log and each rank's peak memory, where it is public, to RUN_DIR/rss.csv
+(:mod:`mpi_fnas.scaling.rss`).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mpi_fnas.config import ConfigError
-from mpi_fnas.scaling.plan import ScalingPoint, run_arguments
-from mpi_fnas.scaling.rss import RssSampler, write_rss
+from mpi_fnas.runlog.schema import LOG_NAME
+from mpi_fnas.scaling.plan import ScalingPoint, point_config, run_arguments
+from mpi_fnas.scaling.rss import RssSampler, public_peaks, write_rss
 
-LOG_NAME = "search.h5"
 LAUNCH_OUTPUT = "launch.log"
 
 
@@ -74,6 +75,7 @@ def run_point(point: ScalingPoint, root: Path, config: str | None, overrides: Se
     run_dir = root / point.dirname
     if finished(run_dir):
         return PointOutcome(point, True, 0, 0.0)
+    cfg = point_config(point, config, overrides)
     resume = (run_dir / LOG_NAME).exists()
     run_dir.mkdir(parents=True, exist_ok=True)
     command = launch_command(point, run_arguments(point, config, overrides, run_dir, resume), mpirun,
@@ -94,7 +96,7 @@ def run_point(point: ScalingPoint, root: Path, config: str | None, overrides: Se
             code = job.wait()
             raise
         finally:
-            write_rss(run_dir, sampler.stop())
+            write_rss(run_dir, public_peaks(sampler.stop(), cfg.mode, cfg.data.dataset))
     return PointOutcome(point, False, code, time.monotonic() - start)
 
 

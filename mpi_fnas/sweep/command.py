@@ -73,8 +73,7 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
         config_error = None
     except ConfigError as exc:
         base, spec, config_error = None, None, exc
-    if args.print_config and config_error is None and (comm.Get_rank() if comm is not None
-                                                       else cli.launcher_rank()) in (None, 0):
+    if args.print_config and config_error is None and cli.launcher_rank(comm) in (None, 0):
         print(sweep_yaml(base, spec), end="")
         return cli.EXIT_OK
 

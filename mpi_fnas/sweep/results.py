@@ -15,12 +15,13 @@ import numpy as np
 
 from mpi_fnas.config import Config, config_from_text
 from mpi_fnas.federation.adadp import w_rounds
+from mpi_fnas.runlog.schema import LOG_NAME
 from mpi_fnas.sweep.points import POINT_DIR, noise_multiplier
 
 #: Final statuses whose last /privacy row counts every release of the log (a signal checkpoints at the step it
 #: logs); any other status (failed, running) may have released after its last row.
 SETTLED_STATUSES = ("finished", "interrupted")
-LOG_NAME = "search.h5"
+
 #: Logs of attempts abandoned when a run preempted before its first checkpoint was started afresh in the same
 #: directory (mpi_fnas.run renames the old log): their releases were made on the same shards and count too.
 ABANDONED_LOG_GLOB = "search-attempt*.h5"

@@ -34,20 +34,21 @@ from mpi4py import MPI
 
 import mpi_fnas.run  # noqa: F401  (the package, once: what the warm ranks save)
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.pending import FIRST_PAUSE, next_pause
 
 PLAN_TAG = 7
 BATCH_LIMIT = 3600.0  # seconds a rank waits for the others of its batch (the client gives up sooner)
-# Seconds between an idle rank's looks for work: from the first to the last, 1.5 times longer each look. Idle ranks
-# sleep (2 cores, other lanes' jobs): at a fixed 20 ms the 7 idle ranks took a tenth of a core, most of the time.
-FIRST_IDLE_PAUSE, LAST_IDLE_PAUSE = 0.005, 0.25
+# The longest sleep between an idle rank's looks for work (the channel's doubling pauses up to it): idle ranks sleep
+# (2 cores, other lanes' jobs); at a fixed 20 ms the 7 idle ranks took a tenth of a core, most of the suite's time.
+IDLE_PAUSE_CAP = 0.25
 
 
 def _idle_pauses():
-    """The pauses of one idle wait: growing from FIRST_IDLE_PAUSE to LAST_IDLE_PAUSE."""
-    pause = FIRST_IDLE_PAUSE
+    """The pauses of one idle wait: the channel's (next_pause), doubling from FIRST_PAUSE up to IDLE_PAUSE_CAP."""
+    pause, start = FIRST_PAUSE, time.monotonic()
     while True:
         yield pause
-        pause = min(LAST_IDLE_PAUSE, pause * 1.5)
+        pause = next_pause(pause, time.monotonic() - start, IDLE_PAUSE_CAP, 0.0, ceiling=IDLE_PAUSE_CAP)
 
 
 def _write(path: Path, obj: object) -> None:
