@@ -20,7 +20,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-from conftest import ROOT, mpirun, mpirun_background, rank_pid, side_by_side, warm_jobs
+from conftest import ROOT, mpirun, mpirun_background, rank_pid, side_by_side, warm_job, warm_jobs
 from pre_recipe import PRE_RECIPE_ARGS, TINY_DARTS_OPS, as_args, tiny
 
 from mpi_fnas.config import Config
@@ -116,7 +116,7 @@ def test_existing_run_is_never_overwritten(tmp_path):
     log = run / "search.h5"
     log.write_bytes(b"precious results")
     digest = hashlib.sha256(log.read_bytes()).hexdigest()
-    out = launch(2, *TINY, "--out", str(run))
+    out = warm_job(2, *TINY, "--out", str(run))
     assert out.returncode == 2
     lines = error_lines(out.stderr)
     assert len(lines) == 1 and lines[0].startswith("mpi_fnas: error: ") and "already holds a run log" in lines[0]

@@ -34,7 +34,7 @@ def test_resume_of_a_directory_without_its_log_is_bad_input_not_a_hang(tmp_path)
     assert first.returncode == 75, first.stderr
     (run / "search.h5").unlink()
     start = time.monotonic()
-    out = mpirun(2, "--resume", str(run), timeout=120)
+    out = warm_job(2, "--resume", str(run), timeout=120)
     assert out.returncode == 2
     assert "holds checkpoint.pt but no search.h5" in one_line(out.stderr)
     assert time.monotonic() - start < 100  # generous: the point is that it ends at all
