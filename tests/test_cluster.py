@@ -75,8 +75,8 @@ def test_a_run_spreads_over_hosts_crosses_the_links_ends_on_a_cut_link_and_resum
     before = counters(state)
     assert sorted(before) == ["n0", "n1", "n2"]
     run_dir = tmp_path / "run"
-    settings = [*TINY_FNAS, "--set", "search.steps_per_epoch=16", "--set", "checkpoint.every_steps=4",
-                "--set", f"runtime.comm_timeout={timeout}"]
+    run_settings = [*TINY_FNAS, "--set", "search.steps_per_epoch=16", "--set", "checkpoint.every_steps=4"]
+    settings = [*run_settings, "--set", f"runtime.comm_timeout={timeout}"]
     env = {**os.environ, "MFC_STATE": str(state), "MFC_PREFIX": PREFIX}
     job = subprocess.Popen([str(SCRIPT), "run", "3", *settings, "--out", str(run_dir)], env=env, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -107,7 +107,7 @@ def test_a_run_spreads_over_hosts_crosses_the_links_ends_on_a_cut_link_and_resum
     # The resume keeps every setting but the limit (runtime.* may change): its rank 0 has loaded torch with the
     # checkpoint before the first collective, which then waits for the parties' import of torch; under the full
     # suite's load that once took longer than the 15 s chosen above for a quick end on the cut.
-    resumed = cluster(state, "run", "3", *settings[:-2], "--set", "runtime.comm_timeout=120", "--resume", str(run_dir))
+    resumed = cluster(state, "run", "3", *run_settings, "--set", "runtime.comm_timeout=120", "--resume", str(run_dir))
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     log = read_run(run_dir / "search.h5")
     assert log["status"] == "finished" and int(log["metrics"]["step"][-1]) == 16
