@@ -121,11 +121,13 @@ def main(argv: list[str] | None = None) -> int:
         return _variant_main(cfg, args.variant)
     if args.devices is not None:
         return _devices_main(cfg, args)
-    import torch
-
     from mpi_fnas.federation.comm import Channel
 
+    # MPI first: start_mpi limits the thread pools before torch loads, and MPICH's MPI_Init spins until every rank
+    # is in it, so ranks that meet there early would burn a core while the others import torch.
     channel = Channel(cli.start_mpi(cfg))
+    import torch
+
     torch.set_num_threads(cfg.runtime.threads_per_rank or 1)
     timer_rank = 1 if channel.size > 1 else 0
     result: dict[str, Any] = {}

@@ -29,8 +29,10 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# MPI first: MPICH's MPI_Init spins until every rank is in it, so no rank should wait there while another imports.
+from mpi4py import MPI  # noqa: I001
+
 import torch  # imported once here: what the warm ranks save
-from mpi4py import MPI
 
 import mpi_fnas.run  # noqa: F401  (the package, once: what the warm ranks save)
 from mpi_fnas.federation.comm import Channel

@@ -17,7 +17,11 @@ from __future__ import annotations
 import os
 import sys
 
-if os.environ.get("PMI_RANK") == "0":  # MPICH's rank, read before mpi4py loads (mpi_fnas.run loads it later)
+# MPI_Init first, on every rank: MPICH's MPI_Init spins until every rank has reached it, so parties that reached it
+# while rank 0 imported torch and its planner below would each burn a core for those seconds.
+from mpi4py import MPI
+
+if MPI.COMM_WORLD.Get_rank() == 0:
     LIE = os.environ.get("LYING_SERVER", "cap")
     from mpi_fnas import run
     from mpi_fnas.privacy import planning
