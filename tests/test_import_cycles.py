@@ -125,3 +125,40 @@ def test_no_arrow_runs_back_up_between_the_packages_units() -> None:
     arrow back up in the house's plan even where no two modules form a circle."""
     found = cycles(unit_graph(import_graph()))
     assert not found, "units that import each other:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+# What runs autograd: its modules imported, or a backward pass or gradient called by name.
+AUTOGRAD_MODULES = ("torch.autograd", "torch.func", "functorch")
+AUTOGRAD_CALLS = {"backward", "grad", "vjp", "jacrev", "vmap"}
+
+
+def mpi_and_autograd(path: Path) -> tuple[bool, bool]:
+    """(does the file import mpi4py, does it run autograd), from its imports and calls anywhere in it."""
+    mpi = autograd = False
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                 else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+        mpi |= any(name.split(".")[0] == "mpi4py" for name in names)
+        autograd |= any(name.startswith(AUTOGRAD_MODULES) for name in names)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            autograd |= f"{node.value.id}.{node.attr}" in AUTOGRAD_MODULES
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            autograd |= node.func.attr in AUTOGRAD_CALLS
+    return mpi, autograd
+
+
+def test_mixing_is_found(tmp_path: Path) -> None:
+    both = tmp_path / "both.py"
+    both.write_text("def f(loss):\n    from mpi4py import MPI\n    loss.backward()\n")
+    grads = tmp_path / "grads.py"
+    grads.write_text("import torch\ng = torch.func.grad(lambda x: x)\n")
+    assert mpi_and_autograd(both) == (True, True)
+    assert mpi_and_autograd(grads) == (False, True)
+
+
+def test_no_module_both_calls_mpi_and_runs_autograd() -> None:
+    """The party's computation never sees a communicator: a module that talks MPI does not differentiate."""
+    found = sorted(name for name, path in _module_names(PACKAGE).items() if all(mpi_and_autograd(path)))
+    seen = {name for name, path in _module_names(PACKAGE).items() if mpi_and_autograd(path)[1]}
+    assert {"mpi_fnas.federation.party", "mpi_fnas.privacy.per_sample"} <= seen
+    assert not found, f"modules that import mpi4py and run autograd: {found}"
