@@ -140,7 +140,13 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
             independent_epsilon(log, k, augment_steps), rel=1e-6)
         assert log["augment"]["privacy"]["epsilon"][-1][k] > log["privacy"]["epsilon"][-1][k]  # it costs privacy
         # Each party's own ledger (its record and journals) composes both stages to the same ε.
-        assert PartyStore(party_dir(run, k + 1)).recorded_epsilon() == log["augment"]["privacy"]["epsilon"][-1][k]
+        store = PartyStore(party_dir(run, k + 1))
+        assert store.recorded_epsilon() == log["augment"]["privacy"]["epsilon"][-1][k]
+        # Shard by shard, not only the larger ε: the party records the (σ, q) rank 0 charges (the pool is both).
+        [segment] = [s for s in store.release_record() if s["stage"] == "augment"]
+        charged = [float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0]),
+                   float(log["augment"]["privacy"]["sample_rate"][k])]
+        assert segment["train"][:2] == segment["val"][:2] == charged
         # ... and its augmentation alone (DPNAS's protocol, the search not charged) is the augment releases' ε.
         sigma_aug = float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0])
         alone = alone_epsilon(sigma_aug, float(log["augment"]["privacy"]["sample_rate"][k]), augment_steps,

@@ -120,9 +120,14 @@ def test_a_party_refuses_iterations_past_its_cap_whatever_rank_0_asks(tmp_path):
     assert done["honest"].returncode == 0, done["honest"].stderr[-3000:]
     log = read_run(runs["honest"] / "search.h5")
     assert log["status"] == "finished" and log["privacy"]["charged_steps"][-1].tolist() == [6, 6]
+    privacy = log["privacy"]
     for rank in range(1, PARTIES + 1):
-        own = PartyStore(party_dir(runs["honest"], rank)).recorded_epsilon()
-        assert own == log["privacy"]["epsilon"][-1][rank - 1] <= CAP
+        store = PartyStore(party_dir(runs["honest"], rank))
+        assert store.recorded_epsilon() == privacy["epsilon"][-1][rank - 1] <= CAP
+        # Shard by shard, not only the larger ε: the party records the (σ, q, releases per iteration) rank 0 charges.
+        [segment] = store.release_record()
+        assert segment["train"] == [privacy["noise_multiplier_w"], privacy["sample_rate_train"][rank - 1], 1]
+        assert segment["val"] == [privacy["noise_multiplier_a"], privacy["sample_rate_val"][rank - 1], 1]
     for name, key in (("lying", "privacy.max_epsilon"), ("own_cap", "privacy.party_max_epsilon")):
         out = done[name]
         assert out.returncode != 0
