@@ -135,6 +135,7 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
     log = read_run(run / "search.h5")
     augment_steps = int(log["augment"]["privacy"]["steps"][-1])
     assert int(log["privacy"]["charged_steps"][-1][0]) > 0 and augment_steps > 0
+    sigma_aug = float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0])
     for k in range(log["parties"]):
         assert log["augment"]["privacy"]["epsilon"][-1][k] == pytest.approx(
             independent_epsilon(log, k, augment_steps), rel=1e-6)
@@ -143,14 +144,11 @@ def test_dp_augmentation_epsilon_is_the_composition_of_both_stages(dp_run):
         store = PartyStore(party_dir(run, k + 1))
         assert store.recorded_epsilon() == log["augment"]["privacy"]["epsilon"][-1][k]
         # Shard by shard, not only the larger ε: the party records the (σ, q) rank 0 charges (the pool is both).
+        rate = float(log["augment"]["privacy"]["sample_rate"][k])
         [segment] = [s for s in store.release_record() if s["stage"] == "augment"]
-        charged = [float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0]),
-                   float(log["augment"]["privacy"]["sample_rate"][k])]
-        assert segment["train"][:2] == segment["val"][:2] == charged
+        assert segment["train"][:2] == segment["val"][:2] == [sigma_aug, rate]
         # ... and its augmentation alone (DPNAS's protocol, the search not charged) is the augment releases' ε.
-        sigma_aug = float(np.asarray(log["augment"]["privacy"]["noise_multiplier"]).reshape(-1)[0])
-        alone = alone_epsilon(sigma_aug, float(log["augment"]["privacy"]["sample_rate"][k]), augment_steps,
-                              float(log["augment"]["privacy"]["delta"][k]))
+        alone = alone_epsilon(sigma_aug, rate, augment_steps, float(log["augment"]["privacy"]["delta"][k]))
         assert log["augment"]["privacy"]["epsilon_alone"][k] == pytest.approx(alone, rel=1e-6)
 
 
