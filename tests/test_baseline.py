@@ -12,6 +12,8 @@ from __future__ import annotations
 import csv
 import itertools
 import math
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -35,7 +37,9 @@ from mpi_fnas.baseline import (
     read_csv,
     write_csv,
 )
+from mpi_fnas.baseline.arms import same_data_arms
 from mpi_fnas.config import ConfigError, load_config
+from mpi_fnas.federation.party_store import party_dir
 from mpi_fnas.report.command import main as report_main
 from mpi_fnas.space import search_space
 from mpi_fnas.space.dpnas import DpnasGenotype, num_edges
@@ -88,24 +92,26 @@ def test_the_draw_is_public_reproducible_and_differs_per_seed_and_index():
 
 
 def test_arms_and_their_configs():
-    base = load_config(None, [*PRE_RECIPE, "privacy.max_epsilon=9"])
+    base = load_config(None, [*PRE_RECIPE, "privacy.target_epsilon=2.5", "privacy.max_epsilon=9"])
     order = arms([3, 5], 2)
     assert [(a.seed, a.name) for a in order] == [(3, "searched"), (3, "random-0"), (3, "random-1"),
                                                   (5, "searched"), (5, "random-0"), (5, "random-1")]
-    searched = arm_config(base, order[0], None)
+    searched = arm_config(base, order[0])
     assert searched.seed == 3 and searched.augment.genotype is None and searched.privacy.max_epsilon == 9
-    random = arm_config(base, order[2], 2.5)
+    random = arm_config(base, order[2])
     assert random.seed == 3 and random.augment.genotype == random_genotype_text(base, 3, 1)
-    assert random.privacy.target_epsilon == 2.5 and random.privacy.max_epsilon is None
-    fnas = arm_config(load_config(None, [*PRE_RECIPE, "mode=fnas"]), order[1], None)  # no DP: nothing to calibrate
-    assert fnas.privacy.target_epsilon is None
-    with pytest.raises(ConfigError, match="no ε to calibrate"):
-        arm_config(base, order[1], None)
+    # The user's own privacy settings, whatever the searched arm measured: every party derives them alike.
+    assert random.privacy == searched.privacy == base.privacy
+    assert same_data_arms(order, order[5], "iid") == order[3:5]  # the same shards: the same seed
+    assert same_data_arms(order, order[5], "local") == order[:5]  # a party's folder: every seed
+    assert same_data_arms(order, order[0], "iid") == []
     for overrides, match in ((["augment.epochs=0"], "augment.epochs"),
                              (["augment.genotype=" + random_genotype_text(base, 0, 0)], "augment.genotype"),
-                             (["augment.private=false"], "augment.private")):
+                             (["augment.private=false"], "augment.private"),
+                             (["privacy.target_epsilon=null"], "privacy.target_epsilon: the baseline compares")):
         with pytest.raises(ConfigError, match=match):
             check_base(load_config(None, overrides))
+    check_base(load_config(None, [*PRE_RECIPE, "mode=fnas"]))  # no DP: no ε to compare at
 
 
 def test_hand_designed_arms_and_their_configs():
@@ -116,13 +122,11 @@ def test_hand_designed_arms_and_their_configs():
     assert [(a.handcrafted, a.network, a.index) for a in order] == [
         (False, "cell", -1), (False, "cell", 0), (True, "cnn-tanh", -1), (True, "cnn-gn", -1)]
     for arm in order[2:]:  # the same total ε as the searched arm: its whole budget goes to the augmentation
-        cfg = arm_config(base, arm, 2.5)
+        cfg = arm_config(base, arm)
         assert (cfg.seed, cfg.augment.network, cfg.augment.genotype) == (3, arm.name, None)
-        assert cfg.privacy.target_epsilon == 2.5 and cfg.privacy.max_epsilon is None
+        assert cfg.privacy == base.privacy
         assert cfg.augment.drop_path == 0 and cfg.augment.auxiliary_weight == 0  # no cell paths, no auxiliary head
-        with pytest.raises(ConfigError, match="no ε to calibrate cnn"):
-            arm_config(base, arm, None)
-    searched = arm_config(base, order[0], None)
+    searched = arm_config(base, order[0])
     assert searched.augment.network == "cell" and searched.augment.drop_path == 0.2  # the configured job as it is
     assert parse_handcrafted("cnn-tanh, cnn-gn") == ["cnn-tanh", "cnn-gn"] and parse_handcrafted(None) == []
     for text, match in (("cnn-tanh,resnet", "unknown network 'resnet'"), ("cnn-gn,cnn-gn", "named twice"),
@@ -198,7 +202,8 @@ def test_the_comparison_against_hand_computations(tmp_path):
 def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_arms(tmp_path):
     out = tmp_path / "baseline"
     small = [*TINY, "--set", "search.epochs=1", "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=3",
-             "--set", "augment.layers=2", "--set", "augment.channels=4", "--set", "augment.batch_size=8"]
+             "--set", "augment.layers=2", "--set", "augment.channels=4", "--set", "augment.batch_size=8",
+             "--set", "privacy.target_epsilon=8"]
     arguments = [*small, "--random", "2", "--handcrafted", "cnn-tanh,cnn-gn", "--seeds", "0"]
     first, unknown = warm_jobs((3, [*arguments, "--out", str(out)], None, "mpi_fnas.baseline"),
                                (3, [*small, "--random", "1", "--handcrafted", "cnn-relu", "--seeds", "0", "--out",
@@ -231,38 +236,87 @@ def test_a_real_baseline_calibrates_equal_epsilon_reports_and_reuses_finished_ar
     assert "dpfnas" not in (tmp_path / "report" / "table1.csv").read_text()  # baseline runs are not Table 1
 
 
-#: A baseline whose rank 0 alone (MPICH's PMI_RANK, read before mpi4py loads) hands out every arm with a larger
-#: augment.clip than the command line says; the parties run the real code.
-LOOSER_ARMS_SERVER = """
+#: A baseline whose rank 0 alone (MPICH's PMI_RANK, read before mpi4py loads) changes its arms as LYING_ARMS says; the
+#: parties run the real code. ``clip``: every arm with a larger augment.clip than the command line says; ``target``:
+#: every arm but the searched one calibrated to 100 times the user's privacy.target_epsilon.
+LYING_ARMS_SERVER = """
 import os, sys
 from mpi_fnas.baseline import command
 if os.environ.get("PMI_RANK") == "0":
     honest = command.arm_config
-    def looser(*args, **kwargs):
-        cfg = honest(*args, **kwargs)
-        cfg.augment.clip = 100.0
+    def lying(base, arm, *args, **kwargs):
+        cfg = honest(base, arm, *args, **kwargs)
+        if os.environ["LYING_ARMS"] == "clip":
+            cfg.augment.clip = 100.0
+        elif not arm.searched:
+            cfg.privacy.target_epsilon = 100 * base.privacy.target_epsilon
         return cfg
-    command.arm_config = looser
+    command.arm_config = lying
 sys.exit(command.main(sys.argv[1:]))
 """
+#: Two tiny arms (the searched one, then a hand-designed network) at ε = 3 each.
+TWO_ARMS = [*TINY, "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=8",
+            "--set", "search.epochs=1", "--set", "privacy.target_epsilon=3", "--random", "0", "--handcrafted", "cnn-gn",
+            "--seeds", "0"]
+
+
+@pytest.fixture(scope="module")
+def lying_baselines(tmp_path_factory) -> dict[str, tuple]:
+    """Side by side: a baseline whose rank 0 lies (``clip``, ``target``; see LYING_ARMS_SERVER), and an honest one
+    whose parties cap their total at privacy.party_max_epsilon=3.2, below the two arms' composed ε: each result and
+    its directory."""
+    from conftest import MPIRUN, ROOT, _env
+
+    root = tmp_path_factory.mktemp("arms")
+    runs = {"clip": ["-c", LYING_ARMS_SERVER, *TWO_ARMS], "target": ["-c", LYING_ARMS_SERVER, *TWO_ARMS],
+            "own_cap": ["-m", "mpi_fnas.baseline", *TWO_ARMS, "--set", "privacy.party_max_epsilon=3.2"]}
+    procs = {name: subprocess.Popen([MPIRUN, "-n", "3", sys.executable, *args, "--out", str(root / name)],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                    env=_env({"LYING_ARMS": name}))
+             for name, args in runs.items()}
+    done = {name: proc.communicate(timeout=300) for name, proc in procs.items()}
+    return {name: (procs[name].returncode, *done[name], root / name) for name in runs}
+
+
+def refused_by_both(stderr: str, error: str, line: str) -> bool:
+    return all(f"[mpi_fnas rank {rank}] error: {error}: rank {rank} {line}" in stderr for rank in (1, 2))
 
 
 @pytest.mark.slow
-def test_a_party_derives_each_arm_itself_and_refuses_rank_0s_other_one(tmp_path):
-    import subprocess
-    import sys
+def test_a_party_derives_each_arm_itself_and_refuses_rank_0s_other_one(lying_baselines):
+    code, _, stderr, out = lying_baselines["clip"]
+    assert code != 0
+    assert refused_by_both(stderr, "AssignmentRefusedError", "refuses the config rank 0 sent: augment.clip: 100.0 "
+                           "where its own --config/--set says 1.0"), stderr
+    assert not (out / "seed0" / "searched" / "search.h5").exists()  # refused before the first arm ran
 
-    from conftest import MPIRUN, ROOT, _env
 
-    done = subprocess.run([MPIRUN, "-n", "3", sys.executable, "-c", LOOSER_ARMS_SERVER, *TINY, "--set",
-                           "augment.epochs=1", "--random", "0",
-                           "--handcrafted", "cnn-gn", "--seeds", "0", "--out", str(tmp_path / "b")],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=_env(None))
-    assert done.returncode != 0
+@pytest.mark.slow
+def test_a_party_calibrates_every_arm_to_its_own_target_whatever_rank_0_measured(lying_baselines):
+    """A rank 0 that calibrates an arm to 100 times the user's target (before: the party took the arm's target from
+    rank 0's config, ε 40.4 where the user said 3) is refused by every party before the arm's first release."""
+    code, _, stderr, out = lying_baselines["target"]
+    assert code != 0
+    assert refused_by_both(stderr, "AssignmentRefusedError", "refuses the config rank 0 sent: "
+                           "privacy.target_epsilon: 300.0 where its own --config/--set says 3.0"), stderr
+    assert (out / "seed0" / "searched" / "search.h5").exists()  # the honest searched arm ran first
+    assert not (out / "seed0" / "cnn-gn" / "parties").exists()
+
+
+@pytest.mark.slow
+def test_a_partys_own_cap_composes_every_arm_on_its_data(lying_baselines):
+    """Each arm alone keeps ε = 3; composed, the two reach 3.4, past privacy.party_max_epsilon = 3.2: the parties
+    refuse the second arm before its first release, naming the earlier arm (the first to tell rank 0 ends the job,
+    so the other's line may not get printed)."""
+    code, stdout, stderr, out = lying_baselines["own_cap"]
+    assert code != 0
+    assert "seed 0 searched: test acc" in stdout, stdout + stderr[-3000:]
+    assert "error: BudgetRefusedError: rank 1 refuses the 2 augment iterations" in stderr or \
+        "error: BudgetRefusedError: rank 2 refuses the 2 augment iterations" in stderr, stderr
+    assert "its own cap privacy.party_max_epsilon 3.2 allows" in stderr, stderr
+    assert "and 1 earlier run(s) on the same data" in stderr, stderr
     for rank in (1, 2):
-        assert (f"[mpi_fnas rank {rank}] error: AssignmentRefusedError: rank {rank} refuses the config rank 0 sent: "
-                "augment.clip: 100.0 where its own --config/--set says 1.0") in done.stderr, done.stderr
-    assert not (tmp_path / "b" / "seed0" / "searched" / "search.h5").exists()  # refused before the first arm ran
+        assert not (party_dir(out / "seed0" / "cnn-gn", rank) / "augment_sent_steps").exists()
 
 
 def test_an_arm_is_named_and_placed_by_seed(tmp_path):

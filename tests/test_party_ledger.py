@@ -43,11 +43,12 @@ def test_each_launch_record_covers_its_iterations_up_to_the_next_launch_of_its_s
         party_ledger.spent_runs(record, {"search": 4, "augment": 3})
 
 
-def test_a_party_cap_is_the_smallest_of_the_run_caps_and_its_own():
+def test_a_partys_caps_are_the_runs_over_the_run_and_its_own_over_earlier_runs_too():
     params = DPParams(1.0, 1.0, 1.0, 0.1, 8.0, target_epsilon=3.0, max_epsilon=2.0)
-    assert params.party_cap(None) == (2.0, "privacy.max_epsilon")
-    assert params.party_cap(1.5) == (1.5, "privacy.party_max_epsilon")
-    assert DPParams(1.0, 1.0, 1.0, 0.1, 8.0).party_cap(None) is None
+    assert params.party_caps(None) == [((2.0, "privacy.max_epsilon"), False)]
+    assert params.party_caps(1.5) == [((1.5, "privacy.party_max_epsilon"), True), ((2.0, "privacy.max_epsilon"), False)]
+    assert params.party_caps(9) == [((2.0, "privacy.max_epsilon"), False), ((9.0, "privacy.party_max_epsilon"), True)]
+    assert DPParams(1.0, 1.0, 1.0, 0.1, 8.0).party_caps(None) == []
 
 
 def test_rank_0_and_each_party_count_the_same_iterations_within_a_cap():

@@ -14,9 +14,11 @@ A NAS product whose search does not beat random cells trained the same way has n
   CNN; ``cnn-gn``, a GroupNorm CNN): what a DP practitioner would train instead of searching, by the same
   augmentation.
 
-Under ``dpfnas`` the random and hand-designed arms spent nothing on a search, so each augmentation is calibrated
-(``privacy.target_epsilon``) to the searched arm's whole worst-party ε: every arm ends at the same ε, which
-``baseline.csv`` shows for both.
+Under ``dpfnas`` every arm is calibrated to the user's ``privacy.target_epsilon`` (required): the searched arm's
+search and augmentation together, and the random and hand-designed arms, which spent nothing on a search, their
+augmentation alone; every arm ends at the same ε, which ``baseline.csv`` shows for both. Each party derives every
+arm's config from its own command line and refuses rank 0's if it differs; it composes its own ε over the arms on
+its data, which ``privacy.party_max_epsilon`` caps (docs/privacy.md §2.12).
 
 Every arm is an ordinary run with its own ``search.h5`` (``DIR/seed<S>/<arm>/``), so ``mpi_fnas.run --resume``,
 the report and the log readers work on it. After every arm rank 0 rewrites ``DIR/baseline.csv``; at the end it

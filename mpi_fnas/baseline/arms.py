@@ -10,9 +10,11 @@ for, each one's run directory and config. No MPI, no autograd.
   (``augment.network``), with no search: what a DP practitioner would train instead of searching. It has no cell
   paths to drop and no auxiliary head, so its ``augment.drop_path`` and ``augment.auxiliary_weight`` are 0.
 
-Under DP an arm other than the searched one spent nothing on a search, so its augmentation gets the searched arm's
-whole budget: ``privacy.target_epsilon`` is set to the searched arm's final worst-party ε (search + augmentation),
-which calibrates σ_aug (docs/privacy.md §3.1), and ``privacy.max_epsilon`` is cleared.
+Under DP every arm runs at the user's own privacy settings: ``privacy.target_epsilon`` (required), its caps and δ.
+The searched arm's search and augmentation are calibrated to it together; an arm other than the searched one spent
+nothing on a search, so its augmentation alone is calibrated to it (docs/privacy.md §3.1). No arm's privacy setting
+depends on anything rank 0 measured, so each party derives every arm's config itself from its own command line and
+refuses any other (:func:`mpi_fnas.baseline.command`).
 """
 
 from __future__ import annotations
@@ -104,12 +106,15 @@ def check_base(cfg: Config) -> None:
     if cfg.mode == "dpfnas" and not cfg.augment.private:
         raise ConfigError("augment.private: false trains with exact gradients, so the arms' ε cannot be made equal; "
                           "the baseline needs a private augmentation under dpfnas")
+    if cfg.mode == "dpfnas" and cfg.privacy.target_epsilon is None:
+        raise ConfigError("privacy.target_epsilon: the baseline compares its arms at one total ε, which each arm is "
+                          "calibrated to; set privacy.target_epsilon (e.g. --set privacy.target_epsilon=3)")
 
 
-def arm_config(base: Config, arm: Arm, searched_epsilon: float | None) -> Config:
+def arm_config(base: Config, arm: Arm) -> Config:
     """The run config of `arm`: `base` at the arm's seed; a random arm trains its drawn cell, a hand-designed arm its
-    network (no drop-path, no auxiliary head), both under DP calibrated to `searched_epsilon` (the searched arm's
-    final worst-party ε)."""
+    network (no drop-path, no auxiliary head). Its privacy section is `base`'s as it is (the same target, caps and
+    δ): a function of `base` and `arm` alone, so every party derives it itself."""
     cfg = copy.deepcopy(base)
     cfg.seed = arm.seed
     if arm.handcrafted:
@@ -117,9 +122,12 @@ def arm_config(base: Config, arm: Arm, searched_epsilon: float | None) -> Config
         cfg.augment.drop_path = cfg.augment.auxiliary_weight = 0.0
     elif not arm.searched:
         cfg.augment.genotype = random_genotype_text(base, arm.seed, arm.index)
-    if not arm.searched and cfg.mode == "dpfnas":
-        if searched_epsilon is None or not np.isfinite(searched_epsilon):
-            raise ConfigError(f"seed {arm.seed}: the searched arm reported no ε to calibrate {arm.name} to")
-        cfg.privacy.target_epsilon = float(searched_epsilon)
-        cfg.privacy.max_epsilon = None
     return validate(cfg)
+
+
+def same_data_arms(todo: Sequence[Arm], arm: Arm, partition: str) -> list[Arm]:
+    """The arms before `arm` in `todo` whose releases a party composes with `arm`'s: those on the same shards (the
+    same seed), or under ``data.partition: local``, where each party's folder is its data at every seed, all of
+    them."""
+    before = list(todo[: list(todo).index(arm)])
+    return before if partition == "local" else [other for other in before if other.seed == arm.seed]

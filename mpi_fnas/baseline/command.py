@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpi_fnas import __version__, cli
-from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, parse_handcrafted
+from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, parse_handcrafted, same_data_arms
 from mpi_fnas.baseline.results import (
     CSV_NAME,
     LOG_NAME,
@@ -32,8 +32,10 @@ _EPILOG = """\
 for every seed: the searched arm (the config's search, then the augmentation of the cell it found), --random R
   cells drawn uniformly from the same space (public draw from the seed, logged) and the --handcrafted networks
   (augment.network cnn-tanh, cnn-gn: what a DP practitioner would train instead), each trained by the same
-  augmentation; under dpfnas an arm other than the searched one spent nothing on a search, so its augmentation is
-  calibrated to the searched arm's whole ε (privacy.target_epsilon), and both ε are reported (they agree within 1 %).
+  augmentation; under dpfnas every arm is calibrated to privacy.target_epsilon (required): the searched arm's search
+  and augmentation together, another arm's augmentation alone; both ε are reported (they agree within 1 %). Each
+  party derives every arm's config from its own command line, and composes its own ε over the arms on its data:
+  privacy.party_max_epsilon caps that total.
 output: DIR/seed<S>/searched/search.h5, DIR/seed<S>/random-<i>/search.h5, DIR/seed<S>/<network>/search.h5,
   DIR/baseline.csv (one row per arm and seed, rewritten after every arm), DIR/baseline.yaml (the base config). An
   arm that already finished in DIR is read back, not rerun; an unfinished one is refused (resume it with
@@ -129,7 +131,7 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
 
         def decide(arm: Arm = arm, run_dir: Path = run_dir) -> tuple[str, bool]:
             """Rank 0: the arm's config (as YAML, so every rank runs the same) and whether it already finished."""
-            cfg = arm_config(base, arm, searched_epsilon.get(arm.seed))
+            cfg = arm_config(base, arm)
             done = finished(run_dir)
             if not done:
                 cli.make_dir(run_dir)
@@ -143,9 +145,13 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
                 stage = "search" if arm.searched else "augment"
                 if channel.is_server:
                     print(f"{tag} → {run_dir / LOG_NAME}", flush=True)
-                outcome = run_job(cfg, channel, run_dir, stage=stage, stop_requested=stop, progress=lambda name: (
-                    Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")
-                    if channel.is_server else None))
+                # A party composes this arm's releases with its own record of the earlier arms on the same data.
+                earlier = [party_dir(other.run_dir(out), channel.rank)
+                           for other in same_data_arms(todo, arm, base.data.partition)]
+                outcome = run_job(cfg, channel, run_dir, stage=stage, stop_requested=stop, earlier=earlier,
+                                  progress=lambda name: (
+                                      Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")
+                                      if channel.is_server else None))
                 if not channel.is_server:
                     return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
                 if outcome.interrupted:
@@ -174,14 +180,14 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
 
 
 def _accept_arm(channel: Channel, base: Config, arm: Arm, received: Config) -> None:
-    """Every party derives `arm`'s config itself from `base` (rank 0 tells only the ε a calibrated arm is calibrated
-    to) and checks rank 0's `received` one against it (:func:`check_own`); the verdicts are gathered, so rank 0
-    learns a refusal before it plans the arm and ends the job at once, after every refusing party printed its line.
+    """Every party derives `arm`'s config itself from `base`, its own command line's (nothing of it from rank 0), and
+    checks rank 0's `received` one against it (:func:`check_own`); the verdicts are gathered, so rank 0 learns a
+    refusal before it plans the arm and ends the job at once, after every refusing party printed its line.
     """
     refusal = None
     if not channel.is_server:
         try:
-            check_own(arm_config(base, arm, received.privacy.target_epsilon), received, channel.rank)
+            check_own(arm_config(base, arm), received, channel.rank)
         except AssignmentRefusedError as exc:
             print(refusal_line(channel.rank, exc), file=sys.stderr, flush=True)
             refusal = refusal_text(exc)

@@ -187,7 +187,8 @@ class PrivacyConfig:
         None, "if set: stop (status finished) before a step would take any party past this ε")
     party_max_epsilon: float | None = _key(
         None, "if set: each party's own cap, which rank 0 cannot change (it does not plan with it): a party refuses, "
-        "before sending anything, a stage whose iterations would take its own ε past it, or past "
+        "before sending anything, a stage whose iterations would take its own ε past it, composed over this run "
+        "and its earlier runs on the same data (a baseline's other arms), or take this run past "
         "privacy.target_epsilon or max_epsilon (docs/privacy.md §2.12)")
     search_share: float | None = _key(
         None, "with target_epsilon and an augmentation: the share of the target the search alone may spend (its "

@@ -94,12 +94,14 @@ class DPParams:
                 (("target_epsilon", self.target_epsilon), ("max_epsilon", self.max_epsilon)) if value is not None]
         return min(caps) if caps else None
 
-    def party_cap(self, party_max_epsilon: float | None) -> tuple[float, str] | None:
-        """(ε, its config key): a party's own cap, the smaller of :attr:`cap` and its ``privacy.party_max_epsilon``
-        (:mod:`mpi_fnas.privacy.party_ledger`); None when none is set."""
-        own = (float(party_max_epsilon), "privacy.party_max_epsilon") if party_max_epsilon is not None else None
-        caps = [cap for cap in (self.cap, own) if cap is not None]
-        return min(caps) if caps else None
+    def party_caps(self, party_max_epsilon: float | None) -> list[tuple[tuple[float, str], bool]]:
+        """A party's own caps (:mod:`mpi_fnas.privacy.party_ledger`), smallest first, each ``((ε, its config key),
+        whether it composes the party's earlier runs on the same data)``: the run's :attr:`cap` over this run, and
+        its ``privacy.party_max_epsilon`` over this run and the earlier ones (a baseline's other arms)."""
+        caps = [(self.cap, False)]
+        if party_max_epsilon is not None:
+            caps.append(((float(party_max_epsilon), "privacy.party_max_epsilon"), True))
+        return sorted(((cap, total) for cap, total in caps if cap is not None), key=lambda item: item[0][0])
 
     @property
     def randomness(self) -> Randomness:

@@ -12,11 +12,12 @@ party's budget without saying so. So each DP party keeps its own account, from w
 Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.accountant.PrivacyLedger`, the same PLD or secure
 RDP bound at the same δ), that is the party's ε; in an honest run it equals the log's to the last bit
 (tests/test_party_ledger.py). Before a stage's first iteration rank 0 announces how many iterations it will ask
-for; the party refuses, in one line and before it sends anything, when they would take its ε past its cap: the
-smallest of ``privacy.target_epsilon``, ``privacy.max_epsilon`` and ``privacy.party_max_epsilon`` in the config
-it verified itself (:meth:`~mpi_fnas.privacy.params.DPParams.party_cap`). Rank 0 announces the same number for
-every party from the same function (:func:`iterations_within`), so an honest run, resumed or not, never meets a
-refusal unless a party's own ``party_max_epsilon`` is below what the run plans.
+for; the party refuses, in one line and before it sends anything, when they would take its ε past a cap of the
+config it verified itself (:meth:`~mpi_fnas.privacy.params.DPParams.party_caps`): the run's
+(``privacy.target_epsilon``, ``privacy.max_epsilon``) over this run, and its own ``privacy.party_max_epsilon`` over
+this run and its earlier runs on the same data (a baseline's other arms: :func:`with_earlier`). Rank 0 announces
+the same number for every party from the same function (:func:`iterations_within`), so an honest run, resumed or
+not, never meets a refusal unless a party's own ``party_max_epsilon`` is below what the runs spend.
 
 No MPI, no autograd. It loads rank 0's accountant (dp_accounting, scipy): the party side imports it only when it
 has a cap to check.
@@ -24,6 +25,7 @@ has a cap to check.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -110,18 +112,38 @@ def recorded_epsilon(record: Sequence[Mapping[str, Any]], sent: Mapping[str, int
     return epsilon_of(spent_runs(record, sent), own_delta(delta, record, record[-1]["sizes"]), accounting)
 
 
+def with_earlier(spent: tuple[Runs, Runs], secure: SecureAccounting | None,
+                 earlier: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, int]]],
+                 ) -> tuple[tuple[Runs, Runs], SecureAccounting | None]:
+    """`spent` with the releases of the party's `earlier` runs on the same data (each its ``(record, sent)``), and
+    the accounting that bounds them all: secure aggregation's bound grows with D, so the largest D of any of them
+    (:class:`~mpi_fnas.secagg.accounting.SecureAccounting`)."""
+    train, val = spent
+    for record, sent in earlier:
+        more = spent_runs(record, sent)
+        train, val = train + more[0], val + more[1]
+        constants = record[-1]["secure"] if record else None
+        if secure is not None and constants is not None and int(constants[2]) > secure.dimension:
+            secure = dataclasses.replace(secure, dimension=int(constants[2]))
+    return (train, val), secure
+
+
 def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], sent: Mapping[str, int],
                   per_iteration: IterationReleases, delta: float | None, sizes: Sequence[int],
-                  secure: SecureAccounting | None, requested: int, *, rank: int, stage: str) -> None:
+                  secure: SecureAccounting | None, requested: int, *, rank: int, stage: str,
+                  earlier: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, int]]] = ()) -> None:
     """Raise :class:`~mpi_fnas.privacy.trusted_config.BudgetRefusedError` when the `requested` iterations of
-    `stage` rank 0 announced, after what the party's `record` and journals (`sent`) say it released, would take
-    its ε past `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this launch's search shard
-    sizes (:func:`own_delta`)."""
-    spent, at = spent_runs(record, sent), own_delta(delta, record, sizes)
+    `stage` rank 0 announced, after what the party's `record` and journals (`sent`) say it released, and what its
+    `earlier` runs on the same data released (each ``(record, sent)``: :func:`with_earlier`), would take its ε past
+    `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this launch's search shard sizes
+    (:func:`own_delta`)."""
+    spent, secure = with_earlier(spent_runs(record, sent), secure, earlier)
+    at = own_delta(delta, record, sizes)
     allowed = iterations_within(cap[0], spent, per_iteration, at, secure, requested)
     if allowed < requested:
         now = epsilon_of(spent, at, secure)
+        runs = f", and {len(earlier)} earlier run(s) on the same data" if earlier else ""
         raise BudgetRefusedError(
             f"rank {rank} refuses the {requested} {stage} iterations rank 0 asks for: its own cap {cap[1]} "
             f"{cap[0]:g} allows {allowed} after what it has sent (ε = {now:.4g}, {sent.get(stage, 0)} {stage} "
-            "iterations); nothing more was sent")
+            f"iterations{runs}); nothing more was sent")

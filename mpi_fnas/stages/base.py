@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -288,22 +288,27 @@ class StageSide:
         shards it samples: B / N), and its search shards' sizes (N_tr, N_val)."""
         raise NotImplementedError
 
-    def keep_own_ledger(self, cfg: Config, got: Any, store: PartyStore | None, rank: int, *, requested: int) -> None:
+    def keep_own_ledger(self, cfg: Config, got: Any, store: PartyStore | None, rank: int, *, requested: int,
+                        earlier: Sequence[PartyStore] = ()) -> None:
         """This party's own budget (:mod:`mpi_fnas.privacy.party_ledger`), before it sends anything of this launch:
         BudgetRefusedError when the `requested` iterations rank 0 announced would take its ε, composed from its own
-        record and journals, past its own cap; then this launch's releases recorded in its directory."""
+        record and journals, past the run's cap (``privacy.target_epsilon``, ``privacy.max_epsilon``), or, composed
+        with its `earlier` runs on the same data too, past its own ``privacy.party_max_epsilon``; then this launch's
+        releases recorded in its directory."""
         per_iteration, sizes = self.per_iteration(got)
         record = store.release_record() if store is not None else []
         params = self.params(got)
         secure = params.secure_sum
-        cap = params.party_cap(cfg.privacy.party_max_epsilon)
-        if cap is not None:
+        caps = params.party_caps(cfg.privacy.party_max_epsilon)
+        if caps:
             from mpi_fnas.privacy import party_ledger  # rank 0's accountant: loaded only by a party with a cap
 
             sent = store.sent_by_stage() if store is not None else {}
-            party_ledger.check_request(cap, record, sent, per_iteration, cfg.privacy.delta, sizes,
-                                       secure.accounting if secure is not None else None, requested, rank=rank,
-                                       stage=self.name)
+            before = [(other.release_record(), other.sent_by_stage()) for other in earlier]
+            for cap, total in caps:
+                party_ledger.check_request(cap, record, sent, per_iteration, cfg.privacy.delta, sizes,
+                                           secure.accounting if secure is not None else None, requested, rank=rank,
+                                           stage=self.name, earlier=before if total else ())
         if store is not None:
             constants = [secure.parties, secure.local_variance, secure.dimension, secure.colluders] if secure else None
             store.begin_releases(list(per_iteration.train), list(per_iteration.val), sizes, constants)

@@ -15,7 +15,7 @@ and both stages' draws in one selection ε.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,17 +53,18 @@ def searched_state(run_dir: Path) -> dict | None:
 
 def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume: dict | None = None,
             progress: Callable[[str], Progress | None] = lambda stage: None,
-            stop_requested: Callable[[], str | None] = lambda: None) -> JobOutcome | bool:
+            stop_requested: Callable[[], str | None] = lambda: None, earlier: Sequence[Path] = ()) -> JobOutcome | bool:
     """Run the job on every rank. Rank 0 returns the :class:`JobOutcome`; a party returns True when interrupted.
 
     `resume` (rank 0): the checkpoint to continue from (its ``stage`` says which). `progress(stage)` gives rank 0's
-    display for a stage.
+    display for a stage. `earlier` (a party): its own directories of earlier runs on the same data, whose releases
+    its ``privacy.party_max_epsilon`` composes with this job's (a baseline's other arms).
     """
     augment = cfg.augment.epochs > 0
     if not channel.is_server:
-        if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg)):
+        if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg), earlier=earlier):
             return True
-        return participate(cfg, channel, run_dir, AugmentSide(cfg)) if augment else False
+        return participate(cfg, channel, run_dir, AugmentSide(cfg), earlier=earlier) if augment else False
 
     # Rank 0's side alone needs its planner, ledgers and log (dp_accounting, scipy, h5py): a party never imports it.
     from mpi_fnas.stages.serve import serve

@@ -20,6 +20,7 @@ party holds its corrupted shards here too (:func:`~mpi_fnas.stages.base.own_exam
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from mpi_fnas.config import Config
@@ -44,8 +45,10 @@ from mpi_fnas.stages.iteration import Injections
 from mpi_fnas.stages.party_loop import party_steps
 
 
-def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide) -> bool:
-    """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted."""
+def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide,
+                earlier: Sequence[Path] = ()) -> bool:
+    """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted. `earlier`: this
+    party's own directories of earlier runs on the same data (:func:`~mpi_fnas.stages.job.run_job`)."""
     rank = channel.rank
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
@@ -94,7 +97,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         last = receive_last_step(channel, first=got.checkpoint_step + 1, planned=got.steps)
     agree_on_plan(channel, side.name, cfg.to_yaml(), shared_plan(got), last)
     if party.private:
-        side.keep_own_ledger(cfg, got, store, rank, requested=last - got.checkpoint_step)
+        side.keep_own_ledger(cfg, got, store, rank, requested=last - got.checkpoint_step,
+                             earlier=[PartyStore(path) for path in earlier if path.is_dir()])
     if party.secure:
         party.use_secure_aggregation(agree_masks(channel, identity), side.name)
 
