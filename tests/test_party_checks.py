@@ -42,6 +42,7 @@ from mpi_fnas.privacy.trusted_config import (
     write_pin,
 )
 from mpi_fnas.stages.augment import AugmentSide
+from mpi_fnas.stages.search import SearchSide
 
 K = 3
 SMALL = tiny("search.steps_per_epoch=2", "augment.batch_size=8", "augment.epochs=1", "augment.steps_per_epoch=2",
@@ -161,6 +162,37 @@ def test_an_augmentation_of_another_network_is_refused():
                                                                  rf"config says {own!r}; nothing was computed"):
                     check_network(cfg, other, rank=1)
     assert AugmentAssignment.__dataclass_fields__["network"].default == "cell"
+
+
+STEP_LIES = {  # (steps_per_epoch, steps) from the planned ones -> the refusal names
+    "more epochs": (lambda per, steps: (per, 10 * steps), "steps"),
+    "longer epochs": (lambda per, steps: (2 * per, 2 * steps), "steps_per_epoch"),
+    "a float": (lambda per, steps: (per, float(steps)), "steps"),
+    "negative": (lambda per, steps: (per, -1), "steps"),
+}
+
+
+@pytest.mark.parametrize("lie", sorted(STEP_LIES))
+def test_a_step_count_the_config_does_not_give_is_refused_with_or_without_a_cap(lie):
+    """The search's and the augmentation's: the steps per epoch from the config and every party's shard sizes, at
+    most the configured epochs of them (fewer pass), with no ε target or cap."""
+    from mpi_fnas.privacy.ledger import FederationLedger
+
+    cfg = config("privacy.target_epsilon=null", "search.steps_per_epoch=null", "augment.steps_per_epoch=null")
+    planned = plan_run(cfg, K)
+    search = planned.assignments
+    augment = plan_module.plan_augment_stage(cfg, search, None, FederationLedger(planned.privacy),
+                                             planned.privacy.params).assignments
+    data = plan_module.open_split(cfg, "train")
+    change, name = STEP_LIES[lie]
+    for side, got, what in ((SearchSide(cfg), search[0], "search"), (AugmentSide(cfg), augment[0], "augmentation")):
+        own = plan_module.party_view(cfg, data, K, 1)
+        side.check(cfg, got, own, parties=K, rank=1)
+        side.check(cfg, dataclasses.replace(got, steps=got.steps - 1), own, parties=K, rank=1)
+        per, steps = change(got.steps_per_epoch, got.steps)
+        with pytest.raises(AssignmentRefusedError, match=rf"^rank 1 refuses the {what} assignment rank 0 sent: "
+                                                         rf"{name} "):
+            side.check(cfg, dataclasses.replace(got, steps_per_epoch=per, steps=steps), own, parties=K, rank=1)
 
 
 def test_a_checkpoint_step_the_party_never_saved_is_refused(tmp_path):
@@ -368,7 +400,7 @@ AUGMENT_ONLY = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2
 
 @pytest.fixture(scope="module")
 def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, float]]:
-    """Six jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
+    """Seven jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
     real code): each job's result, run directory and wall seconds, by lie."""
     from conftest import mpirun_together
 
@@ -381,7 +413,7 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
     (dir_a / "search.h5").touch()
     jobs = {
         "run_dir": (["--resume", str(dir_a)], {"LYING_SERVER_DIR": str(dir_b)}, dir_a),
-        "one_party_plan": ([*dp, "--out", str(root / "plan")], {}, root / "plan"),
+        "one_party_plan": ([*TINY, "--set", "mode=fnas", "--out", str(root / "plan")], {}, root / "plan"),
         "low_sigma": ([*dp, "--out", str(root / "sigma")], {}, root / "sigma"),
         "other_network": ([*dp, "--set", "augment.network=cnn-tanh", *AUGMENT_ONLY, "--out", str(root / "network")],
                           {}, root / "network"),
@@ -390,6 +422,7 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
                        "--set", f"augment.genotype={OWN_CELL}", *AUGMENT_ONLY, "--out", str(root / "ops")],
                       {}, root / "ops"),
         "collective": ([*TINY, "--set", "mode=fnas", "--out", str(root / "collective")], {}, root / "collective"),
+        "steps": ([*dp, "--out", str(root / "steps")], {}, root / "steps"),
     }
     helpers = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
     start = time.monotonic()
@@ -459,7 +492,8 @@ def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is
     """* ``--resume dirA``, where rank 0 names a fresh ``dirB``: before, every party wrote its record and journal in
       dirB, so dirA's cap never saw those releases (ε 3.30 over two launches at a cap of 3, 7.10 after 50); now
       each party refuses in one line, and writes nothing in dirB;
-    * party 1's search plan one step per epoch longer than the others': before, the job waited until
+    * party 1's search plan one step per epoch longer than the others' (plain FNAS: under DP the party's own step
+      check refuses it first): before, the job waited until
       ``runtime.comm_timeout``; now every party refuses in the parties' own round, and the log says failed."""
     from mpi_fnas.runlog import read_run
 
@@ -488,4 +522,17 @@ def test_a_party_refuses_a_collective_exchange_its_own_config_does_not_allow(lyi
     assert refusing(done.stderr, "the collective exchange rank 0 chose: mode fnas: a reduction tree would hand raw "
                     "gradient sums to other parties"), done.stderr[-3000:]
     assert released_nothing(out)
+    assert took < 120, took
+
+
+@pytest.mark.slow
+def test_a_job_whose_rank_0_asks_for_more_steps_than_the_config_gives_fails_before_any_release(lying_jobs):
+    """No ε target, no cap: the step count is the config's, which each party derives itself (before, every party ran
+    the 80 iterations rank 0 planned where the config gives 8: ε 1.98 where 12 steps give 1.42 in the issue's run)."""
+    from mpi_fnas.runlog import read_run
+
+    out, took = refused_by_every_party(lying_jobs["steps"], "the search assignment rank 0 sent: steps 80 where this "
+                                       "party's config allows at most 2 epochs x 4 = 8")
+    assert released_nothing(out)
+    assert read_run(out / "search.h5")["status"] == "failed"
     assert took < 120, took

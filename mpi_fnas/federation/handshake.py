@@ -26,6 +26,7 @@ Then the party's steps (:mod:`mpi_fnas.stages.party_loop`).
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -168,6 +169,20 @@ def confirm_key_set(channel: Channel, public_keys: dict[int, bytes], identity: P
     """
     received = channel.exchange_among_parties(confirmation(public_keys, channel.rank, identity))
     check_confirmations(public_keys, channel.rank, received, identity)
+
+
+def exchange_shard_sizes(channel: Channel, own: tuple[int, int]) -> list[tuple[int, int]]:
+    """Party, under ``data.partition: local``: send every other party, directly, this party's shard sizes `own`
+    (N_train, N_val: public counts, which rank 0 plans with too) and return every party's, party 1 first. The steps
+    per epoch follow from them, so a party derives its step count from what the parties say, not from rank 0.
+    AssignmentRefusedError for a message that is not two counts."""
+    received = channel.exchange_among_parties(struct.pack(">QQ", *own))
+    sizes = {channel.rank: own}
+    for rank, message in received.items():
+        if len(message) != 16:
+            raise AssignmentRefusedError(f"rank {channel.rank} refuses party {rank}'s shard sizes: not two counts")
+        sizes[rank] = struct.unpack(">QQ", message)
+    return [tuple(int(n) for n in sizes[rank]) for rank in sorted(sizes)]
 
 
 def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int) -> bytes:

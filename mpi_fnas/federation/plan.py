@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -120,34 +120,45 @@ def plan_assignments(cfg: Config, parties: int, local_sizes: list[int] | None = 
     return _assignments(cfg, train_parts, val_parts)
 
 
-def own_shards(cfg: Config, data: Any, parties: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
+def own_shards(cfg: Config, data: Any, parties: int, rank: int
+               ) -> tuple[tuple[np.ndarray, np.ndarray], list[tuple[int, int]] | None]:
     """Party `rank`'s (train, val) shards as it computes them itself from the `data` it opened (its own folder under
     ``data.partition: local``, else the train split every party holds) and the public config: what rank 0 must
-    assign it (:func:`~mpi_fnas.federation.verify.check_shards`)."""
+    assign it (:func:`~mpi_fnas.federation.verify.check_shards`); and every party's (N_train, N_val), which a
+    central partition gives it too (None under ``local``: each party's own count)."""
     if cfg.data.partition == "local":
-        return local_shards(cfg, len(data), rank)
+        return local_shards(cfg, len(data), rank), None
     train, val = central_shards(cfg, data.labels, parties)
-    return train[rank - 1], val[rank - 1]
+    return (train[rank - 1], val[rank - 1]), [(len(t), len(v)) for t, v in zip(train, val, strict=True)]
 
 
 @dataclass
 class PartyView:
     """What a party computes for itself of the plan rank 0 must have sent it, from the public config and its own
     train split: secure aggregation's D (None unless its releases are securely aggregated), its (train, val)
-    shards of its `examples`, and its corruption fraction."""
+    shards of its `examples`, its corruption fraction, and every party's shard sizes (N_train, N_val), which set
+    the steps per epoch (under ``data.partition: local`` the others' as they told it:
+    :func:`~mpi_fnas.federation.handshake.exchange_shard_sizes`)."""
 
     dimension: int | None
     shards: tuple[np.ndarray, np.ndarray]
     examples: int
     corruption: float
+    sizes: list[tuple[int, int]]
 
 
-def party_view(cfg: Config, data: Any, parties: int, rank: int) -> PartyView:
+def party_view(cfg: Config, data: Any, parties: int, rank: int,
+               told: Callable[[tuple[int, int]], list[tuple[int, int]]] | None = None) -> PartyView:
     """Party `rank`'s :class:`PartyView` from the `data` it opened (the functions rank 0 plans with: < 1 s,
-    docs/privacy.md §2.10)."""
+    docs/privacy.md §2.10). `told(own sizes)`: under ``data.partition: local``, every party's sizes as the parties
+    tell each other (None: only its own is known)."""
     secure = cfg.mode == "dpfnas" and cfg.privacy.aggregation == "secure"
     dimension = secure_dimension(cfg, data.in_channels, data.num_classes) if secure else None
-    return PartyView(dimension, own_shards(cfg, data, parties, rank), len(data), party_corruption(cfg, parties, rank))
+    shards, sizes = own_shards(cfg, data, parties, rank)
+    if sizes is None:
+        own = (len(shards[0]), len(shards[1]))
+        sizes = told(own) if told is not None else [own]
+    return PartyView(dimension, shards, len(data), party_corruption(cfg, parties, rank), sizes)
 
 
 def local_shards(cfg: Config, examples: int, rank: int) -> tuple[np.ndarray, np.ndarray]:
@@ -171,13 +182,19 @@ def central_shards(cfg: Config, labels: np.ndarray, parties: int) -> tuple[list[
     return [train_idx[tp] for tp in train_parts], [val_idx[vp] for vp in val_parts]
 
 
-def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.ndarray]) -> list[Assignment]:
-    """One Assignment per party from its train and validation shards (indices into the dataset it opens)."""
+def search_steps_per_epoch(cfg: Config, train_sizes: Sequence[int]) -> int:
+    """The search's iterations per epoch: ``search.steps_per_epoch``, or one pass over the mean party's train shard
+    (`train_sizes`: every party's N_k^train), counted in W releases (an ADADP iteration makes two: docs/adadp.md).
+    Rank 0 plans with it; a DP party derives it too, to check its assignment."""
     steps = cfg.search.steps_per_epoch
     if steps is None:  # one epoch = one pass over the mean party's train shard
-        steps = max(1, math.ceil(np.mean([len(p) for p in train_parts]) / cfg.search.batch_size))
-    # steps_per_epoch counts W releases (train batches); an ADADP iteration makes two (docs/adadp.md).
-    steps = math.ceil(steps / w_rounds(cfg.search.w_optimizer))
+        steps = max(1, math.ceil(np.mean(train_sizes) / cfg.search.batch_size))
+    return math.ceil(steps / w_rounds(cfg.search.w_optimizer))
+
+
+def _assignments(cfg: Config, train_parts: list[np.ndarray], val_parts: list[np.ndarray]) -> list[Assignment]:
+    """One Assignment per party from its train and validation shards (indices into the dataset it opens)."""
+    steps = search_steps_per_epoch(cfg, [len(p) for p in train_parts])
     parties = len(train_parts)
     corruption = [party_corruption(cfg, parties, rank) for rank in range(1, parties + 1)]  # what each party checks
     unreliable = unreliable_parties(parties, cfg.federation.unreliable_parties, cfg.seed)

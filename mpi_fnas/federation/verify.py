@@ -17,6 +17,8 @@ differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one l
 * σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
   party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
   §2.10);
+* its step count (:func:`check_steps`): the steps per epoch from its config and the parties' shard sizes, and at
+  most the configured epochs of them;
 * its shards (:func:`check_shards`): distinct indices into its own data, train and validation disjoint, and the
   very split it computes itself from the public seed (the central partition from the labels every party holds;
   under ``data.partition: local`` its own folder's seeded split). A shard of repeats would put one example in
@@ -167,6 +169,20 @@ def check_shards(received: Sequence[tuple[str, Any]], expected: Sequence[np.ndar
             raise _refuse(rank, what, f"{name} ({indices.size}) are not the examples of the seeded {partition} "
                                       f"split this party computes itself ({mine.size})")
         seen.append((name, distinct))
+
+
+def check_steps(steps_per_epoch: Any, steps: Any, expected_per_epoch: int, epochs: int, *, rank: int,
+                what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless the assignment's `steps_per_epoch` is the one this party derives
+    from its own config and the shard sizes (`expected_per_epoch`) and its `steps` are at most `epochs` of them: the
+    number of releases, and with it ε, is the config's, with or without an ε target or cap. Fewer steps (an ε cap
+    the plan stops at) only release less."""
+    if steps_per_epoch != expected_per_epoch:
+        raise _refuse(rank, what, f"steps_per_epoch {steps_per_epoch!r} where this party derives {expected_per_epoch}")
+    most = epochs * expected_per_epoch
+    if not isinstance(steps, int) or isinstance(steps, bool) or not 0 <= steps <= most:
+        raise _refuse(rank, what, f"steps {steps!r} where this party's config allows at most {epochs} epochs x "
+                                  f"{expected_per_epoch} = {most}")
 
 
 def check_corruption(corruption: Any, expected: float, *, rank: int, what: str) -> None:

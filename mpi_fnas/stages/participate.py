@@ -29,6 +29,7 @@ from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.handshake import (
     agree_masks,
     agree_on_plan,
+    exchange_shard_sizes,
     receive_assignment,
     receive_last_step,
     report_setup,
@@ -58,7 +59,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # Its assignment against what it computes itself (mpi_fnas.federation.verify): its DP parameters (K from
         # its own communicator, D from its own split), its shards, its corruption, and a checkpoint step it holds.
         data = open_split(cfg, "train", party=rank)
-        own = party_view(cfg, data, channel.parties, rank)
+        own = party_view(cfg, data, channel.parties, rank, told=(lambda sizes: exchange_shard_sizes(channel, sizes))
+                         if side.private(cfg) else None)
         side.check(cfg, got, own, parties=channel.parties, rank=rank)
         check_corruption(got.corruption, own.corruption, rank=rank, what=f"{side.name} assignment")
         step = got.checkpoint_step

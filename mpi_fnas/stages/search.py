@@ -20,12 +20,12 @@ from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.party import Party, search_party
-from mpi_fnas.federation.plan import Assignment, PartyView, plan_run
+from mpi_fnas.federation.plan import Assignment, PartyView, plan_run, search_steps_per_epoch
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
 from mpi_fnas.federation.shard import Shard
-from mpi_fnas.federation.verify import calibrated, check_params, check_shards, expected_params
+from mpi_fnas.federation.verify import calibrated, check_params, check_shards, check_steps, expected_params
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.space import search_space
@@ -167,6 +167,9 @@ class SearchSide(StageSide):
                      what="search assignment")
         check_shards([("train indices", got.train_indices), ("validation indices", got.val_indices)], own.shards,
                      examples=own.examples, partition=cfg.data.partition, rank=rank, what="search assignment")
+        if self.private(cfg):
+            check_steps(got.steps_per_epoch, got.steps, search_steps_per_epoch(cfg, [n for n, _ in own.sizes]),
+                        cfg.search.epochs, rank=rank, what="search assignment")
 
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas"

@@ -5,11 +5,13 @@
   (tests/test_party_ledger.py);
 * ``run_dir``: it names the run directory ``LYING_SERVER_DIR`` to the parties, whatever they were launched with,
   and sends the config pinned under the directory they name (tests/test_party_checks.py);
-* ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same);
+* ``one_party_plan``: party 1's search assignment gets one more step per epoch than the others' (the same; a DP
+  party's own step check would refuse it before the parties compare plans, so the test runs it without DP);
 * ``low_sigma``: every search assignment with half the σ_W the config derives (the same);
 * ``other_network``: every augmentation assignment names ``cnn-gn``, whatever the config says (the same);
 * ``other_ops``: every augmentation assignment names a cell of ``sep_conv_5x5`` edges (the same);
-* ``collective``: it chooses the collective exchange, whatever the config allows (the same).
+* ``collective``: it chooses the collective exchange, whatever the config allows (the same);
+* ``steps``: every search assignment with ten times the configured epochs' steps (the same: no ε target or cap).
 """
 
 from __future__ import annotations
@@ -73,6 +75,17 @@ if MPI.COMM_WORLD.Get_rank() == 0:
             return planned
 
         augment.plan_augment_stage = other_network
+    elif LIE == "steps":
+        honest = search.plan_run
+
+        def ten_times_the_steps(*args, **kwargs):
+            planned = honest(*args, **kwargs)
+            planned.steps *= 10
+            for assignment in planned.assignments:
+                assignment.steps = planned.steps
+            return planned
+
+        search.plan_run = ten_times_the_steps
     elif LIE == "collective":
         from mpi_fnas.federation import topology
 

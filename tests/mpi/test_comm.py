@@ -179,3 +179,18 @@ def test_the_channel_reduce_of_uint32_words_wraps_like_the_mpi_reduce():
     np.testing.assert_array_equal(total, np.array([v % 2**32 for v in expected], dtype=np.uint32))
     with pytest.raises(ValueError, match="receive buffer"):
         channel.reduce_sum(mine, np.zeros(3, dtype=np.float32))
+
+
+@pytest.mark.mpi(min_size=3)
+def test_the_parties_tell_each_other_their_shard_sizes_directly():
+    """Under a local partition each party derives its steps per epoch from every party's shard sizes, which the
+    parties send each other, not through rank 0 (rank 0 takes no part: it only waits)."""
+    from mpi_fnas.federation.handshake import exchange_shard_sizes
+
+    channel = world_channel()
+    if channel.is_server:
+        channel.barrier()
+        return
+    sizes = exchange_shard_sizes(channel, (100 + channel.rank, 10 * channel.rank))
+    assert sizes == [(100 + rank, 10 * rank) for rank in range(1, channel.size)]
+    channel.barrier()
