@@ -103,9 +103,9 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
             from mpi_fnas.privacy.trusted_config import own_run_directory
 
             state["run_dir"] = own_run_directory(args.augment or args.resume or args.out, path, rank=channel.rank)
-            trusted = accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
-            # The exchange pattern it takes part in: by its own command line's runtime.exchange where it gave one.
-            state["own"] = cfg if cfg is not None and (args.config or args.overrides) else trusted
+            # What it trusts holds its own launch's runtime.exchange (its pin's on a resume without one): the exchange
+            # pattern it takes part in is checked against it.
+            state["own"] = accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)

@@ -304,19 +304,21 @@ def test_a_party_keeps_its_state_in_the_run_directory_it_named(tmp_path, monkeyp
         own_run_directory("dirA", "dirB", rank=2)
 
 
-def test_the_plan_digest_covers_the_config_the_shared_plan_and_the_last_step():
+def test_the_plan_digest_covers_the_config_the_shared_plan_the_last_step_and_the_pattern():
     cfg = config()
     first, second = plan_run(cfg, K).assignments[:2]
     assert set(plan_module.shared_plan(first)) == {"steps_per_epoch", "steps", "dp", "checkpoint_step", "gathered"}
-    digest = plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(first), first.steps)
-    assert digest == plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(second), second.steps)
-    others = [plan_digest("augment", cfg.to_yaml(), plan_module.shared_plan(first), first.steps),
-              plan_digest("search", config("search.warmup_epochs=1").to_yaml(), plan_module.shared_plan(first),
-                          first.steps),
-              plan_digest("search", cfg.to_yaml(), plan_module.shared_plan(first), first.steps - 1),
-              plan_digest("search", cfg.to_yaml(),
-                          plan_module.shared_plan(dataclasses.replace(first, steps_per_epoch=9)), first.steps)]
-    assert len({digest, *others}) == 5
+
+    text = cfg.to_yaml()
+
+    def digest(stage="search", text=text, plan=first, last=first.steps, pattern="star"):
+        return plan_digest(stage, text, plan_module.shared_plan(plan), last, pattern)
+
+    assert digest() == digest(plan=second)
+    others = [digest(stage="augment"), digest(text=config("search.warmup_epochs=1").to_yaml()),
+              digest(last=first.steps - 1), digest(plan=dataclasses.replace(first, steps_per_epoch=9)),
+              digest(pattern="collective")]
+    assert len({digest(), *others}) == 6
 
 
 # -- colluders -----------------------------------------------------------------------------------------------------
@@ -400,7 +402,7 @@ AUGMENT_ONLY = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2
 
 @pytest.fixture(scope="module")
 def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, float]]:
-    """Seven jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
+    """Nine jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
     real code): each job's result, run directory and wall seconds, by lie."""
     from conftest import mpirun_together
 
@@ -423,6 +425,9 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
                       {}, root / "ops"),
         "collective": ([*TINY, "--set", "mode=fnas", "--out", str(root / "collective")], {}, root / "collective"),
         "steps": ([*dp, "--out", str(root / "steps")], {}, root / "steps"),
+        "exchange_text": ([*dp, "--set", "runtime.exchange=star", "--out", str(root / "text")], {}, root / "text"),
+        "split_pattern": ([*dp, "--set", "runtime.exchange=collective", "--set", "runtime.comm_timeout=60",
+                           "--out", str(root / "split")], {}, root / "split"),
     }
     helpers = {"PYTHONPATH": str(ROOT / "tests" / "helpers")}
     start = time.monotonic()
@@ -505,7 +510,8 @@ def test_a_rank_0_that_names_another_run_directory_or_changes_one_partys_plan_is
                     "computed or sent"), swapped.stderr[-3000:]
     assert not any(party_dir(dir_b, rank).exists() for rank in (1, 2)) and released_nothing(dir_a)
     assert one_party.returncode != 0, one_party.stderr[-3000:]
-    assert refusing(one_party.stderr, "the search plan: rank 0 sent rank(s) {other} another config or stage plan"
+    assert refusing(one_party.stderr, "the search plan: rank 0 sent rank(s) {other} another config, stage plan or "
+                    "exchange pattern"
                     ), one_party.stderr[-3000:]
     assert released_nothing(plan_dir)
     assert read_run(plan_dir / "search.h5")["status"] == "failed"
@@ -536,3 +542,44 @@ def test_a_job_whose_rank_0_asks_for_more_steps_than_the_config_gives_fails_befo
     assert released_nothing(out)
     assert read_run(out / "search.h5")["status"] == "failed"
     assert took < 120, took
+
+
+@pytest.mark.slow
+def test_a_rank_0_that_sends_another_exchange_pattern_in_the_config_or_to_one_party_is_refused(lying_jobs):
+    """* the config's ``runtime.exchange`` is what the party was launched with: before, a rank 0 that sent
+      ``collective`` in the text and kept the star had it pinned, and a resume ran collectives the party's launch
+      (``star``) did not allow;
+    * a pattern told to one party and not the others is part of the digest the parties compare: before, party 1
+      waited in a broadcast the others never joined until ``runtime.comm_timeout``."""
+    from mpi_fnas.runlog import read_run
+
+    done, out, _ = lying_jobs["exchange_text"]
+    assert done.returncode != 0, done.stderr[-3000:]
+    assert refusing(done.stderr, "the config rank 0 sent: runtime.exchange: 'collective' where its own config says "
+                    "'star'"), done.stderr[-3000:]
+    assert released_nothing(out) and not (party_dir(out, 1) / "config.yaml").exists()  # nothing pinned
+    out, took = refused_by_every_party(lying_jobs["split_pattern"], "the search plan: rank 0 sent rank(s) {other} "
+                                       "another config, stage plan or exchange pattern")
+    assert released_nothing(out)
+    assert read_run(out / "search.h5")["status"] == "failed"
+    assert took < 60, took  # before runtime.comm_timeout
+
+
+def test_the_exchange_a_party_allows_is_its_own_launchs():
+    """``runtime.exchange`` is checked like a privacy key (on a resume: the pin's, or the party's own runtime.* when
+    it gives them, as rank 0 does); a DP job whose augmentation sends exact gradients keeps the star under auto."""
+    from mpi_fnas.federation.topology import collective_refusal
+
+    with pytest.raises(AssignmentRefusedError, match=r"runtime\.exchange: 'collective' where its own config says "
+                                                     r"'star'"):
+        check_config(config("runtime.exchange=star"), config("runtime.exchange=collective"), rank=1,
+                     trusted_name="its own config")
+    pin = config("runtime.exchange=star").to_yaml()
+    for explicit, own, expected in ((False, None, "star"), (True, config("runtime.exchange=collective"), "collective")):
+        trusted, _ = trusted_config(own, explicit=explicit, resume=True, augment=False, overrides=[], pin=pin, rank=1)
+        assert trusted.runtime.exchange == expected
+    exact = config("augment.private=false", "augment.epochs=1")
+    assert "augment.private false: a reduction tree" in collective_refusal(exact)
+    assert collective_refusal(config("augment.private=false", "augment.epochs=1", "runtime.exchange=collective")) \
+        is None
+    assert collective_refusal(config("augment.epochs=1")) is None  # private releases: a partial sum is noised

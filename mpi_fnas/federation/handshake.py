@@ -185,24 +185,26 @@ def exchange_shard_sizes(channel: Channel, own: tuple[int, int]) -> list[tuple[i
     return [tuple(int(n) for n in sizes[rank]) for rank in sorted(sizes)]
 
 
-def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int) -> bytes:
+def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int, pattern: str) -> bytes:
     """SHA-256 of what every party of a stage must have been sent alike: the config text it runs, the stage's plan
-    (:func:`~mpi_fnas.federation.plan.shared_plan`) and the last step announced. Public values, so a plain hash."""
+    (:func:`~mpi_fnas.federation.plan.shared_plan`), the last step announced and the exchange pattern rank 0 chose
+    (:func:`mpi_fnas.cli.agree_on_exchange`). Public values, so a plain hash."""
     digest = hashlib.sha256(b"mpi_fnas stage plan\0" + stage.encode() + b"\0")
-    for part in (config_text.encode(), encode(plan), str(int(last)).encode()):
+    for part in (config_text.encode(), encode(plan), str(int(last)).encode(), pattern.encode()):
         digest.update(len(part).to_bytes(8, "big") + part)
     return digest.digest()
 
 
 def agree_on_plan(channel: Channel, stage: str, config_text: str, plan: dict[str, Any], last: int) -> None:
     """Party: send every other party, directly, this party's :func:`plan_digest` of the `stage`'s `config_text`,
-    `plan` and `last` step, and compare theirs. Raises :class:`AssignmentRefusedError` (one line, on every party
-    that sees a difference) before anything of the stage is sent when rank 0 sent some party another config or
-    plan."""
-    digest = plan_digest(stage, config_text, plan, last)
+    `plan`, `last` step and exchange pattern (``channel.pattern``), and compare theirs. Raises
+    :class:`AssignmentRefusedError` (one line, on every party that sees a difference) before anything of the stage
+    is sent when rank 0 sent some party another config, plan or pattern (a party in a tree that the others are not
+    in would wait for them until the timeout)."""
+    digest = plan_digest(stage, config_text, plan, last, channel.pattern)
     received = channel.exchange_among_parties(digest)
     differing = sorted(rank for rank, theirs in received.items() if theirs != digest)
     if differing:
         raise AssignmentRefusedError(
             f"rank {channel.rank} refuses the {stage} plan: rank 0 sent rank(s) {', '.join(map(str, differing))} "
-            "another config or stage plan than it sent this party; nothing was sent")
+            "another config, stage plan or exchange pattern than it sent this party; nothing was sent")

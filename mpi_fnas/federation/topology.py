@@ -40,6 +40,9 @@ def collective_refusal(cfg: Config) -> str | None:
     if cfg.mode != "dpfnas" and exchange == AUTO:
         return (f"mode {cfg.mode}: a reduction tree would hand raw gradient sums to other parties "
                 "(runtime.exchange=collective allows it)")
+    if cfg.mode == "dpfnas" and cfg.augment.epochs > 0 and not cfg.augment.private and exchange == AUTO:
+        return ("augment.private false: a reduction tree would hand the augmentation's exact gradient sums to other "
+                "parties (runtime.exchange=collective allows it)")
     if cfg.mode == "dpfnas" and cfg.privacy.aggregation == "secure" and cfg.privacy.colluders > 0:
         return (f"privacy.colluders {cfg.privacy.colluders}: parties colluding with each other could remove the "
                 "masks of a partial sum in a reduction tree")

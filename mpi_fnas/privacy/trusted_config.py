@@ -25,7 +25,8 @@ from mpi_fnas.config import Config, config_from_text
 #: and σ), the number of releases (epochs, steps, optimizers: ADADP releases twice per step), the shards the
 #: sample rates q = B/N follow from (the data split, the partition, the seed, the aux slice) and the networks
 #: whose size is secure aggregation's accounted dimension D (``space.*``, the augmented network: ``augment.network``
-#: and its shape).
+#: and its shape), and the exchange pattern the party allows (``runtime.exchange``: whether its releases may travel
+#: through other parties, :mod:`mpi_fnas.federation.topology`).
 PRIVACY_KEYS: tuple[str, ...] = (
     "mode", "seed", "privacy.*",
     "data.dataset", "data.train_size", "data.val_fraction", "data.partition", "data.dirichlet_alpha",
@@ -37,6 +38,7 @@ PRIVACY_KEYS: tuple[str, ...] = (
     "augment.channels",
     "augment.auxiliary_weight",
     "federation.parties", "federation.aux_size", "federation.selection",
+    "runtime.exchange",
 )
 
 #: The pinned config's file name in the party's own directory.
@@ -106,8 +108,9 @@ def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment:
     """The config a party checks rank 0's against, and its name for the refusal line.
 
     * a fresh launch: its own (`own`, from its ``--config``/``--set`` or the defaults, as rank 0's would be);
-    * ``--resume``: its pin (the config it accepted when the run started), or, in a directory with no pin (a run
-      that never reached a party), its own when given explicitly (`explicit`: ``--config`` or ``--set``);
+    * ``--resume``: its pin (the config it accepted when the run started) with its own ``runtime.*`` when it gave a
+      config explicitly (`explicit`: ``--config`` or ``--set``; rank 0 takes runtime.* from its own the same way),
+      or, in a directory with no pin (a run that never reached a party), its own when given explicitly;
     * ``--augment``: its pin with its own ``--set`` `overrides` applied (rank 0 allows only ``augment.*``,
       ``runtime.*`` and ``checkpoint.*`` there), as rank 0 applies them to the search's config.
 
@@ -120,7 +123,11 @@ def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment:
         return config_from_text(pin, list(overrides), where=f"rank {rank}'s --augment", stored=True), \
             "its pinned config with its --set"
     if resume and pin is not None:
-        return config_from_text(pin, stored=True), "its pinned config"
+        pinned = config_from_text(pin, stored=True)
+        if explicit and own is not None:  # runtime.* may change on a resume: the party's own launch settings
+            pinned.runtime = own.runtime
+            return pinned, "its pinned config with its own runtime.*"
+        return pinned, "its pinned config"
     if resume and not explicit:
         raise AssignmentRefusedError(f"rank {rank} refuses --resume: its own directory holds no pinned config "
                                      f"({PIN_NAME}) and it was given no --config of its own")

@@ -11,6 +11,9 @@
 * ``other_network``: every augmentation assignment names ``cnn-gn``, whatever the config says (the same);
 * ``other_ops``: every augmentation assignment names a cell of ``sep_conv_5x5`` edges (the same);
 * ``collective``: it chooses the collective exchange, whatever the config allows (the same);
+* ``exchange_text``: it sends a config whose ``runtime.exchange`` is collective, whatever the launch says, and
+  keeps the star for now (a pin holding collective would let a later resume take it; the same);
+* ``split_pattern``: it tells party 1 the collective exchange and every other party the star (the same);
 * ``steps``: every search assignment with ten times the configured epochs' steps (the same: no ε target or cap).
 """
 
@@ -86,6 +89,29 @@ if MPI.COMM_WORLD.Get_rank() == 0:
             return planned
 
         search.plan_run = ten_times_the_steps
+    elif LIE == "exchange_text":
+        from mpi_fnas.federation import topology
+
+        honest_launch = run.decide_launch
+
+        def collective_text(cfg, args, made):
+            text, path, stage = honest_launch(cfg, args, made)
+            return text.replace("exchange: star", "exchange: collective"), path, stage
+
+        run.decide_launch = collective_text
+        topology.choose_exchange = lambda cfg, facts: (topology.STAR, "a lying rank 0")
+    elif LIE == "split_pattern":
+        from mpi_fnas import cli
+        from mpi_fnas.federation.topology import COLLECTIVE, STAR
+
+        def split(channel, cfg, own, facts):
+            channel.scatter_objects([None] + [["ok", [COLLECTIVE if rank == 1 else STAR, "a lying rank 0"]]
+                                              for rank in range(1, channel.size)])
+            channel.gather_objects(None)
+            channel.pattern, channel.pattern_reason = STAR, "a lying rank 0"
+            return "exchange: star (a lying rank 0)"
+
+        cli.agree_on_exchange = split
     elif LIE == "collective":
         from mpi_fnas.federation import topology
 

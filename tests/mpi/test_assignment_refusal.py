@@ -112,6 +112,7 @@ def test_a_config_or_plan_rank_0_changes_for_one_party_is_refused_by_every_party
         cfg.search.warmup_epochs = 1  # as if rank 0 had sent party 1 this config
     others = ", ".join(map(str, range(2, channel.size))) if channel.rank == 1 else "1"
     with pytest.raises(AssignmentRefusedError, match=rf"^rank {channel.rank} refuses the search plan: rank 0 sent "
-                                                     rf"rank\(s\) {others} another config or stage plan"):
+                                                     rf"rank\(s\) {others} another config, stage plan or "
+                                                     r"exchange pattern"):
         participate(cfg, channel, run_dir, SearchSide(cfg))
     assert not (run_dir / "parties" / f"rank{channel.rank}" / "sent_steps").exists()  # nothing was released
