@@ -167,11 +167,13 @@ def decide_on_root(channel: Channel, decide: Callable[[], T]) -> T:
     return value
 
 
-def agree_on_exchange(channel: Channel, cfg: Config, own: Config, facts: list | None) -> str:
+def agree_on_exchange(channel: Channel, cfg: Config, own: Config, facts: list | None,
+                      pending: list | None = None) -> str:
     """Rank 0 chooses the per-step exchanges' pattern from every rank's `facts` (hosts, cores) and `cfg`; a party
     refuses a collective one its `own` config does not allow
     (:func:`~mpi_fnas.federation.topology.collective_refusal`). Sets ``channel.pattern``; rank 0 gets the line to
-    print."""
+    print. With `pending` (a party's refusals so far), a party adds its refusal there instead of answering with it,
+    to report it in its first setup report, where rank 0 marks the log failed."""
     from mpi_fnas.federation.topology import COLLECTIVE, choose_exchange, collective_refusal
     from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 
@@ -179,6 +181,9 @@ def agree_on_exchange(channel: Channel, cfg: Config, own: Config, facts: list | 
     refusal = None
     if not channel.is_server and pattern == COLLECTIVE and (reason := collective_refusal(own)) is not None:
         refusal = f"rank {channel.rank} refuses the collective exchange rank 0 chose: {reason}"
+        if pending is not None:
+            pending.append(AssignmentRefusedError(refusal))
+            refusal = None
     # Every party answers (None: it agrees), so that rank 0 ends the job at once rather than in its next wait.
     answers = channel.gather_objects(refusal)
     if refusal is not None:

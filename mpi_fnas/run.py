@@ -24,6 +24,7 @@ from mpi_fnas.config import (
     describe_keys,
     searches_first,
 )
+from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.stages.summary import summary
 
 if TYPE_CHECKING:  # mpi4py loads with the channel, after the argument and config checks
@@ -97,15 +98,14 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
         if args.augment and (args.resume or args.out):
             raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
         text, path, stage = cli.decide_on_root(channel, lambda: decide_launch(cfg, args, made))
-        state["cfg"], state["run_dir"], state["stage"] = config_from_text(text, stored=True), Path(path), stage
-        check_world(state["cfg"], channel.size)
-        if not channel.is_server:  # a party keeps its state where it says, not where rank 0 says
-            from mpi_fnas.privacy.trusted_config import own_run_directory
-
-            state["run_dir"] = own_run_directory(args.augment or args.resume or args.out, path, rank=channel.rank)
-            # What it trusts holds its own launch's runtime.exchange (its pin's on a resume without one): the exchange
-            # pattern it takes part in is checked against it.
-            state["own"] = accept_config(cfg, args, state["cfg"], state["run_dir"], channel.rank)
+        state["run_dir"], state["stage"] = Path(path), stage
+        if channel.is_server:
+            state["cfg"] = config_from_text(text, stored=True)
+            check_world(state["cfg"], channel.size)
+            return cli.EXIT_OK
+        # A party runs what it checked, keeps its state where it says, and refuses in its first setup report.
+        state["cfg"], state["own"], state["run_dir"], state["refusal"] = accept_launch(cfg, args, text, path,
+                                                                                     channel.rank, channel.size)
         return cli.EXIT_OK
 
     code = cli.run_guarded(channel, setup, debug=args.debug)
@@ -118,35 +118,58 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
     from mpi_fnas.federation.party_store import party_dir
 
     code = cli.run_guarded(channel, lambda: _run(run_cfg, state.get("own", run_cfg), channel, run_dir, state["stage"],
-                                                 args, stop),
+                                                 args, stop, state.get("refusal")),
                            debug=args.debug,
                            private=private_party, party_dir=party_dir(run_dir, channel.rank))
     stop.disarm()
     return _tidy_bad_input(code, channel.rank, made)
 
 
-def accept_config(own: Config | None, args: argparse.Namespace, received: Config, run_dir: Path, rank: int) -> Config:
-    """A party checks the config rank 0 broadcast against the one it trusts (it pins it once its stage starts:
-    :func:`mpi_fnas.stages.participate.participate`, so that a launch refused as bad input leaves nothing).
+def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path: str, rank: int, size: int
+                  ) -> tuple[Config, Config, Path, AssignmentRefusedError | None]:
+    """A party's side of the launch: rank 0's config `text` against the config it trusts (its own, or on
+    ``--resume``/``--augment`` its pin: :func:`~mpi_fnas.privacy.trusted_config.trusted_config`), and rank 0's run
+    directory `path` against the one it was launched with. Returns (the config it runs, the config it trusts, its
+    run directory, its refusal or None).
 
-    Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` (one line; the job then ends failed,
-    :func:`cli.refuse_job`) on a difference in a privacy-relevant key. `run_dir` is the party's own
-    (:func:`~mpi_fnas.privacy.trusted_config.own_run_directory`). Returns the config the party trusts."""
+    A refusal (a difference in a privacy-relevant key, text that does not parse or validate here, another run
+    directory) is not raised here but kept: the party takes part in the stage's setup with the config it trusts and
+    its own directory, and puts its one line in its first setup report
+    (:func:`~mpi_fnas.stages.participate.participate`), so that rank 0 opens its log, marks it failed and ends the
+    job at once. Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` only when it has no config
+    to trust at all (then nothing can be set up), and ConfigError (bad input, exit 2 on every rank) when rank 0's
+    config does not fit the world of `size` ranks, as rank 0 finds too."""
     from mpi_fnas.privacy import trusted_config as trusted
 
-    directory = trusted.pin_directory(run_dir, rank)
+    refusal: AssignmentRefusedError | None = None
+    try:
+        run_dir = trusted.own_run_directory(args.augment or args.resume or args.out, path, rank=rank)
+    except AssignmentRefusedError as exc:
+        run_dir, refusal = Path(args.augment or args.resume or args.out), exc
     expected, name = trusted.trusted_config(own, explicit=bool(args.config or args.overrides),
                                             resume=bool(args.resume), augment=bool(args.augment),
-                                            overrides=args.overrides, pin=trusted.read_pin(directory), rank=rank)
-    trusted.check_config(expected, received, rank=rank, trusted_name=name)
-    return expected
+                                            overrides=args.overrides,
+                                            pin=trusted.read_pin(trusted.pin_directory(run_dir, rank)), rank=rank)
+    try:
+        received = config_from_text(text, stored=True)
+    except ConfigError as exc:
+        return expected, expected, run_dir, refusal or AssignmentRefusedError(
+            f"rank {rank} refuses the config rank 0 sent: it does not validate here "
+            f"({exc}); nothing was computed or sent")
+    check_world(received, size)
+    try:
+        trusted.check_config(expected, received, rank=rank, trusted_name=name)
+    except AssignmentRefusedError as exc:
+        return expected, expected, run_dir, refusal or exc
+    return (expected if refusal else received), expected, run_dir, refusal
 
 
-def check_placement(channel: Channel, cfg: Config, own: Config, stage: str) -> list[str]:
+def check_placement(channel: Channel, cfg: Config, own: Config, stage: str,
+                    pending: list[AssignmentRefusedError]) -> list[str]:
     """Every rank reports its host, the memory its node gives the job and its cores (public machine facts); rank 0
     refuses (bad input, one line) a placement whose expected peak cannot fit a node, and chooses the exchange
-    pattern, which every party checks against its `own` config (:func:`cli.agree_on_exchange`). Rank 0 gets the
-    lines to print."""
+    pattern, which every party checks against its `own` config (:func:`cli.agree_on_exchange`; a party's refusal
+    goes to `pending`, for its first setup report). Rank 0 gets the lines to print."""
     from mpi_fnas.federation.memory import node_facts
 
     facts = channel.gather_objects(node_facts(cfg.runtime.node_memory_mb))  # rank 0: every rank's; parties: None
@@ -161,7 +184,7 @@ def check_placement(channel: Channel, cfg: Config, own: Config, stage: str) -> l
         return memory.lines()
 
     lines = cli.decide_on_root(channel, plan) or []
-    return [*lines, cli.agree_on_exchange(channel, cfg, own, facts)]
+    return [*lines, cli.agree_on_exchange(channel, cfg, own, facts, pending=pending)]
 
 
 def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
@@ -176,13 +199,14 @@ def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
 
 
 def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace,
-         stop: cli.StopRequest) -> int:
+         stop: cli.StopRequest, refusal: AssignmentRefusedError | None = None) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 
     # After the imports (torch), so that the parties import it while rank 0 plans.
-    placement = check_placement(channel, cfg, own, stage)
+    pending = [refusal] if refusal is not None else []  # a party's launch refusal, for its first setup report
+    placement = check_placement(channel, cfg, own, stage, pending)
     threads = cli.limit_torch_threads(cfg)
     resume = None
     if channel.is_server and (args.resume or args.augment):
@@ -211,7 +235,7 @@ def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: arg
     outcome = run_job(cfg, channel, run_dir, stage=stage, resume=resume,
                       progress=lambda name: Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")
                       if channel.is_server else None,
-                      stop_requested=stop)
+                      stop_requested=stop, refusal=pending[0] if pending else None)
     if not channel.is_server:
         return cli.EXIT_INTERRUPTED if outcome else cli.EXIT_OK
     if outcome.interrupted:

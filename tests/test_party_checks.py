@@ -402,7 +402,7 @@ AUGMENT_ONLY = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2
 
 @pytest.fixture(scope="module")
 def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess, Path, float]]:
-    """Nine jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
+    """Ten jobs side by side, each with a rank 0 modified as tests/helpers/lying_server.py says (the parties run the
     real code): each job's result, run directory and wall seconds, by lie."""
     from conftest import mpirun_together
 
@@ -425,6 +425,7 @@ def lying_jobs(tmp_path_factory) -> dict[str, tuple[subprocess.CompletedProcess,
                       {}, root / "ops"),
         "collective": ([*TINY, "--set", "mode=fnas", "--out", str(root / "collective")], {}, root / "collective"),
         "steps": ([*dp, "--out", str(root / "steps")], {}, root / "steps"),
+        "unparseable": ([*dp, "--out", str(root / "unparseable")], {}, root / "unparseable"),
         "exchange_text": ([*dp, "--set", "runtime.exchange=star", "--out", str(root / "text")], {}, root / "text"),
         "split_pattern": ([*dp, "--set", "runtime.exchange=collective", "--set", "runtime.comm_timeout=60",
                            "--out", str(root / "split")], {}, root / "split"),
@@ -583,3 +584,15 @@ def test_the_exchange_a_party_allows_is_its_own_launchs():
     assert collective_refusal(config("augment.private=false", "augment.epochs=1", "runtime.exchange=collective")) \
         is None
     assert collective_refusal(config("augment.epochs=1")) is None  # private releases: a partial sum is noised
+
+
+@pytest.mark.slow
+def test_config_text_a_party_cannot_validate_is_refused_in_one_line_and_the_log_says_failed(lying_jobs):
+    """Before, every party exited 2 without a line, rank 0 waited until its timeout and no log was written."""
+    from mpi_fnas.runlog import read_run
+
+    out, took = refused_by_every_party(lying_jobs["unparseable"], "the config rank 0 sent: it does not validate here "
+                                       "(search.order: second_order is refused under DP")
+    assert released_nothing(out)
+    assert read_run(out / "search.h5")["status"] == "failed"
+    assert took < 120, took

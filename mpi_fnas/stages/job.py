@@ -53,18 +53,22 @@ def searched_state(run_dir: Path) -> dict | None:
 
 def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume: dict | None = None,
             progress: Callable[[str], Progress | None] = lambda stage: None,
-            stop_requested: Callable[[], str | None] = lambda: None, earlier: Sequence[Path] = ()) -> JobOutcome | bool:
+            stop_requested: Callable[[], str | None] = lambda: None, earlier: Sequence[Path] = (),
+            refusal: Exception | None = None) -> JobOutcome | bool:
     """Run the job on every rank. Rank 0 returns the :class:`JobOutcome`; a party returns True when interrupted.
 
     `resume` (rank 0): the checkpoint to continue from (its ``stage`` says which). `progress(stage)` gives rank 0's
     display for a stage. `earlier` (a party): its own directories of earlier runs on the same data, whose releases
-    its ``privacy.party_max_epsilon`` composes with this job's (a baseline's other arms).
+    its ``privacy.party_max_epsilon`` composes with this job's (a baseline's other arms). `refusal` (a party): what
+    it refused at the launch, which it reports in its first setup report instead of taking part.
     """
     augment = cfg.augment.epochs > 0
     if not channel.is_server:
-        if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg), earlier=earlier):
+        if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg), earlier=earlier, refusal=refusal):
             return True
-        return participate(cfg, channel, run_dir, AugmentSide(cfg), earlier=earlier) if augment else False
+        if augment or refusal is not None:  # a refusal goes in the stage's setup report, whatever this config says
+            return participate(cfg, channel, run_dir, AugmentSide(cfg), earlier=earlier, refusal=refusal)
+        return False
 
     # Rank 0's side alone needs its planner, ledgers and log (dp_accounting, scipy, h5py): a party never imports it.
     from mpi_fnas.stages.serve import serve

@@ -22,6 +22,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
+
+import torch
 
 from mpi_fnas.config import Config
 from mpi_fnas.federation.algorithm import PartyBuffers, party_iteration
@@ -47,12 +50,16 @@ from mpi_fnas.stages.party_loop import party_steps
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide,
-                earlier: Sequence[Path] = ()) -> bool:
+                earlier: Sequence[Path] = (), refusal: Exception | None = None) -> bool:
     """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted. `earlier`: this
-    party's own directories of earlier runs on the same data (:func:`~mpi_fnas.stages.job.run_job`)."""
+    party's own directories of earlier runs on the same data (:func:`~mpi_fnas.stages.job.run_job`); `refusal`:
+    what it refused at the launch (rank 0's config or run directory, its exchange), reported in this setup report
+    instead of anything being built or sent."""
     rank = channel.rank
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
+    if refusal is not None:
+        refuse_in_report(channel, device, refusal)
     store = PartyStore(party_dir(run_dir, rank), stage=side.name) if run_dir is not None else None
     Injections(rank, side.name).at(0)  # the failure tests' late setup report (step 0: the setup)
     try:
@@ -75,13 +82,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
                 raise SetupError("privacy.party_identities needs the run directory (the party's identity.key is there)")
             identity = load_party_identity(Path(cfg.privacy.party_identities), party_dir(run_dir, rank), rank,
                                            channel.parties)
-    except (AssignmentRefusedError, IdentityError) as refusal:
-        # Its line on its own stderr first, then in its setup report: rank 0 gathers every party's report (so every
-        # refusing party has printed before the job ends), opens its log, marks it failed and aborts the job.
-        print(refusal_line(rank, refusal), file=sys.stderr, flush=True)
-        report_setup(channel, device, store.sent_steps if store and side.private(cfg) else 0,
-                     refused=refusal_text(refusal))
-        raise ReportedRefusalError(refusal_text(refusal)) from refusal
+    except (AssignmentRefusedError, IdentityError) as refused:
+        refuse_in_report(channel, device, refused, store.sent_steps if store and side.private(cfg) else 0)
     if run_dir is not None:
         # The config this party runs, pinned only now that rank 0 has accepted the setup as well (a launch refused as
         # bad input leaves nothing behind): what it trusts on a --resume or --augment without a --config of its own
@@ -119,3 +121,12 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     if not stopped:
         side.finish(party, channel)
     return stopped
+
+
+def refuse_in_report(channel: Channel, device: torch.device, refusal: Exception, sent_steps: int = 0) -> NoReturn:
+    """Refuse in this party's setup report: its line on its own stderr first, then in the report. Rank 0 gathers
+    every party's report (so every refusing party has printed before the job ends), opens its log, marks it failed
+    and aborts the job; this party waits for that (:class:`~mpi_fnas.refusal.ReportedRefusalError`)."""
+    print(refusal_line(channel.rank, refusal), file=sys.stderr, flush=True)
+    report_setup(channel, device, sent_steps, refused=refusal_text(refusal))
+    raise ReportedRefusalError(refusal_text(refusal)) from refusal

@@ -14,6 +14,8 @@
 * ``exchange_text``: it sends a config whose ``runtime.exchange`` is collective, whatever the launch says, and
   keeps the star for now (a pin holding collective would let a later resume take it; the same);
 * ``split_pattern``: it tells party 1 the collective exchange and every other party the star (the same);
+* ``unparseable``: it sends config text that a party's own validation rejects (``search.order: second_order``
+  under DP), and runs the honest config itself (the same);
 * ``steps``: every search assignment with ten times the configured epochs' steps (the same: no ε target or cap).
 """
 
@@ -100,11 +102,21 @@ if MPI.COMM_WORLD.Get_rank() == 0:
 
         run.decide_launch = collective_text
         topology.choose_exchange = lambda cfg, facts: (topology.STAR, "a lying rank 0")
+    elif LIE == "unparseable":
+        honest_launch, honest_parse = run.decide_launch, run.config_from_text
+
+        def invalid_text(cfg, args, made):
+            text, path, stage = honest_launch(cfg, args, made)
+            return text.replace("order: first_order", "order: second_order"), path, stage
+
+        run.decide_launch = invalid_text
+        run.config_from_text = lambda text, *args, **kwargs: honest_parse(
+            text.replace("order: second_order", "order: first_order"), *args, **kwargs)
     elif LIE == "split_pattern":
         from mpi_fnas import cli
         from mpi_fnas.federation.topology import COLLECTIVE, STAR
 
-        def split(channel, cfg, own, facts):
+        def split(channel, cfg, own, facts, pending=None):
             channel.scatter_objects([None] + [["ok", [COLLECTIVE if rank == 1 else STAR, "a lying rank 0"]]
                                               for rank in range(1, channel.size)])
             channel.gather_objects(None)
