@@ -165,7 +165,7 @@ def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path:
 
 
 def check_placement(channel: Channel, cfg: Config, own: Config, stage: str,
-                    pending: list[AssignmentRefusedError]) -> list[str]:
+                    pending: list[AssignmentRefusedError] | None = None) -> list[str]:
     """Every rank reports its host, the memory its node gives the job and its cores (public machine facts); rank 0
     refuses (bad input, one line) a placement whose expected peak cannot fit a node, and chooses the exchange
     pattern, which every party checks against its `own` config (:func:`cli.agree_on_exchange`; a party's refusal

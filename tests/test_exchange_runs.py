@@ -1,7 +1,7 @@
 """The collective exchange end to end (real MPI jobs, side by side): a secure search through the tree finishes
-with the ε its releases compose to, the star's (the opened sums of the same uploads are the same integers:
-tests/mpi/test_exchange_patterns.py; two secure launches never end bit for bit alike, since each launch's keys name
-its public rotation); under local aggregation the same ε and alphas equal up to the float32 summation order; a party
+with the ε its releases compose to, the star's, and under reproducible noise with the star's alphas bit for bit
+(the opened sums of the same uploads are the same integers: tests/mpi/test_exchange_patterns.py; the rotations are
+then labelled by the seed, not by each launch's keys); under local aggregation the same ε and alphas equal up to the float32 summation order; a party
 that fails mid-step ends a collective job with the log `failed`; the log says which pattern ran and why. `auto` on
 this machine (more ranks than cores) is the star: every other run of the suite takes it."""
 
@@ -26,7 +26,8 @@ COLLECTIVE = ["--set", "runtime.exchange=collective"]
 def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("exchange")
     plans = {
-        "secure-collective": [*SECURE, *COLLECTIVE],
+        "secure-collective": [*SECURE, *COLLECTIVE, "--set", "privacy.reproducible_noise=true"],
+        "secure-star": [*SECURE, "--set", "privacy.reproducible_noise=true"],
         "local-star": [*LOCAL, "--set", "privacy.reproducible_noise=true"],
         "local-collective": [*LOCAL, "--set", "privacy.reproducible_noise=true", *COLLECTIVE],
         "failed-collective": [*LOCAL, *COLLECTIVE],
@@ -58,6 +59,16 @@ def test_a_secure_search_through_the_tree_finishes_with_the_epsilon_its_releases
     assert (tree["ranks"]["exchange"], tree["ranks"]["exchange_reason"]) == ("collective",
                                                                              "runtime.exchange is collective")
     assert "exchange: collective (runtime.exchange is collective)" in runs[1]["secure-collective"].stdout
+
+
+def test_a_secure_search_under_reproducible_noise_repeats_bit_for_bit_whatever_the_route(runs):
+    """privacy.reproducible_noise makes a secure run repeat as a local one does: every draw is keyed from the
+    config, the rotations from the seed, and the masks (fresh keys each launch) cancel in the sum; so the tree's
+    alphas are the star's exactly (before: two secure runs at one seed ended with different alphas)."""
+    tree, star = log_of(runs, "secure-collective"), log_of(runs, "secure-star")
+    assert star["ranks"]["exchange"] == "star"
+    for cell in ("normal", "reduce"):
+        np.testing.assert_array_equal(tree["alphas"][cell], star["alphas"][cell])
 
 
 def test_a_local_search_through_mpi_reduce_keeps_its_epsilon_and_its_alphas_to_rounding(runs):

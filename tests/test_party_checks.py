@@ -596,3 +596,24 @@ def test_config_text_a_party_cannot_validate_is_refused_in_one_line_and_the_log_
     assert released_nothing(out)
     assert read_run(out / "search.h5")["status"] == "failed"
     assert took < 120, took
+
+
+@pytest.mark.parametrize("selection", ["all", "random"])
+def test_a_gathered_exchange_the_selection_does_not_give_is_refused_in_one_line(selection):
+    """``gathered`` follows ``federation.selection`` (a selection gathers each release, ``all`` sums them): before, a
+    gathered assignment under ``all`` ended the party in a generic TypeError."""
+    from mpi_fnas.federation.verify import check_gathered
+
+    cfg = config(f"federation.selection={selection}", *(["federation.select=2", "privacy.aggregation=local"]
+                                                         if selection != "all" else []))
+    got = plan_run(cfg, K).assignments[0]
+    check_gathered(got.gathered, cfg, rank=1, what="search assignment")
+    SearchSide(cfg).check(cfg, got, plan_module.party_view(cfg, plan_module.open_split(cfg, "train"), K, 1),
+                          parties=K, rank=1)
+    for lie in (not got.gathered, 1, None):
+        with pytest.raises(AssignmentRefusedError, match=rf"^rank 1 refuses the search assignment rank 0 sent: "
+                                                         rf"gathered {lie!r} where this party's federation.selection "
+                                                         rf"{selection} gives {got.gathered}; nothing"):
+            SearchSide(cfg).check(cfg, dataclasses.replace(got, gathered=lie),
+                                  plan_module.party_view(cfg, plan_module.open_split(cfg, "train"), K, 1),
+                                  parties=K, rank=1)

@@ -195,7 +195,8 @@ class PrivacyConfig:
         "σ_W = σ_A calibrated to share·target, σ_aug to the whole target after it); null: one σ for every stage")
     reproducible_noise: bool = _key(
         False, "tests/debugging only: noise and sampling keyed from (seed, rank) instead of 256 bits of OS "
-        "entropy; VOIDS ε (the noise is predictable)")
+        "entropy, and secure aggregation's rotations from the seed, so a run repeats bit for bit (its masks differ "
+        "but cancel); VOIDS ε (the noise is predictable)")
     aggregation: Literal["local", "secure"] = _key(
         "secure", "secure (the default): each party adds 1/K of the noise variance (discrete Gaussian on an integer "
         "encoding) and masks its release pairwise, so rank 0 sees only the sum; local: every party adds the full "

@@ -38,7 +38,7 @@ from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
 from mpi_fnas.privacy.per_sample import LossFn, Method, per_example_cross_entropy, physical_batches
 from mpi_fnas.privacy.release import Release, securely_aggregated
 from mpi_fnas.secagg.masks import PairwiseMasks
-from mpi_fnas.secagg.series import SecureSeries
+from mpi_fnas.secagg.series import SecureSeries, rotation_id
 from mpi_fnas.space import augment_loss
 
 
@@ -120,12 +120,14 @@ class Party:
         """Whether the releases are securely aggregated (``privacy.aggregation: secure``)."""
         return securely_aggregated(self.releases)
 
-    def use_secure_aggregation(self, masks: PairwiseMasks, stage: str) -> None:
+    def use_secure_aggregation(self, masks: PairwiseMasks, stage: str, reproducible_seed: int | None = None) -> None:
         """From now on, seal every release with `masks` (agreed this launch): each release kind of this `stage`
-        gets its series of labels, counted in lockstep with rank 0's."""
+        gets its series of labels, counted in lockstep with rank 0's; its rotations labelled by the seed under
+        reproducible randomness (`reproducible_seed`: :func:`~mpi_fnas.secagg.series.rotation_id`)."""
         sizes = {"W": self.num_w, "A": self.num_a}
         self.masks = masks
-        self.series = {name: SecureSeries(masks.run_id, stage, name, release.encoding(sizes[name]))
+        rotation = rotation_id(masks.run_id, reproducible_seed)
+        self.series = {name: SecureSeries(masks.run_id, stage, name, release.encoding(sizes[name]), rotation)
                        for name, release in self.releases.items()}
 
     # -- checkpointing ------------------------------------------------------------------------------------------

@@ -185,6 +185,16 @@ def check_steps(steps_per_epoch: Any, steps: Any, expected_per_epoch: int, epoch
                                   f"{expected_per_epoch} = {most}")
 
 
+def check_gathered(gathered: Any, cfg: Config, *, rank: int, what: str) -> None:
+    """Raise :class:`AssignmentRefusedError` unless the assignment's `gathered` (the server gathers each party's
+    release instead of a sum) is what this party's ``federation.selection`` gives: a selection gathers, ``all``
+    sums."""
+    expected = cfg.federation.selection != "all"
+    if gathered is not expected:
+        raise _refuse(rank, what, f"gathered {gathered!r} where this party's federation.selection "
+                                  f"{cfg.federation.selection} gives {expected}")
+
+
 def check_corruption(corruption: Any, expected: float, *, rank: int, what: str) -> None:
     """Raise :class:`AssignmentRefusedError` unless the fraction of its shards rank 0 tells this party to replace by
     noise is the one the public seed gives it (``federation.unreliable_parties``)."""

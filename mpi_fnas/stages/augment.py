@@ -35,7 +35,7 @@ from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability
 from mpi_fnas.federation.server import augment_server
 from mpi_fnas.federation.shard import Shard
-from mpi_fnas.federation.verify import check_augment, check_network, check_shards, check_steps
+from mpi_fnas.federation.verify import check_augment, check_gathered, check_network, check_shards, check_steps
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
@@ -179,6 +179,7 @@ class AugmentSide(StageSide):
         check_shards([("pool's train part", pool[:count]), ("pool's validation part", pool[count:])],
                      [train, val if cfg.augment.pool == "all" else val[:0]], examples=own.examples,
                      partition=cfg.data.partition, rank=rank, what="augmentation assignment")
+        check_gathered(got.gathered, cfg, rank=rank, what="augmentation assignment")
         if self.private(cfg):
             pools = [n_train + (n_val if cfg.augment.pool == "all" else 0) for n_train, n_val in own.sizes]
             check_steps(got.steps_per_epoch, got.steps, augment_steps(cfg, pools)[0], cfg.augment.epochs, rank=rank,

@@ -40,7 +40,7 @@ from mpi_fnas.federation.selection import Selector, selection_stream
 from mpi_fnas.federation.server import Server
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, securely_aggregated
-from mpi_fnas.secagg.series import SecureSeries
+from mpi_fnas.secagg.series import SecureSeries, rotation_id
 from mpi_fnas.stages.iteration import IterationClock
 
 if TYPE_CHECKING:  # rank 0's log (h5py) and ledgers (dp_accounting, scipy): a party never imports them
@@ -183,7 +183,8 @@ class ServedStage:
         secure = None
         if setup.secure:  # rank 0's labels of each release kind, counted in lockstep with the parties'
             sizes = {"W": server.w.numel(), "A": a_size}
-            secure = {name: (SecureSeries(setup.launch_id, self.name, name, release.encoding(sizes[name])),
+            rotation = rotation_id(setup.launch_id, cfg.seed if cfg.privacy.reproducible_noise else None)
+            secure = {name: (SecureSeries(setup.launch_id, self.name, name, release.encoding(sizes[name]), rotation),
                              release.expected_batch_size) for name, release in setup.releases.items()}
         self.buffers = ServerBuffers(server.w.numel(), a_size, gathered_parties=channel.parties if gathered else None,
                                      second_order=cfg.search.order == "second_order" and a_size is not None,

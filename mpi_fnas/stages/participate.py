@@ -104,7 +104,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         side.keep_own_ledger(cfg, got, store, rank, requested=last - got.checkpoint_step,
                              earlier=[PartyStore(path) for path in earlier if path.is_dir()])
     if party.secure:
-        party.use_secure_aggregation(agree_masks(channel, identity), side.name)
+        party.use_secure_aggregation(agree_masks(channel, identity), side.name,
+                                     cfg.seed if side.params(got).reproducible_noise else None)
 
     buf = PartyBuffers(party.num_w, party.num_a)
     channel.bcast(buf.w[:-1])  # the initial W (and A)

@@ -25,7 +25,14 @@ from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
 from mpi_fnas.federation.shard import Shard
-from mpi_fnas.federation.verify import calibrated, check_params, check_shards, check_steps, expected_params
+from mpi_fnas.federation.verify import (
+    calibrated,
+    check_gathered,
+    check_params,
+    check_shards,
+    check_steps,
+    expected_params,
+)
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.space import search_space
@@ -167,6 +174,7 @@ class SearchSide(StageSide):
                      what="search assignment")
         check_shards([("train indices", got.train_indices), ("validation indices", got.val_indices)], own.shards,
                      examples=own.examples, partition=cfg.data.partition, rank=rank, what="search assignment")
+        check_gathered(got.gathered, cfg, rank=rank, what="search assignment")
         if self.private(cfg):
             check_steps(got.steps_per_epoch, got.steps, search_steps_per_epoch(cfg, [n for n, _ in own.sizes]),
                         cfg.search.epochs, rank=rank, what="search assignment")

@@ -89,27 +89,29 @@ def test_a_changed_assignment_is_refused_by_every_party(channel, lie, shared_dir
     assert not (run_dir / "parties" / f"rank{channel.rank}" / "sent_steps").exists()  # nothing was released
 
 
-#: A key no party checks against its own config (the parties' round catches it), or the stage plan itself.
-ONE_PARTY_LIES = ["search.warmup_epochs", "steps_per_epoch"]
+#: A key no party checks against its own config, or the exchange pattern: the parties' round catches it (a step
+#: count that differs is refused by the party's own step check first).
+ONE_PARTY_LIES = ["search.warmup_epochs", "exchange pattern"]
 
 
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("lie", ONE_PARTY_LIES)
 def test_a_config_or_plan_rank_0_changes_for_one_party_is_refused_by_every_party(channel, lie, shared_dir):
-    """Party 1 runs another warm-up (or another epoch length) than the others: before, it waited at a different
-    exchange than they did until ``runtime.comm_timeout``; now every party refuses at setup, naming the ranks."""
+    """Party 1 runs another warm-up (or was told another exchange pattern) than the others: before, it waited at a
+    different exchange than they did until ``runtime.comm_timeout``; now every party refuses at setup, naming the
+    ranks."""
     cfg = load_config(None, CONFIG)
     run_dir = shared_dir("plan-refusal-")
     plan = plan_run(cfg, channel.parties)
     if channel.is_server:
-        if lie == "steps_per_epoch":
-            plan.assignments[0].steps_per_epoch += 1
         reports = hand_out(channel, plan.assignments)
         assert not reports.refusals  # each assignment alone is one its party accepts
         announce_last_step(channel, plan.steps)
         return
     if channel.rank == 1 and lie == "search.warmup_epochs":
         cfg.search.warmup_epochs = 1  # as if rank 0 had sent party 1 this config
+    if channel.rank == 1 and lie == "exchange pattern":
+        channel.pattern = "collective"  # as if rank 0 had told party 1 this pattern
     others = ", ".join(map(str, range(2, channel.size))) if channel.rank == 1 else "1"
     with pytest.raises(AssignmentRefusedError, match=rf"^rank {channel.rank} refuses the search plan: rank 0 sent "
                                                      rf"rank\(s\) {others} another config, stage plan or "
