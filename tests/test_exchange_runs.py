@@ -1,9 +1,10 @@
 """The collective exchange end to end (real MPI jobs, side by side): a secure search through the tree finishes
 with the ε its releases compose to, the star's, and under reproducible noise with the star's alphas bit for bit
 (the opened sums of the same uploads are the same integers: tests/mpi/test_exchange_patterns.py; the rotations are
-then labelled by the seed, not by each launch's keys); under local aggregation the same ε and alphas equal up to the float32 summation order; a party
-that fails mid-step ends a collective job with the log `failed`; the log says which pattern ran and why. `auto` on
-this machine (more ranks than cores) is the star: every other run of the suite takes it."""
+then labelled by the seed, not by each launch's keys); under local aggregation the same ε and alphas equal up to
+the float32 summation order; a party that fails mid-step ends a collective job with the log `failed`; the log says
+which pattern ran and why. `auto` on this machine (more ranks than cores) is the star: every other run of the suite
+takes it."""
 
 from __future__ import annotations
 

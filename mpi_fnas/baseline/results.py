@@ -50,7 +50,7 @@ class ArmResult:
     params: int
     test_acc: float
     epsilon_worst: float
-    epsilon_searched: float  # the searched arm's ε of the same seed (what a random arm was calibrated to)
+    epsilon_searched: float  # the searched arm's ε of the same seed (every arm was calibrated to the same target)
     augment_noise_multiplier: float  # σ_aug the augmentation ran with (NaN without DP)
     status: str
     wall_seconds: float  # search + augmentation

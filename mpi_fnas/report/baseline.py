@@ -96,7 +96,7 @@ def baseline_section(directory: Path, label: str, slug: str
                   "The searched cell against random cells of the same space, drawn uniformly from a public seed, and "
                   "against the hand-designed networks asked for (`--handcrafted`: `cnn-tanh`, Papernot et al. 2021's "
                   "tanh CNN; `cnn-gn`, a GroupNorm CNN), each trained by the same augmentation at the same total ε "
-                  "(under DP each other arm's augmentation is calibrated to its seed's searched arm's ε: the ε "
+                  "(under DP every arm is calibrated to the config's privacy.target_epsilon: the ε "
                   "columns below). RI = 100·(acc_searched − acc_ref) / acc_ref per seed (Yang et al., ICLR 2020), "
                   "with acc_ref the random cells' mean, or the seed's best hand-designed network; rank 1 = the "
                   "searched cell beats every random cell of its seed."),
