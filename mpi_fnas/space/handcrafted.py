@@ -5,11 +5,17 @@
   colour (:class:`TanhCifarNet`);
 * ``cnn-gn`` — a small 3-block CNN with GroupNorm and ReLU (:class:`GroupNormNet`): GroupNorm, not BatchNorm,
   because BatchNorm mixes the examples of a batch and is refused under DP
-  (:func:`mpi_fnas.privacy.validators.check_model_for_dp`).
+  (:func:`mpi_fnas.privacy.validators.check_model_for_dp`);
+* ``scatter-linear`` and ``scatter-cnn`` — Tramèr & Boneh 2021's ScatterNets ("Differentially Private Learning Needs
+  Better Features (or Much More Data)"): the scattering transform as a fixed stem
+  (:class:`~mpi_fnas.space.scattering.Scattering`, computed once per example, no ε), GroupNorm of its channels without
+  parameters (per example: no ε either), then a linear layer (:class:`ScatterLinear`) or their small tanh CNN
+  (:class:`ScatterCnn`).
 
 Each is sized to its input (``in_channels``, ``image_size``, ``num_classes``; any side >= 8) and trained by the same
-augmentation as a cell's network: the same interface (``weights``, ``main_parameters``, ``num_params``), no drop-path
-(``drop_path_prob`` must stay 0: there are no paths to drop) and no auxiliary head. Every layer owning parameters is
+augmentation as a cell's network (a ScatterNet on the scattering of its examples, computed once): the same interface
+(``weights``, ``main_parameters``, ``num_params``), no drop-path (``drop_path_prob`` must stay 0: there are no paths
+to drop) and no auxiliary head. Every layer owning parameters is
 a Conv2d, Linear or GroupNorm, so the per-example gradients take the ``hooks`` method.
 """
 
@@ -23,12 +29,13 @@ import torch
 from torch import nn
 
 from mpi_fnas.space.scaffold import WholeNetwork
+from mpi_fnas.space.scattering import Scattering, scattering_shape
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.keystream import Keystream
 
-__all__ = ["HANDCRAFTED", "GroupNormNet", "HandcraftedNetwork", "TanhCifarNet", "TanhMnistNet", "build_handcrafted",
-           "tanh_cnn"]
+__all__ = ["HANDCRAFTED", "GroupNormNet", "HandcraftedNetwork", "ScatterCnn", "ScatterLinear", "TanhCifarNet",
+           "TanhMnistNet", "build_handcrafted", "tanh_cnn"]
 
 MIN_IMAGE_SIZE = 8  # data.image_size's minimum: every network here works from it up
 _GROUPS = 4  # GroupNorm groups of cnn-gn: per example, as DP-SGD needs
@@ -155,6 +162,53 @@ class GroupNormNet(HandcraftedNetwork):
                          in_channels=in_channels, image_size=image_size, num_classes=num_classes)
 
 
+class ScatterNetwork(HandcraftedNetwork):
+    """A ScatterNet: the fixed scattering stem (``fixed_stem``, applied once to the data, outside the network: its
+    ``forward`` takes the scattering, (N, 81·C, S/4, S/4)), then GroupNorm of :data:`SCATTER_GROUPS` groups without
+    affine parameters, then `body` (layers after the normalisation) and `classifier`."""
+
+    def __init__(self, body: list[nn.Module], classifier: nn.Sequential, *, in_channels: int, image_size: int,
+                 num_classes: int) -> None:
+        _check_sizes(type(self).__name__, in_channels, image_size, num_classes)
+        stem = Scattering(in_channels, image_size)
+        features = nn.Sequential(nn.GroupNorm(SCATTER_GROUPS, stem.out_channels, affine=False), *body)
+        super().__init__(features, classifier, in_channels=stem.out_channels, image_size=stem.out_size,
+                         num_classes=num_classes)
+        self.fixed_stem = stem
+
+
+#: GroupNorm groups over the scattering's channels (Tramèr & Boneh's 27 for 81 channels: 3 a group).
+SCATTER_GROUPS = 27
+
+
+class ScatterLinear(ScatterNetwork):
+    """``scatter-linear``: scattering (81·C×S/4×S/4), GroupNorm, fc ``num_classes``. At 28×28 grey: 81×7×7 = 3,969
+    features, 39,700 parameters (Tramèr & Boneh's linear ScatterNet)."""
+
+    network = "scatter-linear"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        channels, side = scattering_shape(in_channels, image_size)
+        super().__init__([], nn.Sequential(nn.Linear(channels * side * side, num_classes)), in_channels=in_channels,
+                         image_size=image_size, num_classes=num_classes)
+
+
+class ScatterCnn(ScatterNetwork):
+    """``scatter-cnn``: scattering, GroupNorm, conv 16@3x3 stride 2 padding 1, tanh, conv 32@3x3 padding 1, tanh, fc
+    32, tanh, fc ``num_classes`` (Tramèr & Boneh's CNN on MNIST's scattering). At 28×28 grey: (N, 81, 7, 7) ->
+    (N, 16, 4, 4) -> (N, 32, 4, 4) -> 512 -> 32 -> 10: 33,066 parameters."""
+
+    network = "scatter-cnn"
+
+    def __init__(self, in_channels: int, num_classes: int, image_size: int) -> None:
+        channels, side = scattering_shape(in_channels, image_size)
+        side = _conv_side(side, 3, 2, 1)
+        body: list[nn.Module] = [nn.Conv2d(channels, 16, 3, stride=2, padding=1), nn.Tanh(),
+                                 nn.Conv2d(16, 32, 3, padding=1), nn.Tanh()]
+        classifier = nn.Sequential(nn.Linear(32 * side * side, 32), nn.Tanh(), nn.Linear(32, num_classes))
+        super().__init__(body, classifier, in_channels=in_channels, image_size=image_size, num_classes=num_classes)
+
+
 def tanh_cnn(in_channels: int, num_classes: int, image_size: int) -> HandcraftedNetwork:
     """``cnn-tanh`` for the input: :class:`TanhMnistNet` for one-channel images, :class:`TanhCifarNet` for colour
     (the paper's net for each kind of image)."""
@@ -163,7 +217,8 @@ def tanh_cnn(in_channels: int, num_classes: int, image_size: int) -> Handcrafted
 
 
 #: The builders by ``augment.network`` name (the config's ``HANDCRAFTED_NETWORKS``).
-HANDCRAFTED: dict[str, Callable[[int, int, int], HandcraftedNetwork]] = {"cnn-tanh": tanh_cnn, "cnn-gn": GroupNormNet}
+HANDCRAFTED: dict[str, Callable[[int, int, int], HandcraftedNetwork]] = {
+    "cnn-tanh": tanh_cnn, "cnn-gn": GroupNormNet, "scatter-linear": ScatterLinear, "scatter-cnn": ScatterCnn}
 
 
 def build_handcrafted(name: str, *, seed: int, in_channels: int, num_classes: int,

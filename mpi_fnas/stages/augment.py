@@ -206,7 +206,9 @@ class AugmentSide(StageSide):
         private = got.releases is not None and got.params is not None
         source = got.params.randomness if private else "reproducible"  # exact gradients: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch
-        return augment_party(model.to(device), Shard(x.to(device), y.to(device)), cfg.augment,
+        # A fixed stem (a ScatterNet's scattering) transforms the party's own examples once, here, on its device.
+        x, y = base.with_fixed_stem(model, x.to(device), y.to(device))
+        return augment_party(model.to(device), Shard(x, y), cfg.augment,
                              PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
                              got.releases.release if private else None,
                              got.params.randomness if private else None, cfg.runtime.max_physical_batch)

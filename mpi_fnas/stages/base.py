@@ -41,6 +41,7 @@ from mpi_fnas.federation.server import Server
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, securely_aggregated
 from mpi_fnas.secagg.series import SecureSeries, rotation_id
+from mpi_fnas.space.scattering import fixed_stem_of
 from mpi_fnas.stages.iteration import IterationClock
 
 if TYPE_CHECKING:  # rank 0's log (h5py) and ledgers (dp_accounting, scipy): a party never imports them
@@ -171,14 +172,14 @@ class ServedStage:
         self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
         self.stop_reason = self.plan.stop_reason  # or why a resumed stage ends before its plan (its ε cap)
         self.charging = setup.ledger if setup.private else None  # the ledger of this stage's releases (None: not DP)
-        self.test = setup.test.render(np.arange(len(setup.test.labels)))
+        self.test = with_fixed_stem(setup.model, *setup.test.render(np.arange(len(setup.test.labels))))
         self.test_loss = self.test_acc = math.nan  # of the last evaluation
         self.acc = StepTotals()
         self.clock = IterationClock()  # this attempt's iterations, for its cost
         # With the server's selection (federation.selection random, secprobe or oracle) it gathers every release.
         gathered = self.plan.assignments[0].gathered
         self.selector = setup.selector if gathered else None
-        self.aux = setup.aux if gathered else (None, None)
+        self.aux = with_fixed_stem(setup.model, *setup.aux) if gathered and setup.aux[0] is not None else (None, None)
         a_size = server.a.numel() if server.a is not None else None
         secure = None
         if setup.secure:  # rank 0's labels of each release kind, counted in lockstep with the parties'
@@ -355,6 +356,13 @@ class StepTotals:
         """The totals a :meth:`state_dict` holds."""
         return cls(np.array(state["train"]), np.array(state["val"]), int(state["steps"]), float(state["wall"]),
                    float(state["comm"]))
+
+
+def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x through `model`'s fixed stem, y): the features it trains on, computed once (a ScatterNet's scattering:
+    :mod:`mpi_fnas.space.scattering`); x as it is for a network without one."""
+    stem = fixed_stem_of(model)
+    return (stem(x) if stem is not None else x), y
 
 
 def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: float, rank: int,

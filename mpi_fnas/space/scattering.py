@@ -1,0 +1,63 @@
+"""The scattering transform as a fixed stem: Morlet wavelets at J = 2 scales and L = 8 angles (Oyallon & Mallat; the
+features of Tramèr & Boneh's ScatterNet), through kymatio's 2-D torch frontend.
+
+A fixed stem has no parameters and sees no data but the image it transforms, so it costs no ε and is computed once:
+a party transforms its own examples when it builds its network, and rank 0 its test split, never per step
+(:func:`fixed_stem_of`, used by the augmentation's two sides). A C×S×S image becomes 81·C channels at S/4×S/4
+(1 + J·L + L²·J(J−1)/2 = 81 per input channel): 81×7×7 for a 28×28 grey image.
+
+Why the frontend module and not ``kymatio.torch``: that package also imports the 3-D transform, whose SciPy call is
+gone from SciPy 1.17 (kymatio issue #1068); the 2-D frontend imports and runs alone. kymatio is imported only when a
+scattering stem is built.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+J, L = 2, 8
+#: Output channels per input channel: 1 + J·L + L²·J(J−1)/2.
+CHANNELS_PER_INPUT = 1 + J * L + L * L * J * (J - 1) // 2
+#: Images transformed at once: bounds the transform's working memory (about 2 MB an image at 28×28).
+CHUNK = 256
+
+
+def scattering_shape(in_channels: int, image_size: int) -> tuple[int, int]:
+    """(channels, side) of the scattering of a (in_channels, image_size, image_size) image."""
+    return in_channels * CHANNELS_PER_INPUT, image_size // 2**J
+
+
+class Scattering:
+    """The fixed scattering stem of (in_channels, image_size, image_size) images: ``stem(x)``, x (N, C, S, S) ->
+    float32 (N, 81·C, S/4, S/4), on x's device. Not an ``nn.Module`` of the network it feeds: its filters are
+    constants, never weights the server federates or a checkpoint keeps."""
+
+    def __init__(self, in_channels: int, image_size: int) -> None:
+        self.in_channels, self.image_size = in_channels, image_size
+        self.out_channels, self.out_size = scattering_shape(in_channels, image_size)
+        self._transforms: dict[torch.device, nn.Module] = {}
+
+    def _transform(self, device: torch.device) -> nn.Module:
+        if device not in self._transforms:
+            from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
+
+            self._transforms[device] = ScatteringTorch2D(J=J, shape=(self.image_size, self.image_size), L=L).to(device)
+        return self._transforms[device]
+
+    @torch.no_grad()
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, self.image_size, self.image_size):
+            raise ValueError(f"Scattering input: expected (N, {self.in_channels}, {self.image_size}, "
+                             f"{self.image_size}), got {tuple(x.shape)}")
+        transform = self._transform(x.device)
+        out = [transform(x[i:i + CHUNK].float()).reshape(-1, self.out_channels, self.out_size, self.out_size)
+               for i in range(0, x.shape[0], CHUNK)]
+        if not out:
+            return x.new_zeros((0, self.out_channels, self.out_size, self.out_size))
+        return torch.cat(out).contiguous()
+
+
+def fixed_stem_of(network: nn.Module) -> Scattering | None:
+    """The fixed stem a network's inputs go through once, before training (None: it takes images as they are)."""
+    return getattr(network, "fixed_stem", None)
