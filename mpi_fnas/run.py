@@ -225,6 +225,9 @@ def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: arg
             print("mpi_fnas: WARNING: privacy.reproducible_noise is on: every party's noise and sampling follow from "
                   "the public config, so the ε this run reports is VOID (for tests and debugging only)",
                   file=sys.stderr, flush=True)
+        if cfg.data.holdout:
+            print(f"mpi_fnas: tuning: data.holdout {cfg.data.holdout}: every 'test' number below is on the train "
+                  "split's last examples held out of the parties' data, not on the test split", flush=True)
         if cfg.mode == "dpfnas" and cfg.augment.epochs > 0 and not cfg.augment.private:
             print("mpi_fnas: WARNING: augment.private is false: the augmentation trains with EXACT gradients, so the "
                   "final weights are NOT private and the ε reported covers the search only", file=sys.stderr,

@@ -638,3 +638,36 @@ def test_a_cifar_batch_that_would_run_code_is_refused_unloaded(tmp_path: Path) -
     with pytest.raises(ValueError, match=r"data_batch_2 is not a CIFAR-10 batch: refers to posix\.system"):
         Cifar10Folder(tmp_path, "train")
     assert not marker.exists()
+
+
+def test_a_tuning_holdout_is_no_partys_and_replaces_the_test_split(monkeypatch):
+    """data.holdout N: the train split's last N examples go to no party (after the aux slice) and are what rank 0
+    evaluates on; the test split is never opened."""
+    import mpi_fnas.federation.plan as plan_module
+    from mpi_fnas.config import ConfigError, load_config
+    from mpi_fnas.federation.aux_set import open_aux_set
+
+    cfg = load_config(None, ["data.dataset=mnist-5k", "data.image_size=14", "data.train_size=null", "mode=fnas",
+                             "data.holdout=500", "federation.aux_size=100"])
+    real = plan_module.open_dataset
+
+    def no_test(name, split, **kwargs):
+        assert split != "test", "a tuning run read the test split"
+        return real(name, split, **kwargs)
+
+    monkeypatch.setattr(plan_module, "open_dataset", no_test)
+    train = plan_module.open_split(cfg, "train")
+    held = plan_module.open_split(cfg, "test")
+    assert len(train) == 4000 and len(held) == 500
+    np.testing.assert_array_equal(held.labels, train.labels[3500:])
+    np.testing.assert_array_equal(held.render(np.arange(3))[0], train.render(np.arange(3500, 3503))[0])
+    given = np.concatenate([np.concatenate([a.train_indices, a.val_indices])
+                            for a in plan_module.plan_run(cfg, 4).assignments])
+    assert given.max() < 3400 and len(given) == 3400  # the aux slice (3400..3499) and the holdout go to no party
+    np.testing.assert_array_equal(open_aux_set(cfg, train)[1], train.labels[3400:3500])
+    with pytest.raises(ConfigError, match="data.holdout: -1 must be >= 0"):
+        load_config(None, ["data.holdout=-1"])
+    with pytest.raises(ValueError, match="data.holdout: 4000 held out leave 0"):
+        plan_module.central_shards(load_config(None, ["data.dataset=mnist-5k", "data.image_size=14",
+                                                      "data.train_size=null", "data.holdout=4000"]),
+                                   train.labels, 4)

@@ -1,6 +1,7 @@
 """The hand-designed networks of ``augment.network``: their shapes and sizes at the project's image sizes,
 the paper's parameter counts, their DP-compatibility, their per-example gradients against a per-example loop, and
-the one builder that picks the augmented network (and the secure-aggregation dimension it implies)."""
+the one builder that picks the augmented network (and the secure-aggregation dimension it implies). A ScatterNet
+takes the scattering of the images (its fixed stem, computed once): the tests feed it that."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ from mpi_fnas.space import (
     largest_augment_network,
     search_space,
 )
-from mpi_fnas.space.handcrafted import GroupNormNet, TanhCifarNet, TanhMnistNet
+from mpi_fnas.space.handcrafted import GroupNormNet, ScatterCnn, ScatterLinear, TanhCifarNet, TanhMnistNet
+from mpi_fnas.space.scattering import fixed_stem_of
 
 #: Image sides the project uses (tests and configs: 8, 14, 16; MNIST 28; CIFAR-10 32), and a few odd ones.
 SIDES = (8, 9, 11, 13, 14, 16, 28, 32)
@@ -35,6 +37,12 @@ SIDES = (8, 9, 11, 13, 14, 16, 28, 32)
 def batch(channels: int, side: int, n: int = 5, classes: int = 10, seed: int = 1):
     gen = torch.Generator().manual_seed(seed)
     return torch.randn(n, channels, side, side, generator=gen), torch.randint(0, classes, (n,), generator=gen)
+
+
+def inputs(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """What `net` is trained on for the images `x`: their scattering for a ScatterNet, else the images."""
+    stem = fixed_stem_of(net)
+    return stem(x) if stem is not None else x
 
 
 def loop_gradients(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -58,9 +66,9 @@ def test_every_network_takes_every_side_and_gives_logits(name, channels):
     for side in SIDES:
         net = build_handcrafted(name, seed=0, in_channels=channels, num_classes=7, image_size=side)
         x, _ = batch(channels, side)
-        assert net(x).shape == (5, 7), (name, channels, side)
+        assert net(inputs(net, x)).shape == (5, 7), (name, channels, side)
         with pytest.raises(ValueError, match=rf"expected \(N, {channels}, {side}, {side}\)"):
-            net(batch(channels, side + 1)[0])  # built for one side: another is refused, not silently resized
+            net(inputs(net, batch(channels, side + 1)[0]))  # built for one side: another is refused, not resized
 
 
 def test_the_papers_parameter_counts_and_the_final_maps():
@@ -80,6 +88,13 @@ def test_the_papers_parameter_counts_and_the_final_maps():
     assert TanhMnistNet(1, 10, 8).features[3].padding == (2, 2)  # 3x3 under a 4x4 kernel: padded to a 2x2 output
     for side, features in ((32, 2048), (16, 512), (8, 128)):
         assert TanhCifarNet(3, 10, side).classifier[0].in_features == features, side
+    # Tramèr & Boneh 2021 at 28x28 grey: the scattering's 81x7x7 features, a linear layer (39,700) or their CNN
+    # (33 k: 33,066), GroupNorm of 27 groups without parameters.
+    for net, params in ((ScatterLinear(1, 10, 28), 39_700), (ScatterCnn(1, 10, 28), 33_066)):
+        assert net.num_params() == params and (net.in_channels, net.image_size) == (81, 7)
+        assert net.features[0].num_groups == 27 and not net.features[0].affine
+        assert inputs(net, batch(1, 28)[0]).shape == (5, 81, 7, 7)
+    assert ScatterLinear(3, 10, 32).in_channels == 243  # 81 a colour channel, at 8x8
 
 
 def test_the_sizes_are_checked():
@@ -112,7 +127,8 @@ def test_a_hand_designed_network_has_no_paths_to_drop():
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize(("name", "channels", "side"), [("cnn-tanh", 1, 28), ("cnn-tanh", 1, 8), ("cnn-tanh", 3, 8),
-                                                        ("cnn-gn", 1, 14), ("cnn-gn", 3, 8)])
+                                                        ("cnn-gn", 1, 14), ("cnn-gn", 3, 8), ("scatter-linear", 1, 28),
+                                                        ("scatter-cnn", 1, 28), ("scatter-cnn", 3, 16)])
 def test_per_example_gradients_match_the_loop(name, channels, side, layout):
     """The party's method (hooks: conv, linear and GroupNorm owners) against one backward per example, in the
     party's channels-last layout too; and example 0's gradient does not move when the others change (GroupNorm
@@ -120,6 +136,7 @@ def test_per_example_gradients_match_the_loop(name, channels, side, layout):
     torch.manual_seed(0)
     net = build_handcrafted(name, seed=0, in_channels=channels, num_classes=10, image_size=side)
     x, y = batch(channels, side)
+    x = inputs(net, x)
     expected = loop_gradients(net, x, y)
     net.to(memory_format=layout)
     params = dict(net.named_parameters())
@@ -173,3 +190,28 @@ def test_a_resume_must_continue_the_checkpointed_network():
                        {"plan_steps": plan.steps, "genotype": "", "step": 3}):  # no key: a cell's
         with pytest.raises(SetupError, match=r"different plan \(.* steps, network cnn-tanh|network cell"):
             attach_resume(plan, checkpoint)
+
+
+def test_a_party_computes_the_scattering_of_its_own_pool_once_and_only_that(monkeypatch):
+    """The augmentation's party side: the fixed stem runs once, at build, on the party's own pool (its search
+    shards, in order) and on nothing else; its shard then holds exactly those features."""
+    from mpi_fnas.federation.plan import open_split, party_view
+    from mpi_fnas.space import scattering
+    from mpi_fnas.stages.augment import AugmentSide, own_pool
+
+    cfg = load_config(None, [*PRE_RECIPE, "data.train_size=200", "data.test_size=20", "data.image_size=8",
+                             "augment.network=scatter-linear", "augment.epochs=1", "mode=fnas"])
+    seen: list[torch.Tensor] = []
+    real = scattering.Scattering.__call__
+    monkeypatch.setattr(scattering.Scattering, "__call__", lambda self, x: seen.append(x.clone()) or real(self, x))
+    planned = plan_run(cfg, 2).assignments
+    got = plan_augment_stage(cfg, planned, None, None, None).assignments[1]
+    data = open_split(cfg, "train")
+    side = AugmentSide(cfg)
+    side.check(cfg, got, party_view(cfg, data, 2, 2), parties=2, rank=2)
+    party = side.build(cfg, got, data, 2, torch.device("cpu"))
+    x, _ = own_pool(cfg, data, got, 2)
+    assert len(seen) == 1 and torch.equal(seen[0], x)  # once, its own examples, nothing else
+    stem = scattering.Scattering(3, 8)
+    assert torch.allclose(party.train.x.contiguous(), real(stem, x), atol=1e-6)
+    assert party.train.x.shape == (len(got.pool_indices), 243, 2, 2)

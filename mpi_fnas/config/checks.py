@@ -60,6 +60,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("augment.grad_clip", lambda v: v >= 0, "must be >= 0 (0 disables)"),
     ("augment.auxiliary_weight", lambda v: v >= 0, "must be >= 0 (0: no auxiliary head)"),
     ("augment.drop_path", lambda v: 0 <= v < 1, "must be in [0, 1)"),
+    ("data.holdout", lambda v: v >= 0, "must be >= 0 (0: off)"),
     ("augment.cutout", lambda v: v >= 0, "must be >= 0 (0: off)"),
     ("augment.crop_padding", lambda v: v >= 0, "must be >= 0 (0: off)"),
     ("augment.clip", lambda v: v > 0, "must be > 0"),
@@ -263,6 +264,9 @@ def _validate_data(cfg: Config) -> None:
         if cfg.federation.aux_size > 0:
             raise ConfigError("federation.aux_size: with data.partition local there is no central train split to "
                               "hold the server's aux set out of; set it to 0")
+        if data.holdout > 0:
+            raise ConfigError("data.holdout: with data.partition local there is no central train split to hold "
+                              "a tuning split out of; set it to 0")
 
 
 def check_world(cfg: Config, world_size: int) -> int:

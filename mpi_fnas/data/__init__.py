@@ -12,6 +12,7 @@ from mpi_fnas.data.cifar10 import (
     read_label_names,
 )
 from mpi_fnas.data.datasets import DATASETS, SYNTHETIC_DEFAULT_SIZES, Dataset, open_dataset
+from mpi_fnas.data.labelled import HeldOut
 from mpi_fnas.data.mnist_csv import DatasetDamagedError
 from mpi_fnas.data.partition import SCHEMES, partition_indices, split_train_val
 from mpi_fnas.data.synthetic import CLASS_NAMES, SyntheticShapes
@@ -28,6 +29,7 @@ __all__ = [
     "Dataset",
     "DatasetDamagedError",
     "DatasetNotFoundError",
+    "HeldOut",
     "SyntheticShapes",
     "download_cifar10",
     "missing_cifar10_files",

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
+import torch
 
 
 def checked_indices(indices: np.ndarray, size: int) -> np.ndarray:
@@ -28,3 +31,18 @@ class LabelledSplit:
     def labels(self) -> np.ndarray:
         """Class of every example, int64 (N,)."""
         return self._labels
+
+
+class HeldOut(LabelledSplit):
+    """The examples at `positions` of a `split` (the train split's last ``data.holdout``: what rank 0 evaluates a
+    tuning run on instead of the test split), with the split's shape and classes."""
+
+    def __init__(self, split: Any, positions: np.ndarray) -> None:
+        self._split, self._positions = split, checked_indices(positions, len(split))
+        self._labels = split.labels[self._positions]
+        self.num_classes, self.in_channels, self.image_size = split.num_classes, split.in_channels, split.image_size
+        self.classes = getattr(split, "classes", None)
+
+    def render(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """x, y of the held-out examples at `indices` (0 .. N − 1)."""
+        return self._split.render(self._positions[checked_indices(indices, len(self))])

@@ -27,16 +27,19 @@ def held_out_of_train(cfg: Config) -> bool:
 
 
 def party_positions(cfg: Config, train_size: int) -> int:
-    """How many train-split positions (0..n-1) the parties share: all but the held-out aux slice.
+    """How many train-split positions (0..n-1) the parties share: all but the held-out slices at its end, the aux
+    slice (``federation.aux_size``) and after it the tuning holdout (``data.holdout``: rank 0's evaluation split
+    in place of the test split, :func:`mpi_fnas.federation.plan.open_split`).
 
-    Raises ValueError when the slice would leave the parties fewer than 2 examples.
+    Raises ValueError when the slices would leave the parties fewer than 2 examples.
     """
-    if not held_out_of_train(cfg):
-        return train_size
-    left = train_size - cfg.federation.aux_size
+    held = cfg.data.holdout + (cfg.federation.aux_size if held_out_of_train(cfg) else 0)
+    left = train_size - held
     if left < _MIN_PARTY_EXAMPLES:
-        raise ValueError(f"federation.aux_size: {cfg.federation.aux_size} leaves {left} of the {train_size} "
-                         "train examples to the parties; make it smaller")
+        keys = " and ".join(key for key, value in (("federation.aux_size", held - cfg.data.holdout),
+                                                   ("data.holdout", cfg.data.holdout)) if value)
+        raise ValueError(f"{keys}: {held} held out leave {left} of the {train_size} train examples to the parties; "
+                         "hold out fewer")
     return left
 
 
@@ -50,7 +53,7 @@ def open_aux_set(cfg: Config, train: Dataset) -> tuple[torch.Tensor, torch.Tenso
         raise ValueError("federation.aux_size is 0: there is no aux set")
     if held_out_of_train(cfg):
         first = party_positions(cfg, len(train))
-        return train.render(np.arange(first, len(train)))
+        return train.render(np.arange(first, first + n))
     aux = open_dataset(cfg.data.dataset, "aux", root=cfg.data.root, image_size=cfg.data.image_size, size=n,
                        seed=cfg.seed)
     return aux.render(np.arange(n))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from mpi_fnas.config import CELL_NETWORK, Config, SetupError, SpaceConfig
-from mpi_fnas.data import DatasetNotFoundError, open_dataset, partition_indices, split_train_val
+from mpi_fnas.data import DatasetNotFoundError, HeldOut, open_dataset, partition_indices, split_train_val
 from mpi_fnas.data.corruption import party_corruption, unreliable_parties
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.aux_set import party_positions
@@ -90,10 +90,15 @@ class RunPlan:
 
 def open_split(cfg: Config, split: str, *, download: bool = False, party: int | None = None):
     """The dataset object for `split` ("train" or "test"); SetupError (one line) when it is missing or unusable.
+    With ``data.holdout`` N, "test" is the train split's last N examples (:class:`~mpi_fnas.data.HeldOut`), which no
+    party is given: settings are tuned on it, and the test split is not read.
 
     `download` (rank 0 only, which opens the train split before any party does): fetch a missing CIFAR-10.
     `party`: the party opening it; with ``data.partition: local`` its train split is its own folder.
     """
+    if split == "test" and cfg.data.holdout:  # tuning: the last data.holdout train examples, never the test split
+        train = open_split(cfg, "train", download=download)
+        return HeldOut(train, np.arange(len(train) - cfg.data.holdout, len(train)))
     size = cfg.data.train_size if split == "train" else cfg.data.test_size
     own = party if cfg.data.partition == "local" else None
     with _setup_errors(errors=(DatasetNotFoundError, ValueError)):

@@ -29,7 +29,7 @@ from mpi_fnas.config import Config, config_from_text
 #: through other parties, :mod:`mpi_fnas.federation.topology`).
 PRIVACY_KEYS: tuple[str, ...] = (
     "mode", "seed", "privacy.*",
-    "data.dataset", "data.train_size", "data.val_fraction", "data.partition", "data.dirichlet_alpha",
+    "data.dataset", "data.train_size", "data.holdout", "data.val_fraction", "data.partition", "data.dirichlet_alpha",
     "data.classes_per_party", "data.image_size",
     "space.*",
     "search.batch_size", "search.epochs", "search.steps_per_epoch", "search.w_optimizer",
