@@ -83,6 +83,16 @@ def test_dpnas_random_cells_are_uniform_and_always_trainable():
     assert len(ops) == 10 and stats.chisquare(list(ops.values())).pvalue > ALPHA
 
 
+def test_the_baselines_random_cells_leave_out_the_sigmoid_activation():
+    """The control is the space without sigmoid (which rarely trains under DP: drawing it would measure the search
+    avoiding it); every other candidate is still drawn."""
+    cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=3"])
+    ops = Counter(op for index in range(300) for op in DpnasGenotype.from_string(
+        random_genotype_text(cfg, 0, index)).ops)
+    assert "conv_3x3_sigmoid" in search_space("dpnas").candidates(cfg.space)
+    assert "conv_3x3_sigmoid" not in ops and len(ops) == 9
+
+
 def test_the_draw_is_public_reproducible_and_differs_per_seed_and_index():
     cfg = load_config(None, [*PRE_RECIPE])
     cells = {(s, i): random_genotype_text(cfg, s, i) for s in range(3) for i in range(4)}

@@ -2,9 +2,9 @@
 for, each one's run directory and config. No MPI, no autograd.
 
 * ``searched``: the configured job as it is (search, then the augmentation of the cell it found), at ``seed``;
-* ``random-<i>``: the same augmentation of a genotype drawn uniformly from the same space
-  (``search_space(kind).random_genotype``), with no search. Its draw is public: a numpy generator seeded with
-  (RANDOM_TAG, seed, i), so the same command draws the same cells, and the cell is logged (``augment.genotype``,
+* ``random-<i>``: the same augmentation of a genotype drawn uniformly from the same space without the sigmoid
+  activation (``search_space(kind).random_genotype``), with no search. Its draw is public: a numpy generator seeded
+  with (RANDOM_TAG, seed, i), so the same command draws the same cells, and the cell is logged (``augment.genotype``,
   ``baseline.csv``);
 * ``cnn-tanh``, ``cnn-gn`` (``--handcrafted``): the same augmentation of that hand-designed network
   (``augment.network``), with no search: what a DP practitioner would train instead of searching. It has no cell
@@ -20,6 +20,7 @@ refuses any other (:func:`mpi_fnas.baseline.command`).
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +33,9 @@ SEARCHED = "searched"
 RANDOM_PREFIX = "random-"
 #: Mixed into the genotype draw's seed so that it shares no stream with any other use of the run seed.
 RANDOM_TAG = 0xBA5E
+#: The random cells leave out the sigmoid activation (the DPNAS space's ``conv_3x3_sigmoid``): it rarely trains
+#: under DP, so a control that draws it would measure little more than the search's avoiding it.
+SIGMOID_SUFFIX = "_sigmoid"
 
 
 @dataclass(frozen=True)
@@ -86,11 +90,14 @@ def parse_handcrafted(text: str | None) -> list[str]:
 
 
 def random_genotype_text(cfg: Config, seed: int, index: int) -> str:
-    """Cell `index` of seed `seed`: drawn uniformly from ``cfg.space`` with the public generator (see the module)."""
+    """Cell `index` of seed `seed`: drawn uniformly from ``cfg.space`` without the sigmoid activation, with the public
+    generator (see the module)."""
     from mpi_fnas.space import search_space  # torch: only where a genotype is drawn
 
+    kind = search_space(cfg.space.kind)
+    ops = [op for op in kind.candidates(cfg.space) if not op.endswith(SIGMOID_SUFFIX)]
     rng = np.random.default_rng([RANDOM_TAG, seed, index])
-    return search_space(cfg.space.kind).random_genotype(cfg.space, rng).to_string()
+    return kind.random_genotype(dataclasses.replace(cfg.space, ops=ops), rng).to_string()
 
 
 def check_base(cfg: Config) -> None:

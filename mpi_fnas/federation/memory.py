@@ -164,6 +164,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     "augment"). Builds the networks once on a 2-example input (< 1 s)."""
     from mpi_fnas.federation.plan import open_split, parse_genotype
     from mpi_fnas.space import augment_network, largest_augment_network, search_space
+    from mpi_fnas.space.scattering import fixed_stem_of
 
     parties = len(facts) - 1
     test = open_split(cfg, "test", download=cfg.data.download)  # rank 0 would fetch a missing CIFAR-10 next anyway
@@ -185,13 +186,19 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
         else:  # the searched cell is not known yet: the largest it could be (or the hand-designed network)
             network = largest_augment_network(cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private
-        steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, shape, 1),
+        stem = fixed_stem_of(network)  # a ScatterNet trains on its examples' scattering, kept instead of the images
+        augment_shape = (stem.out_channels, stem.out_size, stem.out_size) if stem is not None else shape
+        steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, augment_shape, 1),
                               _largest_batch(cfg.augment.batch_size, private)))
+        augment_example_mb = math.prod(augment_shape) * 4 / 1e6
+    else:
+        augment_example_mb = 0.0
     shard = (cfg.data.train_size or _default_train_size(cfg)) / max(parties, 1)
-    copies = (stage == "search") + (cfg.augment.epochs > 0)
-    party = RankEstimate("party", runtime + PARTY_MODULES_MB + PARTY_WORKING_MB, copies * shard * example_mb,
+    party = RankEstimate("party", runtime + PARTY_MODULES_MB + PARTY_WORKING_MB,
+                         shard * ((stage == "search") * example_mb + augment_example_mb),
                          sum(term.mb(cfg.runtime.max_physical_batch) for term in steps))
-    server = RankEstimate("server", runtime + SERVER_MODULES_MB, len(test) * example_mb, SERVER_WORKING_MB)
+    server = RankEstimate("server", runtime + SERVER_MODULES_MB, len(test) * max(example_mb, augment_example_mb),
+                          SERVER_WORKING_MB)
     nodes: dict[str, list[int]] = {}
     capacity: dict[str, tuple[float, str]] = {}
     for rank, fact in enumerate(facts):
