@@ -188,3 +188,20 @@ def test_bench_bad_config_exit_2():
     out = subprocess.run([sys.executable, "-m", "mpi_fnas.bench", "--set", "search.batch_size=0"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 2 and "search.batch_size" in out.stderr
+
+
+def test_the_scattering_of_a_partys_pool_is_timed_and_its_memory_counted():
+    """A ScatterNet's stem runs once per party on its pool: the bench times it on a pool of the party's size and
+    counts the features it keeps (81·C channels at S/4: 81·49 floats a 28x28 grey image); nothing for other
+    networks."""
+    from mpi_fnas.bench.scattering import party_pool_size, time_scattering
+    from mpi_fnas.config import load_config
+
+    cfg = load_config(None, ["data.dataset=mnist-5k", "data.image_size=28", "data.train_size=400",
+                             "augment.network=scatter-linear"])
+    assert party_pool_size(cfg, 4) == 100
+    report = time_scattering(cfg, 4)
+    assert report["scatter_examples"] == 100 and report["scatter_seconds"] > 0
+    assert report["scatter_features_mb"] == pytest.approx(100 * 81 * 49 * 4 / 1e6)
+    assert report["scatter_peak_growth_mb"] >= 0
+    assert time_scattering(load_config(None, ["augment.network=cnn-gn"]), 4) == {}

@@ -28,6 +28,7 @@ def make_augment_party(cfg: Config, private: bool) -> Party:
     from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy.release import AugmentReleases
     from mpi_fnas.space import augment_network, search_space, trains_cell
+    from mpi_fnas.space.scattering import fixed_stem_of
 
     c, h, w, classes = input_shape(cfg)
     space = search_space(cfg.space.kind)
@@ -39,7 +40,9 @@ def make_augment_party(cfg: Config, private: bool) -> Party:
     model = augment_network(cfg, genotype, seed=cfg.seed, in_channels=c, num_classes=classes)
     n = cfg.augment.batch_size
     data_gen = torch.Generator().manual_seed(0)
-    pool = Shard(torch.randn(n, c, h, w, generator=data_gen), torch.randint(0, classes, (n,), generator=data_gen))
+    x = torch.randn(n, c, h, w, generator=data_gen)
+    stem = fixed_stem_of(model)  # a ScatterNet trains on its examples' scattering, computed once
+    pool = Shard(stem(x) if stem is not None else x, torch.randint(0, classes, (n,), generator=data_gen))
     releases = None
     if private:
         one = np.ones(1)

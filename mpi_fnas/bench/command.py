@@ -27,6 +27,7 @@ from mpi_fnas.bench.memory import (
 )
 from mpi_fnas.bench.opacus_comparison import compare_opacus
 from mpi_fnas.bench.party_step import time_party_step
+from mpi_fnas.bench.scattering import time_scattering
 from mpi_fnas.config import Config
 
 # --help's description: the first paragraph of the package's docstring (mpi_fnas/bench/__init__.py).
@@ -108,6 +109,8 @@ REPORT_KEYS_FROM_STEP = (
     "secure_bits", "secure_overflow_rate",
     "opacus_version", "cnn_tanh_params", "cnn_tanh_dp_step_cpu_seconds", "opacus_dp_step_cpu_seconds",
     "dp_step_vs_opacus",
+    "scatter_examples", "scatter_seconds", "scatter_cpu_seconds", "scatter_ms_per_example", "scatter_features_mb",
+    "scatter_peak_growth_mb",
 )
 
 
@@ -135,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         from mpi_fnas.cpu_kernels import aten_cpu_capability, onednn_isa
 
         result = {"onednn_isa": onednn_isa(), "aten_cpu_capability": aten_cpu_capability()}  # whose kernels ran
+        result.update(time_scattering(cfg, max(channel.size - 1, 1)))  # first: its memory before the others'
         result.update(time_party_step(cfg, args.repeats))
         result.update(time_augment_step(cfg, args.repeats))
         if args.opacus:
