@@ -665,9 +665,9 @@ def test_a_tuning_holdout_is_no_partys_and_replaces_the_test_split(monkeypatch):
                             for a in plan_module.plan_run(cfg, 4).assignments])
     assert given.max() < 3400 and len(given) == 3400  # the aux slice (3400..3499) and the holdout go to no party
     np.testing.assert_array_equal(open_aux_set(cfg, train)[1], train.labels[3400:3500])
-    with pytest.raises(ConfigError, match="data.holdout: -1 must be >= 0"):
+    with pytest.raises(ConfigError, match=r"data\.holdout: -1 must be >= 0"):
         load_config(None, ["data.holdout=-1"])
-    with pytest.raises(ValueError, match="data.holdout: 4000 held out leave 0"):
+    with pytest.raises(ValueError, match=r"data\.holdout: 4000 held out leave 0"):
         plan_module.central_shards(load_config(None, ["data.dataset=mnist-5k", "data.image_size=14",
                                                       "data.train_size=null", "data.holdout=4000"]),
                                    train.labels, 4)

@@ -49,6 +49,8 @@ NOT_REPO_FILES = {
     "test/": "an imagefolder tree's test folder under data.root, brought by the user",
     "data.root/test/": "the same, named with its config key",
     "data.root/mnist-cache/": "where data.dataset mnist writes its parsed splits at run time (data/mnist_full.py)",
+    "data.root/fashion-mnist/": "where a user puts FashionMNIST's four files (data/fashion_mnist.py)",
+    "data.root/fashion-mnist-cache/": "where data.dataset fashion-mnist caches its checked splits (fashion_mnist.py)",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")
 PLACEHOLDER = re.compile(r"[<>$…]|RUN_DIR|TABLE1_ROOT|RUN_ROOT")
