@@ -1,0 +1,238 @@
+"""Results tables written from the runs that made them, never typed: each run's per-seed summary is kept small in
+the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, seed, accuracy, ε, wall, config and
+commit), and the Markdown tables of the README and the docs are rendered from that file between markers.
+
+    python -m mpi_fnas.report.results record RUN_DIR... --arm ARM [--note TEXT]   # add the runs' summaries
+    python -m mpi_fnas.report.results write                                       # rewrite every marked table
+
+A marked table is ``<!-- results: TABLE -->`` … ``<!-- /results -->`` in a Markdown file: rows are the arms, columns
+the datasets at each ε of TABLE (:data:`TABLES`), cells the mean ± standard error over seeds (n), beside the
+papers' numbers (:data:`PUBLISHED`). tests/test_results.py checks that every marked table is what ``write``
+renders from the CSV. A tuning run (``data.holdout`` > 0: its numbers are not the test split's) is refused, so a
+table holds only test-split numbers of finished runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The per-seed summaries, in the repository.
+RUNS_CSV = ROOT / "docs" / "results" / "runs.csv"
+#: The Markdown files whose marked tables ``write`` renders.
+MARKED = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+_MARK = re.compile(r"(<!-- results: (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """One finished run's numbers: what a table's cell averages over seeds."""
+
+    table: str  # the table it belongs to (:data:`TABLES`)
+    arm: str  # the row: "searched", "cnn-tanh", "scatter-linear", …
+    dataset: str  # data.dataset
+    epsilon_target: float  # privacy.target_epsilon (NaN without DP)
+    seed: int
+    test_acc: float  # the trained network's (the augmentation's; the search's when it trains nothing)
+    epsilon_worst: float  # the worst party's ε, search + augmentation
+    wall_seconds: float  # search + augmentation
+    config: str  # the config's name
+    commit: str  # the commit the summary was recorded at
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A results table: its arms (rows, in order, with their labels) and datasets (columns, with labels), at each
+    ε of `epsilons`."""
+
+    arms: tuple[tuple[str, str], ...]
+    datasets: tuple[tuple[str, str], ...]
+    epsilons: tuple[float, ...]
+
+
+#: The tables the docs mark: the private networks at 28×28, K = 8, secure aggregation.
+TABLES: dict[str, Table] = {
+    "private-28": Table(
+        arms=(("searched", "searched cell"), ("cnn-tanh", "`cnn-tanh` (Papernot et al.'s tanh CNN)"),
+              ("scatter-linear", "`scatter-linear` (ScatterNet + linear)"),
+              ("scatter-cnn", "`scatter-cnn` (ScatterNet + CNN)")),
+        datasets=(("mnist", "MNIST 28×28"), ("fashion-mnist", "FashionMNIST 28×28")),
+        epsilons=(3.0, 2.0, 1.0)),
+}
+#: The papers' numbers at (arm, dataset, ε), central DP, δ = 1e-5 (../shared/papers/private-image-anchors.md).
+PUBLISHED: dict[tuple[str, str, float], str] = {
+    ("searched", "mnist", 3.0): "DPNAS 98.57 (search not charged)",
+    ("searched", "fashion-mnist", 3.0): "DPNAS 88.09 (search not charged)",
+    ("cnn-tanh", "mnist", 3.0): "98.1 (ε 2.93)",
+    ("cnn-tanh", "fashion-mnist", 3.0): "86.0–86.1",
+    ("scatter-linear", "mnist", 3.0): "98.7",
+    ("scatter-linear", "mnist", 2.0): "98.5",
+    ("scatter-linear", "fashion-mnist", 3.0): "89.7",
+    ("scatter-cnn", "mnist", 3.0): "98.7",
+    ("scatter-cnn", "mnist", 2.0): "98.4",
+    ("scatter-cnn", "fashion-mnist", 3.0): "89.0",
+}
+
+
+class ResultsError(ValueError):
+    """A run that cannot be summarised (not finished, a tuning run) or a file that does not parse: one line."""
+
+
+# -- summaries ------------------------------------------------------------------------------------------------------
+def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "") -> RunSummary:
+    """The summary of the finished run in `run_dir` as a row of `table`'s `arm`."""
+    from mpi_fnas.runlog import read_run
+
+    if table not in TABLES:
+        raise ResultsError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
+    log_path = Path(run_dir) / "search.h5"
+    if not log_path.is_file():
+        raise ResultsError(f"{run_dir}: no run log (search.h5)")
+    log = read_run(log_path)
+    cfg = yaml.safe_load(log["config"])
+    if cfg["data"].get("holdout", 0):
+        raise ResultsError(f"{run_dir}: a tuning run (data.holdout {cfg['data']['holdout']}): its numbers are not "
+                           "the test split's")
+    augment = log["augment"]
+    stage = augment if augment is not None else log
+    if log["status"] != "finished" or stage["status"] != "finished":
+        raise ResultsError(f"{run_dir}: not finished (status {stage['status']})")
+    epsilon = np.asarray((stage.get("privacy") or {}).get("epsilon", []), dtype=np.float64)
+    walls = [log["cost"]["wall_seconds"], (augment.get("cost") or {}).get("wall_seconds", 0.0) if augment else 0.0]
+    target = cfg["privacy"].get("target_epsilon")
+    return RunSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
+                      epsilon_target=float(target) if target is not None and cfg["mode"] == "dpfnas" else math.nan,
+                      seed=int(cfg["seed"]), test_acc=float(stage["test_acc"]),
+                      epsilon_worst=float(epsilon[-1].max()) if epsilon.size else math.nan,
+                      wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note)
+
+
+def read_summaries(path: Path = RUNS_CSV) -> list[RunSummary]:
+    """Every summary in `path` ([] when it does not exist)."""
+    if not Path(path).exists():
+        return []
+    kinds = {f.name: f.type for f in fields(RunSummary)}
+    with open(path, newline="") as f:
+        return [RunSummary(**{key: _parse(kinds[key], value) for key, value in row.items()})
+                for row in csv.DictReader(f)]
+
+
+def write_summaries(rows: Iterable[RunSummary], path: Path = RUNS_CSV) -> None:
+    """`rows` into `path`, sorted by table, ε, dataset, arm and seed (a stable file to diff)."""
+    ordered = sorted(rows, key=lambda r: (r.table, -r.epsilon_target, r.dataset, r.arm, r.seed, r.commit))
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[f.name for f in fields(RunSummary)], lineterminator="\n")
+        writer.writeheader()
+        for row in ordered:
+            writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value
+                             for key, value in asdict(row).items()})
+
+
+def _parse(kind: str, value: str) -> object:
+    return int(value) if kind == "int" else float(value) if kind == "float" else value
+
+
+# -- tables ---------------------------------------------------------------------------------------------------------
+def mean_se(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, standard error = sample std / √n; NaN for one value)."""
+    array = np.asarray(values, dtype=np.float64)
+    se = float(array.std(ddof=1) / math.sqrt(array.size)) if array.size > 1 else math.nan
+    return float(array.mean()), se
+
+
+def render_table(name: str, rows: Sequence[RunSummary]) -> str:
+    """The Markdown of table `name` from `rows`: one line per (ε, arm), a column per dataset with ours (mean ± SE in
+    %, n seeds) and the papers'."""
+    table = TABLES[name]
+    head = ["ε", "arm"] + [f"{label} {who}" for _, label in table.datasets for who in ("(ours)", "(papers)")]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for epsilon in table.epsilons:
+        for arm, label in table.arms:
+            cells = []
+            for dataset, _ in table.datasets:
+                accs = [r.test_acc for r in rows if (r.table, r.arm, r.dataset) == (name, arm, dataset)
+                        and r.epsilon_target == epsilon]
+                ours = "–"
+                if accs:
+                    mean, se = mean_se(accs)
+                    ours = f"{100 * mean:.2f}" + (f" ± {100 * se:.2f}" if not math.isnan(se) else "") + \
+                        f" ({len(accs)})"
+                cells.append(f"{ours} | {PUBLISHED.get((arm, dataset, epsilon), '–')}")
+            if any(cell != "– | –" for cell in cells):
+                lines.append(f"| {epsilon:g} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def rewrite(text: str, rows: Sequence[RunSummary]) -> str:
+    """`text` with every marked table rendered afresh from `rows`."""
+    return _MARK.sub(lambda m: m.group(1) + render_table(m.group("table"), rows) + m.group(4), text)
+
+
+def stale_tables(rows: Sequence[RunSummary], files: Iterable[Path] = MARKED) -> list[str]:
+    """The marked tables of `files` that differ from what `rows` render (empty: every one is current)."""
+    stale = []
+    for path in files:
+        text = Path(path).read_text(encoding="utf-8")
+        for match in _MARK.finditer(text):
+            if match.group("body") != render_table(match.group("table"), rows):
+                stale.append(f"{Path(path).name}: {match.group('table')}")
+    return stale
+
+
+# -- the command line ---------------------------------------------------------------------------------------------
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.report.results``: record runs, or rewrite the marked tables; the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m mpi_fnas.report.results", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    record = sub.add_parser("record", help="add finished runs' summaries to docs/results/runs.csv")
+    record.add_argument("runs", nargs="+", metavar="RUN_DIR")
+    record.add_argument("--arm", required=True, help="the row: searched, cnn-tanh, scatter-linear, scatter-cnn, …")
+    record.add_argument("--table", default="private-28", help=f"one of {', '.join(TABLES)}")
+    record.add_argument("--commit", default=None, help="the commit the runs ran at (default: HEAD)")
+    record.add_argument("--note", default="")
+    sub.add_parser("write", help="rewrite every marked table of README.md and docs/benchmarks.md")
+    args = parser.parse_args(argv)
+    try:
+        rows = read_summaries()
+        if args.command == "record":
+            commit = args.commit or _commit()
+            new = [summarize(Path(run), table=args.table, arm=args.arm, commit=commit, note=args.note)
+                   for run in args.runs]
+            keep = [r for r in rows if (r.table, r.arm, r.dataset, r.epsilon_target, r.seed) not in
+                    {(n.table, n.arm, n.dataset, n.epsilon_target, n.seed) for n in new}]
+            write_summaries([*keep, *new])
+            print(f"recorded {len(new)} run(s) in {RUNS_CSV}")
+            return 0
+        for path in MARKED:
+            text = path.read_text(encoding="utf-8")
+            path.write_text(rewrite(text, rows), encoding="utf-8")
+        print(f"rewrote the marked tables of {', '.join(p.name for p in MARKED)}")
+        return 0
+    except (ResultsError, OSError, KeyError) as exc:
+        print(f"mpi_fnas: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""The results tables of the README and the docs are written from per-seed summaries of the runs that made them
+(docs/results/runs.csv, :mod:`mpi_fnas.report.results`): every marked table is what the command renders, a summary
+is read from a real run's log, a tuning run is refused, and the means and standard errors are the hand-computed
+ones."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from conftest import TINY, warm_jobs
+
+from mpi_fnas.report import results
+from mpi_fnas.report.results import ResultsError, RunSummary
+
+
+def test_every_marked_table_is_what_the_summaries_render():
+    rows = results.read_summaries()
+    assert results.stale_tables(rows) == [], "run: python -m mpi_fnas.report.results write"
+    for row in rows:  # only test-split numbers of finished runs, each row a known table's arm and dataset
+        table = results.TABLES[row.table]
+        assert row.arm in dict(table.arms) and row.dataset in dict(table.datasets), row
+        assert 0 < row.test_acc <= 1 and row.epsilon_worst <= row.epsilon_target * 1.001, row
+
+
+def _row(arm: str, seed: int, acc: float, dataset: str = "mnist", epsilon: float = 3.0) -> RunSummary:
+    return RunSummary(table="private-28", arm=arm, dataset=dataset, epsilon_target=epsilon, seed=seed,
+                      test_acc=acc, epsilon_worst=epsilon, wall_seconds=1.0, config="c", commit="x")
+
+
+def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
+    rows = [_row("cnn-tanh", 0, 0.98), _row("cnn-tanh", 1, 0.97), _row("cnn-tanh", 2, 0.99),
+            _row("scatter-linear", 0, 0.89, "fashion-mnist"), _row("searched", 0, 0.95, epsilon=1.0)]
+    text = results.render_table("private-28", rows)
+    mean, se = results.mean_se([0.98, 0.97, 0.99])
+    assert math.isclose(se, 0.01 / math.sqrt(3))
+    assert f"| 3 | `cnn-tanh` (Papernot et al.'s tanh CNN) | {100 * mean:.2f} ± {100 * se:.2f} (3) | 98.1 (ε 2.93) |" \
+        in text
+    assert "| 89.00 (1) | 89.7 |" in text and "| 1 | searched cell | 95.00 (1) | – |" in text
+    marked = tmp_path / "page.md"
+    marked.write_text("before\n<!-- results: private-28 -->\nold\n<!-- /results -->\nafter\n")
+    fresh = results.rewrite(marked.read_text(), rows)
+    assert fresh == f"before\n<!-- results: private-28 -->\n{text}<!-- /results -->\nafter\n"
+    assert results.stale_tables(rows, [marked]) == ["page.md: private-28"]
+    marked.write_text(fresh)
+    assert results.stale_tables(rows, [marked]) == []
+    results.write_summaries(rows, tmp_path / "runs.csv")
+    assert sorted(results.read_summaries(tmp_path / "runs.csv"), key=repr) == sorted(rows, key=repr)
+
+
+@pytest.mark.slow
+def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_path):
+    small = [*TINY, "--set", "augment.network=cnn-gn", "--set", "augment.epochs=1", "--set",
+             "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--set", "privacy.target_epsilon=4"]
+    done, tuning = warm_jobs((3, [*small, "--out", str(tmp_path / "run")]),
+                             (3, [*small, "--set", "data.holdout=50", "--out", str(tmp_path / "tuning")]))
+    assert done.returncode == 0 and tuning.returncode == 0, done.stderr[-2000:] + tuning.stderr[-2000:]
+    assert "tuning: data.holdout 50" in tuning.stdout
+    row = results.summarize(tmp_path / "run", table="private-28", arm="cnn-gn", commit="abc")
+    assert (row.arm, row.dataset, row.epsilon_target, row.seed, row.commit) == ("cnn-gn", "synthetic-shapes", 4.0,
+                                                                                0, "abc")
+    assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
+    with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
+        results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")
+    with pytest.raises(ResultsError, match="no run log"):
+        results.summarize(tmp_path, table="private-28", arm="cnn-gn", commit="abc")
