@@ -481,6 +481,10 @@ def test_factory_builds_each_space_and_the_darts_path_is_unchanged() -> None:
      r"stride 1, 3 stages\): at most 2$"),
     (["space.kind=darts", "space.ops=[]", "space.head_pool=2"], r"^space\.head_pool: 2 is for space\.kind dpnas"),
     (["space.kind=darts", "space.ops=[]", "space.stem_stride=2"], r"^space\.stem_stride: 2 is for space\.kind dpnas"),
+    (["space.kind=darts", "space.ops=[]", "space.stem=scattering"], r"^space\.stem: scattering is for space\.kind"),
+    (["space.kind=darts", "space.ops=[]", "space.head=dpnas"], r"^space\.head: dpnas is for space\.kind dpnas"),
+    (["space.stem=scattering", "space.stem_stride=2"], r"^space\.stem_stride: 2 is the conv stem's"),
+    (["space.head=dpnas", "space.head_pool=2"], r"^space\.head_pool: 2 is the pool head's"),
 ])
 def test_bad_space_config_is_one_line(override: list[str], message: str) -> None:
     with pytest.raises(ConfigError, match=message) as info:
@@ -617,3 +621,78 @@ def test_rank_0_tests_a_gdas_supernet_on_its_argmax_path() -> None:
             expected = _one_hot_forward(net, x, hard) if method == "gdas" else _one_hot_forward(
                 net, x, F.softmax(net.alpha, dim=-1))
             assert torch.allclose(server.sync_model()(x), expected, atol=1e-5), method
+
+
+# -------------------------------------------------------------------------------------- stems and heads
+
+
+@pytest.mark.parametrize("stem_kind", ["conv", "scattering"])
+@pytest.mark.parametrize("head_kind", ["pool", "dpnas"])
+def test_each_stem_and_head_gives_logits_and_per_example_gradients_that_match_the_loop(stem_kind: str,
+                                                                                      head_kind: str) -> None:
+    """``space.stem`` scattering: the cells read the fixed scattering (81 channels at a quarter of the side, through
+    GroupNorm without parameters), computed outside the network; ``space.head`` dpnas: DPNASNet's head (1x1 conv to
+    128 + GroupNorm, 3x3, fc 128, tanh, fc). The supernet's W and A and the derived network's weights by the hooks
+    equal one backward per example."""
+    torch.manual_seed(6)
+    kwargs = {"stem_kind": stem_kind, "head_kind": head_kind}
+    supernet = DpnasSearchNetwork((4, 8), 10, nodes=3, in_channels=1, **kwargs)
+    derived = DpnasNetwork(MIXED, (4, 8), 10, in_channels=1, **kwargs)
+    images, y = torch.randn(3, 1, 16, 16), torch.tensor([1, 2, 3])
+    for net in (supernet, derived):
+        stem = net.fixed_stem
+        assert (stem is None) == (stem_kind == "conv")
+        x = stem(images) if stem is not None else images
+        assert x.shape == ((3, 81, 4, 4) if stem is not None else (3, 1, 16, 16))
+        assert net(x).shape == (3, 10)
+        if stem is not None:
+            with pytest.raises(ValueError, match=r"expected the scattering of the images, \(N, 81, H, W\)"):
+                net(images)
+        assert (net.head_reduce is None) == (head_kind == "pool")
+        groups = [dict(net.named_weights()), dict(net.named_alphas())] if net is supernet else \
+            [dict(net.named_parameters())]
+        for params in groups:
+            assert hooks_supported(net, params)
+            got = per_sample_gradients(net, params, x, y, method="hooks")
+            for i in range(3):
+                net.zero_grad()
+                F.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
+                alone = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                                   for p in params.values()])
+                assert torch.allclose(got[i], alone, rtol=1e-4, atol=1e-6), (stem_kind, head_kind, i)
+
+
+def test_the_dpnas_head_is_dpnasnets_and_the_defaults_are_unchanged() -> None:
+    """At DPNAS's MNIST widths (32, 32, 64; 5 nodes) the head holds 1x1 320 -> 128 and fc 1,152 -> 128 -> 10, about
+    89 % of the derived network's weights as in DPNASNet; the default stem and head build the very network they
+    built before the keys existed (the same parameters, in the same order, from the same seed)."""
+    genotype = random_genotype(random.Random(0))
+    net = DpnasNetwork(genotype, (32, 32, 64), 10, in_channels=1, head_kind="dpnas")
+    head = sum(p.numel() for module in (net.head_reduce, net.classifier) for p in module.parameters())
+    assert head == 5 * 64 * 128 + 1152 * 128 + 128 + 128 * 10 + 10
+    assert head / net.num_params() > 0.85
+    torch.manual_seed(7)
+    default = DpnasNetwork(genotype, (8, 16), 10)
+    torch.manual_seed(7)
+    spelled = DpnasNetwork(genotype, (8, 16), 10, stem_kind="conv", head_kind="pool")
+    assert [n for n, _ in default.named_parameters()][-2:] == ["classifier.weight", "classifier.bias"]
+    assert all(torch.equal(a, b) for a, b in zip(default.parameters(), spelled.parameters(), strict=True))
+
+
+def test_a_search_party_scatters_its_own_shards_once(monkeypatch) -> None:
+    """Under ``space.stem: scattering`` a search party holds its shards' scattering, computed once at build."""
+    from mpi_fnas.federation.plan import open_split, plan_run
+    from mpi_fnas.space import scattering
+    from mpi_fnas.stages.search import SearchSide, own_shard
+
+    cfg = load_config(None, ["data.train_size=120", "data.test_size=20", "data.image_size=8", "space.stem=scattering",
+                             "space.stage_channels=[4]", "mode=fnas", "augment.epochs=0"])
+    calls: list[int] = []
+    real = scattering.Scattering.__call__
+    monkeypatch.setattr(scattering.Scattering, "__call__", lambda self, x: calls.append(len(x)) or real(self, x))
+    got = plan_run(cfg, 2).assignments[0]
+    data = open_split(cfg, "train")
+    party = SearchSide(cfg).build(cfg, got, data, 1, torch.device("cpu"))
+    assert calls == [len(got.train_indices), len(got.val_indices)]
+    x_tr, _ = own_shard(cfg, data, got, 1, "train")
+    assert torch.allclose(party.train.x.contiguous(), real(scattering.Scattering(3), x_tr), atol=1e-6)

@@ -38,18 +38,21 @@ def make_party(cfg: Config, private: bool, examples: int | None = None, device: 
     from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.space import search_space
+    from mpi_fnas.space.scattering import fixed_stem_of
 
     c, h, w, classes = input_shape(cfg)
     n = examples or cfg.search.batch_size
     data_gen = torch.Generator().manual_seed(0)
 
-    def shard() -> Shard:
-        return Shard(torch.randn(n, c, h, w, generator=data_gen).to(device),
-                     torch.randint(0, classes, (n,), generator=data_gen).to(device))
-
-    train, val = shard(), shard()
     model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=c, num_classes=classes)
     model.to(device)
+    stem = fixed_stem_of(model)  # space.stem scattering: the party's shards are its examples' scattering
+
+    def shard() -> Shard:
+        x = torch.randn(n, c, h, w, generator=data_gen).to(device)
+        return Shard(stem(x) if stem is not None else x, torch.randint(0, classes, (n,), generator=data_gen).to(device))
+
+    train, val = shard(), shard()
     if not private:
         return search_party(model, train, val, n, PartyRandomness.create("reproducible", seed=cfg.seed, rank=1),
                             max_physical_batch=cfg.runtime.max_physical_batch)

@@ -138,7 +138,14 @@ def validate(cfg: Config) -> Config:
                               f"example); set space.norm: groupnorm, got {cfg.space.norm}")
         if cfg.augment.auxiliary_weight > 0:
             raise ConfigError("augment.auxiliary_weight: the dpnas network has no auxiliary head; set it to 0")
-        side = -(-cfg.data.image_size // cfg.space.stem_stride)
+        if cfg.space.stem == "scattering" and cfg.space.stem_stride != 1:
+            raise ConfigError(f"space.stem_stride: {cfg.space.stem_stride} is the conv stem's; the scattering stem "
+                              "quarters the side itself, so leave it at 1")
+        if cfg.space.head == "dpnas" and cfg.space.head_pool != 1:
+            raise ConfigError(f"space.head_pool: {cfg.space.head_pool} is the pool head's; the dpnas head pools "
+                              "to 3x3 itself, so leave it at 1")
+        side = cfg.data.image_size // 4 if cfg.space.stem == "scattering" else \
+            -(-cfg.data.image_size // cfg.space.stem_stride)
         for _ in cfg.space.stage_channels:  # each stage's pool halves the side, rounding up
             side = -(-side // 2)
         if cfg.space.head_pool > side:
@@ -148,6 +155,10 @@ def validate(cfg: Config) -> Config:
     elif cfg.search.method == "gdas":
         raise ConfigError("search.method: gdas draws one op per edge of the dpnas cell; set space.kind: dpnas or "
                           "search.method: darts")
+    elif cfg.space.stem != "conv" or cfg.space.head != "pool":
+        raise ConfigError(f"space.{'stem' if cfg.space.stem != 'conv' else 'head'}: "
+                          f"{cfg.space.stem if cfg.space.stem != 'conv' else cfg.space.head} is for space.kind dpnas; "
+                          "the darts networks have a conv stem and a pool head")
     elif cfg.space.stem_stride != 1:
         raise ConfigError(f"space.stem_stride: {cfg.space.stem_stride} is for space.kind dpnas; the darts networks' "
                           "stem keeps the input's side, so leave it at 1")

@@ -176,7 +176,9 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     dims = {"in_channels": test.in_channels, "num_classes": test.num_classes}
     if stage == "search":
         supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
-        steps.append(StepTerm(SEARCH_STEP_FACTOR * step_mb(supernet, shape, 1),
+        stem = fixed_stem_of(supernet)
+        steps.append(StepTerm(SEARCH_STEP_FACTOR * step_mb(supernet, stem.output_shape(cfg.data.image_size)
+                                                           if stem is not None else shape, 1),
                               _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
         if cfg.augment.genotype is not None:
@@ -187,7 +189,7 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
             network = largest_augment_network(cfg, seed=cfg.seed, **dims)
         private = cfg.mode == "dpfnas" and cfg.augment.private
         stem = fixed_stem_of(network)  # a ScatterNet trains on its examples' scattering, kept instead of the images
-        augment_shape = (stem.out_channels, stem.out_size, stem.out_size) if stem is not None else shape
+        augment_shape = stem.output_shape(cfg.data.image_size) if stem is not None else shape
         steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, augment_shape, 1),
                               _largest_batch(cfg.augment.batch_size, private)))
         augment_example_mb = math.prod(augment_shape) * 4 / 1e6

@@ -131,12 +131,12 @@ class DpnasSpace:
         return candidate_ops(self.primitives, space.ops)
 
     def build_supernet(self, space: SpaceConfig, *, seed: int, in_channels: int, num_classes: int) -> nn.Module:
-        """The DPNAS supernet (``space.stage_channels``, ``space.nodes``, ``space.ops``, ``space.stem_stride``,
-        ``space.head_pool``), initialised from ``seed``."""
+        """The DPNAS supernet (``space.stage_channels``, ``space.nodes``, ``space.ops``, ``space.stem``,
+        ``space.stem_stride``, ``space.head``, ``space.head_pool``), initialised from ``seed``."""
         torch.manual_seed(seed)
         return dpnas.DpnasSearchNetwork(space.stage_channels, num_classes, nodes=space.nodes, in_channels=in_channels,
                                         primitives=self.candidates(space), stem_stride=space.stem_stride,
-                                        head_pool=space.head_pool)
+                                        head_pool=space.head_pool, stem_kind=space.stem, head_kind=space.head)
 
     def alpha_shapes(self, space: SpaceConfig) -> tuple[tuple[int, int], tuple[int, int]]:
         """The one cell's (edges, ops) as the normal cell's; the reduction cell's has no edge: (0, ops)."""
@@ -187,7 +187,8 @@ class DpnasSpace:
         connected."""
         torch.manual_seed(seed)
         return dpnas.DpnasNetwork(genotype, cfg.space.stage_channels, num_classes, in_channels=in_channels,
-                                  stem_stride=cfg.space.stem_stride, head_pool=cfg.space.head_pool)
+                                  stem_stride=cfg.space.stem_stride, head_pool=cfg.space.head_pool,
+                                  stem_kind=cfg.space.stem, head_kind=cfg.space.head)
 
 
 #: Every space, by ``space.kind``.

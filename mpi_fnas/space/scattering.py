@@ -31,30 +31,37 @@ def scattering_shape(in_channels: int, image_size: int) -> tuple[int, int]:
 class Scattering:
     """The fixed scattering stem of (in_channels, image_size, image_size) images: ``stem(x)``, x (N, C, S, S) ->
     float32 (N, 81·C, S/4, S/4), on x's device. Not an ``nn.Module`` of the network it feeds: its filters are
-    constants, never weights the server federates or a checkpoint keeps."""
+    constants, never weights the server federates or a checkpoint keeps. `image_size` None: any square side, the
+    filters made for the first one seen (a supernet is built before its data is opened)."""
 
-    def __init__(self, in_channels: int, image_size: int) -> None:
+    def __init__(self, in_channels: int, image_size: int | None = None) -> None:
         self.in_channels, self.image_size = in_channels, image_size
-        self.out_channels, self.out_size = scattering_shape(in_channels, image_size)
-        self._transforms: dict[torch.device, nn.Module] = {}
+        self.out_channels = in_channels * CHANNELS_PER_INPUT
+        self.out_size = image_size // 2**J if image_size is not None else None
+        self._transforms: dict[tuple[torch.device, int], nn.Module] = {}
 
-    def _transform(self, device: torch.device) -> nn.Module:
-        if device not in self._transforms:
+    def output_shape(self, side: int) -> tuple[int, int, int]:
+        """(channels, side, side) of the scattering of an image of side `side`."""
+        return self.out_channels, side // 2**J, side // 2**J
+
+    def _transform(self, device: torch.device, side: int) -> nn.Module:
+        if (device, side) not in self._transforms:
             from kymatio.scattering2d.frontend.torch_frontend import ScatteringTorch2D
 
-            self._transforms[device] = ScatteringTorch2D(J=J, shape=(self.image_size, self.image_size), L=L).to(device)
-        return self._transforms[device]
+            self._transforms[device, side] = ScatteringTorch2D(J=J, shape=(side, side), L=L).to(device)
+        return self._transforms[device, side]
 
     @torch.no_grad()
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, self.image_size, self.image_size):
-            raise ValueError(f"Scattering input: expected (N, {self.in_channels}, {self.image_size}, "
-                             f"{self.image_size}), got {tuple(x.shape)}")
-        transform = self._transform(x.device)
-        out = [transform(x[i:i + CHUNK].float()).reshape(-1, self.out_channels, self.out_size, self.out_size)
+        side = self.image_size if self.image_size is not None else (x.shape[-1] if x.dim() == 4 else -1)
+        if x.dim() != 4 or tuple(x.shape[1:]) != (self.in_channels, side, side):
+            raise ValueError(f"Scattering input: expected (N, {self.in_channels}, {side}, {side}), got "
+                             f"{tuple(x.shape)}")
+        transform, out_size = self._transform(x.device, side), side // 2**J
+        out = [transform(x[i:i + CHUNK].float()).reshape(-1, self.out_channels, out_size, out_size)
                for i in range(0, x.shape[0], CHUNK)]
         if not out:
-            return x.new_zeros((0, self.out_channels, self.out_size, self.out_size))
+            return x.new_zeros((0, self.out_channels, out_size, out_size))
         return torch.cat(out).contiguous()
 
 

@@ -191,10 +191,11 @@ class SearchSide(StageSide):
         return IterationReleases.of(w, w.sample_rate(sizes[0]), a, a.sample_rate(sizes[1])), sizes
 
     def build(self, cfg: Config, got: Assignment, data: Dataset, rank: int, device: torch.device) -> Party:
-        x_tr, y_tr = own_shard(cfg, data, got, rank, "train")
-        x_val, y_val = own_shard(cfg, data, got, rank, "val")
         model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
                                                             num_classes=data.num_classes)
+        # A fixed stem (space.stem: scattering) transforms the party's own examples once, here, on its device.
+        x_tr, y_tr = base.with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "train")))
+        x_val, y_val = base.with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "val")))
         source = got.dp.randomness if got.dp is not None else "reproducible"  # non-DP: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch
         return search_party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)),

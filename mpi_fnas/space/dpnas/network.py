@@ -1,7 +1,13 @@
-"""DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): stem conv (stride 1, or 2 to run the cells at half the
-input's side) -> one stage per entry of ``stage_channels``, each
-[cell, 3x3 max pool with stride 2] -> average pooling to ``head_pool`` x ``head_pool`` (1: global) -> flatten ->
-linear classifier.
+"""DPNAS networks (Cheng et al. 2021, §3.2, Fig. 2): a stem -> one stage per entry of ``stage_channels``, each
+[cell, 3x3 max pool with stride 2] -> a head.
+
+* stem (``space.stem``): ``conv``, a 3x3 conv (stride 1, or 2 to run the cells at half the input's side); or
+  ``scattering``, the fixed scattering transform of Tramèr & Boneh's ScatterNets (:mod:`mpi_fnas.space.scattering`:
+  81 channels a colour channel at a quarter of the side, computed once per example outside the network, the
+  ``fixed_stem``) then GroupNorm of its channels without parameters;
+* head (``space.head``): ``pool``, average pooling to ``head_pool`` x ``head_pool`` (1: global), flatten, a linear
+  classifier; or ``dpnas``, DPNASNet's MNIST head (DPNAS's public code): 1x1 conv to 128 channels + GroupNorm,
+  the map pooled to 3x3, flatten, fc 128, tanh, fc.
 
 Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (every op of
 ``PRIMITIVES`` unless the space restricts them: ``space.ops``), no reduction cell. ``DpnasSearchNetwork`` is the
@@ -25,6 +31,10 @@ from mpi_fnas.space.dpnas.genotype import DpnasGenotype, check_primitives, deriv
 from mpi_fnas.space.dpnas.ops import PRIMITIVES
 from mpi_fnas.space.ops import make_norm
 from mpi_fnas.space.scaffold import WholeNetwork
+from mpi_fnas.space.scattering import Scattering
+
+#: GroupNorm groups over the scattering's channels (Tramèr & Boneh's 27 for 81 channels: 3 a group).
+SCATTER_GROUPS = 27
 
 if TYPE_CHECKING:  # the type only: the network never imports the privacy package
     from mpi_fnas.keystream import Keystream
@@ -56,10 +66,62 @@ def sampled_path(alpha: torch.Tensor, noise: torch.Tensor, temperature: float) -
     return hard - soft.detach() + soft, tuple(int(k) for k in index.tolist())
 
 
+#: ``space.stem`` and ``space.head``'s values.
+STEMS, HEADS = ("conv", "scattering"), ("pool", "dpnas")
+#: DPNASNet's head: 1x1 conv to this many channels, the map pooled to HEAD_SIDE x HEAD_SIDE, fc of HEAD_HIDDEN.
+HEAD_CHANNELS, HEAD_SIDE, HEAD_HIDDEN = 128, 3, 128
+
+
+class Front:
+    """What the cells read, from the network's input, and what the classifier reads, from the last stage: the stem
+    and the head of ``space.stem`` and ``space.head`` (see the module). ``stem(x)``, ``classify(x)``;
+    ``fixed_stem``: the scattering applied to the data once (None for the conv stem); ``channels``: the stem's
+    output channels."""
+
+    def __init__(self, stem_kind: str, head_kind: str, in_channels: int, stem_channels: int, stem_stride: int,
+                 head_pool: int) -> None:
+        if stem_kind not in STEMS or head_kind not in HEADS:
+            raise ValueError(f"stem must be one of {STEMS} and head one of {HEADS}, got {stem_kind!r}, {head_kind!r}")
+        self.fixed_stem = Scattering(in_channels) if stem_kind == "scattering" else None
+        if self.fixed_stem is None:
+            self.stem, self.channels = stem(in_channels, stem_channels, stem_stride), stem_channels
+        else:
+            self.channels = self.fixed_stem.out_channels
+            self.stem = nn.GroupNorm(SCATTER_GROUPS, self.channels, affine=False)
+        self.head_kind, self.head_pool = head_kind, head_pool
+
+    def head_layers(self, c_prev: int, num_classes: int) -> tuple[nn.Module | None, nn.Module]:
+        """(the layers before the classifier or None, the classifier), built after the cells (the seeded weights of
+        the stem and the cells do not depend on the head)."""
+        if self.head_kind == "pool":
+            return None, nn.Linear(c_prev * self.head_pool ** 2, num_classes)
+        reduce = nn.Sequential(nn.Conv2d(c_prev, HEAD_CHANNELS, 1, bias=False),
+                               make_norm("groupnorm", HEAD_CHANNELS, affine=False))
+        classifier = nn.Sequential(nn.Linear(HEAD_CHANNELS * HEAD_SIDE ** 2, HEAD_HIDDEN), nn.Tanh(),
+                                   nn.Linear(HEAD_HIDDEN, num_classes))
+        return reduce, classifier
+
+
+def classify(x: torch.Tensor, head_reduce: nn.Module | None, classifier: nn.Module, head_pool: int) -> torch.Tensor:
+    """The logits of the last stage's maps `x`: the pool head, or DPNASNet's (`head_reduce` set)."""
+    if head_reduce is None:
+        return classifier(head(x, head_pool))
+    return classifier(F.adaptive_avg_pool2d(head_reduce(x), HEAD_SIDE).flatten(1))
+
+
 def head(x: torch.Tensor, head_pool: int) -> torch.Tensor:
     """The classifier's input: ``(N, C, H, W)`` average-pooled to ``(N, C, head_pool, head_pool)``, flattened to
     ``(N, C · head_pool²)``; 1 is the global average pool, 2 keeps where in the image a feature was (2x2 quadrants)."""
     return F.adaptive_avg_pool2d(x, head_pool).flatten(1)
+
+
+def check_input(owner: str, x: torch.Tensor, in_channels: int, fixed_stem: Scattering | None) -> None:
+    """ValueError unless `x` is what the network reads: images (N, in_channels, H, W), or under the scattering stem
+    their scattering (N, 81·in_channels, h, w)."""
+    channels = fixed_stem.out_channels if fixed_stem is not None else in_channels
+    if x.dim() != 4 or x.shape[1] != channels:
+        what = "the scattering of the images" if fixed_stem is not None else "images"
+        raise ValueError(f"{owner} input: expected {what}, (N, {channels}, H, W), got {tuple(x.shape)}")
 
 
 def _check_sizes(owner: str, stage_channels: Sequence[int], nodes: int, num_classes: int, in_channels: int,
@@ -89,7 +151,8 @@ class DpnasSearchNetwork(nn.Module):
     per_example_parameters = ("alpha",)
 
     def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3,
-                 primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1, head_pool: int = 1) -> None:
+                 primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1, head_pool: int = 1,
+                 stem_kind: str = "conv", head_kind: str = "pool") -> None:
         super().__init__()
         _check_sizes("DpnasSearchNetwork", stage_channels, nodes, num_classes, in_channels, stem_stride, head_pool)
         self.head_pool = head_pool
@@ -98,22 +161,22 @@ class DpnasSearchNetwork(nn.Module):
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.primitives = check_primitives(primitives)
-        self.stem = stem(in_channels, self.stage_channels[0], stem_stride)
-        c_prev = self.stage_channels[0]
+        front = Front(stem_kind, head_kind, in_channels, self.stage_channels[0], stem_stride, head_pool)
+        self.fixed_stem, self.stem, c_prev = front.fixed_stem, front.stem, front.channels
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
             self.cells.append(DpnasSearchCell(nodes, c_prev, channels, self.primitives))
             c_prev = nodes * channels
         self.pool = downsample()
-        self.classifier = nn.Linear(c_prev * head_pool ** 2, num_classes)
+        self.head_reduce, self.classifier = front.head_layers(c_prev, num_classes)
         self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(self.primitives)))
         self.path_noise: torch.Tensor | None = None
         self.path_temperature = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the batch `x` under the current architecture variables."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"DpnasSearchNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        """Logits of the batch `x` (the images, or their scattering under the scattering stem) under the current
+        architecture variables."""
+        check_input("DpnasSearchNetwork", x, self.in_channels, self.fixed_stem)
         # One softmax (or one sampled path) per forward, shared by every cell.
         if self.path_noise is None:
             weights, path = F.softmax(self.alpha, dim=-1), None
@@ -122,7 +185,7 @@ class DpnasSearchNetwork(nn.Module):
         x = self.stem(x)
         for cell in self.cells:
             x = self.pool(cell(x, weights, path))
-        return self.classifier(head(x, self.head_pool))
+        return classify(x, self.head_reduce, self.classifier, self.head_pool)
 
     def named_weights(self) -> Iterator[tuple[str, nn.Parameter]]:
         """``(name, parameter)`` for every parameter except the alpha, in ``named_parameters`` order."""
@@ -161,7 +224,8 @@ class DpnasNetwork(WholeNetwork):
     """
 
     def __init__(self, genotype: DpnasGenotype, stage_channels: Sequence[int], num_classes: int,
-                 in_channels: int = 3, stem_stride: int = 1, head_pool: int = 1) -> None:
+                 in_channels: int = 3, stem_stride: int = 1, head_pool: int = 1, stem_kind: str = "conv",
+                 head_kind: str = "pool") -> None:
         super().__init__()
         if not isinstance(genotype, DpnasGenotype):
             raise TypeError(f"DpnasNetwork: genotype must be a DpnasGenotype, got {type(genotype).__name__}")
@@ -174,19 +238,18 @@ class DpnasNetwork(WholeNetwork):
         self.in_channels = in_channels
         self.drop_path_prob: float = 0.0
         self.mask_stream: Keystream | None = None
-        self.stem = stem(in_channels, self.stage_channels[0], stem_stride)
-        c_prev = self.stage_channels[0]
+        front = Front(stem_kind, head_kind, in_channels, self.stage_channels[0], stem_stride, head_pool)
+        self.fixed_stem, self.stem, c_prev = front.fixed_stem, front.stem, front.channels
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
             self.cells.append(DerivedDpnasCell(genotype, c_prev, channels))
             c_prev = genotype.nodes * channels
         self.pool = downsample()
-        self.classifier = nn.Linear(c_prev * head_pool ** 2, num_classes)
+        self.head_reduce, self.classifier = front.head_layers(c_prev, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits of the batch `x`."""
-        if x.dim() != 4 or x.shape[1] != self.in_channels:
-            raise ValueError(f"DpnasNetwork input: expected (N, {self.in_channels}, H, W), got {tuple(x.shape)}")
+        """Logits of the batch `x` (the images, or their scattering under the scattering stem)."""
+        check_input("DpnasNetwork", x, self.in_channels, self.fixed_stem)
         if not 0.0 <= self.drop_path_prob < 1.0:
             raise ValueError(f"DpnasNetwork: drop_path_prob must be in [0, 1), got {self.drop_path_prob}")
         drop_prob = float(self.drop_path_prob) if self.training else 0.0
@@ -196,4 +259,4 @@ class DpnasNetwork(WholeNetwork):
         x = self.stem(x)
         for cell in self.cells:
             x = self.pool(cell(x, drop_prob, self.mask_stream))
-        return self.classifier(head(x, self.head_pool))
+        return classify(x, self.head_reduce, self.classifier, self.head_pool)
