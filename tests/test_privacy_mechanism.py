@@ -735,3 +735,73 @@ def test_a_secure_release_in_passes_is_the_release_in_one():
                                                 signs=rotation_signs(dimension, "run", "search", "W", 1),
                                                 local_variance=100, rounding_stream=Keystream.from_labels("round", 1),
                                                 noise_stream=Keystream.from_labels("noise", 1)), whole)
+
+
+class _SharedLinear(nn.Module):
+    """A linear layer called twice (shared weights), then a conv-free head: its per-example gradient is the sum of
+    both calls', which the layer-by-layer sum must form rather than take from one call's outer product."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.Linear(6, 6)
+        self.head = nn.Linear(6, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.tanh(self.shared(torch.tanh(self.shared(x.flatten(1))))))
+
+
+@pytest.mark.parametrize("network", ["scatter-linear", "cnn-tanh", "shared linear", "dpnas supernet A",
+                                     "dpnas supernet W"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_layer_by_layer_clipped_sum_is_the_clipped_sum_of_the_per_example_rows(network, dtype):
+    """hook_clipped_sum (a once-called linear layer by its outer product, ‖δ‖·‖x‖ and (c ⊙ δ)ᵀ x; every other layer's
+    rows formed one layer at a time) against clipped_sum of the full (B, P) matrix, clips on and off, with a row that
+    is not finite counting 0."""
+    from mpi_fnas.privacy.per_sample import hook_clipped_sum, per_sample_gradients
+    from mpi_fnas.space import build_handcrafted
+    from mpi_fnas.space.dpnas import DpnasSearchNetwork
+
+    torch.manual_seed(8)
+    if network.startswith("dpnas"):
+        net = DpnasSearchNetwork((4, 8), 4, nodes=2, in_channels=1)
+        params = dict(net.named_alphas() if network.endswith("A") else net.named_weights())
+        x = torch.randn(6, 1, 8, 8)
+    elif network == "shared linear":
+        net, x = _SharedLinear(), torch.randn(6, 6)
+        params = dict(net.named_parameters())
+    else:
+        net = build_handcrafted(network, seed=0, in_channels=1, num_classes=4, image_size=16)
+        x = torch.randn(6, 1, 16, 16)
+        x = net.fixed_stem(x) if network.startswith("scatter") else x
+        params = dict(net.named_parameters())
+    y = torch.tensor([0, 1, 2, 3, 0, 1])
+    rows = per_sample_gradients(net, params, x, y, method="hooks").to(dtype)
+    norms = rows.norm(dim=1)
+    for bound in (float(norms.median()), float(norms.max()) * 2):  # half the rows clipped; none
+        expected = clipped_sum(rows, bound)
+        got = hook_clipped_sum(net, params, x, y, bound, dtype=dtype)
+        assert got.dtype == dtype and got.shape == expected.shape
+        assert torch.allclose(got, expected, rtol=1e-4, atol=1e-6), (network, bound)
+    x_bad = x.clone()
+    x_bad[2] = float("nan")
+    keep = [0, 1, 3, 4, 5]
+    assert torch.allclose(hook_clipped_sum(net, params, x_bad, y, 1.0, dtype=dtype),
+                          hook_clipped_sum(net, params, x[keep], y[keep], 1.0, dtype=dtype), rtol=1e-4, atol=1e-6)
+    assert torch.equal(hook_clipped_sum(net, params, x[:0], y[:0], 1.0, dtype=dtype),
+                       torch.zeros(rows.shape[1], dtype=dtype))
+
+
+def test_a_linear_layers_outer_product_never_forms_its_per_example_gradients(monkeypatch):
+    """The linear layer of a ScatterNet (the release's largest part) is summed from δ and x alone."""
+    from mpi_fnas.privacy import layer_grads
+    from mpi_fnas.privacy.per_sample import hook_clipped_sum
+    from mpi_fnas.space import build_handcrafted
+
+    formed: list[type] = []
+    real = layer_grads.layer_per_example_grads
+    monkeypatch.setattr(layer_grads, "layer_per_example_grads",
+                        lambda module, *args: formed.append(type(module)) or real(module, *args))
+    net = build_handcrafted("scatter-linear", seed=0, in_channels=1, num_classes=10, image_size=28)
+    x = net.fixed_stem(torch.randn(4, 1, 28, 28))
+    hook_clipped_sum(net, dict(net.named_parameters()), x, torch.tensor([1, 2, 3, 4]), 0.1)
+    assert formed == []

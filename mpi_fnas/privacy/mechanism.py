@@ -28,6 +28,8 @@ from mpi_fnas.privacy.clipping import clipped_sum
 from mpi_fnas.privacy.per_sample import (
     LossFn,
     Method,
+    hook_clipped_sum,
+    hooks_supported,
     per_example_cross_entropy,
     per_sample_gradients,
     physical_batches,
@@ -106,8 +108,14 @@ def clipped_gradient_sum(
         raise ValueError("params is empty: nothing to differentiate")
     total = torch.zeros(sum(p.numel() for p in params.values()), dtype=dtype or first.dtype,
                         device=device if device is not None else first.device)
+    # The hooks method sums the clipped gradients layer by layer, without the (b, P) matrix (hook_clipped_sum).
+    layer_by_layer = method == "hooks" or (method == "auto" and hooks_supported(model, params))
     # An empty batch still makes one (empty) pass, so its parameters are checked as any other batch's.
     for part in physical_batches(int(inputs.shape[0]), max_physical_batch) or [slice(0, 0)]:
+        if layer_by_layer:
+            total += hook_clipped_sum(model, params, inputs[part], targets[part], clip_bound, loss_fn,
+                                      dtype=total.dtype).to(total.device)
+            continue
         grads = per_sample_gradients(model, params, inputs[part], targets[part], loss_fn, method=method)
         total += clipped_sum(grads.detach().to(total.device, total.dtype), clip_bound)
     return total

@@ -25,6 +25,7 @@ only on example i. ``mpi_fnas.privacy.validators.check_model_for_dp`` enforces t
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Literal
@@ -165,6 +166,44 @@ def _hook_gradients(
     loss_fn: LossFn,
 ) -> torch.Tensor:
     batch = int(inputs.shape[0])
+    per_param: dict[str, torch.Tensor] = {}
+
+    def add_layer(owner: str, module: nn.Module, layer_in: torch.Tensor, g_out: torch.Tensor,
+                  statistics: layer_grads.Statistics) -> None:
+        for attr, g in layer_grads.layer_per_example_grads(module, layer_in, g_out, statistics).items():
+            name = f"{owner}.{attr}" if owner else attr
+            if name in params:
+                per_param[name] = per_param[name] + g if name in per_param else g
+
+    copies = _hook_pass(model, params, inputs, targets, loss_fn, add_layer)
+    if copies is None:  # the loss does not depend on the parameters
+        return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
+    per_param.update(copies)
+    rows = [
+        per_param[name].reshape(batch, -1)
+        if name in per_param
+        else torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype)
+        for name, p in params.items()
+    ]
+    return torch.cat(rows, dim=1)
+
+
+LayerCallback = Callable[[str, nn.Module, torch.Tensor, torch.Tensor, layer_grads.Statistics], None]
+
+
+def _hook_pass(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss_fn: LossFn,
+    on_layer: LayerCallback,
+) -> dict[str, torch.Tensor] | None:
+    """The hooks method's one forward and one backward: ``on_layer(owner, module, input, output gradient,
+    statistics)`` for every call of an owner module whose output influenced the loss, as the backward reaches it
+    (then its input is let go); returns the per-example gradients ``(B, *shape)`` of the parameters the model takes
+    as per-example copies, or None when no owner ran and no copy was used (the loss does not depend on them)."""
+    batch = int(inputs.shape[0])
     copied = _per_example_names(model, params)
     owners = {_owner_name(name) for name in params if name not in copied}
     named = dict(model.named_modules())  # one walk of the module tree, not one per parameter
@@ -182,8 +221,8 @@ def _hook_gradients(
         fixed.update({name: b for name, b in model.named_buffers()})
         outputs = functional_call(model, {**fixed, **diff}, (inputs,))
         total_loss = _checked_losses(loss_fn(outputs, targets), batch).sum()
-    if not total_loss.requires_grad:  # no owner module ran, no copy was used: the loss does not depend on them
-        return torch.cat([torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype) for p in params.values()], 1)
+    if not total_loss.requires_grad:
+        return None
     if any(call.output._version != call.version for call in calls):
         # An in-place op on a layer output re-points its grad_fn: the output gradient would be the wrong one.
         raise RuntimeError("a layer output was modified in place; use method='vmap' or out-of-place ops")
@@ -192,19 +231,14 @@ def _hook_gradients(
     statistics_of = [call.statistics for call in calls]
     layer_outputs = [call.output for call in calls]
     calls.clear()  # input_of holds the only references to the layer inputs, dropped as each is used
-    per_param: dict[str, torch.Tensor] = {}
 
     def add_layer(index: int, g_out: torch.Tensor) -> None:
-        # Runs as soon as the backward reaches this call's output: the layer's per-example gradients, then its input
-        # is let go, so the inputs of the layers behind the backward are freed as it goes (a step's peak holds the
-        # output gradients, not every layer's input as well).
+        # Runs as soon as the backward reaches this call's output: the callback, then the layer's input is let go,
+        # so the inputs of the layers behind the backward are freed as it goes (a step's peak holds the output
+        # gradients, not every layer's input as well).
         owner, layer_in = owner_of[index], input_of[index]
         input_of[index] = None
-        grads = layer_grads.layer_per_example_grads(modules[owner], layer_in, g_out, statistics_of[index])
-        for attr, g in grads.items():
-            name = f"{owner}.{attr}" if owner else attr
-            if name in params:
-                per_param[name] = per_param[name] + g if name in per_param else g
+        on_layer(owner, modules[owner], layer_in, g_out, statistics_of[index])
 
     # A call whose output did not influence the loss gets no gradient: its hook never runs.
     handles = [out.register_hook(partial(add_layer, index)) for index, out in enumerate(layer_outputs)]
@@ -218,17 +252,96 @@ def _hook_gradients(
     finally:
         for handle in handles:
             handle.remove()
-    for n, g in zip(copied, grads[len(owner_of):], strict=True):
-        if g is not None:
-            per_param[n] = g
-    del grads
-    rows = [
-        per_param[name].reshape(batch, -1)
-        if name in per_param
-        else torch.zeros(batch, p.numel(), device=p.device, dtype=p.dtype)
-        for name, p in params.items()
-    ]
-    return torch.cat(rows, dim=1)
+    return {n: g for n, g in zip(copied, grads[len(owner_of):], strict=True) if g is not None}
+
+
+def hook_clipped_sum(
+    model: nn.Module,
+    params: Mapping[str, torch.Tensor],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    clip_bound: float,
+    loss_fn: LossFn = per_example_cross_entropy,
+    *,
+    dtype: torch.dtype = torch.float64,
+) -> torch.Tensor:
+    """``sum_i clip(g_i, R)`` -> ``(P,)`` in `dtype`, by the hooks method, without the ``(B, P)`` matrix of
+    per-example gradients: the norm of example i's gradient is summed from every layer's part, and the clipped sum
+    taken layer by layer. A linear layer called once on ``(B, in)`` inputs never forms its ``(B, out, in)``
+    per-example weight gradients: example i's is the outer product of its output gradient δ_i and input x_i, whose
+    squared norm is ``‖δ_i‖²·‖x_i‖²`` and whose clipped sum is ``(c ⊙ δ)ᵀ x``, one matmul (Goodfellow 2015; Li et
+    al.'s ghost clipping). Every other layer's per-example gradients are formed as
+    :func:`per_sample_gradients` forms them, one layer at a time. The factors and the sums are taken in `dtype`, so
+    each example's clipped contribution has norm at most R as computed (the secure path's float64). The same sum as
+    ``clipped_sum(per_sample_gradients(..., method="hooks"), R)`` up to rounding; a row that is not finite counts 0.
+    """
+    if not (math.isfinite(clip_bound) and clip_bound > 0):
+        raise ValueError(f"clip bound must be positive and finite, got {clip_bound}")
+    _check_param_names(model, params)
+    unhookable = _unhookable(model, params)
+    if unhookable:
+        raise ValueError(f"hook_clipped_sum needs every parameter hookable (unsupported: {', '.join(unhookable)})")
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"inputs and targets disagree on the batch size: {inputs.shape[0]} vs {targets.shape[0]}")
+    batch = int(inputs.shape[0])
+    first = next(iter(params.values()))
+    if batch == 0:
+        return torch.zeros(sum(p.numel() for p in params.values()), dtype=dtype, device=first.device)
+    outer: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # a once-called linear layer: (x, δ), (B, in), (B, out)
+    formed: dict[str, torch.Tensor] = {}  # every other parameter's per-example gradients, (B, numel)
+    calls: dict[str, int] = {}
+
+    def add_layer(owner: str, module: nn.Module, layer_in: torch.Tensor, g_out: torch.Tensor,
+                  statistics: layer_grads.Statistics) -> None:
+        calls[owner] = calls.get(owner, 0) + 1
+        if isinstance(module, nn.Linear) and layer_in.dim() == 2 and owner not in outer and calls[owner] == 1:
+            outer[owner] = (layer_in, g_out)
+            return
+        if owner in outer:  # called again (shared weights): its per-example gradients are formed after all
+            x, g = outer.pop(owner)
+            add_layer_grads(owner, module, x, g, None)
+        add_layer_grads(owner, module, layer_in, g_out, statistics)
+
+    def add_layer_grads(owner: str, module: nn.Module, layer_in: torch.Tensor, g_out: torch.Tensor,
+                        statistics: layer_grads.Statistics) -> None:
+        for attr, g in layer_grads.layer_per_example_grads(module, layer_in, g_out, statistics).items():
+            name = f"{owner}.{attr}" if owner else attr
+            if name in params:
+                g = g.reshape(batch, -1)
+                formed[name] = formed[name] + g if name in formed else g
+
+    copies = _hook_pass(model, params, inputs, targets, loss_fn, add_layer)
+    for name, g in (copies or {}).items():
+        formed[name] = g.reshape(batch, -1)
+    wide = {name: g.to(dtype) for name, g in formed.items()}
+    pairs = {owner: (x.to(dtype), g.to(dtype)) for owner, (x, g) in outer.items()}
+    squared = torch.zeros(batch, dtype=dtype, device=first.device)
+    for g in wide.values():
+        squared += g.square().sum(dim=1)
+    for owner, (x, g) in pairs.items():
+        with_bias = f"{owner}.bias" if owner else "bias"
+        weight_wanted = (f"{owner}.weight" if owner else "weight") in params
+        g_sq = g.square().sum(dim=1)
+        if weight_wanted:
+            squared += g_sq * x.square().sum(dim=1)
+        if with_bias in params:
+            squared += g_sq
+    norms = squared.sqrt()
+    factors = torch.where(torch.isfinite(norms), 1.0 / torch.clamp(norms / clip_bound, min=1.0), 0.0)
+    kept = factors > 0
+    pieces = []
+    for name, p in params.items():
+        owner, attr = _owner_name(name), name.rsplit(".", 1)[-1]
+        if name in wide:
+            rows = torch.where(kept[:, None], wide[name], 0.0)  # a dropped row is 0, not 0 * nan
+            pieces.append(factors @ rows)
+        elif owner in pairs:
+            x, g = (torch.where(kept[:, None], t, 0.0) for t in pairs[owner])
+            scaled = g * factors[:, None]
+            pieces.append((scaled.T @ x).reshape(-1) if attr == "weight" else scaled.sum(dim=0))
+        else:  # not reached by the loss: no gradient
+            pieces.append(torch.zeros(p.numel(), dtype=dtype, device=first.device))
+    return torch.cat(pieces)
 
 
 def _hookable(module: nn.Module, attr: str) -> bool:
