@@ -27,8 +27,8 @@ TINY_SETTINGS = [*PRE_RECIPE, "space.channels=4", "space.layers=3", "space.nodes
 TINY = [arg for item in TINY_SETTINGS for arg in ("--set", item)] + ["--repeats", "1", "--json"]
 DP_TIMES = ("dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_cpu_seconds",
             "per_sample_seconds", "per_sample_a_seconds")
-OPACUS_FIELDS = ("opacus_version", "cnn_tanh_params", "cnn_tanh_dp_step_cpu_seconds", "opacus_dp_step_cpu_seconds",
-                 "dp_step_vs_opacus")
+OPACUS_FIELDS = ("opacus_version", "opacus_network", "opacus_network_params", "network_dp_step_cpu_seconds",
+                 "opacus_dp_step_cpu_seconds", "dp_step_vs_opacus")
 AGGREGATION_FIELDS = ("aggregate_parties", "aggregate_epsilon", "aggregate_sigma_local", "aggregate_sigma_secure",
                       "aggregate_noise_std_ratio", "aggregate_noise_std_ratio_expected", "secure_overhead_fraction",
                       "secure_bits_needed", "secure_overflow_rate")
@@ -90,9 +90,9 @@ def test_bench_json_fields(ranks, memory):
     if memory:
         assert all(report[key] is None for key in (*AGGREGATION_FIELDS, *OPACUS_FIELDS))
     else:  # cnn-tanh's private step beside Opacus's: both timed, the ratio theirs over ours
-        assert report["opacus_version"] and report["cnn_tanh_params"] > 0
+        assert report["opacus_version"] and report["opacus_network_params"] > 0
         assert report["dp_step_vs_opacus"] == pytest.approx(
-            report["cnn_tanh_dp_step_cpu_seconds"] / report["opacus_dp_step_cpu_seconds"])
+            report["network_dp_step_cpu_seconds"] / report["opacus_dp_step_cpu_seconds"])
     if not memory:  # secure against local aggregation at equal ε, K = 8 (docs/benchmarks.md)
         assert report["aggregate_parties"] == 8 and report["aggregate_epsilon"] > 0
         assert report["aggregate_sigma_secure"] > report["aggregate_sigma_local"] == 1.0  # the bound costs noise

@@ -107,8 +107,8 @@ REPORT_KEYS_FROM_STEP = (
     "aggregate_noise_std_ratio", "aggregate_noise_std_ratio_expected", "secure_w_release_cpu_seconds",
     "local_w_release_cpu_seconds", "secure_open_cpu_seconds", "secure_overhead_fraction", "secure_bits_needed",
     "secure_bits", "secure_overflow_rate",
-    "opacus_version", "cnn_tanh_params", "cnn_tanh_dp_step_cpu_seconds", "opacus_dp_step_cpu_seconds",
-    "dp_step_vs_opacus",
+    "opacus_version", "opacus_network", "opacus_network_params", "network_dp_step_cpu_seconds",
+    "opacus_dp_step_cpu_seconds", "dp_step_vs_opacus",
     "scatter_examples", "scatter_seconds", "scatter_cpu_seconds", "scatter_ms_per_example", "scatter_features_mb",
     "scatter_peak_growth_mb",
 )

@@ -1,5 +1,6 @@
-"""The private step of the hand-designed ``cnn-tanh`` beside Opacus's on the same network, weights, inputs and
-threads (:func:`compare_opacus`): an outside reference for what our DP step costs."""
+"""The private step of a hand-designed network (``augment.network`` when it is one, else ``cnn-tanh``) beside
+Opacus's on the same network, weights, inputs and threads (:func:`compare_opacus`): an outside reference for what
+our DP step costs."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ from typing import Any
 
 from mpi_fnas.bench.augment_step import make_augment_party
 from mpi_fnas.bench.party_step import timed
-from mpi_fnas.config import Config
+from mpi_fnas.config import HANDCRAFTED_NETWORKS, Config
 
 
 def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
-    """The private step of ``augment.network: cnn-tanh`` beside Opacus's, interleaved, medians of CPU seconds.
+    """The private step of the configured hand-designed ``augment.network`` (``cnn-tanh`` for a cell) beside
+    Opacus's, interleaved, medians of CPU seconds. A ScatterNet's batch is its examples' scattering (computed once,
+    outside both steps).
 
     Ours: the augmentation party's release of one Poisson batch at rate 1 (exactly ``augment.batch_size``
     examples: per-example gradients, clip, Gaussian noise from the AES keystream, ÷ B). Theirs: the same network
@@ -33,7 +36,8 @@ def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    augment = dataclasses.replace(cfg.augment, network="cnn-tanh", genotype=None, drop_path=0.0,
+    network = cfg.augment.network if cfg.augment.network in HANDCRAFTED_NETWORKS else "cnn-tanh"
+    augment = dataclasses.replace(cfg.augment, network=network, genotype=None, drop_path=0.0,
                                   auxiliary_weight=0.0, cutout=0, crop_padding=0, flip=False)
     ours = make_augment_party(dataclasses.replace(cfg, augment=augment), private=True)
     x, y = ours.train.x, ours.train.y  # the whole pool: the Poisson batch at rate 1
@@ -54,6 +58,7 @@ def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
             if i:  # the first round warms up allocators and kernels
                 cpu[key].append(seconds)
     mine, other = statistics.median(cpu["ours"]), statistics.median(cpu["opacus"])
-    return {"opacus_version": opacus_version, "cnn_tanh_params": sum(p.numel() for p in ours.model.parameters()),
-            "cnn_tanh_dp_step_cpu_seconds": mine, "opacus_dp_step_cpu_seconds": other,
+    return {"opacus_version": opacus_version, "opacus_network": network,
+            "opacus_network_params": sum(p.numel() for p in ours.model.parameters()),
+            "network_dp_step_cpu_seconds": mine, "opacus_dp_step_cpu_seconds": other,
             "dp_step_vs_opacus": mine / other}

@@ -329,14 +329,14 @@ def hook_clipped_sum(
     norms = squared.sqrt()
     factors = torch.where(torch.isfinite(norms), 1.0 / torch.clamp(norms / clip_bound, min=1.0), 0.0)
     kept = factors > 0
+    every = bool(kept.all())  # else a dropped row is made 0 first: 0 * nan would be nan
     pieces = []
     for name, p in params.items():
         owner, attr = _owner_name(name), name.rsplit(".", 1)[-1]
         if name in wide:
-            rows = torch.where(kept[:, None], wide[name], 0.0)  # a dropped row is 0, not 0 * nan
-            pieces.append(factors @ rows)
+            pieces.append(factors @ (wide[name] if every else torch.where(kept[:, None], wide[name], 0.0)))
         elif owner in pairs:
-            x, g = (torch.where(kept[:, None], t, 0.0) for t in pairs[owner])
+            x, g = pairs[owner] if every else (torch.where(kept[:, None], t, 0.0) for t in pairs[owner])
             scaled = g * factors[:, None]
             pieces.append((scaled.T @ x).reshape(-1) if attr == "weight" else scaled.sum(dim=0))
         else:  # not reached by the loss: no gradient
