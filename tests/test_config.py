@@ -138,7 +138,8 @@ def test_bad_input_is_one_line_naming_the_key(override, message):
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["augment.network=cnn-relu"], r"^augment\.network: 'cnn-relu' is not one of 'cell', 'cnn-tanh', 'cnn-gn'$"),
+        (["augment.network=cnn-relu"], r"^augment\.network: 'cnn-relu' is not one of 'cell', 'cnn-tanh', 'cnn-gn', "
+         r"'scatter-linear', 'scatter-cnn'$"),
         (["augment.network=cnn-tanh", "augment.genotype=normal=skip_connect@0"],
          r"^augment\.genotype: augment\.network cnn-tanh trains a hand-designed network, not a cell"),
         (["augment.network=cnn-gn", "augment.drop_path=0.2"], r"^augment\.drop_path: augment\.network cnn-gn has no "

@@ -696,3 +696,25 @@ def test_a_search_party_scatters_its_own_shards_once(monkeypatch) -> None:
     assert calls == [len(got.train_indices), len(got.val_indices)]
     x_tr, _ = own_shard(cfg, data, got, 1, "train")
     assert torch.allclose(party.train.x.contiguous(), real(scattering.Scattering(3), x_tr), atol=1e-6)
+
+
+def test_gdas_anneals_its_temperature_linearly_over_the_epochs_when_asked() -> None:
+    """``search.gdas_temperature_final``: τ from gdas_temperature at the first epoch to it at the last (GDAS: 10 to
+    0.1), the value the party's step sets; unset, τ stays fixed."""
+    from types import SimpleNamespace
+
+    from mpi_fnas.federation.schedules import gdas_temperature
+    from mpi_fnas.stages.search import SearchSide
+
+    cfg = load_config(None, ["search.method=gdas", "search.epochs=5", "search.steps_per_epoch=2",
+                             "search.gdas_temperature=10", "search.gdas_temperature_final=0.1"])
+    assert [gdas_temperature(cfg.search, e) for e in range(6)] == pytest.approx([10, 7.525, 5.05, 2.575, 0.1, 0.1])
+    side, party = SearchSide(cfg), SimpleNamespace(model=DpnasSearchNetwork((4,), 10, nodes=2))
+    side.steps_per_epoch = 2
+    for step, tau in ((1, 10), (2, 10), (3, 7.525), (10, 0.1)):
+        side.step(party, step)
+        assert party.model.path_temperature == pytest.approx(tau)
+    fixed = load_config(None, ["search.method=gdas", "search.gdas_temperature=0.3"])
+    assert {gdas_temperature(fixed.search, e) for e in range(4)} == {0.3}
+    with pytest.raises(ConfigError, match=r"search\.gdas_temperature_final: 0(\.0)? must be > 0 or null"):
+        load_config(None, ["search.gdas_temperature_final=0"])

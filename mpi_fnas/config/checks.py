@@ -36,6 +36,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("search.batch_size", lambda v: v >= 1, "must be >= 1"),
     ("search.steps_per_epoch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
     ("search.gdas_temperature", lambda v: v > 0, "must be > 0"),
+    ("search.gdas_temperature_final", lambda v: v is None or v > 0, "must be > 0 or null"),
     ("search.w_lr", lambda v: v > 0, "must be > 0"),
     ("search.w_lr_min", lambda v: v >= 0, "must be >= 0"),
     ("search.w_momentum", lambda v: 0 <= v < 1, "must be in [0, 1)"),

@@ -136,6 +136,9 @@ class SearchConfig:
         "with a straight-through gradient for A (Dong & Yang 2019), so a step costs one op per edge")
     gdas_temperature: float = _key(
         1.0, "gdas: the temperature τ of the straight-through softmax((A + Gumbel) / τ) that A's gradient follows")
+    gdas_temperature_final: float | None = _key(
+        None, "gdas: if set, τ is annealed linearly from gdas_temperature at the first epoch to this at the last, "
+        "as GDAS does (10 to 0.1); null: τ fixed")
     aggregate: Literal["mean", "sum"] = _key(
         "mean", "how the server combines the K party gradients: mean, or sum (the paper's Eq. 3-4)")
     steps_per_epoch: int | None = _key(

@@ -22,6 +22,15 @@ def search_learning_rate(search: SearchConfig, epoch: int) -> float:
     return cosine(search.w_lr, search.w_lr_min, min(epoch, search.epochs) / search.epochs)
 
 
+def gdas_temperature(search: SearchConfig, epoch: int) -> float:
+    """GDAS's τ of `epoch` (0-based): ``gdas_temperature``, or with ``gdas_temperature_final`` a linear anneal from
+    the first to the last of ``epochs`` (Dong & Yang: 10 to 0.1), held after it."""
+    if search.gdas_temperature_final is None or search.epochs <= 1:
+        return search.gdas_temperature
+    share = min(epoch, search.epochs - 1) / (search.epochs - 1)
+    return search.gdas_temperature + (search.gdas_temperature_final - search.gdas_temperature) * share
+
+
 def augment_learning_rate(cfg: AugmentConfig, step: int, steps: int) -> float:
     """The augmentation's learning rate of iteration `step` (1-based) of `steps`: lr → lr_min, per step."""
     return cosine(cfg.lr, cfg.lr_min, (step - 1) / max(steps, 1))

@@ -22,7 +22,7 @@ from mpi_fnas.federation.inventory import gather_inventory
 from mpi_fnas.federation.party import Party, search_party
 from mpi_fnas.federation.plan import Assignment, PartyView, plan_run, search_steps_per_epoch
 from mpi_fnas.federation.randomness import PartyRandomness
-from mpi_fnas.federation.schedules import path_noise, search_learning_rate
+from mpi_fnas.federation.schedules import gdas_temperature, path_noise, search_learning_rate
 from mpi_fnas.federation.server import search_server
 from mpi_fnas.federation.shard import Shard
 from mpi_fnas.federation.verify import (
@@ -207,7 +207,7 @@ class SearchSide(StageSide):
         epoch = (step - 1) // self.steps_per_epoch
         if self.cfg.search.method == "gdas":  # this iteration's path, the same on every party
             party.model.path_noise = path_noise(self.cfg.seed, step, tuple(party.model.alpha.shape))
-            party.model.path_temperature = self.cfg.search.gdas_temperature
+            party.model.path_temperature = gdas_temperature(self.cfg.search, epoch)
         return {"w_rounds": self.rounds, "train_a": epoch >= self.cfg.search.warmup_epochs,  # the warm-up: W only
                 "second_order": self.cfg.search.order == "second_order",
                 "xi": search_learning_rate(self.cfg.search, epoch)}
