@@ -16,7 +16,7 @@ dest=$here/.whl
 # What travels: the runtime needs the image lacks (cryptography, dp-accounting), what they need in turn (cffi,
 # pycparser; dm-tree), pytest-mpi (tests/mpi's plugin; the suite's conftest knows its options) and mpich (an
 # mpirun, and the MPI library the image's mpi4py wheel loads at run time).
-WHEELS=(cryptography cffi pycparser dp-accounting dm-tree pytest-mpi mpich)
+WHEELS=(cryptography cffi pycparser dp-accounting dm-tree kymatio appdirs configparser pytest-mpi mpich)
 
 # pinned NAME: NAME==VERSION as constraints.txt pins it (names compared as pip does), else NAME.
 pinned() {

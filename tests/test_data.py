@@ -486,7 +486,7 @@ def test_download_over_http_checks_md5_and_extracts(
 
 
 def test_open_dataset_synthetic_and_errors() -> None:
-    assert DATASETS == ("synthetic-shapes", "cifar10", "mnist", "mnist-5k", "imagefolder")
+    assert DATASETS == ("synthetic-shapes", "cifar10", "mnist", "mnist-5k", "fashion-mnist", "imagefolder")
     data = open_dataset("synthetic-shapes", "test", root="unused", image_size=32, size=40, seed=5)
     assert isinstance(data, Dataset)
     assert len(data) == 40 and (data.num_classes, data.in_channels, data.image_size) == (10, 3, 32)
