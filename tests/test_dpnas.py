@@ -394,8 +394,9 @@ def test_string_round_trip_property() -> None:
         assert DpnasGenotype.from_string(text) == genotype
         assert text.isascii() and " " not in text
         assert len(text) <= max_dpnas_genotype_length(nodes)
-    worst = DpnasGenotype(("conv_3x3_hardtanh",) * 15)  # the longest op name everywhere attains the bound
+    worst = DpnasGenotype(("conv_3x3_hardtanh",) * 15, stem="scattering", head="dpnas")  # attains the bound
     assert len(worst.to_string()) == max_dpnas_genotype_length(5)
+    assert DpnasGenotype.from_string(worst.to_string()) == worst
     assert DpnasGenotype.from_string(" dpnas = skip_connect @ 0 | none@0 , max_pool_3x3@1 ").ops == (
         "skip_connect", "none", "max_pool_3x3")
 
@@ -718,3 +719,83 @@ def test_gdas_anneals_its_temperature_linearly_over_the_epochs_when_asked() -> N
     assert {gdas_temperature(fixed.search, e) for e in range(4)} == {0.3}
     with pytest.raises(ConfigError, match=r"search\.gdas_temperature_final: 0(\.0)? must be > 0 or null"):
         load_config(None, ["search.gdas_temperature_final=0"])
+
+
+# --------------------------------------------------------------------------- stem and head chosen by the search
+
+
+def test_a_searched_stem_and_head_mix_their_candidates_by_categorical_weights_released_with_the_alpha() -> None:
+    """``space.stem: search`` and ``space.head: search``: the supernet holds both candidates of each, mixed by
+    softmax(β) (β (2,), part of A beside the alpha: released, clipped and noised with it, one release); the logits
+    are Σ_s Σ_h w_s w_h · logits(s, h). Per-example gradients of A (per-example copies of α and both β) match the
+    loop; the derivation names the strongest candidate of each; the derived network is built with them."""
+    torch.manual_seed(9)
+    net = DpnasSearchNetwork((4, 8), 10, nodes=2, in_channels=1, stem_kind="search", head_kind="search")
+    assert [name for name, _ in net.named_alphas()] == ["alpha", "stem_beta", "head_beta"]
+    assert not {id(p) for p in net.alphas()} & {id(p) for p in net.weights()}
+    assert len(net.weights()) + 3 == len(list(net.parameters())) and net.fixed_stem is None
+    x, y = torch.randn(3, 1, 16, 16), torch.tensor([1, 2, 3])  # images: the scattering is computed in the forward
+    with torch.no_grad():
+        net.stem_beta.copy_(torch.tensor([0.3, -0.2]))
+        net.head_beta.copy_(torch.tensor([-0.1, 0.4]))
+        weights = F.softmax(net.alpha, dim=-1)
+        mixed = 0
+        for s, (kind, branch) in enumerate(zip(("conv", "scattering"), net.stems, strict=True)):
+            h = branch(x if kind == "conv" else net.scattering(x))
+            for cell in net.cells:
+                h = net.pool(cell(h, weights))
+            for k, head in enumerate(net.heads):
+                mixed = mixed + F.softmax(net.stem_beta, 0)[s] * F.softmax(net.head_beta, 0)[k] * head(h)
+        assert torch.allclose(net(x), mixed, atol=1e-6)
+    params = dict(net.named_alphas())
+    assert hooks_supported(net, params)
+    got = per_sample_gradients(net, params, x, y, method="hooks")
+    for i in range(3):
+        net.zero_grad()
+        F.cross_entropy(net(x[i:i + 1]), y[i:i + 1]).backward()
+        assert torch.allclose(got[i], torch.cat([p.grad.reshape(-1) for p in params.values()]), rtol=1e-4, atol=1e-6)
+    genotype = net.genotype()
+    assert (genotype.stem, genotype.head) == ("conv", "dpnas")  # the argmax of each β
+    assert genotype.to_string().endswith(";stem=conv;head=dpnas")
+    cfg = load_config(None, ["data.image_size=16", "space.stage_channels=[4,8]", "space.nodes=2",
+                             "space.stem=search", "space.head=search"])
+    derived = search_space("dpnas").build_augment_network(genotype, cfg, seed=0, in_channels=1, num_classes=10)
+    assert derived.fixed_stem is None and derived.head_reduce is not None
+    largest = search_space("dpnas").largest_genotype(cfg)
+    assert (largest.stem, largest.head) == ("scattering", "dpnas")
+    with pytest.raises(ValueError, match="space.stem: search, but the genotype names no stem"):
+        search_space("dpnas").build_augment_network(DpnasGenotype(genotype.ops), cfg, seed=0, in_channels=1,
+                                                    num_classes=10)
+
+
+def test_a_gdas_step_runs_the_drawn_stem_and_head_alone() -> None:
+    """Under GDAS each searched choice is drawn like an edge (a public Gumbel draw of its own stream): the step runs
+    that candidate alone (the other's weights get no gradient), and rank 0's argmax path runs the strongest."""
+    from mpi_fnas.federation.schedules import path_noise
+
+    torch.manual_seed(10)
+    net = DpnasSearchNetwork((4,), 10, nodes=2, in_channels=1, stem_kind="search", head_kind="search")
+    net.path_noise = path_noise(3, 1, tuple(net.alpha.shape))
+    net.choice_noise = {"stem": torch.tensor([[0.0, 5.0]]), "head": torch.tensor([[5.0, 0.0]])}
+    F.cross_entropy(net(torch.randn(2, 1, 16, 16)), torch.tensor([0, 1])).backward()
+    assert all(p.grad is None for p in net.stems[0].parameters())  # the conv stem was not drawn
+    assert any(p.grad is not None for p in net.stems[1].parameters())
+    assert all(p.grad is None for p in net.heads[1].parameters()) and net.heads[0].classifier.weight.grad is not None
+    assert net.stem_beta.grad is not None and net.head_beta.grad is not None  # straight-through
+    assert not torch.equal(path_noise(3, 1, (1, 2), label="stem"), path_noise(3, 1, (1, 2), label="head"))
+    net.argmax_path()
+    assert torch.equal(net.choice_noise["stem"], torch.zeros(1, 2))
+
+
+def test_a_genotype_names_only_the_choices_its_space_allows() -> None:
+    text = "dpnas=conv_3x3_relu@0|conv_3x3_tanh@0,conv_3x3_relu@1;stem=scattering;head=dpnas"
+    space = search_space("dpnas")
+    searched = load_config(None, ["space.nodes=2", "space.stem=search", "space.head=search"]).space
+    assert (space.parse_genotype(text, searched).stem, space.parse_genotype(text, searched).head) == ("scattering",
+                                                                                                    "dpnas")
+    fixed = load_config(None, ["space.nodes=2", "space.stem=conv", "space.head=dpnas"]).space
+    with pytest.raises(ValueError, match="the genotype's stem 'scattering' is not space.stem 'conv'"):
+        space.parse_genotype(text, fixed)
+    with pytest.raises(ValueError, match="expected ';stem=conv|scattering'"):
+        DpnasGenotype.from_string(text + ";stem=conv")
+    assert space.max_genotype_length(searched) >= len(text)

@@ -90,3 +90,25 @@ def test_dpfnas_searches_and_trains_a_dpnas_cell_with_its_epsilon_reproduced(tmp
     record = read_record(tmp_path / "run" / "search.h5", tmp_path)
     figures = run_figures(record)
     assert {name.rsplit("-", 1)[-1] for name in figures} >= {"alphas.png", "cells.png", "epochs.png", "epsilon.png"}
+
+
+def test_a_search_that_chooses_the_stem_and_the_head_trains_what_it_chose(tmp_path):
+    """``space.stem: search``, ``space.head: search`` under GDAS and secure aggregation: the job searches the cell
+    and both choices (their β released with the alpha, in one release), logs a genotype that names them, and the
+    augmentation trains that network: the one the genotype builds, scattering stem and all."""
+    from mpi_fnas.config import load_config
+    from mpi_fnas.space import augment_network
+
+    args = [*TINY, "--set", "data.image_size=16", "--set", "space.kind=dpnas", "--set", "space.ops=[]",
+            "--set", "space.stage_channels=[4,8]", "--set", "space.stem=search", "--set", "space.head=search",
+            "--set", "search.method=gdas", "--set", "mode=dpfnas", "--set", "privacy.aggregation=secure",
+            "--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=16"]
+    done = warm_job(3, *args, "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    log = read_run(tmp_path / "run" / "search.h5")
+    genotype = DpnasGenotype.from_string(log["final_genotype"])
+    assert genotype.stem in ("conv", "scattering") and genotype.head in ("pool", "dpnas")
+    assert log["augment"]["status"] == "finished" and log["augment"]["genotype"] == log["final_genotype"]
+    cfg = load_config(None, args[1::2])
+    assert log["augment"]["params"] == augment_network(cfg, genotype, seed=0, in_channels=3,
+                                                       num_classes=10).num_params()

@@ -145,7 +145,7 @@ def validate(cfg: Config) -> Config:
         if cfg.space.head == "dpnas" and cfg.space.head_pool != 1:
             raise ConfigError(f"space.head_pool: {cfg.space.head_pool} is the pool head's; the dpnas head pools "
                               "to 3x3 itself, so leave it at 1")
-        side = cfg.data.image_size // 4 if cfg.space.stem == "scattering" else \
+        side = cfg.data.image_size // 4 if cfg.space.stem != "conv" else \
             -(-cfg.data.image_size // cfg.space.stem_stride)
         for _ in cfg.space.stage_channels:  # each stage's pool halves the side, rounding up
             side = -(-side // 2)

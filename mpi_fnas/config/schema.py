@@ -90,14 +90,15 @@ class SpaceConfig:
         2, "intermediate nodes per cell (DARTS uses 4, DPNAS 5; 2 keeps the default run within minutes on a laptop "
         "CPU)")
     stem_multiplier: int = _key(3, "darts: the stem convolution outputs stem_multiplier·channels channels")
-    stem: Literal["conv", "scattering"] = _key(
-        "conv", "dpnas: what the cells read: conv (a learned 3x3 conv of the images, space.stem_stride) or scattering "
+    stem: Literal["conv", "scattering", "search"] = _key(
+        "conv", "dpnas: what the cells read: conv (a learned 3x3 conv of the images, space.stem_stride), scattering "
         "(the fixed scattering transform of Tramèr & Boneh's ScatterNets, 81 channels a colour channel at a quarter "
-        "of the side, computed once per example; no weights, no ε), then GroupNorm")
-    head: Literal["pool", "dpnas"] = _key(
+        "of the side, computed once per example; no weights, no ε), then GroupNorm; or search: both, mixed by a "
+        "categorical weight the search learns and releases with the cell's alpha (docs/dpnas.md)")
+    head: Literal["pool", "dpnas", "search"] = _key(
         "pool", "dpnas: what the classifier reads: pool (the last stage's maps average-pooled to space.head_pool, "
-        "then one linear layer) or dpnas (DPNASNet's MNIST head: 1x1 conv to 128 channels + GroupNorm, the map "
-        "pooled to 3x3, fc 128, tanh, fc)")
+        "then one linear layer), dpnas (DPNASNet's MNIST head: 1x1 conv to 128 channels + GroupNorm, the map "
+        "pooled to 3x3, fc 128, tanh, fc), or search: both, mixed as space.stem: search")
     stem_stride: int = _key(
         1, "dpnas: stride of the stem's 3x3 convolution: 1 keeps the input's side; 2 halves it, so the cells see a "
         "28x28 digit at 14x14 through a learned downsampling (a quarter of their compute)")

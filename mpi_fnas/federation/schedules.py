@@ -42,9 +42,11 @@ def drop_path_probability(cfg: AugmentConfig, step: int, steps_per_epoch: int) -
     return cfg.drop_path * epoch / max(cfg.epochs, 1)
 
 
-def path_noise(seed: int, step: int, shape: tuple[int, int]) -> torch.Tensor:
+def path_noise(seed: int, step: int, shape: tuple[int, int], label: str = "") -> torch.Tensor:
     """The Gumbel draw (edges, ops) of search iteration `step` under ``search.method: gdas``: one public stream per
     (seed, step), so every party runs the same path whatever it has drawn before (a resume too), and no secret
-    draw is spent on it (the path depends on no data)."""
-    uniform = Keystream.from_labels("gdas-path", seed, step).uniform(shape).clamp_min(2.0 ** -53)  # log(0)
+    draw is spent on it (the path depends on no data). `label`: a searched choice's draw (``stem``, ``head``), a
+    stream of its own."""
+    labels = ("gdas-path", seed, step, label) if label else ("gdas-path", seed, step)
+    uniform = Keystream.from_labels(*labels).uniform(shape).clamp_min(2.0 ** -53)  # log(0)
     return -torch.log(-torch.log(uniform)).to(torch.float32)

@@ -204,7 +204,7 @@ def search_server(model: nn.Module, search: SearchConfig, parties: int, steps_pe
     ``search.method: gdas`` its model (what it evaluates and probes with) runs the argmax path, the network the
     parties' single paths train, rather than the mixture of every op."""
     if search.method == "gdas":
-        model.path_noise = torch.zeros_like(model.alpha.detach())
+        model.argmax_path()
     def a_optimizer(a: nn.Parameter) -> FlatSGD | FlatAdam:
         if search.a_optimizer == "adam":
             return FlatAdam(a, lr=search.a_lr, betas=(search.a_beta1, search.a_beta2),

@@ -154,6 +154,10 @@ class DpnasSpace:
         genotype = dpnas.DpnasGenotype.from_string(text)
         if space is not None:
             check_candidates(genotype.ops, self.candidates(space))
+            for name in dpnas.CHOICES:  # a choice the space searched must be named; one it fixes, not another
+                configured, chosen = getattr(space, name), getattr(genotype, name)
+                if chosen is not None and configured not in (dpnas.SEARCH, chosen):
+                    raise ValueError(f"the genotype's {name} {chosen!r} is not space.{name} {configured!r}")
         return genotype
 
     def check_trainable(self, genotype: dpnas.DpnasGenotype) -> None:
@@ -175,20 +179,29 @@ class DpnasSpace:
     def largest_genotype(self, cfg: Config) -> dpnas.DpnasGenotype:
         """The cell whose network has the most parameters: every edge a candidate convolution (they all have the
         same parameters), else every edge the first candidate other than ``none`` (pools and skips have none), as
-        :meth:`DartsSpace.largest_genotype`."""
+        :meth:`DartsSpace.largest_genotype`; of a searched stem or head, the candidate with more parameters (the
+        scattering stem, whose 81 channels a colour channel feed the first cell; the dpnas head)."""
         kept = [op for op in self.candidates(cfg.space) if op != "none"]
         op = next((name for name in kept if name.startswith(dpnas.CONV_PREFIX)), kept[0])
-        return dpnas.DpnasGenotype((op,) * dpnas.num_edges(cfg.space.nodes))
+        larger = {"stem": "scattering", "head": "dpnas"}
+        return dpnas.DpnasGenotype((op,) * dpnas.num_edges(cfg.space.nodes),
+                                   **{name: larger[name] for name in dpnas.CHOICES
+                                      if getattr(cfg.space, name) == dpnas.SEARCH})
 
     def build_augment_network(self, genotype: Any, cfg: Config, *, seed: int, in_channels: int,
                               num_classes: int) -> nn.Module:
         """``DpnasNetwork`` of ``genotype`` with the searched widths (``space.stage_channels``: the paper trains
         DPNASNet at the size it searched), initialised from ``seed``. ValueError for a cell that is not
         connected."""
+        kinds = {name: getattr(genotype, name) or getattr(cfg.space, name) for name in dpnas.CHOICES}
+        searched = [name for name, kind in kinds.items() if kind == dpnas.SEARCH]
+        if searched:
+            raise ValueError(f"space.{searched[0]}: search, but the genotype names no {searched[0]} (a genotype of a "
+                             f"search that chose it ends in ';{searched[0]}=...')")
         torch.manual_seed(seed)
         return dpnas.DpnasNetwork(genotype, cfg.space.stage_channels, num_classes, in_channels=in_channels,
                                   stem_stride=cfg.space.stem_stride, head_pool=cfg.space.head_pool,
-                                  stem_kind=cfg.space.stem, head_kind=cfg.space.head)
+                                  stem_kind=kinds["stem"], head_kind=kinds["head"])
 
 
 #: Every space, by ``space.kind``.

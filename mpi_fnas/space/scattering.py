@@ -58,7 +58,7 @@ class Scattering:
             raise ValueError(f"Scattering input: expected (N, {self.in_channels}, {side}, {side}), got "
                              f"{tuple(x.shape)}")
         transform, out_size = self._transform(x.device, side), side // 2**J
-        out = [transform(x[i:i + CHUNK].float()).reshape(-1, self.out_channels, out_size, out_size)
+        out = [transform(x[i:i + CHUNK].float().contiguous()).reshape(-1, self.out_channels, out_size, out_size)
                for i in range(0, x.shape[0], CHUNK)]
         if not out:
             return x.new_zeros((0, self.out_channels, out_size, out_size))

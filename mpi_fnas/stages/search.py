@@ -36,6 +36,7 @@ from mpi_fnas.federation.verify import (
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.space import search_space
+from mpi_fnas.space.dpnas import CHOICES
 from mpi_fnas.stages import base
 from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSetup, StageSide, StepTotals
 
@@ -207,6 +208,8 @@ class SearchSide(StageSide):
         epoch = (step - 1) // self.steps_per_epoch
         if self.cfg.search.method == "gdas":  # this iteration's path, the same on every party
             party.model.path_noise = path_noise(self.cfg.seed, step, tuple(party.model.alpha.shape))
+            party.model.choice_noise = {name: path_noise(self.cfg.seed, step, (1, len(CHOICES[name])), label=name)
+                                        for name in getattr(party.model, "choices", ())}
             party.model.path_temperature = gdas_temperature(self.cfg.search, epoch)
         return {"w_rounds": self.rounds, "train_a": epoch >= self.cfg.search.warmup_epochs,  # the warm-up: W only
                 "second_order": self.cfg.search.order == "second_order",
@@ -215,7 +218,7 @@ class SearchSide(StageSide):
     def finish(self, party: Party, channel: Channel) -> None:
         if not party.private:  # the summary's validation accuracy: Σ_k [loss_sum, correct, count] on D_k^val
             if self.cfg.search.method == "gdas":  # on the argmax path, as rank 0 evaluates, not the last draw's
-                party.model.path_noise = torch.zeros_like(party.model.path_noise)
+                party.model.argmax_path()
             channel.reduce_sum(party.evaluate_val())
 
 

@@ -3,6 +3,7 @@ stage, derivation by per-edge argmax with ``none`` meaning "no edge". Selected b
 
 from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasMixedOp, DpnasSearchCell
 from mpi_fnas.space.dpnas.genotype import (
+    CHOICES,
     DpnasGenotype,
     check_connected,
     derive_dpnas_genotype,
@@ -10,13 +11,15 @@ from mpi_fnas.space.dpnas.genotype import (
     max_dpnas_genotype_length,
     num_edges,
 )
-from mpi_fnas.space.dpnas.network import DpnasNetwork, DpnasSearchNetwork
+from mpi_fnas.space.dpnas.network import SEARCH, DpnasNetwork, DpnasSearchNetwork
 from mpi_fnas.space.dpnas.ops import ACTIVATIONS, CONV_PREFIX, PRIMITIVES, make_dpnas_op
 
 __all__ = [
     "ACTIVATIONS",
+    "CHOICES",
     "CONV_PREFIX",
     "PRIMITIVES",
+    "SEARCH",
     "DerivedDpnasCell",
     "DpnasGenotype",
     "DpnasMixedOp",

@@ -18,8 +18,10 @@ String form (``DpnasGenotype.to_string`` / ``from_string``), ASCII, no whitespac
     dpnas=OP@0|OP@0,OP@1|OP@0,OP@1,OP@2|...
 
 ``|`` separates nodes (node 0 first), ``,`` the edges of a node, listed for every input ``0 .. i`` in order (``none``
-included, so the text is the whole alpha argmax). The parser ignores whitespace around tokens, never evaluates
-the text, and raises ``ValueError`` naming the node for anything else.
+included, so the text is the whole alpha argmax). When the search also chose the network's stem or head
+(``space.stem: search``, ``space.head: search``), the choice follows: ``;stem=scattering``, ``;head=dpnas``. The
+parser ignores whitespace around tokens, never evaluates the text, and raises ``ValueError`` naming the node (or
+the field) for anything else.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ from mpi_fnas.space.dpnas.ops import PRIMITIVES
 
 NUM_CELL_INPUTS = 1  # state 0: the 1x1 conv of the cell's input
 FIELD = "dpnas"
+#: The network choices a search may make beside the cell, with their candidates (``space.stem``, ``space.head``).
+CHOICES: dict[str, tuple[str, ...]] = {"stem": ("conv", "scattering"), "head": ("pool", "dpnas")}
 _INDEX = re.compile(r"[0-9]+")
 
 
@@ -71,6 +75,8 @@ class DpnasGenotype:
     """
 
     ops: tuple[str, ...]
+    stem: str | None = None  # the stem the search chose (space.stem: search), else None: the config's
+    head: str | None = None  # the head the search chose (space.head: search), else None: the config's
 
     def __post_init__(self) -> None:
         if isinstance(self.ops, str):
@@ -81,6 +87,10 @@ class DpnasGenotype:
         unknown = sorted({op for op in ops if op not in PRIMITIVES}, key=str)
         if unknown:
             raise ValueError(f"DPNAS genotype: unknown op(s) {unknown}; expected ops of {', '.join(PRIMITIVES)}")
+        for name, candidates in CHOICES.items():
+            value = getattr(self, name)
+            if value is not None and value not in candidates:
+                raise ValueError(f"DPNAS genotype: {name} {value!r}; expected one of {', '.join(candidates)}")
 
     @property
     def nodes(self) -> int:
@@ -118,16 +128,25 @@ class DpnasGenotype:
             first = num_edges(node) if node > 0 else 0
             row = self.ops[first : first + node + NUM_CELL_INPUTS]
             nodes_text.append(",".join(f"{op}@{j}" for j, op in enumerate(row)))
-        return f"{FIELD}={'|'.join(nodes_text)}"
+        choices = "".join(f";{name}={getattr(self, name)}" for name in CHOICES if getattr(self, name) is not None)
+        return f"{FIELD}={'|'.join(nodes_text)}{choices}"
 
     @classmethod
     def from_string(cls, text: str) -> DpnasGenotype:
         """Parse ``to_string`` output; ValueError naming the node for malformed text."""
         if not isinstance(text, str):
             raise ValueError(f"genotype string must be str, got {type(text).__name__}")
-        key, sep, value = text.strip().partition("=")
+        cell_text, *extra = text.strip().split(";")
+        key, sep, value = cell_text.partition("=")
         if not sep or key.strip() != FIELD:
             raise ValueError(f"DPNAS genotype string: expected '{FIELD}=OP@0|OP@0,OP@1|...', got {text.strip()[:60]!r}")
+        choices: dict[str, str] = {}
+        for field_text in extra:
+            name, sep, choice = (t.strip() for t in field_text.partition("="))
+            if not sep or name not in CHOICES or name in choices or choice not in CHOICES.get(name, ()):
+                raise ValueError(f"DPNAS genotype string: expected ';stem=conv|scattering' or ';head=pool|dpnas' after "
+                                 f"the cell, got {field_text.strip()[:40]!r}")
+            choices[name] = choice
         ops: list[str] = []
         for node, node_text in enumerate(value.split("|")):
             edge_texts = node_text.split(",")
@@ -146,7 +165,7 @@ class DpnasGenotype:
                     raise ValueError(f"DPNAS genotype string: node {node}: unknown op {op!r}; expected one of "
                                      f"{', '.join(PRIMITIVES)}")
                 ops.append(op)
-        return cls(tuple(ops))
+        return cls(tuple(ops), **choices)
 
 
 def check_connected(genotype: DpnasGenotype) -> None:
@@ -208,4 +227,5 @@ def max_dpnas_genotype_length(nodes: int) -> int:
     longest = max(len(p) for p in PRIMITIVES)
     edges = sum(longest + 1 + len(str(j)) for _, j in edge_endpoints(nodes))
     commas = sum(node for node in range(nodes))  # node i lists i + 1 edges
-    return len(FIELD) + 1 + edges + commas + (nodes - 1)
+    choices = sum(len(f";{name}=") + max(map(len, values)) for name, values in CHOICES.items())
+    return len(FIELD) + 1 + edges + commas + (nodes - 1) + choices

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasSearchCell
-from mpi_fnas.space.dpnas.genotype import DpnasGenotype, check_primitives, derive_dpnas_genotype, num_edges
+from mpi_fnas.space.dpnas.genotype import CHOICES, DpnasGenotype, check_primitives, derive_dpnas_genotype, num_edges
 from mpi_fnas.space.dpnas.ops import PRIMITIVES
 from mpi_fnas.space.ops import make_norm
 from mpi_fnas.space.scaffold import WholeNetwork
@@ -66,8 +66,10 @@ def sampled_path(alpha: torch.Tensor, noise: torch.Tensor, temperature: float) -
     return hard - soft.detach() + soft, tuple(int(k) for k in index.tolist())
 
 
-#: ``space.stem`` and ``space.head``'s values.
-STEMS, HEADS = ("conv", "scattering"), ("pool", "dpnas")
+#: ``space.stem`` and ``space.head``'s values (besides ``search``: the supernet holds every candidate, mixed by a
+#: categorical weight the search learns like an edge's).
+STEMS, HEADS = CHOICES["stem"], CHOICES["head"]
+SEARCH = "search"
 #: DPNASNet's head: 1x1 conv to this many channels, the map pooled to HEAD_SIDE x HEAD_SIDE, fc of HEAD_HIDDEN.
 HEAD_CHANNELS, HEAD_SIDE, HEAD_HIDDEN = 128, 3, 128
 
@@ -80,7 +82,7 @@ class Front:
 
     def __init__(self, stem_kind: str, head_kind: str, in_channels: int, stem_channels: int, stem_stride: int,
                  head_pool: int) -> None:
-        if stem_kind not in STEMS or head_kind not in HEADS:
+        if stem_kind not in STEMS or head_kind not in HEADS:  # one candidate each (a supernet's choices apart)
             raise ValueError(f"stem must be one of {STEMS} and head one of {HEADS}, got {stem_kind!r}, {head_kind!r}")
         self.fixed_stem = Scattering(in_channels) if stem_kind == "scattering" else None
         if self.fixed_stem is None:
@@ -91,15 +93,20 @@ class Front:
         self.head_kind, self.head_pool = head_kind, head_pool
 
     def head_layers(self, c_prev: int, num_classes: int) -> tuple[nn.Module | None, nn.Module]:
-        """(the layers before the classifier or None, the classifier), built after the cells (the seeded weights of
-        the stem and the cells do not depend on the head)."""
-        if self.head_kind == "pool":
-            return None, nn.Linear(c_prev * self.head_pool ** 2, num_classes)
-        reduce = nn.Sequential(nn.Conv2d(c_prev, HEAD_CHANNELS, 1, bias=False),
-                               make_norm("groupnorm", HEAD_CHANNELS, affine=False))
-        classifier = nn.Sequential(nn.Linear(HEAD_CHANNELS * HEAD_SIDE ** 2, HEAD_HIDDEN), nn.Tanh(),
-                                   nn.Linear(HEAD_HIDDEN, num_classes))
-        return reduce, classifier
+        """:func:`head_layers` of this front's head."""
+        return head_layers(self.head_kind, c_prev, num_classes, self.head_pool)
+
+
+def head_layers(kind: str, c_prev: int, num_classes: int, head_pool: int) -> tuple[nn.Module | None, nn.Module]:
+    """(the layers before the classifier or None, the classifier) of head `kind` on `c_prev` channels, built after
+    the cells (the seeded weights of the stem and the cells do not depend on the head)."""
+    if kind == "pool":
+        return None, nn.Linear(c_prev * head_pool ** 2, num_classes)
+    reduce = nn.Sequential(nn.Conv2d(c_prev, HEAD_CHANNELS, 1, bias=False),
+                           make_norm("groupnorm", HEAD_CHANNELS, affine=False))
+    classifier = nn.Sequential(nn.Linear(HEAD_CHANNELS * HEAD_SIDE ** 2, HEAD_HIDDEN), nn.Tanh(),
+                               nn.Linear(HEAD_HIDDEN, num_classes))
+    return reduce, classifier
 
 
 def classify(x: torch.Tensor, head_reduce: nn.Module | None, classifier: nn.Module, head_pool: int) -> torch.Tensor:
@@ -107,6 +114,41 @@ def classify(x: torch.Tensor, head_reduce: nn.Module | None, classifier: nn.Modu
     if head_reduce is None:
         return classifier(head(x, head_pool))
     return classifier(F.adaptive_avg_pool2d(head_reduce(x), HEAD_SIDE).flatten(1))
+
+
+class Head(nn.Module):
+    """One candidate head of a supernet that searches it (``space.head: search``): ``forward(maps)`` -> logits."""
+
+    def __init__(self, kind: str, c_prev: int, num_classes: int, head_pool: int) -> None:
+        super().__init__()
+        self.head_pool = head_pool
+        self.head_reduce, self.classifier = head_layers(kind, c_prev, num_classes, head_pool)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return classify(x, self.head_reduce, self.classifier, self.head_pool)
+
+
+def scattering_branch(in_channels: int, channels: int) -> nn.Sequential:
+    """The scattering candidate of a searched stem, after the transform: GroupNorm of its channels, a 1x1 conv to
+    the first stage's `channels` and GroupNorm, so that both candidates feed the cells the same channels."""
+    scattered = Scattering(in_channels).out_channels
+    return nn.Sequential(nn.GroupNorm(SCATTER_GROUPS, scattered, affine=False),
+                         nn.Conv2d(scattered, channels, 1, bias=False), make_norm("groupnorm", channels, affine=False))
+
+
+def choice_weights(beta: torch.Tensor, noise: torch.Tensor | None, temperature: float
+                   ) -> tuple[torch.Tensor, int | None]:
+    """The weights of a searched choice's candidates: softmax(beta) ((k,), or (N, k) per-example copies), or under
+    GDAS (`noise`, (1, k)) the drawn candidate's straight-through one-hot and its index."""
+    if noise is None:
+        return F.softmax(beta, dim=-1), None
+    weights, (index,) = sampled_path(beta.unsqueeze(-2), noise, temperature)
+    return weights.squeeze(-2), index
+
+
+def weighted(weights: torch.Tensor, k: int, logits: torch.Tensor) -> torch.Tensor:
+    """Candidate `k`'s `logits` (N, classes) times its weight: ``weights`` (k,) or (N, k)."""
+    return logits * (weights[k] if weights.dim() == 1 else weights[:, k:k + 1])
 
 
 def head(x: torch.Tensor, head_pool: int) -> torch.Tensor:
@@ -148,7 +190,7 @@ class DpnasSearchNetwork(nn.Module):
     """
 
     #: Parameters the forward also takes with a leading batch dimension, one copy per example.
-    per_example_parameters = ("alpha",)
+    per_example_parameters = ("alpha", "stem_beta", "head_beta")
 
     def __init__(self, stage_channels: Sequence[int], num_classes: int, nodes: int = 5, in_channels: int = 3,
                  primitives: Sequence[str] = PRIMITIVES, stem_stride: int = 1, head_pool: int = 1,
@@ -161,16 +203,29 @@ class DpnasSearchNetwork(nn.Module):
         self.num_classes = num_classes
         self.in_channels = in_channels
         self.primitives = check_primitives(primitives)
-        front = Front(stem_kind, head_kind, in_channels, self.stage_channels[0], stem_stride, head_pool)
-        self.fixed_stem, self.stem, c_prev = front.fixed_stem, front.stem, front.channels
+        self.choices = tuple(name for name, kind in (("stem", stem_kind), ("head", head_kind)) if kind == SEARCH)
+        c0 = self.stage_channels[0]
+        if stem_kind == SEARCH:  # both candidates, computed from the images in the forward
+            self.fixed_stem, self.scattering = None, Scattering(in_channels)
+            self.stems = nn.ModuleList([stem(in_channels, c0, stem_stride), scattering_branch(in_channels, c0)])
+            c_prev = c0
+        else:
+            front = Front(stem_kind, "pool", in_channels, c0, stem_stride, head_pool)
+            self.fixed_stem, self.stem, c_prev = front.fixed_stem, front.stem, front.channels
         self.cells = nn.ModuleList()
         for channels in self.stage_channels:
             self.cells.append(DpnasSearchCell(nodes, c_prev, channels, self.primitives))
             c_prev = nodes * channels
         self.pool = downsample()
-        self.head_reduce, self.classifier = front.head_layers(c_prev, num_classes)
+        if head_kind == SEARCH:
+            self.heads = nn.ModuleList(Head(kind, c_prev, num_classes, head_pool) for kind in HEADS)
+        else:
+            self.head_reduce, self.classifier = head_layers(head_kind, c_prev, num_classes, head_pool)
         self.alpha = nn.Parameter(ALPHA_INIT_SCALE * torch.randn(num_edges(nodes), len(self.primitives)))
+        for name in self.choices:  # a categorical weight per searched choice, released with the alpha
+            setattr(self, f"{name}_beta", nn.Parameter(ALPHA_INIT_SCALE * torch.randn(len(CHOICES[name]))))
         self.path_noise: torch.Tensor | None = None
+        self.choice_noise: dict[str, torch.Tensor] | None = None  # GDAS's draw of each searched choice, (1, k)
         self.path_temperature = 1.0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,26 +237,53 @@ class DpnasSearchNetwork(nn.Module):
             weights, path = F.softmax(self.alpha, dim=-1), None
         else:
             weights, path = sampled_path(self.alpha, self.path_noise, self.path_temperature)
-        x = self.stem(x)
+        if "stem" not in self.choices:
+            return self._through(self.stem(x), weights, path)
+        stem_weights, drawn = self._choice("stem")
+        logits = 0
+        for k, (kind, branch) in enumerate(zip(STEMS, self.stems, strict=True)):
+            if drawn is None or k == drawn:  # a GDAS step runs the drawn candidate alone
+                features = branch(x if kind == "conv" else self.scattering(x))
+                logits = logits + weighted(stem_weights, k, self._through(features, weights, path))
+        return logits
+
+    def _through(self, x: torch.Tensor, weights: torch.Tensor, path: tuple[int, ...] | None) -> torch.Tensor:
+        """The cells, then the head (or every searched head, weighted), from the stem's output `x`."""
         for cell in self.cells:
             x = self.pool(cell(x, weights, path))
-        return classify(x, self.head_reduce, self.classifier, self.head_pool)
+        if "head" not in self.choices:
+            return classify(x, self.head_reduce, self.classifier, self.head_pool)
+        head_weights, drawn = self._choice("head")
+        return sum(weighted(head_weights, k, candidate(x)) for k, candidate in enumerate(self.heads)
+                   if drawn is None or k == drawn)
+
+    def _choice(self, name: str) -> tuple[torch.Tensor, int | None]:
+        noise = self.choice_noise.get(name) if self.choice_noise is not None else None
+        return choice_weights(getattr(self, f"{name}_beta"), noise, self.path_temperature)
 
     def named_weights(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """``(name, parameter)`` for every parameter except the alpha, in ``named_parameters`` order."""
-        return ((name, p) for name, p in self.named_parameters() if p is not self.alpha)
+        """``(name, parameter)`` for every parameter except the architecture's, in ``named_parameters`` order."""
+        architecture = {id(p) for p in self.alphas()}
+        return ((name, p) for name, p in self.named_parameters() if id(p) not in architecture)
 
     def weights(self) -> list[nn.Parameter]:
-        """Network weights W: every parameter except the alpha."""
+        """Network weights W: every parameter except the architecture's."""
         return [p for _, p in self.named_weights()]
 
     def named_alphas(self) -> Iterator[tuple[str, nn.Parameter]]:
-        """``("alpha", (edges, ops))``: the one architecture matrix."""
-        return iter((("alpha", self.alpha),))
+        """``("alpha", (edges, ops))``, then a searched choice's ``("stem_beta", (2,))``, ``("head_beta", (2,))``."""
+        return iter((("alpha", self.alpha), *((f"{name}_beta", getattr(self, f"{name}_beta"))
+                                              for name in self.choices)))
 
     def alphas(self) -> list[nn.Parameter]:
-        """Architecture variables A: ``[alpha]``, (edges, ops)."""
-        return [self.alpha]
+        """Architecture variables A: ``[alpha]`` (edges, ops), and each searched choice's categorical weight."""
+        return [p for _, p in self.named_alphas()]
+
+    def argmax_path(self) -> None:
+        """Run the strongest op of every edge and the strongest candidate of every searched choice alone from now
+        on (GDAS: the network its single paths train, which rank 0 evaluates)."""
+        self.path_noise = torch.zeros_like(self.alpha.detach())
+        self.choice_noise = {name: torch.zeros(1, len(CHOICES[name])) for name in self.choices}
 
     def alpha_softmax(self) -> dict[str, torch.Tensor]:
         """Detached row softmax, keyed as the run log stores it: ``{"normal": (edges, ops), "reduce": (0, ops)}``
@@ -211,8 +293,10 @@ class DpnasSearchNetwork(nn.Module):
                     "reduce": torch.zeros(0, len(self.primitives), dtype=self.alpha.dtype)}
 
     def genotype(self) -> DpnasGenotype:
-        """The argmax of every edge, ``none`` included (``derive_dpnas_genotype``)."""
-        return derive_dpnas_genotype(self.alpha, self.nodes, self.primitives)
+        """The argmax of every edge, ``none`` included (``derive_dpnas_genotype``), and of every searched choice."""
+        cell = derive_dpnas_genotype(self.alpha, self.nodes, self.primitives)
+        chosen = {name: CHOICES[name][int(getattr(self, f"{name}_beta").detach().argmax())] for name in self.choices}
+        return DpnasGenotype(cell.ops, **chosen)
 
 
 class DpnasNetwork(WholeNetwork):
