@@ -763,7 +763,7 @@ def test_a_searched_stem_and_head_mix_their_candidates_by_categorical_weights_re
     assert derived.fixed_stem is None and derived.head_reduce is not None
     largest = search_space("dpnas").largest_genotype(cfg)
     assert (largest.stem, largest.head) == ("scattering", "dpnas")
-    with pytest.raises(ValueError, match="space.stem: search, but the genotype names no stem"):
+    with pytest.raises(ValueError, match=r"space\.stem: search, but the genotype names no stem"):
         search_space("dpnas").build_augment_network(DpnasGenotype(genotype.ops), cfg, seed=0, in_channels=1,
                                                     num_classes=10)
 
@@ -794,8 +794,8 @@ def test_a_genotype_names_only_the_choices_its_space_allows() -> None:
     assert (space.parse_genotype(text, searched).stem, space.parse_genotype(text, searched).head) == ("scattering",
                                                                                                     "dpnas")
     fixed = load_config(None, ["space.nodes=2", "space.stem=conv", "space.head=dpnas"]).space
-    with pytest.raises(ValueError, match="the genotype's stem 'scattering' is not space.stem 'conv'"):
+    with pytest.raises(ValueError, match=r"the genotype's stem 'scattering' is not space\.stem 'conv'"):
         space.parse_genotype(text, fixed)
-    with pytest.raises(ValueError, match="expected ';stem=conv|scattering'"):
+    with pytest.raises(ValueError, match=r"expected ';stem=conv\|scattering'"):
         DpnasGenotype.from_string(text + ";stem=conv")
     assert space.max_genotype_length(searched) >= len(text)
