@@ -125,6 +125,7 @@ class Head(nn.Module):
         self.head_reduce, self.classifier = head_layers(kind, c_prev, num_classes, head_pool)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The logits of the last stage's maps `x`."""
         return classify(x, self.head_reduce, self.classifier, self.head_pool)
 
 
