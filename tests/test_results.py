@@ -34,9 +34,9 @@ def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
     text = results.render_table("private-28", rows)
     mean, se = results.mean_se([0.98, 0.97, 0.99])
     assert math.isclose(se, 0.01 / math.sqrt(3))
-    assert f"| 3 | `cnn-tanh` (Papernot et al.'s tanh CNN) | {100 * mean:.2f} ± {100 * se:.2f} (3) | 98.1 (ε 2.93) |" \
-        in text
-    assert "| 89.00 (1) | 89.7 |" in text and "| 1 | searched cell | 95.00 (1) | – |" in text
+    assert f"| 3 | `cnn-tanh` (Papernot et al.'s tanh CNN) | {100 * mean:.2f} ± {100 * se:.2f} (3; 0 min) | " \
+        "98.1 (ε 2.93) |" in text
+    assert "| 89.00 (1; 0 min) | 89.7 |" in text and "| 1 | searched cell | 95.00 (1; 0 min) | – |" in text
     marked = tmp_path / "page.md"
     marked.write_text("before\n<!-- results: private-28 -->\nold\n<!-- /results -->\nafter\n")
     fresh = results.rewrite(marked.read_text(), rows)

@@ -155,7 +155,7 @@ def mean_se(values: Sequence[float]) -> tuple[float, float]:
 
 def render_table(name: str, rows: Sequence[RunSummary]) -> str:
     """The Markdown of table `name` from `rows`: one line per (ε, arm), a column per dataset with ours (mean ± SE in
-    %, n seeds) and the papers'."""
+    %; n seeds; the mean wall time of one run here, search and training) and the papers'."""
     table = TABLES[name]
     head = ["ε", "arm"] + [f"{label} {who}" for _, label in table.datasets for who in ("(ours)", "(papers)")]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -163,13 +163,14 @@ def render_table(name: str, rows: Sequence[RunSummary]) -> str:
         for arm, label in table.arms:
             cells = []
             for dataset, _ in table.datasets:
-                accs = [r.test_acc for r in rows if (r.table, r.arm, r.dataset) == (name, arm, dataset)
+                runs = [r for r in rows if (r.table, r.arm, r.dataset) == (name, arm, dataset)
                         and r.epsilon_target == epsilon]
                 ours = "–"
-                if accs:
-                    mean, se = mean_se(accs)
+                if runs:
+                    mean, se = mean_se([r.test_acc for r in runs])
+                    minutes = float(np.mean([r.wall_seconds for r in runs])) / 60
                     ours = f"{100 * mean:.2f}" + (f" ± {100 * se:.2f}" if not math.isnan(se) else "") + \
-                        f" ({len(accs)})"
+                        f" ({len(runs)}; {minutes:.0f} min)"
                 cells.append(f"{ours} | {PUBLISHED.get((arm, dataset, epsilon), '–')}")
             if any(cell != "– | –" for cell in cells):
                 lines.append(f"| {epsilon:g} | {label} | " + " | ".join(cells) + " |")
