@@ -16,7 +16,11 @@ from mpi_fnas.report.results import ResultsError, RunSummary
 
 def test_every_marked_table_is_what_the_summaries_render():
     rows = results.read_summaries()
-    assert results.stale_tables(rows) == [], "run: python -m mpi_fnas.report.results write"
+    tuning = results.read_summaries(results.TUNING_CSV, results.TuningSummary)
+    assert results.stale_tables(rows, tuning=tuning) == [], "run: python -m mpi_fnas.report.results write"
+    for run in tuning:  # every tuning run at a seed no table row reports
+        assert run.seed not in {row.seed for row in rows if (row.table, row.arm, row.dataset) ==
+                                (run.table, run.arm, run.dataset)}, run
     for row in rows:  # only test-split numbers of finished runs, each row a known table's arm and dataset
         table = results.TABLES[row.table]
         assert row.arm in dict(table.arms) and row.dataset in dict(table.datasets), row
@@ -41,11 +45,19 @@ def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
     marked.write_text("before\n<!-- results: private-28 -->\nold\n<!-- /results -->\nafter\n")
     fresh = results.rewrite(marked.read_text(), rows)
     assert fresh == f"before\n<!-- results: private-28 -->\n{text}<!-- /results -->\nafter\n"
-    assert results.stale_tables(rows, [marked]) == ["page.md: private-28"]
+    assert results.stale_tables(rows, [marked]) == ["page.md: results private-28"]
     marked.write_text(fresh)
     assert results.stale_tables(rows, [marked]) == []
     results.write_summaries(rows, tmp_path / "runs.csv")
     assert sorted(results.read_summaries(tmp_path / "runs.csv"), key=repr) == sorted(rows, key=repr)
+    tuning = [results.TuningSummary("private-28", "scatter-linear", "mnist", 3.0, 100, f"augment.lr={lr}", acc, 1.0,
+                                    "x") for lr, acc in ((4, 0.90), (8, 0.95), (16, 0.93))]
+    tuned = results.render_tuning("private-28", tuning)
+    assert ("| mnist | 3 | `scatter-linear` (ScatterNet + linear) | augment.lr=4: 90.00, **augment.lr=8: 95.00**, "
+            "augment.lr=16: 93.00 | 3 |") in tuned
+    marked.write_text("<!-- tuning: private-28 -->\n<!-- /tuning -->\n")
+    fresh = results.rewrite(marked.read_text(), rows, tuning)
+    assert fresh == f"<!-- tuning: private-28 -->\n{tuned}<!-- /tuning -->\n"
 
 
 @pytest.mark.slow
@@ -62,5 +74,10 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
     assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")
+    tried = results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc",
+                              tuning="augment.lr=2")
+    assert (tried.setting, tried.seed) == ("augment.lr=2", 0) and 0 <= tried.holdout_acc <= 1
+    with pytest.raises(ResultsError, match=r"not a tuning run \(data\.holdout 0\)"):
+        results.summarize(tmp_path / "run", table="private-28", arm="cnn-gn", commit="abc", tuning="augment.lr=2")
     with pytest.raises(ResultsError, match="no run log"):
         results.summarize(tmp_path, table="private-28", arm="cnn-gn", commit="abc")

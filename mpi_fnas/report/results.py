@@ -3,13 +3,16 @@ the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, s
 commit), and the Markdown tables of the README and the docs are rendered from that file between markers.
 
     python -m mpi_fnas.report.results record RUN_DIR... --arm ARM [--note TEXT]   # add the runs' summaries
+    python -m mpi_fnas.report.results record RUN_DIR --arm ARM --tuning SETTING   # a tuning run (data.holdout)
     python -m mpi_fnas.report.results write                                       # rewrite every marked table
 
 A marked table is ``<!-- results: TABLE -->`` … ``<!-- /results -->`` in a Markdown file: rows are the arms, columns
 the datasets at each ε of TABLE (:data:`TABLES`), cells the mean ± standard error over seeds (n), beside the
-papers' numbers (:data:`PUBLISHED`). tests/test_results.py checks that every marked table is what ``write``
-renders from the CSV. A tuning run (``data.holdout`` > 0: its numbers are not the test split's) is refused, so a
-table holds only test-split numbers of finished runs.
+papers' numbers (:data:`PUBLISHED`); ``<!-- tuning: TABLE -->`` … ``<!-- /tuning -->`` lists the tuning runs that
+chose each arm's setting (``docs/results/tuning.csv``: the setting tried, its held-out accuracy).
+tests/test_results.py checks that every marked table is what ``write`` renders from the CSVs. A results table takes
+no tuning run (``data.holdout`` > 0: its numbers are not the test split's), so it holds only test-split numbers of
+finished runs.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 #: The per-seed summaries, in the repository.
 RUNS_CSV = ROOT / "docs" / "results" / "runs.csv"
+#: A tuning run's summary: its setting and held-out accuracy.
+TUNING_CSV = ROOT / "docs" / "results" / "tuning.csv"
 #: The Markdown files whose marked tables ``write`` renders.
 MARKED = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
-_MARK = re.compile(r"(<!-- results: (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+_MARK = re.compile(r"(<!-- (?P<kind>results|tuning): (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+                   re.S)
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,22 @@ class RunSummary:
     config: str  # the config's name
     commit: str  # the commit the summary was recorded at
     note: str = ""
+
+
+@dataclass(frozen=True)
+class TuningSummary:
+    """One tuning run: an arm's `setting` (``key=value``, as ``--set`` takes it) at the tuning seed, scored on the
+    split held out of the training set (``data.holdout``)."""
+
+    table: str
+    arm: str
+    dataset: str
+    epsilon_target: float
+    seed: int
+    setting: str
+    holdout_acc: float
+    wall_seconds: float
+    commit: str
 
 
 @dataclass(frozen=True)
@@ -91,8 +113,10 @@ class ResultsError(ValueError):
 
 
 # -- summaries ------------------------------------------------------------------------------------------------------
-def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "") -> RunSummary:
-    """The summary of the finished run in `run_dir` as a row of `table`'s `arm`."""
+def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "",
+              tuning: str | None = None) -> RunSummary | TuningSummary:
+    """The summary of the finished run in `run_dir` as a row of `table`'s `arm`; with `tuning` (the setting it
+    tried), of a tuning run, which must have held a split out (``data.holdout``)."""
     from mpi_fnas.runlog import read_run
 
     if table not in TABLES:
@@ -102,9 +126,11 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
         raise ResultsError(f"{run_dir}: no run log (search.h5)")
     log = read_run(log_path)
     cfg = yaml.safe_load(log["config"])
-    if cfg["data"].get("holdout", 0):
-        raise ResultsError(f"{run_dir}: a tuning run (data.holdout {cfg['data']['holdout']}): its numbers are not "
-                           "the test split's")
+    holdout = cfg["data"].get("holdout", 0)
+    if holdout and tuning is None:
+        raise ResultsError(f"{run_dir}: a tuning run (data.holdout {holdout}): its numbers are not the test split's")
+    if tuning is not None and not holdout:
+        raise ResultsError(f"{run_dir}: not a tuning run (data.holdout 0): it was scored on the test split")
     augment = log["augment"]
     stage = augment if augment is not None else log
     if log["status"] != "finished" or stage["status"] != "finished":
@@ -112,6 +138,11 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
     epsilon = np.asarray((stage.get("privacy") or {}).get("epsilon", []), dtype=np.float64)
     walls = [log["cost"]["wall_seconds"], (augment.get("cost") or {}).get("wall_seconds", 0.0) if augment else 0.0]
     target = cfg["privacy"].get("target_epsilon")
+    if tuning is not None:
+        return TuningSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
+                             epsilon_target=float(target) if target is not None else math.nan, seed=int(cfg["seed"]),
+                             setting=tuning, holdout_acc=float(stage["test_acc"]),
+                             wall_seconds=float(np.nansum(walls)), commit=commit)
     return RunSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
                       epsilon_target=float(target) if target is not None and cfg["mode"] == "dpfnas" else math.nan,
                       seed=int(cfg["seed"]), test_acc=float(stage["test_acc"]),
@@ -119,22 +150,23 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
                       wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note)
 
 
-def read_summaries(path: Path = RUNS_CSV) -> list[RunSummary]:
-    """Every summary in `path` ([] when it does not exist)."""
+def read_summaries(path: Path = RUNS_CSV, kind: type = RunSummary) -> list:
+    """Every summary (of `kind`: :class:`RunSummary`, :class:`TuningSummary`) in `path` ([] when it does not
+    exist)."""
     if not Path(path).exists():
         return []
-    kinds = {f.name: f.type for f in fields(RunSummary)}
+    kinds = {f.name: f.type for f in fields(kind)}
     with open(path, newline="") as f:
-        return [RunSummary(**{key: _parse(kinds[key], value) for key, value in row.items()})
-                for row in csv.DictReader(f)]
+        return [kind(**{key: _parse(kinds[key], value) for key, value in row.items()}) for row in csv.DictReader(f)]
 
 
-def write_summaries(rows: Iterable[RunSummary], path: Path = RUNS_CSV) -> None:
-    """`rows` into `path`, sorted by table, ε, dataset, arm and seed (a stable file to diff)."""
-    ordered = sorted(rows, key=lambda r: (r.table, -r.epsilon_target, r.dataset, r.arm, r.seed, r.commit))
+def write_summaries(rows: Iterable, path: Path = RUNS_CSV, kind: type = RunSummary) -> None:
+    """`rows` into `path`, sorted by table, ε, dataset, arm, seed (and setting) (a stable file to diff)."""
+    ordered = sorted(rows, key=lambda r: (r.table, -r.epsilon_target, r.dataset, r.arm, r.seed,
+                                          getattr(r, "setting", ""), r.commit))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[f.name for f in fields(RunSummary)], lineterminator="\n")
+        writer = csv.DictWriter(f, fieldnames=[f.name for f in fields(kind)], lineterminator="\n")
         writer.writeheader()
         for row in ordered:
             writer.writerow({key: f"{value:.6g}" if isinstance(value, float) else value
@@ -177,23 +209,63 @@ def render_table(name: str, rows: Sequence[RunSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rewrite(text: str, rows: Sequence[RunSummary]) -> str:
-    """`text` with every marked table rendered afresh from `rows`."""
-    return _MARK.sub(lambda m: m.group(1) + render_table(m.group("table"), rows) + m.group(4), text)
+def render_tuning(name: str, rows: Sequence[TuningSummary]) -> str:
+    """The Markdown of table `name`'s tuning runs: one line per (dataset, ε, arm), each setting tried with its
+    held-out accuracy (%), the chosen one (the best) in bold."""
+    lines = ["| data | ε | arm | settings tried (held-out accuracy %, tuning seed) | runs |", "|---|---|---|---|---|"]
+    labels = dict(TABLES[name].arms)
+    keys = sorted({(r.dataset, r.epsilon_target, r.arm) for r in rows if r.table == name},
+                  key=lambda k: (k[0], -k[1], list(labels).index(k[2]) if k[2] in labels else len(labels), k[2]))
+    for dataset, epsilon, arm in keys:
+        tried = sorted((r for r in rows if (r.table, r.dataset, r.epsilon_target, r.arm) == (name, dataset, epsilon,
+                                                                                               arm)),
+                       key=lambda r: _setting_order(r.setting))
+        best = max(tried, key=lambda r: r.holdout_acc)
+        cells = ", ".join((f"**{r.setting}: {100 * r.holdout_acc:.2f}**" if r is best else
+                           f"{r.setting}: {100 * r.holdout_acc:.2f}") for r in tried)
+        lines.append(f"| {dataset} | {epsilon:g} | {labels.get(arm, arm)} | {cells} | {len(tried)} |")
+    return "\n".join(lines) + "\n"
 
 
-def stale_tables(rows: Sequence[RunSummary], files: Iterable[Path] = MARKED) -> list[str]:
-    """The marked tables of `files` that differ from what `rows` render (empty: every one is current)."""
+def _setting_order(setting: str) -> tuple:
+    """Settings in the order of their values (numbers as numbers: lr=4 before lr=16)."""
+    key, _, value = setting.partition("=")
+    try:
+        return key, 0, float(value), value
+    except ValueError:
+        return key, 1, 0.0, value
+
+
+def _render(match: re.Match, rows: Sequence[RunSummary], tuning: Sequence[TuningSummary]) -> str:
+    if match.group("kind") == "tuning":
+        return render_tuning(match.group("table"), tuning)
+    return render_table(match.group("table"), rows)
+
+
+def rewrite(text: str, rows: Sequence[RunSummary], tuning: Sequence[TuningSummary] = ()) -> str:
+    """`text` with every marked table rendered afresh from `rows` (and the tuning tables from `tuning`)."""
+    return _MARK.sub(lambda m: m.group(1) + _render(m, rows, tuning) + m.group(5), text)
+
+
+def stale_tables(rows: Sequence[RunSummary], files: Iterable[Path] = MARKED,
+                 tuning: Sequence[TuningSummary] = ()) -> list[str]:
+    """The marked tables of `files` that differ from what `rows` and `tuning` render (empty: every one is
+    current)."""
     stale = []
     for path in files:
         text = Path(path).read_text(encoding="utf-8")
         for match in _MARK.finditer(text):
-            if match.group("body") != render_table(match.group("table"), rows):
-                stale.append(f"{Path(path).name}: {match.group('table')}")
+            if match.group("body") != _render(match, rows, tuning):
+                stale.append(f"{Path(path).name}: {match.group('kind')} {match.group('table')}")
     return stale
 
 
 # -- the command line ---------------------------------------------------------------------------------------------
+def _identity(row: RunSummary | TuningSummary) -> tuple:
+    """What a newer record of the same run replaces: its table, arm, dataset, ε, seed (and setting)."""
+    return (row.table, row.arm, row.dataset, row.epsilon_target, row.seed, getattr(row, "setting", None))
+
+
 def _commit() -> str:
     try:
         return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=12", "HEAD"], capture_output=True,
@@ -212,22 +284,26 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--table", default="private-28", help=f"one of {', '.join(TABLES)}")
     record.add_argument("--commit", default=None, help="the commit the runs ran at (default: HEAD)")
     record.add_argument("--note", default="")
+    record.add_argument("--tuning", metavar="SETTING", help="a tuning run (data.holdout): the setting it tried, as "
+                        "--set takes it (e.g. augment.lr=8); recorded in docs/results/tuning.csv")
     sub.add_parser("write", help="rewrite every marked table of README.md and docs/benchmarks.md")
     args = parser.parse_args(argv)
     try:
-        rows = read_summaries()
+        rows, tuning = read_summaries(), read_summaries(TUNING_CSV, TuningSummary)
         if args.command == "record":
             commit = args.commit or _commit()
-            new = [summarize(Path(run), table=args.table, arm=args.arm, commit=commit, note=args.note)
-                   for run in args.runs]
-            keep = [r for r in rows if (r.table, r.arm, r.dataset, r.epsilon_target, r.seed) not in
-                    {(n.table, n.arm, n.dataset, n.epsilon_target, n.seed) for n in new}]
-            write_summaries([*keep, *new])
-            print(f"recorded {len(new)} run(s) in {RUNS_CSV}")
+            new = [summarize(Path(run), table=args.table, arm=args.arm, commit=commit, note=args.note,
+                             tuning=args.tuning) for run in args.runs]
+            same = {_identity(n) for n in new}
+            if args.tuning is not None:
+                write_summaries([*(r for r in tuning if _identity(r) not in same), *new], TUNING_CSV, TuningSummary)
+            else:
+                write_summaries([*(r for r in rows if _identity(r) not in same), *new])
+            print(f"recorded {len(new)} run(s) in {TUNING_CSV if args.tuning is not None else RUNS_CSV}")
             return 0
         for path in MARKED:
             text = path.read_text(encoding="utf-8")
-            path.write_text(rewrite(text, rows), encoding="utf-8")
+            path.write_text(rewrite(text, rows, tuning), encoding="utf-8")
         print(f"rewrote the marked tables of {', '.join(p.name for p in MARKED)}")
         return 0
     except (ResultsError, OSError, KeyError) as exc:
