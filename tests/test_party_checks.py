@@ -195,14 +195,25 @@ def test_a_step_count_the_config_does_not_give_is_refused_with_or_without_a_cap(
             side.check(cfg, dataclasses.replace(got, steps_per_epoch=per, steps=steps), own, parties=K, rank=1)
 
 
-def test_a_checkpoint_step_the_party_never_saved_is_refused(tmp_path):
+def test_a_party_continues_a_stage_only_from_its_own_state(tmp_path):
+    """A checkpoint step it saved its state for, or 0 while it holds none. Refused: a step it never saved; a
+    restart from 0 where it holds states (a rank 0 feigning interruptions would otherwise have an uncapped party
+    release its whole plan at every relaunch); a search once its augmentation has begun."""
     store = PartyStore(party_dir(tmp_path, 1))
+    check_checkpoint_step(0, store.held_steps(), rank=1, what="search assignment")  # a fresh stage
     store.save_party(4, "secret", {"positions": 1})
-    for step, saved in ((0, False), (4, store.has_state(4))):
-        check_checkpoint_step(step, saved, rank=1, what="search assignment")
-    assert not store.has_state(6)
+    store.save_party(8, "secret", {"positions": 2})
+    assert store.held_steps() == [4, 8]
+    for step in (4, 8):  # the last checkpoint, or the one before (rank 0 died before writing the last)
+        check_checkpoint_step(step, store.held_steps(), rank=1, what="search assignment")
     with pytest.raises(AssignmentRefusedError, match="checkpoint_step 6: this party saved no state of its own"):
-        check_checkpoint_step(6, store.has_state(6), rank=1, what="search assignment")
+        check_checkpoint_step(6, store.held_steps(), rank=1, what="search assignment")
+    with pytest.raises(AssignmentRefusedError, match="checkpoint_step 0 where this party holds its own state of step "
+                                                     "8: a restart would release"):
+        check_checkpoint_step(0, store.held_steps(), rank=1, what="search assignment")
+    with pytest.raises(AssignmentRefusedError, match=r"the stage is over on this party \(its augment has begun\)"):
+        check_checkpoint_step(8, store.held_steps(), rank=1, what="search assignment",
+                              stage_over="its augment has begun")
 
 
 # -- the shards ----------------------------------------------------------------------------------------------------
@@ -617,3 +628,23 @@ def test_a_gathered_exchange_the_selection_does_not_give_is_refused_in_one_line(
             SearchSide(cfg).check(cfg, dataclasses.replace(got, gathered=lie),
                                   plan_module.party_view(cfg, plan_module.open_split(cfg, "train"), K, 1),
                                   parties=K, rank=1)
+
+
+@pytest.mark.slow
+def test_a_rank_0_that_restarts_a_checkpointed_stage_from_zero_is_refused(tmp_path):
+    """No ε cap: a run stopped after its checkpoint at step 2, then resumed by a rank 0 that sends checkpoint step 0
+    (before: every party released the whole plan once more, at every such relaunch). Every party refuses in its
+    setup report; nothing more is sent."""
+    from conftest import ROOT, mpirun, warm_job
+
+    run = tmp_path / "run"
+    dp = [*TINY, "--set", "mode=dpfnas", "--set", "checkpoint.every_steps=2"]
+    stopped = warm_job(3, *dp, "--out", str(run), env={"MPI_FNAS_STOP_AFTER": "2"})
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    sent = [int((party_dir(run, rank) / "sent_steps").read_text()) for rank in (1, 2)]
+    resumed = mpirun(3, "--resume", str(run), module="lying_server",
+                     env={"PYTHONPATH": str(ROOT / "tests" / "helpers"), "LYING_SERVER": "restart"})
+    assert resumed.returncode != 0, resumed.stderr[-3000:]
+    assert refusing(resumed.stderr, "the search assignment rank 0 sent: checkpoint_step 0 where this party holds "
+                    "its own state of step 2"), resumed.stderr[-3000:]
+    assert [int((party_dir(run, rank) / "sent_steps").read_text()) for rank in (1, 2)] == sent

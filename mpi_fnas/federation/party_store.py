@@ -117,6 +117,10 @@ class PartyStore:
             if s > step or (older and s < max(older)):
                 (self.directory / self._state_name.format(step=s)).unlink(missing_ok=True)
 
+    def held_steps(self) -> list[int]:
+        """The checkpoint steps whose state this party holds for its stage (at most the last two)."""
+        return self._saved_steps()
+
     def has_state(self, step: int) -> bool:
         """Whether this party saved its own state at checkpoint `step` (a resume from any other step is refused)."""
         return (self.directory / self._state_name.format(step=step)).exists()

@@ -133,13 +133,24 @@ def check_network(cfg: Config, network: Any, *, rank: int) -> None:
                                                        f"{cfg.augment.network!r}")
 
 
-def check_checkpoint_step(step: Any, saved: bool, *, rank: int, what: str) -> None:
-    """Raise :class:`AssignmentRefusedError` unless `step` is 0 (start) or a checkpoint step this party saved its
-    own state for (`saved`): a party resumes only from its own state."""
+def check_checkpoint_step(step: Any, held: Sequence[int], *, rank: int, what: str, stage_over: str | None = None
+                          ) -> None:
+    """Raise :class:`AssignmentRefusedError` unless `step` is a point this party may continue its stage from: a
+    checkpoint step whose state it saved itself (`held`: the steps of the states in its directory), or 0 (the
+    start) while it holds none. A restart from 0 where it holds states would release the stage's steps once more,
+    which is how a rank 0 that feigned interruptions would spend an uncapped party's budget again and again; a party
+    resumes only from its own state. `stage_over`: why the stage is over on this party (its next stage has begun),
+    refused whatever the step."""
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         raise _refuse(rank, what, f"checkpoint_step {step!r} is not a step")
-    if step > 0 and not saved:
+    if stage_over is not None:
+        raise _refuse(rank, what, f"the stage is over on this party ({stage_over})")
+    if step > 0 and step not in held:
         raise _refuse(rank, what, f"checkpoint_step {step}: this party saved no state of its own for that step")
+    if step == 0 and held:
+        raise _refuse(rank, what, f"checkpoint_step 0 where this party holds its own state of step {max(held)}: a "
+                                  "restart would release the stage's steps once more (resume from the checkpoint, "
+                                  "or start a new run directory)")
 
 
 def check_shards(received: Sequence[tuple[str, Any]], expected: Sequence[np.ndarray], *, examples: int,

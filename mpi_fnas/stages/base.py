@@ -263,6 +263,8 @@ class StageSide:
 
     name: str
     assignment: type
+    #: The stages that come after this one: once a party has sent one of theirs, this stage is over on it.
+    later_stages: tuple[str, ...] = ()
 
     def __init__(self, cfg: Config, optimizer: str) -> None:
         self.cfg = cfg

@@ -70,9 +70,10 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
                          if side.private(cfg) else None)
         side.check(cfg, got, own, parties=channel.parties, rank=rank)
         check_corruption(got.corruption, own.corruption, rank=rank, what=f"{side.name} assignment")
-        step = got.checkpoint_step
-        saved = store is not None and isinstance(step, int) and store.has_state(step)
-        check_checkpoint_step(step, saved, rank=rank, what=f"{side.name} assignment")
+        sent = store.sent_by_stage() if store is not None else {}
+        later = [stage for stage in side.later_stages if sent.get(stage, 0) > 0]
+        check_checkpoint_step(got.checkpoint_step, store.held_steps() if store is not None else [], rank=rank,
+                              what=f"{side.name} assignment", stage_over=f"its {later[0]} has begun" if later else None)
         # Its identity now, not at the key round: a key the roster does not name is a refusal like any other, in
         # this setup report (a notice sent later could reach rank 0 before another party's report, and the job
         # would end before its log exists).

@@ -166,6 +166,7 @@ class SearchSide(StageSide):
 
     name = "search"
     assignment = Assignment
+    later_stages = ("augment",)
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg, cfg.search.w_optimizer)

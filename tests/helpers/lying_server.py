@@ -16,6 +16,8 @@
 * ``split_pattern``: it tells party 1 the collective exchange and every other party the star (the same);
 * ``unparseable``: it sends config text that a party's own validation rejects (``search.order: second_order``
   under DP), and runs the honest config itself (the same);
+* ``restart``: on ``--resume`` it sends every party checkpoint step 0, as if the run had never checkpointed (a
+  rank 0 that feigns interruptions would have an uncapped party release its plan again at every relaunch; the same);
 * ``steps``: every search assignment with ten times the configured epochs' steps (the same: no ε target or cap).
 """
 
@@ -112,6 +114,17 @@ if MPI.COMM_WORLD.Get_rank() == 0:
         run.decide_launch = invalid_text
         run.config_from_text = lambda text, *args, **kwargs: honest_parse(
             text.replace("order: second_order", "order: first_order"), *args, **kwargs)
+    elif LIE == "restart":
+        from mpi_fnas.federation import plan as plan_module
+
+        plan_module_attach = plan_module.attach_resume
+
+        def from_zero(plan, checkpoint):
+            plan_module_attach(plan, checkpoint)
+            for assignment in plan.assignments:
+                assignment.checkpoint_step = 0
+
+        serve.attach_resume = from_zero
     elif LIE == "split_pattern":
         from mpi_fnas import cli
         from mpi_fnas.federation.topology import COLLECTIVE, STAR
