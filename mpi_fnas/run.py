@@ -133,8 +133,9 @@ def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path:
     run directory, its refusal or None).
 
     A refusal (a difference in a privacy-relevant key, text that does not parse or validate here, another run
-    directory) is not raised here but kept: the party takes part in the stage's setup with the config it trusts and
-    its own directory, and puts its one line in its first setup report
+    directory) is not raised here but kept: the party takes part in the stage's setup, by rank 0's config where it
+    parses (so that its exchanges are the ones rank 0 and the others make; its own where it does not) and from its
+    own directory, builds and sends nothing else, and puts its one line in its first setup report
     (:func:`~mpi_fnas.stages.participate.participate`), so that rank 0 opens its log, marks it failed and ends the
     job at once. Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` only when it has no config
     to trust at all (then nothing can be set up), and ConfigError (bad input, exit 2 on every rank) when rank 0's
@@ -146,9 +147,10 @@ def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path:
         run_dir = trusted.own_run_directory(args.augment or args.resume or args.out, path, rank=rank)
     except AssignmentRefusedError as exc:
         run_dir, refusal = Path(args.augment or args.resume or args.out), exc
+    overrides = args.overrides if args.augment else resumable_overrides(args.overrides)
     expected, name = trusted.trusted_config(own, explicit=bool(args.config or args.overrides),
                                             resume=bool(args.resume), augment=bool(args.augment),
-                                            overrides=args.overrides,
+                                            overrides=overrides, config_file=bool(args.config),
                                             pin=trusted.read_pin(trusted.pin_directory(run_dir, rank)), rank=rank)
     try:
         received = config_from_text(text, stored=True)
@@ -160,8 +162,9 @@ def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path:
     try:
         trusted.check_config(expected, received, rank=rank, trusted_name=name)
     except AssignmentRefusedError as exc:
-        return expected, expected, run_dir, refusal or exc
-    return (expected if refusal else received), expected, run_dir, refusal
+        refusal = refusal or exc
+    # Rank 0's text, parsed, sets the setup's exchanges the party takes part in until its report; nothing is built.
+    return received, expected, run_dir, refusal
 
 
 def check_placement(channel: Channel, cfg: Config, own: Config, stage: str,
@@ -313,8 +316,10 @@ def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, s
         raise ConfigError(f"--resume: {path} holds checkpoint.pt but no search.h5; the run cannot be continued "
                           "without its log (start a new run with --out)")
     run = _read_log(log, "--resume")
-    if cfg is not None and (args.config or args.overrides):
+    if cfg is not None and args.config:
         saved.runtime, saved.checkpoint = cfg.runtime, cfg.checkpoint
+    elif args.overrides:  # only the runtime.* and checkpoint.* keys given change: the others keep the run's own
+        saved = config_from_text(saved.to_yaml(), resumable_overrides(args.overrides), stored=True)
     if searched is None and not augmenting:  # the search did not finish
         if run["status"] == "finished":
             raise ConfigError(f"--resume: the run in {path} has already finished")
@@ -327,6 +332,12 @@ def _decide_resume(cfg: Config | None, args: argparse.Namespace) -> tuple[str, s
     if saved.augment.epochs == 0 or (augment is not None and augment["status"] == "finished"):
         raise ConfigError(f"--resume: the run in {path} has already finished")
     return saved.to_yaml(), str(path), "augment"
+
+
+def resumable_overrides(overrides: list[str]) -> list[str]:
+    """The ``--set`` overrides a resume applies to its run's own config: those of ``runtime.*`` and
+    ``checkpoint.*`` (the others must agree with the run's config, which ``same_search`` has checked)."""
+    return [item for item in overrides if item.strip().startswith(("runtime.", "checkpoint."))]
 
 
 def _decide_augment(cfg: Config | None, args: argparse.Namespace) -> tuple[str, str, str]:

@@ -37,7 +37,7 @@ from mpi_fnas.baseline import (
     read_csv,
     write_csv,
 )
-from mpi_fnas.baseline.arms import same_data_arms
+from mpi_fnas.baseline.arms import earlier_arms
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.party_store import party_dir
 from mpi_fnas.report.command import main as report_main
@@ -112,9 +112,7 @@ def test_arms_and_their_configs():
     assert random.seed == 3 and random.augment.genotype == random_genotype_text(base, 3, 1)
     # The user's own privacy settings, whatever the searched arm measured: every party derives them alike.
     assert random.privacy == searched.privacy == base.privacy
-    assert same_data_arms(order, order[5], "iid") == order[3:5]  # the same shards: the same seed
-    assert same_data_arms(order, order[5], "local") == order[:5]  # a party's folder: every seed
-    assert same_data_arms(order, order[0], "iid") == []
+
     for overrides, match in ((["augment.epochs=0"], "augment.epochs"),
                              (["augment.genotype=" + random_genotype_text(base, 0, 0)], "augment.genotype"),
                              (["augment.private=false"], "augment.private"),
@@ -122,6 +120,19 @@ def test_arms_and_their_configs():
         with pytest.raises(ConfigError, match=match):
             check_base(load_config(None, overrides))
     check_base(load_config(None, [*PRE_RECIPE, "mode=fnas"]))  # no DP: no ε to compare at
+
+
+def test_a_party_composes_every_other_arm_it_ran_whatever_the_order(tmp_path):
+    """Its own directories of every other arm under the baseline directory (run before or after this one, by this
+    invocation or an earlier one), each marked with whether it split the data alike (the same seed); never another
+    rank's, never the arm's own."""
+    for seed, name in ((0, "searched"), (0, "random-0"), (1, "searched"), (1, "cnn-gn")):
+        for rank in (1, 2):
+            party_dir(Arm(name, seed).run_dir(tmp_path), rank).mkdir(parents=True)
+    found = earlier_arms(tmp_path, Arm("random-0", 0), 1)
+    assert found == [(party_dir(Arm("searched", 0).run_dir(tmp_path), 1), True),
+                     (party_dir(Arm("cnn-gn", 1).run_dir(tmp_path), 1), False),
+                     (party_dir(Arm("searched", 1).run_dir(tmp_path), 1), False)]
 
 
 def test_hand_designed_arms_and_their_configs():

@@ -162,3 +162,24 @@ def test_a_resume_whose_replays_would_pass_the_cap_ends_within_it(tmp_path):
     for rank in range(1, PARTIES + 1):
         assert sent(run, rank) == charged[rank - 1]
         assert PartyStore(party_dir(run, rank)).recorded_epsilon() == log["privacy"]["epsilon"][-1][rank - 1]
+
+
+def test_earlier_runs_compose_shard_by_shard_when_split_alike_and_on_both_shards_otherwise(tmp_path):
+    """An earlier run on the same split adds its train releases to the train ledger and its validation releases to
+    the validation one; a run at another seed (another split) may have held any example in either shard, so both of
+    its shards' releases count on both. The party remembers the runs it composes, so a resume composes them too."""
+    from mpi_fnas.federation.party_store import EarlierRun, PartyStore
+
+    record = [{"stage": "augment", "from": 0, "train": [1.0, 0.1, 1], "val": [2.0, 0.2, 1], "sizes": [50, 50],
+               "secure": None}]
+    sent = {"search": 0, "augment": 3}
+    spent = ((), ())
+    same, _ = party_ledger.with_earlier(spent, None, [(record, sent, True)])
+    other, _ = party_ledger.with_earlier(spent, None, [(record, sent, False)])
+    assert same == (((1.0, 0.1, 3),), ((2.0, 0.2, 3),))
+    assert other == (((1.0, 0.1, 3), (2.0, 0.2, 3)), ((1.0, 0.1, 3), (2.0, 0.2, 3)))
+    store = PartyStore(tmp_path / "rank1")
+    runs = [EarlierRun(tmp_path / "a", True), EarlierRun(tmp_path / "b", False)]
+    assert store.earlier_runs(runs) == runs
+    assert PartyStore(tmp_path / "rank1").earlier_runs() == runs  # a resume launched without them
+    assert store.earlier_runs([EarlierRun(tmp_path / "c", True)]) == [*runs, EarlierRun(tmp_path / "c", True)]

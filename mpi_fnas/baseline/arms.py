@@ -132,9 +132,14 @@ def arm_config(base: Config, arm: Arm) -> Config:
     return validate(cfg)
 
 
-def same_data_arms(todo: Sequence[Arm], arm: Arm, partition: str) -> list[Arm]:
-    """The arms before `arm` in `todo` whose releases a party composes with `arm`'s: those on the same shards (the
-    same seed), or under ``data.partition: local``, where each party's folder is its data at every seed, all of
-    them."""
-    before = list(todo[: list(todo).index(arm)])
-    return before if partition == "local" else [other for other in before if other.seed == arm.seed]
+def earlier_arms(out: Path, arm: Arm, rank: int) -> list[tuple[Path, bool]]:
+    """Party `rank`'s own directories of every other arm it ran under the baseline directory `out` (whatever
+    seed, whatever order they ran in), each with whether it split the data as `arm` does (the same seed): the
+    releases its ``privacy.party_max_epsilon`` composes with `arm`'s."""
+    own = Path(out) / f"seed{arm.seed}" / arm.name
+    found = []
+    for directory in sorted(Path(out).glob(f"seed*/*/parties/rank{rank}")):
+        run = directory.parent.parent
+        if run != own and directory.is_dir():
+            found.append((directory, run.parent.name == f"seed{arm.seed}"))
+    return found

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mpi_fnas import __version__, cli
-from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, parse_handcrafted, same_data_arms
+from mpi_fnas.baseline.arms import Arm, arm_config, arms, check_base, earlier_arms, parse_handcrafted
 from mpi_fnas.baseline.results import (
     CSV_NAME,
     LOG_NAME,
@@ -113,7 +113,7 @@ def _decide_dir(base: Config, args: argparse.Namespace) -> Path:
 
 
 def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
-    from mpi_fnas.federation.party_store import party_dir
+    from mpi_fnas.federation.party_store import EarlierRun, party_dir
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 
@@ -145,9 +145,9 @@ def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, st
                 stage = "search" if arm.searched else "augment"
                 if channel.is_server:
                     print(f"{tag} → {run_dir / LOG_NAME}", flush=True)
-                # A party composes this arm's releases with its own record of the earlier arms on the same data.
-                earlier = [party_dir(other.run_dir(out), channel.rank)
-                           for other in same_data_arms(todo, arm, base.data.partition)]
+                # A party composes this arm's releases with its own record of every other arm it ran here.
+                earlier = [EarlierRun(*found) for found in earlier_arms(out, arm, channel.rank)] \
+                    if not channel.is_server else []
                 outcome = run_job(cfg, channel, run_dir, stage=stage, stop_requested=stop, earlier=earlier,
                                   progress=lambda name: (
                                       Progress(cfg.runtime.progress, label=name, private=cfg.mode == "dpfnas")

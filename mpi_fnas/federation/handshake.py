@@ -171,17 +171,27 @@ def confirm_key_set(channel: Channel, public_keys: dict[int, bytes], identity: P
     check_confirmations(public_keys, channel.rank, received, identity)
 
 
-def exchange_shard_sizes(channel: Channel, own: tuple[int, int]) -> list[tuple[int, int]]:
+def exchange_shard_sizes(channel: Channel, own: tuple[int, int] | None, val_fraction: float
+                         ) -> list[tuple[int, int]]:
     """Party, under ``data.partition: local``: send every other party, directly, this party's shard sizes `own`
     (N_train, N_val: public counts, which rank 0 plans with too) and return every party's, party 1 first. The steps
     per epoch follow from them, so a party derives its step count from what the parties say, not from rank 0.
-    AssignmentRefusedError for a message that is not two counts."""
-    received = channel.exchange_among_parties(struct.pack(">QQ", *own))
+    `own` None: this party refuses its setup, and says so to the others (they refuse too, rather than wait for
+    it). AssignmentRefusedError for a message that is not two counts, or not a split of ``val_fraction`` of some
+    folder (:func:`~mpi_fnas.data.split_train_val`; a colluding party can still overstate its folder)."""
+    received = channel.exchange_among_parties(struct.pack(">QQ", *(own if own is not None else (0, 0))))
+    if own is None:
+        return []
     sizes = {channel.rank: own}
     for rank, message in received.items():
-        if len(message) != 16:
-            raise AssignmentRefusedError(f"rank {channel.rank} refuses party {rank}'s shard sizes: not two counts")
-        sizes[rank] = struct.unpack(">QQ", message)
+        counts = struct.unpack(">QQ", message) if len(message) == 16 else None
+        if counts == (0, 0):
+            raise AssignmentRefusedError(f"rank {channel.rank} refuses its setup: party {rank} refused its own")
+        total = sum(counts) if counts is not None else 0
+        if counts is None or total < 2 or counts[1] != round(total * val_fraction):
+            raise AssignmentRefusedError(f"rank {channel.rank} refuses party {rank}'s shard sizes {counts}: not the "
+                                         f"split of data.val_fraction {val_fraction} of a folder")
+        sizes[rank] = counts
     return [tuple(int(n) for n in sizes[rank]) for rank in sorted(sizes)]
 
 

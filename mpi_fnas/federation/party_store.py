@@ -18,15 +18,19 @@ directory is 0700 and every file in it 0600 (whatever the umask): its state file
 * ``releases.pt``: what one iteration of each launch of a stage released on its two shards (σ, q, how many), from
   which journal count on: with the journals, its own privacy ledger (:mod:`mpi_fnas.privacy.party_ledger`). Written
   before the launch's first send; public facts (the config's σ, its shard sizes).
+* ``earlier.json``: the party's own directories of earlier runs on the same data that its cap composes with this
+  run (a baseline's other arms: :meth:`PartyStore.earlier_runs`).
 * ``error.log``: the full text of a failure under DP, where the party sends the server only a generic reason.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from mpi_fnas.checkpoint import PRIVATE_FILE_MODE, atomic_load, atomic_save
 from mpi_fnas.config import SetupError
@@ -35,11 +39,21 @@ PRIVATE_DIR_MODE = 0o700
 #: The stages a party keeps a journal for, and the file of each.
 JOURNALS = {"search": "sent_steps", "augment": "augment_sent_steps"}
 RELEASES_NAME = "releases.pt"
+EARLIER_NAME = "earlier.json"
 
 
 def party_dir(run_dir: Path, rank: int) -> Path:
     """The directory of party `rank` under `run_dir`."""
     return Path(run_dir) / "parties" / f"rank{rank}"
+
+
+class EarlierRun(NamedTuple):
+    """A party's own directory of an earlier run on the same data (a baseline's other arm), whose releases its
+    ``privacy.party_max_epsilon`` composes with this run's; `same_split`: whether that run split the data into the
+    same train and validation shards (else an example may have been in either)."""
+
+    directory: Path
+    same_split: bool
 
 
 class PartyStore:
@@ -116,6 +130,18 @@ class PartyStore:
         for s in steps:
             if s > step or (older and s < max(older)):
                 (self.directory / self._state_name.format(step=s)).unlink(missing_ok=True)
+
+    def earlier_runs(self, given: Sequence[EarlierRun] = ()) -> list[EarlierRun]:
+        """The earlier runs this party composes with this one: those it recorded in its directory when this run
+        began (so a resume launched without them still composes them) and the `given` ones, which it records."""
+        path = self.directory / EARLIER_NAME
+        known = [EarlierRun(Path(d), bool(same)) for d, same in json.loads(path.read_text())] if path.exists() else []
+        runs = list(dict.fromkeys([*known, *given]))
+        if runs != known:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE_MODE)
+            with os.fdopen(fd, "w") as f:
+                json.dump([[str(run.directory), run.same_split] for run in runs], f)
+        return runs
 
     def held_steps(self) -> list[int]:
         """The checkpoint steps whose state this party holds for its stage (at most the last two)."""

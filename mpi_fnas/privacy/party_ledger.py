@@ -112,16 +112,23 @@ def recorded_epsilon(record: Sequence[Mapping[str, Any]], sent: Mapping[str, int
     return epsilon_of(spent_runs(record, sent), own_delta(delta, record, record[-1]["sizes"]), accounting)
 
 
-def with_earlier(spent: tuple[Runs, Runs], secure: SecureAccounting | None,
-                 earlier: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, int]]],
+Earlier = Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, int], bool]]
+
+
+def with_earlier(spent: tuple[Runs, Runs], secure: SecureAccounting | None, earlier: Earlier,
                  ) -> tuple[tuple[Runs, Runs], SecureAccounting | None]:
-    """`spent` with the releases of the party's `earlier` runs on the same data (each its ``(record, sent)``), and
-    the accounting that bounds them all: secure aggregation's bound grows with D, so the largest D of any of them
-    (:class:`~mpi_fnas.secagg.accounting.SecureAccounting`)."""
+    """`spent` with the releases of the party's `earlier` runs on the same data (each its ``(record, sent,
+    same_split)``), and the accounting that bounds them all: secure aggregation's bound grows with D, so the largest
+    D of any of them (:class:`~mpi_fnas.secagg.accounting.SecureAccounting`). A run that split the data otherwise
+    (another seed) may have held any example in either shard, so both of its shards' releases count on both."""
     train, val = spent
-    for record, sent in earlier:
+    for record, sent, same_split in earlier:
         more = spent_runs(record, sent)
-        train, val = train + more[0], val + more[1]
+        if same_split:
+            train, val = train + more[0], val + more[1]
+        else:
+            both = more[0] + more[1]
+            train, val = train + both, val + both
         constants = record[-1]["secure"] if record else None
         if secure is not None and constants is not None and int(constants[2]) > secure.dimension:
             secure = dataclasses.replace(secure, dimension=int(constants[2]))
@@ -131,10 +138,10 @@ def with_earlier(spent: tuple[Runs, Runs], secure: SecureAccounting | None,
 def check_request(cap: tuple[float, str], record: Sequence[Mapping[str, Any]], sent: Mapping[str, int],
                   per_iteration: IterationReleases, delta: float | None, sizes: Sequence[int],
                   secure: SecureAccounting | None, requested: int, *, rank: int, stage: str,
-                  earlier: Sequence[tuple[Sequence[Mapping[str, Any]], Mapping[str, int]]] = ()) -> None:
+                  earlier: Earlier = ()) -> None:
     """Raise :class:`~mpi_fnas.privacy.trusted_config.BudgetRefusedError` when the `requested` iterations of
     `stage` rank 0 announced, after what the party's `record` and journals (`sent`) say it released, and what its
-    `earlier` runs on the same data released (each ``(record, sent)``: :func:`with_earlier`), would take its ε past
+    `earlier` runs on the same data released (:func:`with_earlier`), would take its ε past
     `cap` (``(ε, its config key)``). `delta`: ``privacy.delta``; `sizes`: this launch's search shard sizes
     (:func:`own_delta`)."""
     spent, secure = with_earlier(spent_runs(record, sent), secure, earlier)

@@ -104,13 +104,15 @@ def check_own(own: Config, received: Config, rank: int) -> None:
 
 
 def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment: bool,
-                   overrides: Sequence[str], pin: str | None, rank: int) -> tuple[Config, str]:
+                   overrides: Sequence[str], pin: str | None, rank: int,
+                   config_file: bool = False) -> tuple[Config, str]:
     """The config a party checks rank 0's against, and its name for the refusal line.
 
     * a fresh launch: its own (`own`, from its ``--config``/``--set`` or the defaults, as rank 0's would be);
-    * ``--resume``: its pin (the config it accepted when the run started) with its own ``runtime.*`` when it gave a
-      config explicitly (`explicit`: ``--config`` or ``--set``; rank 0 takes runtime.* from its own the same way),
-      or, in a directory with no pin (a run that never reached a party), its own when given explicitly;
+    * ``--resume``: its pin (the config it accepted when the run started) with its own ``runtime.*`` (and
+      ``checkpoint.*``) where it gave them: a ``--config`` file's sections whole (`config_file`), or the ``--set``
+      `overrides` of those keys alone, as rank 0 applies its own; or, in a directory with no pin (a run that never
+      reached a party), its own when given explicitly (`explicit`: ``--config`` or ``--set``);
     * ``--augment``: its pin with its own ``--set`` `overrides` applied (rank 0 allows only ``augment.*``,
       ``runtime.*`` and ``checkpoint.*`` there), as rank 0 applies them to the search's config.
 
@@ -123,11 +125,10 @@ def trusted_config(own: Config | None, *, explicit: bool, resume: bool, augment:
         return config_from_text(pin, list(overrides), where=f"rank {rank}'s --augment", stored=True), \
             "its pinned config with its --set"
     if resume and pin is not None:
-        pinned = config_from_text(pin, stored=True)
-        if explicit and own is not None:  # runtime.* may change on a resume: the party's own launch settings
-            pinned.runtime = own.runtime
-            return pinned, "its pinned config with its own runtime.*"
-        return pinned, "its pinned config"
+        pinned = config_from_text(pin, list(overrides), stored=True)  # runtime.* may change on a resume
+        if config_file and own is not None:
+            pinned.runtime, pinned.checkpoint = own.runtime, own.checkpoint
+        return pinned, "its pinned config" + (" with its own runtime.*" if config_file or overrides else "")
     if resume and not explicit:
         raise AssignmentRefusedError(f"rank {rank} refuses --resume: its own directory holds no pinned config "
                                      f"({PIN_NAME}) and it was given no --config of its own")

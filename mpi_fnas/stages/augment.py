@@ -188,6 +188,9 @@ class AugmentSide(StageSide):
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas" and cfg.augment.private
 
+    def needs_sizes(self, cfg: Config) -> bool:
+        return cfg.augment.steps_per_epoch is None
+
     def params(self, got: AugmentAssignment) -> DPParams:
         return got.params
 

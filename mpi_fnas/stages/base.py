@@ -283,6 +283,11 @@ class StageSide:
         """Whether this stage's releases are DP under `cfg` (each side)."""
         return False
 
+    def needs_sizes(self, cfg: Config) -> bool:
+        """Whether this stage's steps per epoch follow from every party's shard sizes (its ``steps_per_epoch``
+        unset), which under ``data.partition: local`` the parties tell each other."""
+        return False
+
     def params(self, got: Any) -> DPParams:
         """The run's DP parameters in a private stage's assignment `got` (checked by :meth:`check`)."""
         raise NotImplementedError
@@ -293,12 +298,12 @@ class StageSide:
         raise NotImplementedError
 
     def keep_own_ledger(self, cfg: Config, got: Any, store: PartyStore | None, rank: int, *, requested: int,
-                        earlier: Sequence[PartyStore] = ()) -> None:
+                        earlier: Sequence[tuple[PartyStore, bool]] = ()) -> None:
         """This party's own budget (:mod:`mpi_fnas.privacy.party_ledger`), before it sends anything of this launch:
         BudgetRefusedError when the `requested` iterations rank 0 announced would take its ε, composed from its own
         record and journals, past the run's cap (``privacy.target_epsilon``, ``privacy.max_epsilon``), or, composed
-        with its `earlier` runs on the same data too, past its own ``privacy.party_max_epsilon``; then this launch's
-        releases recorded in its directory."""
+        with its `earlier` runs on the same data too (each its store and whether it split the data alike), past its
+        own ``privacy.party_max_epsilon``; then this launch's releases recorded in its directory."""
         per_iteration, sizes = self.per_iteration(got)
         record = store.release_record() if store is not None else []
         params = self.params(got)
@@ -308,7 +313,7 @@ class StageSide:
             from mpi_fnas.privacy import party_ledger  # rank 0's accountant: loaded only by a party with a cap
 
             sent = store.sent_by_stage() if store is not None else {}
-            before = [(other.release_record(), other.sent_by_stage()) for other in earlier]
+            before = [(other.release_record(), other.sent_by_stage(), same) for other, same in earlier]
             for cap, total in caps:
                 party_ledger.check_request(cap, record, sent, per_iteration, cfg.privacy.delta, sizes,
                                            secure.accounting if secure is not None else None, requested, rank=rank,

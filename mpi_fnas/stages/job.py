@@ -23,6 +23,7 @@ from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.memory import return_free_memory
+from mpi_fnas.federation.party_store import EarlierRun
 from mpi_fnas.federation.plan import Assignment
 from mpi_fnas.stages.augment import AugmentOutcome, AugmentSide
 from mpi_fnas.stages.iteration import Progress
@@ -53,13 +54,14 @@ def searched_state(run_dir: Path) -> dict | None:
 
 def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume: dict | None = None,
             progress: Callable[[str], Progress | None] = lambda stage: None,
-            stop_requested: Callable[[], str | None] = lambda: None, earlier: Sequence[Path] = (),
+            stop_requested: Callable[[], str | None] = lambda: None, earlier: Sequence[EarlierRun] = (),
             refusal: Exception | None = None) -> JobOutcome | bool:
     """Run the job on every rank. Rank 0 returns the :class:`JobOutcome`; a party returns True when interrupted.
 
     `resume` (rank 0): the checkpoint to continue from (its ``stage`` says which). `progress(stage)` gives rank 0's
     display for a stage. `earlier` (a party): its own directories of earlier runs on the same data, whose releases
-    its ``privacy.party_max_epsilon`` composes with this job's (a baseline's other arms). `refusal` (a party): what
+    its ``privacy.party_max_epsilon`` composes with this job's (a baseline's other arms; remembered in its directory,
+    so a resume composes them too). `refusal` (a party): what
     it refused at the launch, which it reports in its first setup report instead of taking part.
     """
     augment = cfg.augment.epochs > 0

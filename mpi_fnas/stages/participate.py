@@ -38,7 +38,7 @@ from mpi_fnas.federation.handshake import (
     report_setup,
 )
 from mpi_fnas.federation.inventory import report_inventory
-from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.party_store import EarlierRun, PartyStore, party_dir
 from mpi_fnas.federation.plan import SetupError, open_split, party_view, shared_plan
 from mpi_fnas.federation.verify import check_checkpoint_step, check_corruption
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
@@ -50,7 +50,7 @@ from mpi_fnas.stages.party_loop import party_steps
 
 
 def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: StageSide,
-                earlier: Sequence[Path] = (), refusal: Exception | None = None) -> bool:
+                earlier: Sequence[EarlierRun] = (), refusal: Exception | None = None) -> bool:
     """Run party `channel.rank`'s side of a whole stage; True when it stopped as interrupted. `earlier`: this
     party's own directories of earlier runs on the same data (:func:`~mpi_fnas.stages.job.run_job`); `refusal`:
     what it refused at the launch (rank 0's config or run directory, its exchange), reported in this setup report
@@ -58,7 +58,11 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
     rank = channel.rank
     report_inventory(cfg, channel)  # data.partition local: its folder's public facts, before the plan
     got, device = receive_assignment(channel, side.assignment, cfg.runtime.device)
+    # The parties tell each other their shard sizes (data.partition local, where they set the steps per epoch).
+    tells = side.private(cfg) and cfg.data.partition == "local" and side.needs_sizes(cfg)
     if refusal is not None:
+        if tells:  # the others would wait for its sizes: it says it refuses, so they refuse at once too
+            exchange_shard_sizes(channel, None, cfg.data.val_fraction)
         refuse_in_report(channel, device, refusal)
     store = PartyStore(party_dir(run_dir, rank), stage=side.name) if run_dir is not None else None
     Injections(rank, side.name).at(0)  # the failure tests' late setup report (step 0: the setup)
@@ -66,8 +70,8 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         # Its assignment against what it computes itself (mpi_fnas.federation.verify): its DP parameters (K from
         # its own communicator, D from its own split), its shards, its corruption, and a checkpoint step it holds.
         data = open_split(cfg, "train", party=rank)
-        own = party_view(cfg, data, channel.parties, rank, told=(lambda sizes: exchange_shard_sizes(channel, sizes))
-                         if side.private(cfg) else None)
+        own = party_view(cfg, data, channel.parties, rank, told=(
+            lambda sizes: exchange_shard_sizes(channel, sizes, cfg.data.val_fraction)) if tells else None)
         side.check(cfg, got, own, parties=channel.parties, rank=rank)
         check_corruption(got.corruption, own.corruption, rank=rank, what=f"{side.name} assignment")
         sent = store.sent_by_stage() if store is not None else {}
@@ -102,8 +106,10 @@ def participate(cfg: Config, channel: Channel, run_dir: Path | None, side: Stage
         last = receive_last_step(channel, first=got.checkpoint_step + 1, planned=got.steps)
     agree_on_plan(channel, side.name, cfg.to_yaml(), shared_plan(got), last)
     if party.private:
+        runs = store.earlier_runs(earlier) if store is not None else list(earlier)
         side.keep_own_ledger(cfg, got, store, rank, requested=last - got.checkpoint_step,
-                             earlier=[PartyStore(path) for path in earlier if path.is_dir()])
+                             earlier=[(PartyStore(run.directory), run.same_split) for run in runs
+                                      if run.directory.is_dir()])
     if party.secure:
         party.use_secure_aggregation(agree_masks(channel, identity), side.name,
                                      cfg.seed if side.params(got).reproducible_noise else None)

@@ -184,6 +184,9 @@ class SearchSide(StageSide):
     def private(self, cfg: Config) -> bool:
         return cfg.mode == "dpfnas"
 
+    def needs_sizes(self, cfg: Config) -> bool:
+        return cfg.search.steps_per_epoch is None
+
     def params(self, got: Assignment) -> DPParams:
         return got.dp
 

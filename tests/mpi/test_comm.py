@@ -184,13 +184,30 @@ def test_the_channel_reduce_of_uint32_words_wraps_like_the_mpi_reduce():
 @pytest.mark.mpi(min_size=3)
 def test_the_parties_tell_each_other_their_shard_sizes_directly():
     """Under a local partition each party derives its steps per epoch from every party's shard sizes, which the
-    parties send each other, not through rank 0 (rank 0 takes no part: it only waits)."""
+    parties send each other, not through rank 0 (rank 0 takes no part: it only waits). Sizes that are no
+    val_fraction split of a folder are refused; a party that refuses its setup says so, and the others refuse at
+    once rather than wait for it."""
     from mpi_fnas.federation.handshake import exchange_shard_sizes
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 
     channel = world_channel()
     if channel.is_server:
-        channel.barrier()
+        for _ in range(3):
+            channel.barrier()
         return
-    sizes = exchange_shard_sizes(channel, (100 + channel.rank, 10 * channel.rank))
-    assert sizes == [(100 + rank, 10 * rank) for rank in range(1, channel.size)]
+    sizes = exchange_shard_sizes(channel, (50 + channel.rank, 50 + channel.rank), 0.5)
+    assert sizes == [(50 + rank, 50 + rank) for rank in range(1, channel.size)]
+    channel.barrier()
+    lying = (50, 10) if channel.rank == 1 else (50 + channel.rank, 50 + channel.rank)
+    if channel.rank == 1:
+        exchange_shard_sizes(channel, lying, 0.5)
+    else:
+        with pytest.raises(AssignmentRefusedError, match=r"refuses party 1's shard sizes \(50, 10\): not the split"):
+            exchange_shard_sizes(channel, lying, 0.5)
+    channel.barrier()
+    if channel.rank == 1:
+        assert exchange_shard_sizes(channel, None, 0.5) == []
+    else:
+        with pytest.raises(AssignmentRefusedError, match="refuses its setup: party 1 refused its own"):
+            exchange_shard_sizes(channel, (50, 50), 0.5)
     channel.barrier()
