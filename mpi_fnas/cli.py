@@ -50,8 +50,8 @@ class LaunchFailedError(RuntimeError):
 def exit_process(code: int) -> NoReturn:
     """End the process with exit status `code` (every entry point's ``__main__``).
 
-    Why ``gc.freeze()`` first: the interpreter's last collections would walk every object torch's import made,
-    about 0.6 CPU-seconds per rank of every job; frozen objects are skipped (the atexit handlers, MPI's finalize
+    Why ``gc.freeze()`` first: the interpreter's last collections would walk every object torch's import made, a
+    cost every rank of every job pays at its exit; frozen objects are skipped (the atexit handlers, MPI's finalize
     and the flushes still run)."""
     gc.freeze()
     sys.exit(code)

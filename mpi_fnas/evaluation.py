@@ -7,9 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-#: Examples per forward pass of an evaluation. 128, not 256: evaluating the default supernet (channels-last) on 2,000
-#: test examples then raises rank 0's peak by 35 MB instead of 73 MB, in the same CPU time (docs/benchmarks.md,
-#: "Rank 0").
+#: Examples per forward pass of an evaluation. 128, not 256: about half the rise of rank 0's peak memory, in the same
+#: CPU time (docs/log/benchmarks.md, "Rank 0's evaluation").
 EVAL_BATCH = 128
 
 

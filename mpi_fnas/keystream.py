@@ -1,30 +1,18 @@
 """Where every secret random number of a party comes from: AES-256 in counter mode, keyed with 256 OS bits.
 
-A party's noise hides its clipped gradient sum only from someone who cannot predict the noise, and Poisson
-subsampling amplifies privacy only for someone who cannot predict the coins. A seeded simulation generator is
-not enough: torch's CPU generator keeps 32 bits of its seed, so a server holding one release and the public
-supernet can try every seed, find the one whose noise leaves a plausible clipped sum, and strip the noise from
-every later release of the run (docs/privacy.md §2.1). Searching a 256-bit key is not possible.
+A party's noise and its Poisson coins protect its data only from someone who cannot predict them; a seeded
+simulation generator can be searched (torch's CPU generator keeps 32 bits of its seed), a 256-bit key cannot (why:
+docs/privacy.md §2.1). :class:`Keystream` is the one source of a party's randomness: the Gaussian noise (through
+:func:`mpi_fnas.privacy.mechanism.gaussian_noise`), the Poisson coins, and the augmentation's per-example crops,
+flips, cutouts and drop-path masks. Its bytes are AES-256-CTR of zeros under the key: a pseudo-random function of
+the counter, indistinguishable from uniform without the key (with ≤ 2^40 blocks drawn, the PRP/PRF switching term
+is ≤ 2^-48). Its state is the key and the number of blocks drawn, so seeking is exact.
 
-:class:`Keystream` is the one source of a party's randomness: the Gaussian noise (through
-:func:`mpi_fnas.privacy.mechanism.gaussian_noise`), the Poisson coins, and the per-example crops, flips, cutouts
-and drop-path masks of the augmentation. Its bytes are the AES-256-CTR encryption of zeros, i.e. AES applied to
-the successive 128-bit counter values 0, 1, 2, … under the key: a pseudo-random function of the counter, so the
-stream is indistinguishable from uniform bytes without the key (with ≤ 2^40 blocks drawn, the PRP/PRF switching
-term is ≤ 2^-48). The state is the key and the number of blocks drawn: seeking is exact, so a resumed party
-continues its streams from its own state file, bit for bit.
+* :meth:`Keystream.from_os`: 32 bytes of ``os.urandom``; the key never leaves the party's memory.
+* :meth:`Keystream.from_labels`: a public key, SHA-256 of public labels (seed, rank, purpose), for runs that make
+  no privacy claim and for ``privacy.reproducible_noise`` (which voids ε); the same code path draws from it.
 
-Two ways to key one:
-
-* :meth:`Keystream.from_os`: 32 bytes of ``os.urandom``. The key never leaves the party: it lives in the
-  party's memory and in its own state file (mode 0600) for resuming.
-* :meth:`Keystream.from_labels`: a public key, SHA-256 of public labels (the run's seed, a rank, a purpose).
-  Anyone with the config can rebuild it: for runs that make no privacy claim and for
-  ``privacy.reproducible_noise`` (which voids ε). The same code path draws from it, so a reproducible run
-  exercises exactly what a private one runs.
-
-Every draw is made on the CPU (the caller moves the result to its device): the bytes are the randomness, and
-they are identical on every machine. No MPI, no autograd here.
+Every draw is made on the CPU (the caller moves it to its device): the same bytes on every machine. No MPI, no autograd.
 """
 
 from __future__ import annotations

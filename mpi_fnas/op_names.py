@@ -26,7 +26,7 @@ DPNAS_ACTIVATIONS: tuple[str, ...] = ("relu", "selu", "tanh", "linear", "hardtan
 DPNAS_CONV_PREFIX = "conv_3x3_"
 DPNAS_POOLS: tuple[str, ...] = ("max_pool_3x3", "avg_pool_3x3")
 
-#: DPNAS' convolutions, one per activation: the built-in ``space.ops`` (docs/benchmarks.md, "A search space of
+#: DPNAS' convolutions, one per activation: the built-in ``space.ops`` (docs/log/benchmarks.md, "A search space of
 #: convolutions only": a cell with a parameter-free op on an edge trains worse under DP).
 DPNAS_CONVS: tuple[str, ...] = tuple(DPNAS_CONV_PREFIX + name for name in DPNAS_ACTIVATIONS)
 

@@ -33,23 +33,12 @@ def _finite(row: Mapping[str, float], key: str) -> float | None:
 class Progress:
     """Callable ``(step, total, row)`` for :func:`mpi_fnas.stages.job.run_search`.
 
-    ``row`` is a metrics row as logged to ``/metrics``: ``step``, ``epoch`` (0-based), ``train_loss``, ``val_acc``,
-    ``step_seconds`` (NaN under DP), ``test_acc`` (epoch ends only; the last one is remembered) and, under DP,
-    ``epsilon`` (the worst party's ε so far). Loss and accuracies are shown only when finite.
-
-    s/step is wall time since the first call divided by the steps done since then (so it includes evaluation,
-    logging and checkpoints, and a resumed run measures only its own steps); the ETA is s/step × steps left.
-    Before a second call there is no such measurement: the row's ``step_seconds`` is used if finite, else
-    neither is shown.
-
-    With ``private`` (a DP run) the clock is read only at epoch ends, the calls whose row carries a finite
-    ``test_acc`` (rank 0 evaluates at every epoch end and only there): s/step is the wall time between the first
-    and the latest epoch end seen, over the steps between them, so it is shown from the second epoch end on and
-    changes only at epoch ends. No line then holds a duration finer than whole epochs (docs/privacy.md §2.3).
+    ``row`` is a metrics row as logged to ``/metrics``; its values are shown only when finite. s/step is the wall
+    time since the first call over the steps done since (before a second call: the row's ``step_seconds``), the ETA
+    s/step × steps left; with ``private`` the clock is read only at epoch ends (docs/privacy.md §2.3).
 
     Args:
-        mode: "on" (a live bar), "off", or "auto" (a live bar only when `stream` is a terminal; otherwise one
-            line per 10 % so batch logs stay short).
+        mode: "on" (a live bar), "off", or "auto" (a bar on a terminal, else one line per 10 % of the steps).
         stream: where to write (default: standard error).
         width: characters of the bar.
         clock: seconds, monotonic (tests pass a fake one).

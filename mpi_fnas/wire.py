@@ -1,23 +1,18 @@
 """The data-only format of the objects ranks exchange at setup (assignments, reports, keys, decisions).
 
 Nothing received is executed: a message is a JSON header and the raw bytes of its arrays and byte strings, never a
-pickle (unpickling runs whatever code the sender chose; a malicious server could otherwise run code inside every
-party). :func:`decode` builds only these values, and refuses anything else with :class:`WireError`:
+pickle (unpickling runs whatever code the sender chose). :func:`decode` builds only these values, and refuses
+anything else with :class:`WireError`: None, bool, int, float (NaN and ±inf included), str, bytes; lists, tuples,
+and dicts whose keys are str or int; numpy arrays of a numeric or bool dtype (no object arrays); and instances of
+the dataclasses and NamedTuples registered with :func:`wire_type`, built by their own constructor from exactly their
+fields, each checked against the field's type annotation (``int``, ``np.ndarray``, ``X | None``, ``Literal``, a
+registered class).
 
-* None, bool, int, float (NaN and ±inf included), str, bytes;
-* lists, tuples, and dicts whose keys are str or int;
-* numpy arrays of a numeric or bool dtype (no object arrays), any shape;
-* instances of the dataclasses registered with :func:`wire_type` (and NamedTuples registered the same way), built by
-  their own constructor from exactly their fields, each checked against the field's type annotation (the schema):
-  an ``int`` field takes an int, an ``np.ndarray`` field an array, ``X | None`` either, a ``Literal`` one of its
-  values, a registered class an instance of it.
-
-Layout of a message: 8 bytes (big-endian) giving the header's length, the UTF-8 JSON header, then the blobs back to
-back. The header's tagged objects (``{"$t": ...}``) name a kind and, for bytes and arrays, a blob by index with its
-dtype and shape; a blob's length must be exactly what its dtype and shape say.
-
-No MPI and no torch here (numpy only): :class:`~mpi_fnas.federation.comm.Channel` sends the bytes, and the
-modules that define the wire types register them where they are defined, without importing the federation.
+Layout: 8 bytes (big-endian) giving the header's length, the UTF-8 JSON header, then the blobs back to back. The
+header's tagged objects (``{"$t": ...}``) name a kind and, for bytes and arrays, a blob by index with its dtype and
+shape; a blob's length must be exactly what its dtype and shape say. No MPI and no torch here (numpy only):
+:class:`~mpi_fnas.federation.comm.Channel` sends the bytes, and the modules that define the wire types register
+them where they are defined.
 """
 
 from __future__ import annotations

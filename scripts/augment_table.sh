@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the tables of docs/benchmarks.md "make run: search + augmentation": the `make run` config
-# of before 2026-11-28 (configs/darts_default.yaml, 8 parties) end to end, search then augmentation, over seeds 0 1 2:
+# Regenerates the tables of docs/log/benchmarks.md "make run: search + augmentation": the earlier `make run` config
+# (configs/darts_default.yaml, 8 parties) end to end, search then augmentation, over seeds 0 1 2:
 #   - DP-FNAS at three augmentation noise levels (augment.noise_multiplier 0.7, 0.85 = the default, 1.2);
 #   - FNAS (8 parties, exact gradients) and vanilla NAS (one party holding all the data, with 8× the per-party
 #     batches, so that every step averages over the same number of examples as the federated runs).

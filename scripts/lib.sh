@@ -31,7 +31,7 @@ run_once() {
   if [ -e "$dir.done" ]; then echo "done, skipped: $dir"; return; fi
   rm -rf "$dir"  # what an interrupted attempt left
   local sets=(); for kv in "$@"; do [ -n "$kv" ] && sets+=(--set "$kv"); done
-  # On the built-in default of before 2026-11-28, which these tables were measured with.
+  # On the earlier built-in default (configs/darts_default.yaml), which these tables were measured with.
   if "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run --config configs/darts_default.yaml --out "$dir" "${sets[@]}" \
       > "$dir.out" 2>&1; then
     touch "$dir.done"; else echo "FAILED (exit $?): $dir, see $dir.out"; fi

@@ -1,4 +1,4 @@
-"""One-process screen of a network's private training on mnist-5k (docs/benchmarks.md, "the private recipe").
+"""One-process screen of a network's private training on mnist-5k (docs/log/benchmarks.md, "the private recipe").
 
 Full-batch DP-GD on the 4,000 train digits: each example's gradient clipped to ``--clip``, one Gaussian noise of std
 ``sigma * clip`` on the sum, divided by 4,000. That is what the secure path does when every party's batch is its

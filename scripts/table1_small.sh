@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The paper's Table 1 in small, on this machine: vanilla NAS (K = 1), FNAS and DP-FNAS for K = 1, 2, 4, 8, each
-# over 3 seeds, on the make-run config of before 2026-11-28 (configs/darts_default.yaml) or another (CONFIG), search
+# over 3 seeds, on the earlier make-run config (configs/darts_default.yaml) or another (CONFIG), search
 # then augmentation.
 #   scripts/table1_small.sh OUT                 # every run (a run whose log finished is skipped), then the report
 #   CONFIG=configs/mnist.yaml scripts/table1_small.sh OUT

@@ -219,7 +219,7 @@ def test_resolved_yaml_round_trips(tmp_path):
 
 
 def test_mnist_recipe_config_carries_the_private_recipe():
-    """configs/mnist_recipe.yaml is configs/mnist.yaml plus the private recipe (docs/benchmarks.md): the DPNAS
+    """configs/mnist_recipe.yaml is configs/mnist.yaml plus the private recipe (docs/log/benchmarks.md): the DPNAS
     space, a party's whole mnist-5k pool per step (q = 1), 80 epochs, lr 2; a search whose batch is a party's whole
     search half, at w_lr 2 and a_lr 0.1; everything else the make-run default."""
     recipe = load_config(ROOT / "configs" / "mnist_recipe.yaml")
@@ -240,7 +240,7 @@ def test_mnist_recipe_config_carries_the_private_recipe():
 def test_full_mnist_recipe_config_is_the_default_recipe_on_the_full_set():
     """configs/mnist_full_recipe.yaml: the full MNIST at 14x14 (as configs/mnist.yaml pools mnist-5k) with the
     built-in default's private recipe and an augmentation batch of 250 of a party's 7,500 digits (q = 1/30),
-    docs/benchmarks.md's choice; everything else, σ calibrated to a worst-party ε of 3 included, the default."""
+    docs/log/benchmarks.md's choice; everything else, σ calibrated to a worst-party ε of 3 included, the default."""
     full = load_config(ROOT / "configs" / "mnist_full_recipe.yaml")
     assert (full.data.dataset, full.data.image_size, full.data.train_size, full.data.test_size) == ("mnist", 14, None,
                                                                                                    None)

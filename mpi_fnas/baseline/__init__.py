@@ -4,29 +4,15 @@
                                               [--handcrafted cnn-tanh,cnn-gn] [--out DIR]
     python -m mpi_fnas.report DIR        # the baseline table, RI and the searched cell's rank
 
-A NAS product whose search does not beat random cells trained the same way has no reason to exist (Li & Talwalkar
-2019; Yu et al., ICLR 2020; Yang et al., ICLR 2020). For every seed this runs:
+For every seed: the **searched** arm (the configured search, then the augmentation of its cell), R **random**
+cells of the same space and the **hand-designed** networks of ``--handcrafted``, each trained by the same
+augmentation. Under ``dpfnas`` every arm ends at the user's ``privacy.target_epsilon``; each party derives every
+arm's config itself and composes its own ε over the arms on its data (``privacy.party_max_epsilon``). Every arm is
+an ordinary run with its own ``search.h5`` (``DIR/seed<S>/<arm>/``); after every arm rank 0 rewrites
+``DIR/baseline.csv``, and at the end prints the comparison. Why, and what it measured: docs/baseline.md.
 
-* the **searched** arm: the configured job, a search then the augmentation of the cell it found;
-* R **random** arms: cells drawn uniformly from the same space (``space.kind``, ``space.nodes``) from a public seed,
-  each trained by the same augmentation;
-* the **hand-designed** arms of ``--handcrafted`` (``augment.network``: ``cnn-tanh``, Papernot et al. 2021's tanh
-  CNN; ``cnn-gn``, a GroupNorm CNN): what a DP practitioner would train instead of searching, by the same
-  augmentation.
-
-Under ``dpfnas`` every arm is calibrated to the user's ``privacy.target_epsilon`` (required): the searched arm's
-search and augmentation together, and the random and hand-designed arms, which spent nothing on a search, their
-augmentation alone; every arm ends at the same ε, which ``baseline.csv`` shows for both. Each party derives every
-arm's config from its own command line and refuses rank 0's if it differs; it composes its own ε over the arms on
-its data, which ``privacy.party_max_epsilon`` caps (docs/privacy.md §2.12).
-
-Every arm is an ordinary run with its own ``search.h5`` (``DIR/seed<S>/<arm>/``), so ``mpi_fnas.run --resume``,
-the report and the log readers work on it. After every arm rank 0 rewrites ``DIR/baseline.csv``; at the end it
-prints the comparison (:mod:`mpi_fnas.baseline.results`: RI, rank, searched − random mean and searched − best
-hand-designed network against their standard errors).
-
-Modules: ``arms`` (the arms, their draws and configs), ``results`` (reading the arms back, baseline.csv, the
-comparison) and ``command`` (the command line).
+Modules: ``arms`` (the arms, their draws and configs), ``results`` (baseline.csv, the comparison) and ``command``
+(the command line).
 """
 
 from mpi_fnas.baseline.arms import (

@@ -2,19 +2,17 @@
 for, each one's run directory and config. No MPI, no autograd.
 
 * ``searched``: the configured job as it is (search, then the augmentation of the cell it found), at ``seed``;
-* ``random-<i>``: the same augmentation of a genotype drawn uniformly from the same space without the sigmoid
-  activation (``search_space(kind).random_genotype``), with no search. Its draw is public: a numpy generator seeded
-  with (RANDOM_TAG, seed, i), so the same command draws the same cells, and the cell is logged (``augment.genotype``,
-  ``baseline.csv``);
+* ``random-<i>``: the same augmentation, with no search, of a genotype drawn uniformly from the same space without
+  the sigmoid activation (``search_space(kind).random_genotype``): a public draw, seeded with (RANDOM_TAG, seed, i),
+  so the same command draws the same cells, and the cell is logged (``augment.genotype``, ``baseline.csv``);
 * ``cnn-tanh``, ``cnn-gn`` (``--handcrafted``): the same augmentation of that hand-designed network
-  (``augment.network``), with no search: what a DP practitioner would train instead of searching. It has no cell
-  paths to drop and no auxiliary head, so its ``augment.drop_path`` and ``augment.auxiliary_weight`` are 0.
+  (``augment.network``), with no search. It has no cell paths to drop and no auxiliary head, so its
+  ``augment.drop_path`` and ``augment.auxiliary_weight`` are 0.
 
-Under DP every arm runs at the user's own privacy settings: ``privacy.target_epsilon`` (required), its caps and δ.
-The searched arm's search and augmentation are calibrated to it together; an arm other than the searched one spent
-nothing on a search, so its augmentation alone is calibrated to it (docs/privacy.md §3.1). No arm's privacy setting
-depends on anything rank 0 measured, so each party derives every arm's config itself from its own command line and
-refuses any other (:func:`mpi_fnas.baseline.command`).
+Under DP every arm runs at the user's own privacy settings (``privacy.target_epsilon``, its caps and δ): the
+searched arm's search and augmentation together, any other arm's augmentation alone (docs/privacy.md §3.1). No
+arm's config depends on anything rank 0 measured, so each party derives every arm's config from its own command
+line and refuses any other (:mod:`mpi_fnas.baseline.command`).
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """A baseline's results, read back from its arms' logs: ``baseline.csv`` and the comparison NAS researchers make.
 
-No MPI, no torch. Every number comes from an arm's ``search.h5`` (:func:`mpi_fnas.runlog.read_run`):
-
-* ``test_acc``: ``/augment`` ``test_acc`` (the cell trained from scratch, on the server's test split);
-* ``params``: ``/augment`` ``params``;
-* ``epsilon_worst``: the worst party's ε of the last ``/augment/privacy/epsilon`` row (search + augmentation
-  composed; NaN without DP).
+No MPI, no torch. Every number comes from an arm's ``search.h5`` (:func:`mpi_fnas.runlog.read_run`): ``test_acc``
+and ``params`` from ``/augment``; ``epsilon_worst``, the worst party's ε of the last ``/augment/privacy/epsilon``
+row (search and augmentation composed; NaN without DP).
 
 The comparison (Yang et al., ICLR 2020, "NAS evaluation is frustratingly hard"), per seed s with the searched cell's
 accuracy a_s and a reference accuracy r_s: the random cells' mean m_s, and the best hand-designed network's h_s (the

@@ -27,7 +27,7 @@ REMOVED_KEYS = {
 }
 #: Keys added after a config could have been stored (a log, a checkpoint, ``searched.pt``), with the value that means
 #: what a stored config meant before the key existed. Their built-in default may differ: ``space.ops`` is every op of
-#: the space in a config written before it, and the DPNAS convolutions by default since 2026-11-28.
+#: the space in a config written before it, while the built-in default keeps the DPNAS convolutions.
 ADDED_KEYS: dict[str, Any] = {"space.ops": []}
 
 

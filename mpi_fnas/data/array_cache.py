@@ -1,15 +1,13 @@
 """A source file's parsed form, kept as a ``.npy`` and memory-mapped by every process that opens it.
 
-Why: parsing a large text file (MNIST's 110 MB train CSV: 1–2.5 s) in each of 9 MPI ranks costs 9 parses at once on
-a node's cores and 9 private copies. Instead the first process to open the source parses and checks it and writes
-the ``.npy``; every process (that one too) then maps the ``.npy`` read-only: the node's page cache holds one copy for
-all its ranks, and a rank reads from it only the rows it renders.
+Why: parsing a large text file in each of 9 MPI ranks costs 9 parses at once on a node's cores and 9 private copies.
+Instead the first process to open the source parses and checks it and writes the ``.npy``; every process then maps
+it read-only, so the node's page cache holds one copy for all its ranks, each reading only the rows it renders.
 
-* The ``.npy`` is named after the source's size and SHA-256 (``<stem>-<size>-<16 hex digits>.npy``, the source
-  hashed at every open: 0.07–0.2 s for 110 MB). A changed source has another name, so it is parsed and checked afresh
-  (and refused if it fails), never served from an older parse.
-* It is written atomically (a temporary file in the same folder, renamed into place): no process ever maps half of
-  one, and one that already mapped an older file keeps reading that file.
+* Named after the source's size and SHA-256 (``<stem>-<size>-<16 hex digits>.npy``, the source hashed at every
+  open): a changed source is parsed and checked afresh (and refused if it fails), never served from an older parse.
+* Written atomically (a temporary file in the same folder, renamed into place): no process maps half of one, and
+  one that already mapped an older file keeps reading that file.
 * A ``.npy`` that fails its cheap check when opened (truncated, another shape) is built again.
 * Builders of one ``.npy`` take turns (an exclusive ``flock`` on ``<name>.lock`` beside it; the second finds the
   first's file and does not parse again). Opening a ``.npy`` that exists needs no write access to its folder.

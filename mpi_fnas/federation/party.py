@@ -1,21 +1,17 @@
 """A party's local computation in a stage: the gradients of W (and in the search of A) on its own shards. No MPI.
 
-The party holds a local copy of the stage's network, the shard its W releases draw from (the search's train shard
-D_k^tr, the augmentation's pool) and, in the search, the validation shard D_k^val of its A releases, and produces
-the vectors Algorithm 1 sends to the server:
+The party holds its copy of the stage's network, its W shard (the search's train shard D_k^tr, the augmentation's
+pool) and, in the search, its validation shard D_k^val, and produces the vectors Algorithm 1 sends:
 
 * ``w_release()``  — G_k, the gradient of W on a batch of its W shard;
 * ``a_release()``  — H_k, the gradient of A on a validation batch at the freshly broadcast W' (first order);
 * ``val_gradients()`` + ``a_release_second_order(v)`` — H_k with the DARTS finite-difference Hessian term (Eq. 5).
 
-Under DP every release is made through its :class:`~mpi_fnas.privacy.release.Release` (Poisson batch, per-example
-clip, noise from the party's secret stream). The augmentation transforms every example of a W batch on its own
-(crop, flip, cutout: ``transform``) and its network draws per-example drop-path masks from the party's sampling
-stream, so nothing couples two examples and the per-example clip bounds each one's influence.
-
-Every release returns a float32 vector: the gradient followed by ``STATS`` = 4 summary numbers (loss sum, correct
-predictions, examples, compute seconds) that ride in the same Reduce for logging (all zero under DP, where they
-would be unaccounted).
+Under DP each release goes through its :class:`~mpi_fnas.privacy.release.Release` (Poisson batch, per-example clip,
+noise from the party's secret stream). The augmentation's crops, flips, cutout and drop-path masks are drawn per
+example, so nothing couples two examples and the clip bounds each one's influence. Every release is a float32
+vector: the gradient, then ``STATS`` = 4 numbers for the log (loss sum, correct predictions, examples, compute
+seconds), all zero under DP, where they would be unaccounted.
 """
 
 from __future__ import annotations
@@ -47,24 +43,16 @@ class Party:
 
     Args:
         model: the stage's network; its W (and A) are overwritten by the server's broadcasts.
-        w_shard: the examples of its W releases (the search's train shard, the augmentation's pool), on the
-            model's device.
-        batch_size: examples per exact step (under DP the releases' expected batch B).
-        randomness: the party's streams of this stage: ``sampling`` for batch order, Poisson coins and the
-            stage's per-example randomness; ``noise`` for the Gaussian noise (DP only). Secret under DP
-            (:mod:`mpi_fnas.federation.randomness`).
+        w_shard: the examples of its W releases (the search's train shard, the augmentation's pool), on its device.
+        batch_size: examples per exact step (under DP the releases' expected batch B); `what` names its config key.
+        randomness: its ``sampling`` and ``noise`` streams, secret under DP (:mod:`mpi_fnas.federation.randomness`).
         a_shard: the search's validation shard (A's releases); None: the stage has no A.
         releases: the DP releases by vector name (``W``, and ``A`` in the search); None: exact gradients.
         transform: applied to every W batch (the augmentation's crops, flips and cutout); None: none.
         loss_fn: the per-example loss ``(outputs, targets) -> (b,)`` of the W releases.
-        method: the per-example gradient method of the DP W release (the augmentation insists on ``hooks``: one
-            batched forward draws one drop-path mask per example).
-        dp_randomness: under DP, the randomness the plan asks for (``secret`` or ``reproducible``); `randomness`
-            must be of that source.
-        what: the config key of the batch size, for error messages.
-        max_physical_batch: examples per forward/backward pass (``runtime.max_physical_batch``): a larger batch,
-            exact or Poisson, is processed in equal passes of at most this many and their gradients summed (clipped
-            per example under DP), which bounds the step's memory; None: one pass per batch.
+        method: the per-example gradient method of the DP W release (the augmentation insists on ``hooks``).
+        dp_randomness: under DP, the source the plan asks for (``secret`` or ``reproducible``), `randomness`'s own.
+        max_physical_batch: examples per forward/backward pass, bounding the step's memory; None: one pass per batch.
     """
 
     def __init__(self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
@@ -73,7 +61,7 @@ class Party:
                  method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size",
                  max_physical_batch: int | None = None) -> None:
         # On the CPU, channels-last (NHWC) storage for the network and the images: oneDNN's convolutions and their
-        # backward run 15-40 % faster so for these small feature maps (docs/benchmarks.md). The values, and so the
+        # backward run 15-40 % faster so for these small feature maps (docs/log/benchmarks.md). The values, and so the
         # releases, are those of the default layout up to float rounding. On a GPU (not measured here) the layout
         # stays as it is.
         self.model = model

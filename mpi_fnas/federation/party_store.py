@@ -1,25 +1,17 @@
 """A party's own disk: its stream states, its count of sent releases, and its error details.
 
-In the simulation every party's directory is ``RUN_DIR/parties/rank<k>/``; in a real deployment it is the party's
-own disk. Nothing in it is ever sent to the server: the server's checkpoint holds only what the server owns. The
-directory is 0700 and every file in it 0600 (whatever the umask): its state files say where its batches stand.
+In the simulation the directory is ``RUN_DIR/parties/rank<k>/``; in a deployment, the party's own disk. Nothing in
+it is ever sent to the server. The directory is 0700 and every file in it 0600 (whatever the umask).
 
-* ``state-<step>.pt``: the party's batch-stream positions at a checkpoint step (and, only under reproducible
-  randomness, its public stream keys: a secret key is never saved, so a resumed party draws fresh randomness)
-  (written before the server writes its own checkpoint of that step, so every server checkpoint has its party
-  states).
-* ``sent_steps``: how many iterations' releases this party has ever handed to MPI, across every attempt of the
-  run. It is written (and fsynced) *before* each send, so a crash can only over-count. On a resume the server
-  charges each party ``sent_steps − charged_steps`` extra releases: the releases of steps that ran after the last
-  checkpoint and will run again (docs/privacy.md, "Replays"). The count is data-independent: it says when the job
-  died, not what the data is.
-* the augmentation (``stage="augment"``) keeps its own ``augment-state-<step>.pt`` files and its own
-  ``augment_sent_steps`` count: its releases are charged at the augmentation's (σ, q).
-* ``releases.pt``: what one iteration of each launch of a stage released on its two shards (σ, q, how many), from
-  which journal count on: with the journals, its own privacy ledger (:mod:`mpi_fnas.privacy.party_ledger`). Written
-  before the launch's first send; public facts (the config's σ, its shard sizes).
-* ``earlier.json``: the party's own directories of earlier runs on the same data that its cap composes with this
-  run (a baseline's other arms: :meth:`PartyStore.earlier_runs`).
+* ``state-<step>.pt``: its batch-stream positions at a checkpoint step (and, only under reproducible randomness,
+  its public stream keys), written before the server's own checkpoint of that step;
+* ``sent_steps``: how many iterations' releases it ever handed to MPI, fsynced *before* each send, so a crash can
+  only over-count; a resume charges the replays from it (docs/privacy.md §2.2, "Replays are charged");
+* ``augment-state-<step>.pt``, ``augment_sent_steps``: the same for the augmentation (``stage="augment"``);
+* ``releases.pt``: what one iteration of each launch of a stage released (σ, q, how many), from which journal count
+  on: with the journals, its own ledger (:mod:`mpi_fnas.privacy.party_ledger`);
+* ``earlier.json``: its directories of earlier runs on the same data, which its cap composes with this run
+  (a baseline's other arms: :meth:`PartyStore.earlier_runs`);
 * ``error.log``: the full text of a failure under DP, where the party sends the server only a generic reason.
 """
 

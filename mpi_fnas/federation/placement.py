@@ -8,14 +8,10 @@ The rule (pure, in :func:`select_device`):
 - Otherwise the rank takes device ``(local_rank - 1) mod visible_gpus``, where ``local_rank`` is its index
   among the ranks on its own node (``SLURM_LOCALID`` or MPI's shared-memory split, see :func:`node_local_rank`).
 
-Why ``local_rank - 1``: on the node that hosts rank 0, the server occupies local rank 0, so parties at local
-ranks 1..n get devices 0..n-1. On any other node the parties sit at local ranks 0..m-1 and get devices
-G-1, 0, 1, ..., m-2 (G = visible GPUs): still all different. So one rule needs no knowledge of where the
-server runs, and every node whose party count is at most its GPU count gives each party its own GPU. With
-more parties than GPUs, consecutive local ranks share devices round-robin (counts differ by at most one).
-A server that does use a GPU takes device G-1 on its node, the one a party needs only when the node is full.
-
-With ``--gpus-per-task=1`` (each task sees one device) the same rule gives every rank ``cuda:0``.
+Why ``local_rank - 1``: on rank 0's node the server is local rank 0, so parties 1..n get devices 0..n-1; on other
+nodes the parties get G-1, 0, 1, ... (G = visible GPUs), still all different. So the rule needs no knowledge of
+where the server runs, and a node with no more parties than GPUs gives each its own (more share round-robin). A
+server that does use a GPU takes device G-1, the one a party needs only on a full node. docs/hpc.md, "GPU placement".
 """
 
 from __future__ import annotations

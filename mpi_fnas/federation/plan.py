@@ -154,7 +154,7 @@ class PartyView:
 
 def party_view(cfg: Config, data: Any, parties: int, rank: int,
                told: Callable[[tuple[int, int]], list[tuple[int, int]]] | None = None) -> PartyView:
-    """Party `rank`'s :class:`PartyView` from the `data` it opened (the functions rank 0 plans with: < 1 s,
+    """Party `rank`'s :class:`PartyView` from the `data` it opened (the functions rank 0 plans with,
     docs/privacy.md §2.10). `told(own sizes)`: under ``data.partition: local``, every party's sizes as the parties
     tell each other (None: only its own is known)."""
     secure = cfg.mode == "dpfnas" and cfg.privacy.aggregation == "secure"

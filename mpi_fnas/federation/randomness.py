@@ -5,9 +5,8 @@ subsampling amplifies privacy only for someone who does not know which examples 
 number a DP party draws comes from a :class:`~mpi_fnas.keystream.Keystream` (AES-256-CTR) keyed on the
 party itself (docs/privacy.md §2.1):
 
-* ``secret`` (always under dpfnas): each stream's key is 256 bits of ``os.urandom``, drawn by the party when its
-  stage starts, in every launch: a resumed party does not restore its keys, so a replayed step draws fresh
-  randomness. The keys never leave the party's memory, not even to its own state file.
+* ``secret`` (always under dpfnas): each stream's key is 256 bits of ``os.urandom``, drawn when the party's stage
+  starts, in every launch (a replayed step draws fresh randomness); no key leaves its memory, not to its state file.
 * ``reproducible`` (``privacy.reproducible_noise``, and every non-DP run): the keys are SHA-256 of (seed, rank,
   stage, purpose). Anyone holding the config rebuilds the streams, so under DP the run's ε is void; for tests
   and debugging only. The draws go through the same code as the secret ones.

@@ -63,7 +63,7 @@ class Server:
     def __init__(self, model: nn.Module, rule: UpdateRule, parties: int, *, adadp: AdadpSettings | None = None,
                  a_optimizer: Callable[[nn.Parameter], FlatSGD | FlatAdam] | None = None) -> None:
         # Rank 0 computes on the CPU, where channels-last runs its evaluations (the test split, SecProbe's probes) in
-        # about 55 % of the CPU time (docs/benchmarks.md, "Rank 0"); W and A are flattened in the default order.
+        # about 55 % of the CPU time (docs/log/benchmarks.md, "Rank 0"); W and A are flattened in the default order.
         self.model = to_channels_last(model)
         self.rule, self.parties = rule, parties
         self.w = nn.Parameter(torch.from_numpy(flatten(list(model.weights()))))

@@ -1,28 +1,14 @@
 """A party checks its assignment: the DP parameters it derives itself, against what rank 0 asks of it.
 
-Rank 0 plans every stage (:mod:`mpi_fnas.federation.plan`) and sends each party its assignment, with the privacy
-parameters the party's releases are made with. A server that lies could ask for less noise than the user
-configured: a smaller σ, a larger clip or B, a larger K (under secure aggregation each party adds 1/K of the noise
-variance), a smaller local variance σ_k², another accounted dimension D, reproducible randomness, or a checkpoint
-step whose state the party never saved. So a party derives each of them itself and refuses an assignment that
-differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one line):
-
-* K from its own communicator, never from rank 0;
-* the clips, B, δ, the aggregation, the randomness source and the ε settings from its config, whose
-  privacy-relevant keys it has checked against the config it trusts (:mod:`mpi_fnas.privacy.trusted_config`);
-* σ_k² and the 32-bit modulus from the code (:data:`~mpi_fnas.privacy.release.LOCAL_VARIANCE`);
-* D as the planner computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`, from its own split's shape);
-* the augmented network (``augment.network``) from its config (:func:`check_network`): it sets the released
-  dimension;
-* σ from the config, unless ``privacy.target_epsilon`` has rank 0's planner calibrate it (dp_accounting, which a
-  party does not load): then one σ for W and A, positive and finite; its value is taken on trust (docs/privacy.md
-  §2.10);
-* its step count (:func:`check_steps`): the steps per epoch from its config and the parties' shard sizes, and at
-  most the configured epochs of them;
-* its shards (:func:`check_shards`): distinct indices into its own data, train and validation disjoint, and the
-  very split it computes itself from the public seed (the central partition from the labels every party holds;
-  under ``data.partition: local`` its own folder's seeded split). A shard of repeats would put one example in
-  almost every batch, and an overlap would release it through both ledgers, each accounted as if it were not.
+A server that lies could ask a party for less noise than the user configured (a smaller σ, a larger clip, B or K,
+another σ_k² or D, reproducible randomness, a state the party never saved). So a party derives each one itself and
+refuses an assignment that differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one line):
+K from its own communicator; the clips, B, δ, the aggregation, the randomness source and the ε settings from its
+checked config (:mod:`mpi_fnas.privacy.trusted_config`); σ_k² and the modulus from the code; D as the planner
+computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`); the network (:func:`check_network`); σ from the
+config, or under ``privacy.target_epsilon`` one σ for W and A, positive and finite, taken on trust; its step count
+(:func:`check_steps`); its shards (:func:`check_shards`: distinct, train and validation disjoint, and the very
+split it computes itself). Each check, and why: docs/privacy.md §2.10.
 
 No MPI and no autograd: the party's side (:mod:`mpi_fnas.stages.participate`) calls these and sends nothing
 until they pass.

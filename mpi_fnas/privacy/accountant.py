@@ -10,14 +10,9 @@ Two numbers per ledger:
 * :meth:`PrivacyLedger.get_epsilon` — the guarantee: a rigorous (epsilon, delta) upper bound from the privacy loss
   distribution (PLD) of the Poisson-subsampled Gaussian mechanism composed over the steps, computed by Google's
   ``dp_accounting`` (pessimistic discretisation, add-or-remove-one neighbouring).
-* :meth:`PrivacyLedger.mu_gdp` — the paper's Theorem 3.1, ``mu = q sqrt(T (e^{1/sigma^2} - 1))``. This is the
-  limit of a central limit theorem (Bu et al. 2019), not a bound: for finite T it can be below the truth, which is
-  why :func:`gdp_epsilon` of it (about 4.07 in the sanity case below) is under the PLD bound (about 4.26). It is
-  logged for comparison with the paper, never reported as the guarantee.
-
-Sanity case (the numbers the accountant was specified against): N = 6250, B = 64 (q = 0.01024), sigma = 1,
-delta = 1e-5, 50 epochs, with T = ceil(50 N / B) = 4883 steps: GDP epsilon 4.065 (-> 4.07), PLD epsilon 4.261
-(-> 4.26). (T = 50 ceil(N / B) = 4900 gives 4.07 / 4.27 and T = 50 floor(N / B) = 4850 gives 4.05 / 4.25.)
+* :meth:`PrivacyLedger.mu_gdp` — the paper's Theorem 3.1, ``mu = q sqrt(T (e^{1/sigma^2} - 1))``: the limit of a
+  central limit theorem (Bu et al. 2019), not a bound, so :func:`gdp_epsilon` of it can be under the PLD bound. It
+  is logged for comparison with the paper, never reported as the guarantee. The sanity case: docs/privacy.md §3.
 """
 
 from __future__ import annotations
@@ -113,8 +108,7 @@ def calibrate_noise_multiplier(
     Uses ``dp_accounting.calibrate_dp_mechanism`` (Brent's method over fresh PLD accountants), which returns a
     value on the feasible side, so the epsilon of the returned sigma never exceeds ``target_epsilon``. The
     accountants build their PLDs on arrays (:class:`~mpi_fnas.privacy.gaussian_pld.ArrayPLDAccountant`: the same
-    distributions to the last bit, 3-8x faster to build): a calibration at the default grid took 2.8 s of CPU
-    instead of 6.5 s here.
+    distributions to the last bit, built faster).
     """
     if not target_epsilon > 0:
         raise ValueError(f"target_epsilon must be > 0, got {target_epsilon}")

@@ -1,30 +1,18 @@
-"""Empirical privacy audit of a release function with a Dirac gradient canary.
+"""Empirical privacy audit of a release function with a Dirac gradient canary (docs/privacy.md §5).
 
-What it does. Two neighbouring datasets: D (a few ordinary examples) and D' = D + one canary whose gradient is
-``canary_scale * R`` along coordinate 0 (far outside the clip ball, on a coordinate no other example touches).
-With sample rate q = 1 every example is in every batch; each trial runs ``steps`` releases of the mechanism on D
-or on D' and scores the sum over steps of the released coordinate 0. A distinguisher "canary present iff score
-> threshold" has a false-positive rate (FPR, on D) and a false-negative rate (FNR, on D'); any
-(epsilon, delta)-DP mechanism forces ``FPR + e^eps FNR >= 1 - delta`` and ``FNR + e^eps FPR >= 1 - delta``.
-Clopper-Pearson upper bounds on FPR and FNR therefore give an epsilon *lower* bound that holds with the stated
-confidence. The threshold is chosen on one half of the trials and the rates are counted on the other half, so
-the choice does not bias the bound.
+Two neighbouring datasets: D (a few ordinary examples) and D' = D + one canary whose gradient is
+``canary_scale * R`` along coordinate 0 (outside the clip ball, on a coordinate no other example touches). At
+sample rate q = 1 each trial runs ``steps`` releases on D or D' and scores the sum of released coordinate 0. The
+threshold of "canary present iff score > threshold" is chosen on half of the trials; Clopper-Pearson upper bounds
+on its FPR and FNR on the other half give an epsilon *lower* bound, since (epsilon, delta)-DP forces
+``FPR + e^eps FNR >= 1 - delta`` and ``FNR + e^eps FPR >= 1 - delta``.
 
-The audited object is the real mechanism: by default :func:`~mpi_fnas.privacy.mechanism.party_release` on a
-one-layer linear "canary model" whose per-example loss is ``<w, x_i>``, so the per-example gradient is exactly
-``x_i`` and the canary's gradient is the input we choose. Per-example gradients, clipping, noise and the division
-by B all run as in training; nothing is injected past the clipping.
+The audited object is the real mechanism: :func:`~mpi_fnas.privacy.mechanism.party_release` on a linear "canary
+model" whose per-example gradient is its input, by default; :func:`audit_secure_sum` audits the sum rank 0 opens
+under secure aggregation with every real piece (encoding, discrete noise shares, pairwise masks, the uint32 sum).
 
-:func:`audit_secure_sum` audits secure aggregation the same way, against the server: party 1 holds D or D', the
-other K − 1 parties hold ordinary examples, and a trial's score is coordinate 0 of the sum rank 0 opens. Every piece
-is the real one (clipping, :func:`~mpi_fnas.secagg.encoding.encode_sum` of the clipped sum, each party's discrete
-noise share, :meth:`~mpi_fnas.secagg.series.SecureSeries.seal` with pairwise masks, the uint32 sum, ``open``), run
-on all trials of a hypothesis at once: one release of ``trials`` × D coordinates per party and step, so the noise
-sampler and the mask streams are called once per batch, not once per trial.
-
-What it shows. ``epsilon_lower_bound <= claimed epsilon`` is *consistent* with the claim; a lower bound above the
-claim proves the implementation (or the accounting) wrong at the stated confidence. It cannot prove the
-mechanism private: the canary is one worst case for the sum, with one simple test statistic.
+A lower bound above the claimed epsilon proves the implementation (or the accounting) wrong at the stated
+confidence; one below it is only *consistent* with the claim: one canary, one statistic, no proof of privacy.
 """
 
 from __future__ import annotations

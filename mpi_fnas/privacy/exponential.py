@@ -1,25 +1,17 @@
 """The exponential mechanism that picks whom the server trusts (SecProbe, Zhao et al.), and its privacy cost.
 
-No MPI: numpy, and the server's :class:`~mpi_fnas.keystream.Keystream` for the coins. The server scores
-each of the K parties with u_k ∈ [0, 1] (its accuracy on the server's auxiliary set) and draws K′ of them
-*without replacement* by "peeling": K′ successive exponential mechanisms, each over the parties not yet drawn, with
+No MPI: numpy, and the server's :class:`~mpi_fnas.keystream.Keystream` for the coins. The server scores each of
+the K parties with u_k ∈ [0, 1] (its accuracy on the server's auxiliary set) and draws K′ of them *without
+replacement* by "peeling": K′ successive exponential mechanisms, each over the parties not yet drawn, with
 
     Pr[k] ∝ exp(ε′ · u_k / (2 Δu)),   ε′ = ε / K′,
 
-so one step's draw costs ε (basic composition of the K′ peels; Durfee & Rogers 2019, "Practical differentially
-private top-k selection with pay-what-you-get composition"). Δu is the score's sensitivity on the aux set: we
-use 1/n_aux (replace-one neighbouring aux sets, an accuracy changes by at most one example in n_aux), tighter
-than the paper's 1/2 and still a valid bound (docs/privacy.md, "What SecProbe claims and what we guarantee").
+so one step's draw costs ε (basic composition; Durfee & Rogers 2019). Δu = 1/n_aux, the score's sensitivity
+under replace-one neighbouring aux sets (tighter than the paper's 1/2, still valid).
 
-Composition over T steps (:func:`selection_epsilon`), for T·K′ peels of ε′ each, the smaller of:
-
-* basic composition: ε_total = T·ε (pure DP, δ = 0);
-* zCDP: an exponential mechanism of parameter ε′ is ε′-bounded-range (Durfee & Rogers 2019), and an
-  η-bounded-range mechanism is η²/8-zCDP (Cesar & Rogers 2021, "Bounding, concentrating, and truncating:
-  unifying privacy loss composition for data analytics"); zCDP composes additively, so
-  ρ = T·K′·ε′²/8 = T·ε²/(8K′), and ρ-zCDP gives (ρ + 2√(ρ ln(1/δ)), δ)-DP (Bun & Steinke 2016, Prop. 1.3).
-
-Both hold at once, so the run is (min of the two, δ)-DP with respect to the aux set.
+Composition over T steps (:func:`selection_epsilon`) is the smaller of basic composition, T·ε (pure DP), and
+zCDP, ρ = T·ε²/(8K′) converted to (ρ + 2√(ρ ln(1/δ)), δ)-DP: the run is (min of the two, δ)-DP with respect to
+the aux set. Why and with which citations: docs/privacy.md §7.
 """
 
 from __future__ import annotations

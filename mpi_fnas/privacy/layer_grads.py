@@ -22,7 +22,7 @@ Statistics = tuple[torch.Tensor, torch.Tensor] | None  # a GroupNorm call's save
 
 #: A dense convolution's per-example weight gradients come from unfolded patches (one batched matmul) when its input
 #: channels are at least this many times its output pixels, from a grouped weight-gradient kernel otherwise. At 64
-#: examples on one thread (docs/benchmarks.md, "the private step against Opacus's") unfolding is 1.2–6× faster at 32–128
+#: examples on one thread (docs/log/benchmarks.md, "against Opacus's") unfolding is 1.2–6× faster at 32–128
 #: channels on 4×4 or 128 channels on 8×8 (Papernot et al.'s CIFAR-10 tanh net's last blocks), and 1.3–8× slower at 8–64
 #: channels on 8×8 to 16×16 (the stems and the cells of the DARTS networks here).
 UNFOLD_CHANNELS_PER_PIXEL = 2
@@ -74,7 +74,7 @@ def layer_per_example_grads(module: nn.Module, x: torch.Tensor, g_out: torch.Ten
     batch = x.shape[0]
     result: dict[str, torch.Tensor] = {}
     if isinstance(module, nn.Conv2d):
-        # Five exact ways, picked by speed (measured on CPU, see docs/benchmarks.md): for a depthwise kernel, one
+        # Five exact ways, picked by speed (measured on CPU, see docs/log/benchmarks.md): for a depthwise kernel, one
         # depthwise convolution of the input with the output gradient; for a dense 1x1 kernel, one batched matmul;
         # a loop over kernel offsets for other dilated or 1x1 kernels (mkldnn's dilated weight gradient is slow);
         # one batched matmul of unfolded patches for a dense kernel with few output pixels per input channel (the

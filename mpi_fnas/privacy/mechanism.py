@@ -9,8 +9,8 @@ bound (R^G or R^H), sigma the noise multiplier and B the *expected* batch size q
 
 Deviation from the paper, on purpose: Algorithm 1 divides by |I_t|, the realised batch size. |I_t| depends on the
 data (it is the number of examples the coin flips picked), so dividing by it releases a data-dependent scale that
-the accountant does not cover (see Opacus issue #571). Dividing by the public B is a post-processing of the
-Gaussian mechanism, so the accounting of the sum is the accounting of the release.
+the accountant does not cover (Opacus divides by the expected batch size too). Dividing by the public B is a
+post-processing of the Gaussian mechanism, so the accounting of the sum is the accounting of the release.
 
 Nothing in this module talks to MPI: the caller sends the returned vector.
 """
@@ -57,19 +57,13 @@ def party_release(
 
     Args:
         model: the network (must pass :func:`~mpi_fnas.privacy.validators.check_model_for_dp`: no BatchNorm).
-        params: ``{name: tensor}`` of the parameters whose gradient is released (names from
-            ``model.named_parameters()``); the flat release follows this order.
-        inputs: ``(b, ...)`` the Poisson batch (``b = 0`` is valid: the release is then pure noise / B).
-        targets: ``(b, ...)`` its targets.
-        clip_bound: R > 0, the per-example L2 bound (the sensitivity of the sum).
-        noise_multiplier: sigma > 0; the noise std per coordinate is ``sigma * R`` before the division by B.
+        params: ``{name: tensor}`` of the parameters whose gradient is released, in the flat release's order.
+        inputs, targets: ``(b, ...)`` the Poisson batch and its targets (``b = 0``: the release is noise / B).
+        clip_bound, noise_multiplier: R > 0, the per-example L2 bound; sigma > 0 (noise std ``sigma * R``, then ÷ B).
         expected_batch_size: B = q * N > 0, public; never pass the realised ``b``.
-        noise_stream: the party's noise :class:`~mpi_fnas.keystream.Keystream` (secret: keyed from the OS;
-            see docs/privacy.md §2.1).
-        loss_fn: per-example loss ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
-        method: how per-example gradients are computed (see ``per_sample_gradients``).
-        max_physical_batch: examples per forward/backward pass (None: the whole batch in one); see
-            :func:`clipped_gradient_sum`.
+        noise_stream: the party's secret noise :class:`~mpi_fnas.keystream.Keystream` (docs/privacy.md §2.1).
+        loss_fn, method: the per-example loss and gradient method, as in ``per_sample_gradients``.
+        max_physical_batch: examples per pass (None: one pass); see :func:`clipped_gradient_sum`.
 
     Returns:
         ``(P,)`` tensor, P = total numel of ``params``, on their device and dtype.

@@ -40,8 +40,7 @@ class DPParams:
     target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
     search_share: with target_epsilon, the share of it the search alone may spend (None: one σ for every stage).
     reproducible_noise: key the party's randomness from (seed, rank): for tests only, it voids the guarantee.
-    aggregation: ``local`` (every party adds the full noise σ·R) or ``secure`` (each adds 1/K of the variance to an
-        integer encoding, masked pairwise; rank 0 sees only the sum: docs/privacy.md).
+    aggregation: ``local`` (each party adds noise σ·R) or ``secure`` (1/K of its variance; only the sum is seen).
     parties: K, the parties whose releases are summed (the plan's; secure aggregation splits the noise K ways).
     secure_dimension: D, the padded length secure aggregation accounts every release at (the planner's
         :func:`~mpi_fnas.federation.plan.secure_dimension`: the run's largest release); None under ``local``.

@@ -1,26 +1,18 @@
 """A party's own privacy ledger and the cap no assignment can change (docs/privacy.md §2.12).
 
 Rank 0's :class:`~mpi_fnas.privacy.ledger.FederationLedger` counts every party's ε, but rank 0 may be the
-adversary: a server that asks for more iterations than the plan, or resumes a run again and again, would spend a
-party's budget without saying so. So each DP party keeps its own account, from what only it knows:
+adversary. So each DP party keeps its own account, from what only it knows: what one iteration of each launch of
+a stage released on its two shards (σ, q = B / N of the shard it really samples, the count), written before that
+launch's first send (:meth:`~mpi_fnas.federation.party_store.PartyStore.begin_releases`), and its journals of the
+iterations sent. Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.accountant.PrivacyLedger`, or the
+secure RDP bound, at the same δ), that is the party's ε, equal to the log's in an honest run.
 
-* what one iteration of each launch of a stage released on its two shards (σ, q = B / N of the shard it really
-  samples from, and how many releases), written to its own directory before that launch's first send
-  (:meth:`~mpi_fnas.federation.party_store.PartyStore.begin_releases`);
-* how many iterations it has sent in each stage: its journals, written before every send.
-
-Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.accountant.PrivacyLedger`, the same PLD or secure
-RDP bound at the same δ), that is the party's ε; in an honest run it equals the log's to the last bit
-(tests/test_party_ledger.py). Before a stage's first iteration rank 0 announces how many iterations it will ask
-for; the party refuses, in one line and before it sends anything, when they would take its ε past a cap of the
-config it verified itself (:meth:`~mpi_fnas.privacy.params.DPParams.party_caps`): the run's
-(``privacy.target_epsilon``, ``privacy.max_epsilon``) over this run, and its own ``privacy.party_max_epsilon`` over
-this run and its earlier runs on the same data (a baseline's other arms: :func:`with_earlier`). Rank 0 announces
-the same number for every party from the same function (:func:`iterations_within`), so an honest run, resumed or
-not, never meets a refusal unless a party's own ``party_max_epsilon`` is below what the runs spend.
-
-No MPI, no autograd. It loads rank 0's accountant (dp_accounting, scipy): the party side imports it only when it
-has a cap to check.
+Before a stage's first iteration rank 0 announces how many iterations it will ask for; the party refuses, in one
+line and before it sends anything, iterations that would take its ε past a cap of a config it verified itself
+(:meth:`~mpi_fnas.privacy.params.DPParams.party_caps`): ``privacy.target_epsilon`` and ``privacy.max_epsilon``
+over this run, ``privacy.party_max_epsilon`` over this run and its earlier runs on the same data
+(:func:`with_earlier`). Rank 0 announces with the same function (:func:`iterations_within`), so an honest run
+is never refused unless ``party_max_epsilon`` is below what it spends. No MPI, no autograd.
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
-"""Per-example gradients: one flat gradient vector per example of a batch.
+"""Per-example gradients: one flat gradient vector per example of a batch (docs/privacy.md, "Per-example gradients").
 
 Two exact methods behind one function:
 
-* ``"vmap"`` — ``torch.func.vmap(torch.func.grad(loss of one example))`` over ``functional_call``. Works for
-  any parameter of any model. Slow, and its first call imports ``torch._dynamo`` (~1.5 s per process).
-* ``"hooks"`` — one ordinary batched forward, one backward to the *outputs* of the layers owning the parameters,
-  and, as the backward reaches each layer, its per-example weight gradient from its input and output gradient
-  (:mod:`mpi_fnas.privacy.layer_grads`; the layer's tensors are then let go, so a step's peak does not hold every
-  layer at once). Autograd is never asked for parameter gradients,
-  so the backward skips the batched weight-gradient kernels that the per-example ones replace.
-  Supported owners: ``nn.Conv2d`` (zero padding, any stride/dilation/groups), ``nn.Linear``, ``nn.GroupNorm``,
-  ``nn.LayerNorm``. A module called several times in one forward (weight sharing) is handled by summing the
-  contributions of every call; an in-place op on a recorded layer output is detected and refused.
-  A parameter the model names in ``per_example_parameters`` (the DARTS and DPNAS alphas, which the network uses
-  directly rather than through a leaf module) is replaced by B copies ``(B, *shape)``, example i using copy i
-  (the model's forward supports that), and its per-example gradient is the gradient of copy i, from the same
-  backward.
+* ``"vmap"`` — ``torch.func.vmap(torch.func.grad(loss of one example))`` over ``functional_call``: any parameter
+  of any model, but slow, and its first call imports ``torch._dynamo``.
+* ``"hooks"`` — one batched forward, one backward to the *outputs* of the layers owning the parameters, and each
+  layer's per-example weight gradient from its input and output gradient (:mod:`mpi_fnas.privacy.layer_grads`).
+  Owners: ``nn.Conv2d`` (zero padding), ``nn.Linear``, ``nn.GroupNorm``, ``nn.LayerNorm``, also called several times
+  in one forward; an in-place op on a recorded output is refused. A parameter in the model's
+  ``per_example_parameters`` (the alphas) is passed as B copies ``(B, *shape)``, example i's gradient that of copy i.
 * ``"auto"`` (default) — ``"hooks"`` when every requested parameter has a supported owner or is one of the
   model's ``per_example_parameters``, else ``"vmap"``.
 
-Both methods assume no layer mixes the examples of a batch (no BatchNorm): then example i's gradient depends
-only on example i. ``mpi_fnas.privacy.validators.check_model_for_dp`` enforces that before any release.
+Both assume no layer mixes a batch's examples (no BatchNorm; :func:`~mpi_fnas.privacy.validators.check_model_for_dp`).
 """
 
 from __future__ import annotations
@@ -64,14 +56,12 @@ def per_sample_gradients(
 
     Args:
         model: the network; parameters and buffers not in ``params`` are held fixed (read, never updated).
-        params: ``{name in model.named_parameters(): value}`` — the tensors to differentiate; their values
-            replace the model's own for this computation (pass ``dict(model.named_parameters())`` to use them).
-        inputs: ``(B, ...)`` batch; ``B = 0`` is allowed.
-        targets: ``(B, ...)`` targets, passed to ``loss_fn``.
+        params: ``{name in model.named_parameters(): value}``, the tensors to differentiate; their values replace
+            the model's own here (``dict(model.named_parameters())`` uses the model's).
+        inputs, targets: ``(B, ...)`` batch and its targets (passed to ``loss_fn``); ``B = 0`` is allowed.
         loss_fn: per-example loss, ``(outputs (b, ...), targets (b, ...)) -> (b,)``.
         method: ``"auto"``, ``"vmap"`` or ``"hooks"`` (see the module docstring); all give the same result.
-        max_chunk: process at most this many examples at a time, in :func:`physical_batches` (bounds peak memory);
-            None = whole batch.
+        max_chunk: at most this many examples at a time (:func:`physical_batches`; bounds peak memory); None: all.
 
     Returns:
         ``(B, P)`` tensor on the params' device and dtype, ``P = sum(p.numel() for p in params.values())``;

@@ -5,7 +5,7 @@ dp_accounting composes privacy loss distributions by FFT: ``self_compose`` throu
 last 16 lengths of every transform type in static caches (a plan of length n holds ~8 n bytes of twiddle factors for
 real input, ~16 n for complex), and frees one only when a newer length displaces it. The lengths grow with the
 composed steps, so rank 0, which computes ε at every logged row and calibrates σ over dozens of compositions, kept
-those caches full of ever larger plans. Measured on this machine (docs/benchmarks.md, "fifth round"): 20 ε of growing
+those caches full of ever larger plans. Measured here (docs/log/benchmarks.md, "fifth round"): 20 ε of growing
 length left 133 MB resident in scipy's caches, 6 MB with numpy.fft (numpy ≥ 2, the same pocketfft without a plan
 cache), in the same time, ε equal to 1e-9 relative or closer.
 

@@ -4,20 +4,14 @@
     python -m mpi_fnas.report --follow RUN_DIR [--interval S]    # one run, while it is written
 
 Every ``search.h5`` at or under the paths is read with :func:`mpi_fnas.runlog.read_run`. Finished runs are grouped
-by (mode, K, search noise variance σ_W², augmentation private or not, its noise variance σ_aug²) and averaged over
-seeds; runs that are running, failed or interrupted (a dead writer reads as failed) are listed with their status
-and left out of the means. DIR receives report.md, report.html (self-contained: the figures inline), table1.csv,
-table2.csv (when one K was run at several noise settings), trained.csv (runs that trained a given cell or a
-hand-designed network: never in Tables 1 and 2) and figures/*.png. Bad input (a path without runs, a
-file that is not a run log, a bad option) is one line on stderr and exit 2, with nothing written; the report is
-built in memory and written only when complete.
-docs/report.md names every column and figure and the HDF5 path each number comes from.
+by (mode, K, σ_W², augmentation private or not, σ_aug²) and averaged over seeds; other runs are listed with their
+status and left out of the means. DIR receives report.md, report.html, table1.csv, table2.csv, trained.csv and
+figures/*.png, written only once the whole report is built; bad input is one line on stderr and exit 2. Every
+column and figure, and the HDF5 path each number comes from: docs/report.md.
 
-Modules: ``collect`` (finding logs, one RunRecord per run), ``tables`` (groups, Tables 1 and 2, CSV), ``trained``
-(a given cell's and a hand-designed network's runs, grouped apart),
-``figures`` (matplotlib, Agg canvas), ``cells`` (a genotype's cells drawn as graphs), ``page`` (Markdown and
-self-contained HTML from one block list), ``document`` (what the report says), ``output`` (writing DIR),
-``follow`` (the live view) and ``command`` (the command line, ``main``; run by ``__main__``).
+Modules: ``collect`` (one RunRecord per run), ``tables`` (Tables 1 and 2, CSV), ``trained`` (runs of a given cell
+or a hand-designed network), ``figures``, ``cells`` (a genotype drawn as graphs), ``page`` (Markdown and HTML),
+``document`` (what the report says), ``output`` (writing DIR), ``follow`` (the live view), ``command`` (``main``).
 """
 
 from mpi_fnas.report.command import build_parser, main

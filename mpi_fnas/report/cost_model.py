@@ -1,32 +1,16 @@
 """The search's wall time from K, the model size, the link and one party's step: a cost model, and its check.
 
-One iteration of Algorithm 1, as rank 0 runs it under ``runtime.exchange: star`` (every party sends its release to
-rank 0, and rank 0 sends W and A to every party, point to point, so the exchange is a star around rank 0's link)::
+One iteration of Algorithm 1 under ``runtime.exchange: star`` (every transfer crosses rank 0's link)::
 
-    T_step     = T_party + T_transfer + T_server
+    T_step     = T_party + T_transfer + T_server      # the search: steps * T_step
     T_party    = t_step * max(1, (K + 1) / cores)     # the ranks compute side by side; on fewer cores, in turns
-    T_transfer = 2 * K * 32 * (n_W + n_A) / bandwidth # bits (float32) of G and H in, W and A out: K copies each
-                                                      # way on rank 0's link; bandwidth in bit/s
+    T_transfer = 2 * K * 32 * (n_W + n_A) / bandwidth # bits (float32) of G and H in, W and A out; bit/s
                  + ROUND_TRIPS * latency + 4 * K * t_message
-    T_server   = t_server                             # rank 0's W and A steps and sums (measured, small)
+    T_server   = t_server                             # rank 0's W and A steps and sums (small)
 
-    T_search   = steps * T_step                       # the iterations; start-up and evaluations are apart
-
-Under ``collective`` the K copies become what rank 0's link carries in the algorithm that runs
-(:func:`reduce_values`, :func:`bcast_values`): the channel's own binomial tree for secure words (⌈log₂(K + 1)⌉
-children), and for ``MPI_Ireduce``/``MPI_Ibcast`` the algorithm MPICH's selection picks for that size and rank
-count (binomial, reduce-scatter + gather, scatter + allgather).
-
-``t_step`` is one party's step on one core while every core is busy (``python -m mpi_fnas.bench`` on each core at
-once: ``step_seconds``, or ``dp_step_seconds`` under DP), ``t_message`` the software cost of one message and
-``latency`` the link's (both negligible at these message sizes, so 0 in :func:`bench_costs`). Nothing is fitted to
-the runs the model is checked against.
-
-Strong scaling at a fixed amount of data: K parties each hold 1/K of it, so an epoch takes 1/K of the steps, and
-
-    efficiency(K) = T_1 / (K * T_K) = T_step(1) / T_step(K)
-
-which the star's K-fold transfer pulls down as K grows (:func:`strong_scaling_efficiency`).
+Under ``collective`` rank 0's link carries what the algorithm that runs sends (:func:`reduce_values`,
+:func:`bcast_values`). ``t_step``: the bench's ``step_seconds`` (``dp_step_seconds`` under DP), every core busy;
+nothing is fitted to the runs it is checked against (docs/hpc.md, "What the network costs a search: the cost model").
 
     python -m mpi_fnas.report.cost_model --bench BENCH.json... [--private] [--cores 2] [--figure F] -- RATE:RUN_DIR...
 """

@@ -33,32 +33,17 @@ def read_run(
 ) -> dict[str, Any]:
     """Read a run log through a SWMR read open (the only open HDF5 allows while, or after, a writer held it).
 
-    Returns a dict: status, reason, mode, space, parties, config, privacy_guarantee, version, created, final_genotype,
-    attempts (root attrs); stale (bool), last_step (int | None), writer (the ``/writer`` record as a dict);
-    metrics {name: (rows,) float64}; alphas {"normal", "reduce": (epochs, edges, ops) float32; "reduce" has 0 edges
-    under space dpnas}; genotypes [str] (one per epoch); cost {field: value}; ranks {attr: value}; unreliable (K,)
-    bool or None; corruption; privacy None or a dict with delta (K,), accountant, steps (rows,), charged_steps
-    (rows, K), epsilon (rows, K), mu_gdp (rows, K), epsilon_collusion (rows, K), aggregation (``local`` or
-    ``secure``), colluders (``privacy.colluders``: 0 in older logs), sample_rate_train (K,), sample_rate_val (K,)
-    and each release's ``RELEASE_FIELDS`` as ``<field>_w`` and ``<field>_a`` (e.g. noise_multiplier_w, clip_a);
-    selection None or the
-    ``/selection`` attrs and rows; augment None (no augment stage) or a dict with status, reason, stale, network
-    (``cell`` in a log from before the attribute), genotype, params, test_acc, test_error, private,
-    privacy_guarantee, attempts (``/augment`` attrs), metrics {name: (rows,) array; step, epoch int64, the rest
-    float64}, cost, privacy (as the search's, with sample_rate (K,) and the release's ``RELEASE_FIELDS`` by their
-    own names; no accountant; epsilon_alone (K,), the augmentation's releases alone, once an attempt finished or
-    was interrupted under DP) and selection. A dataset an older log never wrote is absent (docs/hdf5.md says
-    which).
+    Returns a dict: the root attrs (status, reason, mode, ...), stale, last_step, writer, metrics, alphas, alpha_ops,
+    genotypes, cost, ranks, unreliable, corruption, privacy, selection and augment (None, or the same of ``/augment``);
+    every key with its shape: docs/hdf5.md, "The whole log as a dict". What an older log never wrote is absent.
 
-    A log still marked ``running`` whose writer is dead (see ``liveness``) is reported with status
-    ``failed``, ``stale`` True and a reason naming the writer and the last logged step; its rows are all
-    there. The same rule applies to a ``running`` augment stage (its own status, reason and stale; the last
-    logged augment step), while the search's status stays whatever the search recorded. stale_after: seconds
-    without heartbeat after which a writer on another machine counts as dead. Each growing family is cut to
-    its shortest dataset so a row caught mid-append is not returned half-filled. wait_seconds: how long to
-    retry while the writer briefly holds the file outside SWMR mode, and how long to retry a read that failed
-    half-way (a SWMR reader can meet metadata a live writer is still extending: "address of object past end of
-    allocation"); a file that still fails after that raises.
+    A ``running`` log or augment stage whose writer is dead (see ``liveness``) reads as ``failed``, ``stale`` True,
+    with a reason naming the writer and its last logged step; the search's status stays what the search recorded.
+    Each growing family is cut to its shortest dataset, so a row caught mid-append is not returned half-filled.
+
+    stale_after: seconds without heartbeat after which a writer on another machine counts as dead. wait_seconds: how
+    long to retry while the writer briefly holds the file outside SWMR mode, or a read that failed half-way (a live
+    writer may still be extending its metadata); a file that still fails after that raises.
     """
     deadline = time.monotonic() + wait_seconds
     while True:

@@ -1,32 +1,18 @@
-"""``RunLog``: rank 0's writer of the HDF5 run log (the only writer; layout in ``schema``, docs/hdf5.md), with
-one :class:`~mpi_fnas.runlog.stage_log.StageLog` for each stage's group: ``log.search`` (the root) and
-``log.augment`` (``/augment``).
+"""``RunLog``: rank 0's writer of the HDF5 run log (the only writer; layout in ``schema``), with one
+:class:`~mpi_fnas.runlog.stage_log.StageLog` per stage's group: ``log.search`` (root), ``log.augment`` (``/augment``).
 
-Lifecycle of the file:
+Lifecycle of the file (in full: docs/hdf5.md, "How the writer keeps the file readable and safe"):
 
-1. ``RunLog.create`` builds every group, dataset and attribute of the search that will ever exist (HDF5's SWMR
-   mode forbids creating objects or attributes later), records the writer (``/writer``), then switches the handle
-   to SWMR-write mode.
-2. A stage's ``append_metrics`` / ``append_privacy`` / ``append_selection`` (and the search's ``append_epoch``)
-   grow its datasets along axis 0 and flush each dataset right away, so a SWMR reader sees every appended row
-   after ``Dataset.refresh()`` and a crash never loses a row that was appended. ``heartbeat`` (and every append)
-   overwrites ``/writer/heartbeat`` in place, at most once every ``HEARTBEAT_SECONDS``.
-3. A stage's ``finish`` closes the SWMR handle (all rows are already on disk), reopens the file in ordinary "r+"
-   mode for a few milliseconds and writes the stage's final attributes and its ``cost`` group there. SWMR readers
-   hold a shared file lock for as long as they keep the file open (HDF5 2.0), which would make that "r+" open
-   fail while a monitor is attached; in that case (and only then) the file is reopened with ``locking=False``.
-   This is safe for the file because rank 0 is the only writer; an attached reader keeps its cached (old)
-   attributes and must reopen the file to see the final status.
-4. ``RunLog.reopen`` continues a log after a requeue and takes over ``/writer``. If the previous writer died
-   without closing (SIGKILL, node loss), HDF5 leaves the superblock marked "open for SWMR write" and refuses
-   every write open; the log is then salvaged through a SWMR read open into a fresh file that replaces it
-   (all flushed rows survive) -- unless the liveness record shows the previous writer is still alive.
-5. The augment stage appends to the same file once the search has ended: ``begin_augment`` (after the search's
-   ``finish`` in the same job, or after ``reopen(path, augment=True)`` in a later one) reopens the file outside
-   SWMR mode, creates ``/augment`` -- or, on a resume, counts another attempt -- and returns to SWMR mode with
-   ``log.augment``, which writes exactly as the search's stage does, into ``/augment``; its ``finish`` leaves the
-   search's root attributes and ``/cost`` alone. The heartbeat keeps ``/writer`` fresh meanwhile, so a dead
-   writer turns a ``running`` augment into ``failed`` for readers exactly as it does the search.
+1. ``RunLog.create`` builds every object and attribute of the search that will ever exist (SWMR mode cannot create
+   any later), records the writer (``/writer``) and switches to SWMR-write mode.
+2. A stage's appends grow its datasets by one row and flush each at once, so a SWMR reader sees every row after
+   ``Dataset.refresh()`` and a crash loses none; ``heartbeat`` overwrites ``/writer/heartbeat``, throttled.
+3. A stage's ``finish`` closes the SWMR handle and writes its final attributes and ``cost`` in "r+" mode
+   (``locking=False`` only while a reader holds the lock: rank 0 is the only writer).
+4. ``RunLog.reopen`` continues a log after a requeue and takes over ``/writer``; a dead writer's log is salvaged
+   into a fresh file, unless ``/writer`` shows that writer still alive.
+5. ``begin_augment`` creates ``/augment`` (or counts another attempt) outside SWMR mode, then returns to it;
+   ``log.augment`` writes as the search's stage does and never touches the root attributes or ``/cost``.
 """
 
 from __future__ import annotations
@@ -253,18 +239,15 @@ class RunLog:
         """Start (or resume) the augment stage: training ``network`` (``genotype``'s cell, or a hand-designed one)
         from scratch across the search's parties; returns its :class:`StageLog` (also ``self.augment``).
 
-        Creates ``/augment`` (with ``privacy`` and ``selection`` when given) with status ``running`` and attempts 1;
-        on a resume (after a crash or requeue) increments its ``attempts``, sets status ``running``, clears
-        ``reason`` and keeps every row (``truncate`` drops those written after the checkpoint). Refreshes
-        ``/writer/heartbeat``. Runs outside SWMR mode: a SWMR reader attached before keeps reading the search's
-        datasets but must reopen the file to see ``/augment`` (docs/hdf5.md).
+        Creates ``/augment`` (with ``privacy`` and ``selection`` when given), status ``running``, attempts 1; a resume
+        adds an attempt, sets ``running``, clears ``reason`` and keeps every row (``truncate`` drops those after the
+        checkpoint). Runs outside SWMR mode: an attached reader must reopen the file to see ``/augment`` (docs/hdf5.md).
 
-        network: ``augment.network``, ``cell`` or the hand-designed network's name. genotype: the derived
-        genotype's text ("" for a hand-designed network). params: exact parameter count of the augment network. private:
-        whether the stage's releases are DP; privacy is required exactly when it is. parties: K, must equal the
-        search's. privacy_guarantee: what the final weights may claim, ``"holds"`` or one line saying why not (e.g.
-        exact gradients under dpfnas: ε covers the search only); rewritten on resume. selection: the server's
-        selection in this stage (needs privacy), or None. The search must have ended first (its ``finish``, or
+        network: ``augment.network``, ``cell`` or the hand-designed network's name. genotype: the derived genotype's
+        text ("" for a hand-designed network). params: exact parameter count. private: whether the releases are DP;
+        privacy is required exactly when it is. parties: K, the search's. privacy_guarantee: ``"holds"`` or one line
+        saying why not (e.g. exact gradients under dpfnas); rewritten on resume. selection: the server's selection
+        in this stage (needs privacy), or None. The search must have ended first (its ``finish``, or
         ``reopen(augment=True)``), else RuntimeError. A resume must repeat the stored network, genotype, params and
         private (ValueError otherwise).
         """

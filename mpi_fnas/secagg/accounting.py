@@ -1,58 +1,18 @@
 """ε of a party's records when only the sum of the K parties' discretely noised releases is seen (docs/privacy.md §8).
 
-Record-level DP, per party, as on the local path: a record of party k can change only party k's integer vector,
-and only through the clipped sum S that party k encodes (:func:`~mpi_fnas.secagg.encoding.encode_sum`); it is in
-party k's Poisson batch with probability q. What protects it is the sum of the discrete noises that the observer
-cannot subtract: all K parties' against the server, K − t of them when t parties collude with it (they subtract
-their own). dp-accounting has no event for either, so the bound is written here, in four steps, each cited:
+Record-level DP, per party, as on the local path: a record of party k changes only party k's integer vector, through
+the clipped sum it encodes (:func:`~mpi_fnas.secagg.encoding.encode_sum`), and is in its Poisson batch with
+probability q. It is protected by the discrete noise the observer cannot subtract: all K parties' against the
+server, K − t of them when t parties collude with it. dp-accounting has no event for this, so the bound is here:
 
-0. **The rounding.** For fixed rounding coins u the encoding is a monotone map of S, so the integer vectors of two
-   neighbouring sums differ by v_u with ‖v_u‖₂ ≤ Δ₂ = c/γ + √D (:func:`~mpi_fnas.secagg.encoding.sensitivity`) and
-   ‖v_u‖₁ ≤ Δ₂·min(√D, Δ₂) (Cauchy–Schwarz; an integer's magnitude is at most its square). The release is the
-   mixture over u of the noise shifted by R_u(S), with the same coin distribution for both neighbours, and Rényi
-   divergence is jointly quasi-convex (van Erven & Harremoës, "Rényi Divergence and Kullback–Leibler Divergence",
-   IEEE Trans. IT 2014, Theorem 13; for a continuum of coins, Σ P^α Q^{1−α} is jointly convex for α > 1):
-   D_α(E_u P_u ‖ E_u Q_u) ≤ sup_u D_α(P_u ‖ Q_u). So any bound that holds for
-   every integer shift of norms (Δ₂, Δ₁) holds for the release. The coins need not even be secret.
-1. **One release, no sampling.** The sum of n i.i.d. N_Z(0, σ²)^D shifted by an integer Δ (KLS21: Kairouz, Liu &
-   Steinke, ICML 2021, arXiv 2102.06387, Proposition 14, as the authors' group implements it in
-   google-research/federated ``distributed_dp/accounting_utils.py``; σ ≥ 1/2): for every α ≥ 1,
-   ``D_α ≤ min{ α·Δ₂²/(2nσ²) + τ·D,  (α/2)·(Δ₂²/(nσ²) + 2·Δ₁·τ/√(nσ²) + τ²·D),  (α/2)·(Δ₂/√(nσ²) + τ·√D)² }``
-   with ``τ = 10·Σ_{k=1}^{n−1} exp(−2π²σ²·k/(k+1))`` (0 for n = 1: one discrete Gaussian, CKS20 Proposition 8,
-   is never worse than the continuous one).
-2. **Poisson subsampling inside the party** (add/remove neighbours, integer α ≥ 2). Fix everything but the
-   record's coin (the rounding coins, the rest of the batch, the other parties' vectors): the observer sees P (the
-   noise N shifted by the integer vector without the record) or M = (1−q)·P + q·Q (Q: shifted by v more, ‖v‖₂ ≤
-   Δ₂), and joint quasi-convexity (step 0) lifts any bound on this pair to the release.
-   - *Remove*, D_α(M ‖ P): with L = Q/P, e^{(α−1)D_α(M‖P)} = E_P[(1−q+qL)^α] = Σ_ℓ C(α,ℓ)(1−q)^{α−ℓ}q^ℓ
-     E_P[L^ℓ] by the binomial theorem, and E_P[L^ℓ] = e^{(ℓ−1)D_ℓ(Q‖P)} ≤ e^{(ℓ−1)ε(ℓ)} by step 1. Every
-     coefficient is positive, so the sum with ε(ℓ) bounds it: Zhu & Wang's "tight" formula (ICML 2019, PMLR 97,
-     coefficients 1), exact for the Gaussian (Mironov, Talwar & Zhang 2019).
-   - *Add*, D_α(P ‖ M) ≤ D_α(M ‖ P), because the pair is symmetric: N is symmetric (each N_Z(0, σ²) is, so their
-     sum is) and v is an integer vector, so (translating P to N itself, which changes no divergence) x ↦ v − x maps
-     the lattice onto itself, P onto Q and Q onto P. Then
-     L(v − x) = 1/L(x) and E_P[f(L)] = E_P[L·f(1/L)] for every f with E_P|f(L)| < ∞ (true below, or
-     D_α(M‖P) = ∞ and there is nothing to prove). With a = 1 − q, b = q and φ(y) = y^α − y^{1−α},
-     e^{(α−1)D_α(M‖P)} − e^{(α−1)D_α(P‖M)} = E_P[(a+bL)^α − (a+bL)^{1−α}] = E_P[φ(a+bL)] = ½·E_P[F(L)] with
-     F(l) = φ(a+bl) + l·φ(a+b/l). F(l) = l·F(1/l), so F ≥ 0 needs only l ≥ 1. There, with s = b(l−1) and
-     t = s/l: F(l) = s·(φ(1+s)/s − g(t)/t) with g(t) = (1−t)^{1−α} − (1−t)^α = −φ(1−t). g is convex on [0, 1)
-     (g'' = α(α−1)[(1−t)^{−α−1} − (1−t)^{α−2}] ≥ 0) with g(0) = 0, so g(t)/t grows with t; b ≤ 1 gives
-     t ≤ s/(1+s), where g(t)/t = φ(1+s)/s exactly (φ(1/y) = −φ(y)/y). Hence F ≥ 0. (The general bound of
-     Zhu & Wang's Theorem 5, coefficients 3, is what a pair without this symmetry would need;
-     tests/test_secagg_accounting.py shows an asymmetric pair for which the add direction is the larger.)
-   The result is never above the unsampled ε(α) (M is a mixture of P and Q), which is used when smaller.
-3. **Composition and conversion.** RDP adds over releases and steps; (ε, δ) from the composed curve by
-   ``dp_accounting``'s conversion (Canonne, Kamath & Steinke 2020, Proposition 12), the best order.
+0. the rounding: any bound for an integer shift of norms (Δ₂, Δ₁) holds for the mixture over the rounding coins
+   (:func:`~mpi_fnas.secagg.encoding.sensitivity`; Rényi divergence is jointly quasi-convex);
+1. one unsampled release: KLS21 Proposition 14 (:meth:`SummedDiscreteGaussian.rdp`);
+2. Poisson subsampling inside the party: the binomial expansion of the remove direction (Zhu & Wang's "tight"
+   formula), which also bounds the add direction because the pair is symmetric (:func:`poisson_subsampled_rdp`);
+3. RDP composition over releases and dp_accounting's conversion to (ε, δ) at the best order (:func:`epsilon`).
 
-tests/test_secagg_accounting.py also checks both bounds against Rényi divergences computed numerically from the
-exact distributions (sums of discrete Gaussians by convolution, in 1-D and on a 2-D lattice, and their Poisson
-mixtures in both directions), and the subsampled one against dp_accounting's subsampled Gaussian at n = 1.
-The sanity checks of docs/privacy.md: as the discretisation gets fine (γ → 0, σ_Z = σ·c/γ → ∞) the ε falls to the
-same bound for the continuous Gaussian and is never below the continuous mechanism's PLD ε; at n = 1 it is the
-discrete Gaussian's, whose only excess over the continuous mechanism is the rounding's (Δ₂ > c/γ). In the fine
-limit the bound is the continuous Gaussian's own RDP bound, whose only excess over the tight PLD is RDP's
-conversion to (ε, δ).
-No MPI, no autograd; rank 0 (the planner and the ledger) calls it.
+The proof and its numerical checks: docs/secagg-accounting.md. No MPI, no autograd; rank 0 (planner, ledger) calls it.
 """
 
 from __future__ import annotations
@@ -67,7 +27,7 @@ from scipy import special
 
 from mpi_fnas.secagg.encoding import sensitivity
 
-#: The RDP orders: integers only (the binomial expansion of step 2 needs an integer α).
+#: The RDP orders: integers only (step 2's binomial expansion, docs/secagg-accounting.md, needs an integer α).
 RDP_ORDERS: tuple[int, ...] = (*range(2, 65), 80, 96, 128, 160, 192, 256, 384, 512)
 
 
@@ -119,7 +79,7 @@ class SummedDiscreteGaussian:
 
 
 def poisson_subsampled_rdp(order: int, rate: float, mechanism: SummedDiscreteGaussian) -> float:
-    """ε(α) of `mechanism` run on a Poisson sample at `rate`, both directions (step 2 of the module docstring;
+    """ε(α) of `mechanism` run on a Poisson sample at `rate`, both directions (step 2 of docs/secagg-accounting.md;
     integer α ≥ 2):
 
     ``1/(α−1)·log Σ_{ℓ=0}^{α} C(α,ℓ)(1−q)^{α−ℓ}q^ℓ e^{(ℓ−1)ε(ℓ)}`` with ε(0) = ε(1) = 0 (the ℓ = 0 and 1 terms

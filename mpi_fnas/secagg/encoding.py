@@ -1,28 +1,18 @@
 """Integer encoding of a party's release for secure aggregation, and rank 0's decoding of the sum (after Kairouz, Liu &
 Steinke, "The Distributed Discrete Gaussian Mechanism for Federated Learning with Secure Aggregation", ICML 2021,
-arXiv 2102.06387, Algorithm 1).
+arXiv 2102.06387, Algorithm 1; docs/privacy.md §8).
 
-The party clips every example's gradient (‖g_i‖₂ ≤ c) and sums them, as on the local path; then the *sum* S is
-encoded once per release (:func:`encode_sum`):
+The party clips every example's gradient (‖g_i‖₂ ≤ c) and sums them, as on the local path; the *sum* S is encoded
+once per release (:func:`encode_sum`): padded to D coordinates (:func:`padded_length`), rotated by a randomized
+Hadamard transform block by block (public signs, fresh per step and release, so no coordinate is large and the
+modular wrap rarely bites), scaled by 1/γ and rounded at random, y ↦ ⌊y + 1 − u⌋ with u uniform on [0, 1)
+(unbiased). For fixed coins the rounding is monotone, so two sums one example apart round to integer vectors at
+most c/γ + √D apart (:attr:`Encoding.sensitivity`), a √D kept small by accounting at the run's own largest release
+(:attr:`~mpi_fnas.privacy.release.SecureSum.dimension`); :mod:`mpi_fnas.secagg.accounting` covers the coins' mixture.
 
-1. **Rotate.** Pad S to D coordinates (:func:`padded_length`: the next power of two up to :data:`ROTATION_BLOCK`,
-   a multiple of it beyond) and apply the randomized Hadamard transform, block by block: H·diag(s) with H
-   block-diagonal, each block the orthonormal Walsh–Hadamard matrix of the block's length (s ∈ {±1}^D public, fresh
-   per step and release). The mass of a block is spread evenly over it, so no coordinate is large and the modular
-   wrap rarely bites.
-2. **Scale** by 1/γ (γ: the value of one integer unit) and **round at random**: y ↦ ⌊y + 1 − u⌋ with u uniform on
-   [0, 1) per coordinate (unbiased). For fixed coins the map is monotone in y, so two neighbouring sums (one
-   example apart: ‖S − S′‖₂ ≤ c) round to integer vectors at most c/γ + √D apart (:attr:`Encoding.sensitivity`);
-   :mod:`mpi_fnas.secagg.accounting` carries that over to the mixture over the coins.
-
-Encoding the sum instead of each example (KLS21 round each client's vector; here a record is one example) costs one
-rotation and D coins per release instead of b of each; its price is the sensitivity's √D instead of the conditional
-rounding's ≈ √(D/4), which the run keeps small by accounting at its own largest release
-(:attr:`~mpi_fnas.privacy.release.SecureSum.dimension`), not at a fixed maximum.
-
-The party adds its share of the discrete noise to the integer vector and wraps the total into b bits (:func:`wrap`);
-rank 0 decodes Σ_k of the uploads (:func:`decode`): the signed range, ×γ, the inverse rotation. Nothing here is
-secret; the rounding coins come from the party's keystream all the same. No MPI, no autograd.
+The party adds its share of the discrete noise and wraps the total into b bits (:func:`wrap`); rank 0 decodes the
+sum of the uploads (:func:`decode`): the signed range, ×γ, the inverse rotation. Nothing here is secret (the
+rounding coins come from the party's keystream all the same). No MPI, no autograd.
 """
 
 from __future__ import annotations

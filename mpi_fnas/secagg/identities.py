@@ -1,26 +1,18 @@
 """Party identities (``privacy.party_identities``): long-lived Ed25519 keys that authenticate secure aggregation's
 key relay, so a server that substitutes a party's X25519 key, or runs an impostor at a party's rank, is caught.
 
-* **The roster** (the file ``privacy.party_identities`` names, public): every party's Ed25519 public key by rank,
-  exchanged out of band the way hospitals exchange certificates. YAML::
+* **The roster** (the file ``privacy.party_identities`` names, public; format ``mpi_fnas-party-identities/v1``):
+  every party's Ed25519 public key by rank, exchanged out of band. A party refuses a roster that does not name
+  exactly the ranks 1..K of its job, with distinct keys, its own among them.
+* **A party's private key**: ``identity.key`` in its own directory (``RUN_DIR/parties/rank<k>/``), PKCS#8 PEM, mode
+  0600 (a key readable by others is refused); read by that party alone, never sent, it only signs
+  (:meth:`PartyIdentity.sign_key`).
+* **What is signed**: the party's rank, its fresh X25519 public key of this launch and the digest of the key set it
+  was shown (:func:`~mpi_fnas.secagg.keyset.key_set_digest`), so no signature is valid in another launch; each
+  party checks every other party's signature (:func:`~mpi_fnas.secagg.keyset.check_confirmations`).
 
-      format: mpi_fnas-party-identities/v1
-      parties:
-        1: <64 hex digits: party 1's raw Ed25519 public key>
-        2: ...
-
-  A party refuses a roster that does not name exactly the ranks 1..K of its job, with distinct keys, its own
-  among them.
-* **A party's private key**: ``identity.key`` in its own directory (``RUN_DIR/parties/rank<k>/``, 0700), PKCS#8
-  PEM, mode 0600; a key readable by others is refused. It is read by that party alone and never sent anywhere; it
-  only signs (:meth:`PartyIdentity.sign_key`).
-* **What is signed**: the party's rank, its fresh X25519 public key of this launch and the digest of the whole key
-  set it was shown (:func:`~mpi_fnas.secagg.keyset.key_set_digest`; fresh keys make it new every launch, so no
-  signature is valid in another launch). Each party checks every other party's signature against the key *it*
-  would mask with (:func:`~mpi_fnas.secagg.keyset.check_confirmations`).
-
-:func:`make_identities` (``python -m mpi_fnas.identities``) makes a key for each party of a run and the roster.
-Only the ``cryptography`` package touches keys: they come from the OS's CSPRNG.
+:func:`make_identities` (``python -m mpi_fnas.identities``) makes the keys (from the OS's CSPRNG, through
+``cryptography``, the only package that touches them) and the roster; the threat: docs/privacy.md §8.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """What a party accepts as the relayed key set of secure aggregation, and how the parties confirm they saw one set.
 
 Rank 0 relays the parties' X25519 public keys (:mod:`mpi_fnas.secagg.masks`), and rank 0 is the adversary the masks
-hide the releases from (docs/privacy.md §8, "A server that lies"). What it could do with the relay, and what stops it:
+hide the releases from (docs/privacy.md §8, "A server that lies"). What stops it:
 
-* **A short set.** Relaying party i the set ``{i: pk_i}`` alone makes i's mask zero: its upload is its encoding
-  with 1/K of the noise in the clear. :func:`check_key_set` refuses any set that is not exactly the K parties of
-  the job (ranks 1..K, where K is the party's own communicator size − 1, not a number from the server), with
-  32-byte keys, all distinct, its own key at its own rank.
-* **Different sets for different parties** (a key of rank 0's own in place of a peer's, for some parties only):
-  each party hashes the set it was shown (:func:`key_set_digest`) and the parties compare the digests among
-  themselves (:func:`check_confirmations`), before any masked upload. The digests travel party to party, never
-  through rank 0, so rank 0 can neither hide a difference nor answer in a party's name.
+* **A short set** (party i shown ``{i: pk_i}`` alone gets a zero mask): :func:`check_key_set` refuses any set that
+  is not exactly the K parties of the job (ranks 1..K, K from the party's own communicator, not from the server),
+  with 32-byte keys, all distinct, its own key at its own rank.
+* **Different sets for different parties**: each party hashes its set (:func:`key_set_digest`) and the parties
+  compare the digests directly, never through rank 0, before any masked upload (:func:`check_confirmations`).
 
-Without identities the parties only know that "the K ranks of this job saw one set". A rank-0 operator that also
-runs the process at some party's rank, or that controls the links between the parties, can still substitute keys
-undetected. With ``privacy.party_identities`` (:mod:`mpi_fnas.secagg.identities`) every party signs its public
-key with the digest, and every party checks every other party's signature, so a substituted or impostor key is
-found by every honest party. No MPI here: :mod:`mpi_fnas.federation.handshake` moves the bytes.
+Without identities this only shows that the K ranks of this job saw one set: a rank 0 that also runs a process at
+a party's rank, or controls the links between parties, can still substitute keys. With
+``privacy.party_identities`` (:mod:`mpi_fnas.secagg.identities`) every party also checks every other party's
+signature of its key and the digest. No MPI here: :mod:`mpi_fnas.federation.handshake` moves the bytes.
 """
 
 from __future__ import annotations

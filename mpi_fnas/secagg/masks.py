@@ -2,21 +2,17 @@
 §4, without the dropout recovery): every pair of parties agrees a key once, and each release adds, per peer, a mask
 stream that the peer subtracts, so the masks cancel in the sum mod 2^32 and only the sum is visible.
 
-* **Key agreement.** Each party draws an X25519 key pair (the private key from the OS, through ``cryptography``),
-  sends its public key to rank 0, which relays all K of them; parties i and j then hold the same X25519 shared
-  secret, which no one else can compute (the server and the other parties see only public keys). A party accepts
-  only a set of exactly its job's K parties (:func:`~mpi_fnas.secagg.keyset.check_key_set`: a server that relays
-  a party a short set would zero its mask); that the parties saw one set is confirmed among them
-  (:mod:`mpi_fnas.secagg.keyset`).
+* **Key agreement.** Each party draws an X25519 key pair (from the OS, through ``cryptography``) and sends its
+  public key to rank 0, which relays all K; parties i and j then share a secret no one else can compute. A party
+  accepts only a set of exactly its job's K parties, confirmed among them (:mod:`mpi_fnas.secagg.keyset`).
 * **Key derivation.** One mask key per (run, stage, step, release, pair): HKDF-SHA256 of the shared secret with
-  those labels as ``info``, so no keystream is ever used twice and a mask of one step says nothing of another.
-* **Mask stream.** ChaCha20 of zeros under that key: n uniform uint32 words. The lower rank of the pair adds it,
-  the higher subtracts it, so Σ_k masks_k ≡ 0 (mod 2^32) exactly.
+  those labels as ``info``, so no keystream is ever used twice.
+* **Mask stream.** ChaCha20 of zeros under that key: n uniform uint32 words, added by the lower rank of the pair
+  and subtracted by the higher, so Σ_k masks_k ≡ 0 (mod 2^32) exactly.
 
-A party's masked upload is its encoding plus the sum of K − 1 independent uniform words mod 2^32: uniform, whatever
-the encoding, to anyone without a peer's key. A party that dies mid-step leaves its peers' masks uncancelled; the
-job then aborts (Bonawitz et al.'s secret-shared seeds would be needed to recover, and a partial sum is never used).
-No MPI here: the caller relays the public keys and reduces the uploads.
+A masked upload is uniform to anyone without a peer's key, whatever the encoding. A party that dies mid-step leaves
+its peers' masks uncancelled and the job aborts (no partial sum is ever used). No MPI here: the caller relays the
+public keys and reduces the uploads (docs/privacy.md §8).
 """
 
 from __future__ import annotations

@@ -1,16 +1,15 @@
 """One kind of secure release in one stage, as a party seals it and rank 0 opens the sum (docs/privacy.md §8).
 
 A party's n-th release of a kind (``W`` or ``A``) in a stage is labelled ``(run id, stage, name, n)``; the party and
-rank 0 count their releases in lockstep (every party sends each release, and rank 0 opens each sum once), so both
-derive the same public rotation and the masks of that label, and no label is ever used twice in a run. The run id
-is the launch id (:func:`~mpi_fnas.secagg.masks.launch_id`: SHA-256 of the relayed public keys), and the X25519 keys
-are fresh at every launch, so a resumed run reuses neither. Under ``privacy.reproducible_noise`` (ε void: tests and
-debugging) the rotations are labelled by the seed instead (:func:`rotation_id`), so that a secure run repeats bit
-for bit as a local one does: the masks still differ, but they cancel in the sum.
+rank 0 count their releases in lockstep, so both derive the same public rotation and the masks of that label, and
+no label is ever used twice in a run. The run id is the launch id (:func:`~mpi_fnas.secagg.masks.launch_id`:
+SHA-256 of the relayed public keys, fresh every launch), so a resumed run reuses neither. Under
+``privacy.reproducible_noise`` (ε void) the rotations are labelled by the seed instead (:func:`rotation_id`), so a
+secure run repeats bit for bit: the masks still differ, but they cancel in the sum.
 
-* party: :meth:`SecureSeries.next_signs` (the rotation of the next release), the release's integer total (the
-  mechanism: encoded examples plus the party's share of the noise), then :meth:`SecureSeries.seal`: the total mod
-  2^bits plus its pairwise masks, as uint32 words (D,);
+* party: :meth:`SecureSeries.next_signs` (the rotation of the next release), the release's integer total (encoded
+  examples plus the party's noise share), then :meth:`SecureSeries.seal`: the total mod 2^bits plus its pairwise
+  masks, as uint32 words (D,);
 * rank 0: :meth:`SecureSeries.open` the words' sum (mod 2^32, from the Reduce): decode, ÷ B.
 
 No MPI, no autograd.

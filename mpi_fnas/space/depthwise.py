@@ -1,9 +1,8 @@
 """A dilated depthwise convolution whose input gradient runs on the fast forward kernel (CPU).
 
 oneDNN's backward-data kernel for depthwise convolutions is slow on the CPU when the kernel is dilated, and far slower
-at stride 2: 1.9–3.0 ms for a dilated 3×3 or 5×5 at stride 2 (B = 32, 16 channels, 16×16), where the same gradient
-computed as a forward convolution takes 0.17–0.29 ms (docs/benchmarks.md, "Dilated depthwise input gradient"). Every
-DARTS ``dil_conv`` holds one, and every step, plain or private, back-propagates through it.
+at stride 2 (docs/log/benchmarks.md, "Dilated depthwise input gradient"). Every DARTS ``dil_conv`` holds one, and every
+step, plain or private, back-propagates through it.
 
 The input gradient of ``y = conv(x, w)`` (stride s, padding p, dilation d, kernel k) is a convolution of the output
 gradient g, with s − 1 zeros inserted between its pixels, and the flipped kernel::
@@ -11,10 +10,9 @@ gradient g, with s − 1 zeros inserted between its pixels, and the flipped kern
     grad_x = conv2d(up_s(g), flip(w), padding = d·(k − 1) − p, dilation = d, groups = C)
 
 where ``up_s(g)`` is g spread onto every s-th pixel of a zero grid of side ``H + 2p − d·(k − 1)`` (so the result has
-the input's side H). :class:`DepthwiseConv2d` uses it for dilated kernels on the CPU. For undilated ones oneDNN's
-kernel is as fast or faster once the ~0.1 ms a Python autograd function costs per call is paid, so they keep it, as
-does every GPU. The weight gradient stays oneDNN's. Values equal oneDNN's up to float rounding
-(``tests/test_space.py``).
+the input's side H). :class:`DepthwiseConv2d` uses it for dilated kernels on the CPU; undilated ones (where a Python
+autograd function's cost per call outweighs the gain) and every GPU keep oneDNN's kernel, and the weight gradient
+stays oneDNN's. Values equal oneDNN's up to float rounding (``tests/test_space.py``).
 """
 
 from __future__ import annotations

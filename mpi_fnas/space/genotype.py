@@ -1,24 +1,18 @@
 """Cell topology, discrete genotypes, and their string form.
 
-Cell topology (shared by the search cell and genotype derivation): a cell has two input states (0 and 1,
-the outputs of the previous two cells) and ``nodes`` intermediate nodes; node ``i`` (0-based) is state
-``i + 2`` and takes one edge from every earlier state ``j = 0 .. i + 1``. Edges are enumerated node by node
-and, within a node, by input state, so there are ``sum_{i < nodes} (i + 2)`` edges (14 for 4 nodes) and row
-``e`` of an alpha matrix belongs to ``edge_endpoints(nodes)[e]``.
+Cell topology (shared by the search cell and genotype derivation): two input states (0 and 1, the outputs of the
+previous two cells) and ``nodes`` intermediate nodes; node ``i`` (0-based) is state ``i + 2`` and takes one edge from
+every earlier state ``j = 0 .. i + 1``. Edges are enumerated node by node, then by input state: ``sum_{i < nodes}
+(i + 2)`` edges (14 for 4 nodes); row ``e`` of an alpha matrix belongs to ``edge_endpoints(nodes)[e]``.
 
-Genotype string format (``Genotype.to_string`` / ``Genotype.from_string``), ASCII, no whitespace::
+String form (``Genotype.to_string`` / ``Genotype.from_string``), ASCII, no whitespace, fields in this order::
 
     normal=OP@J,OP@J|OP@J,OP@J|...;normal_concat=K,K,...;reduce=OP@J,OP@J|...;reduce_concat=K,K,...
 
-* ``|`` separates nodes (node 0 first), ``,`` the two edges of a node, ``OP@J`` is "op OP applied to state J";
-* ``J`` is a decimal state index in ``0 .. i + 1`` for node ``i``; the two inputs of a node are distinct;
-* ``*_concat`` lists the states concatenated into the cell output (intermediate states ``2 .. nodes + 1``);
-* fields are separated by ``;`` and appear in the order above (the parser accepts any order and ignores
-  whitespace around tokens, but needs every field exactly once).
-
-Example (2 nodes): ``normal=sep_conv_3x3@0,skip_connect@1|sep_conv_5x5@1,dil_conv_3x3@2;normal_concat=2,3;
-reduce=max_pool_3x3@0,max_pool_3x3@1|skip_connect@2,max_pool_3x3@0;reduce_concat=2,3`` (one line).
-The parser never evaluates the text (no ``eval``/``literal_eval``); malformed text raises ``ValueError``.
+``|`` separates nodes (node 0 first), ``,`` a node's two edges; ``OP@J`` is op OP applied to state J (``0 .. i + 1``
+for node ``i``; a node's two inputs are distinct); ``*_concat`` lists the states concatenated into the cell output
+(``2 .. nodes + 1``). The parser accepts the fields in any order (each exactly once) and whitespace around tokens,
+never evaluates the text (no ``eval``/``literal_eval``), and raises ``ValueError`` on malformed text.
 """
 
 from __future__ import annotations

@@ -1,22 +1,18 @@
 """Hand-designed networks: what a DP practitioner would train instead of a searched cell (``augment.network``).
 
-* ``cnn-tanh`` — the CNNs of Papernot et al. 2021 ("Tempered sigmoid activations for deep learning with differential
-  privacy"), tanh throughout: their MNIST net for one-channel images (:class:`TanhMnistNet`), their CIFAR-10 net for
-  colour (:class:`TanhCifarNet`);
-* ``cnn-gn`` — a small 3-block CNN with GroupNorm and ReLU (:class:`GroupNormNet`): GroupNorm, not BatchNorm,
-  because BatchNorm mixes the examples of a batch and is refused under DP
-  (:func:`mpi_fnas.privacy.validators.check_model_for_dp`);
+* ``cnn-tanh`` — Papernot et al. 2021's tanh CNNs ("Tempered sigmoid activations for deep learning with differential
+  privacy"): their MNIST net for one channel (:class:`TanhMnistNet`), their CIFAR-10 net for colour
+  (:class:`TanhCifarNet`);
+* ``cnn-gn`` — a small 3-block GroupNorm + ReLU CNN (:class:`GroupNormNet`; BatchNorm mixes a batch's examples);
 * ``scatter-linear`` and ``scatter-cnn`` — Tramèr & Boneh 2021's ScatterNets ("Differentially Private Learning Needs
-  Better Features (or Much More Data)"): the scattering transform as a fixed stem
-  (:class:`~mpi_fnas.space.scattering.Scattering`, computed once per example, no ε), GroupNorm of its channels without
-  parameters (per example: no ε either), then a linear layer (:class:`ScatterLinear`) or their small tanh CNN
-  (:class:`ScatterCnn`).
+  Better Features (or Much More Data)"): the fixed scattering stem (:class:`~mpi_fnas.space.scattering.Scattering`,
+  computed once per example, no ε), GroupNorm without parameters, then a linear layer (:class:`ScatterLinear`) or
+  their small tanh CNN (:class:`ScatterCnn`).
 
-Each is sized to its input (``in_channels``, ``image_size``, ``num_classes``; any side >= 8) and trained by the same
-augmentation as a cell's network (a ScatterNet on the scattering of its examples, computed once): the same interface
-(``weights``, ``main_parameters``, ``num_params``), no drop-path (``drop_path_prob`` must stay 0: there are no paths
-to drop) and no auxiliary head. Every layer owning parameters is
-a Conv2d, Linear or GroupNorm, so the per-example gradients take the ``hooks`` method.
+Each is sized to ``in_channels``, ``image_size`` (any side >= 8) and ``num_classes``, and trained by the same
+augmentation as a cell's network, with its interface (``weights``, ``main_parameters``, ``num_params``), no
+drop-path (``drop_path_prob`` stays 0) and no auxiliary head. Every layer owning parameters is a Conv2d, Linear or
+GroupNorm, so the per-example gradients take the ``hooks`` method. How to train one: docs/baseline.md.
 """
 
 from __future__ import annotations

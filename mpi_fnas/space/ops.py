@@ -72,7 +72,7 @@ class ReluFirst(nn.Module):
 
     The MixedOp of an edge applies its ops to the same x, so it computes ``relu(x)`` once for all of them
     (:func:`mpi_fnas.space.cells.weighted_sum`): one ReLU and one saved activation per edge instead of one per op
-    (16 % of the supernet's saved activations, 5-8 % of its step, measured on the default network).
+    (docs/log/benchmarks.md, "One ReLU per edge").
     """
 
     def forward_from_relu(self, relu_x: torch.Tensor) -> torch.Tensor:

@@ -7,7 +7,7 @@ a party transforms its own examples when it builds its network, and rank 0 its t
 (1 + J·L + L²·J(J−1)/2 = 81 per input channel): 81×7×7 for a 28×28 grey image.
 
 Why the frontend module and not ``kymatio.torch``: that package also imports the 3-D transform, whose SciPy call is
-gone from SciPy 1.17 (kymatio issue #1068); the 2-D frontend imports and runs alone. kymatio is imported only when a
+gone from SciPy 1.17 (kymatio#1068); the 2-D frontend imports and runs alone. kymatio is imported only when a
 scattering stem is built.
 """
 

@@ -64,8 +64,8 @@ class AugmentOutcome(StageOutcome):
 class AugmentStage(ServedStage):
     """The augmentation as a stage of :class:`~mpi_fnas.stages.server_loop.ServerLoop`: one weight update per
     iteration (with or without the server's selection), the test evaluation at epoch ends, its metrics row, ε rows
-    at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger, ~0.5 s of CPU on the
-    background thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
+    at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger on the background
+    thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
 
     name = "augment"
     lr_column = "lr"

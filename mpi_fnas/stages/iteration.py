@@ -61,22 +61,19 @@ class StepControl:
 
 @dataclass
 class IterationClock:
-    """Rank 0's time in a stage's iterations, as it sees them, split three ways for the attempt's cost.
+    """Rank 0's time in a stage's iterations, as it sees them, split three ways for the attempt's cost (``/cost``).
 
-    - ``transfer_seconds``: moving the releases and broadcasts. Rank 0 times its broadcasts, where the parties
-      already wait, so that time is the transfer alone; the reductions move the same bytes over the same links
-      (one message per party, to rank 0), so the transfer is counted twice the broadcasts'. Where early parties'
-      releases arrive while later ones still compute (slow links), part of the inbound half overlaps compute:
-      ``transfer_seconds`` is then an upper bound on the exposed transfer, ``party_compute_seconds`` a lower bound.
-    - ``party_compute_seconds``: the rest of rank 0's time inside MPI: waiting for the parties' releases, i.e. their
-      forward and backward passes and, under DP, their clipping and noise (``python -m mpi_fnas.bench`` splits
-      those two: ``dp_work_seconds``).
+    - ``transfer_seconds``: moving the releases and broadcasts, counted as twice rank 0's broadcasts (where the
+      parties already wait, so that time is the transfer alone; the reductions move the same bytes over the same
+      links). Where early releases arrive while later parties still compute (slow links), part of the inbound half
+      overlaps compute: this is then an upper bound on the exposed transfer, ``party_compute_seconds`` a lower one.
+    - ``party_compute_seconds``: the rest of rank 0's time inside MPI, waiting for the parties' releases (their
+      passes and, under DP, clipping and noise: ``python -m mpi_fnas.bench`` splits those, ``dp_work_seconds``).
     - ``server_seconds``: rank 0's own work in the iterations (its W and A steps, the sums).
 
-    Totals over an attempt, never per step: under DP a step's duration follows the realised Poisson batches.
-    ``party_compute_seconds`` then follows them as the attempt's ``wall_seconds`` already does (the rest of the wall
-    time is data-independent), only more sharply: an attempt of one step shows that step's wait. docs/privacy.md
-    lists it with the other timings rank 0 sees.
+    Totals over an attempt, never per step: under DP a step's duration follows the realised Poisson batches, which
+    ``party_compute_seconds`` follows more sharply than ``wall_seconds`` (the rest is data-independent): an attempt
+    of one step shows that step's wait. docs/privacy.md lists it with the other timings rank 0 sees.
     """
 
     wall_seconds: float = 0.0  # the iterations' wall time on rank 0

@@ -4,17 +4,15 @@ One loop runs every stage (:func:`participate`, then :func:`~mpi_fnas.stages.par
 says what the party trains and what each step asks of it (:class:`~mpi_fnas.stages.base.StageSide`). What a party
 hands to MPI, and nothing else (tests/mpi/test_release_spy.py checks every call):
 
-* at setup: its device name, its CPU kernels (:mod:`mpi_fnas.cpu_kernels`: the machine's, not the data's) and how
-  many iterations of the stage it has ever sent (``sent_steps``, data-independent); to the other parties, the
-  digest of the config and stage plan rank 0 sent it (public: :func:`~mpi_fnas.federation.handshake.plan_digest`);
+* at setup: its device name, its CPU kernels (the machine's: :mod:`mpi_fnas.cpu_kernels`), the iterations it ever
+  sent (``sent_steps``); to the parties, the digest of its plan (:func:`~mpi_fnas.federation.handshake.plan_digest`);
 * per iteration: the releases of Algorithm 1 (under DP: clipped and noised, with a zero STATS tail);
 * at a checkpoint: an empty acknowledgement once it has saved its own state;
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
 
-Its stream keys never leave its memory: a resumed party keys new streams (a replayed step draws fresh randomness)
-and restores only its batch positions, from its own directory
-(:class:`~mpi_fnas.federation.party_store.PartyStore`). An unreliable
-party holds its corrupted shards here too (:func:`~mpi_fnas.stages.base.own_examples`).
+Its stream keys never leave its memory: a resumed party keys new streams and restores only its batch positions, from
+its own directory (:class:`~mpi_fnas.federation.party_store.PartyStore`). An unreliable party holds its corrupted
+shards here too (:func:`~mpi_fnas.stages.base.own_examples`).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
 
 
 #: Above this mean entropy of A's edges (÷ log ops; 1 = uniform) the summary says the search barely moved A: the
-#: argmax that derives the cell then picks between near-equal weights. The DARTS values in 10 private steps end at
-#: 0.9999; a search that steers ends at 0.94-0.97 (docs/benchmarks.md, "More levers, and a search that moves").
+#: argmax that derives the cell then picks between near-equal weights. The threshold lies between the DARTS values'
+#: 10 private steps and a search that steers (docs/log/benchmarks.md, "More levers, and a search that moves").
 ALPHA_ENTROPY_UNMOVED = 0.999
 
 

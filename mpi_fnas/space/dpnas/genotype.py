@@ -1,27 +1,17 @@
 """DPNAS cell topology, the discrete cell (genotype), its derivation from the alphas and its string form.
 
 Topology: one input node (state 0, a 1x1 conv of the cell's input) and ``nodes`` intermediate nodes; node ``i``
-(0-based) is state ``i + 1`` and takes one edge from every earlier state ``j = 0 .. i``, so a cell has
-``nodes · (nodes + 1) / 2`` edges (15 for the paper's 5 nodes). Edges are enumerated node by node and, within a
-node, by input state: row ``e`` of the alpha matrix belongs to ``edge_endpoints(nodes)[e]``. The cell's output is
-the concatenation of every intermediate node.
+(0-based) is state ``i + 1`` and takes one edge from every earlier state ``j = 0 .. i``: ``nodes · (nodes + 1) / 2``
+edges, enumerated node by node, then by input state (row ``e`` of the alpha matrix belongs to
+``edge_endpoints(nodes)[e]``). The cell's output is the concatenation of every intermediate node.
 
-Derivation (:func:`derive_dpnas_genotype`): the strongest op of every edge, ``none`` included; ``none`` means "no
-edge". A node whose edges are all ``none`` is a zero map. When that argmax would cut the cell off from its input
-(no intermediate node reached; the all-``none`` cell is one case), the derivation keeps the single strongest
-non-``none`` (edge, op) out of the input state 0 as well, so a search always yields a trainable cell. A cut-off
-genotype can still be written by hand; no network is built from it
-(:class:`mpi_fnas.space.dpnas.cells.DerivedDpnasCell` refuses it).
+Derivation (:func:`derive_dpnas_genotype`): the strongest op of every edge, ``none`` ("no edge") included; when that
+cuts the cell off from its input, the strongest non-``none`` edge out of state 0 is kept too, so a search always
+yields a trainable cell (a cut-off genotype written by hand builds no network).
 
-String form (``DpnasGenotype.to_string`` / ``from_string``), ASCII, no whitespace, one field::
-
-    dpnas=OP@0|OP@0,OP@1|OP@0,OP@1,OP@2|...
-
-``|`` separates nodes (node 0 first), ``,`` the edges of a node, listed for every input ``0 .. i`` in order (``none``
-included, so the text is the whole alpha argmax). When the search also chose the network's stem or head
-(``space.stem: search``, ``space.head: search``), the choice follows: ``;stem=scattering``, ``;head=dpnas``. The
-parser ignores whitespace around tokens, never evaluates the text, and raises ``ValueError`` naming the node (or
-the field) for anything else.
+String form (``DpnasGenotype.to_string`` / ``from_string``): ``dpnas=OP@0|OP@0,OP@1|...``, ``|`` between nodes, every
+edge of a node in input order (``none`` included), then ``;stem=...`` and ``;head=...`` when the search chose them.
+The parser never evaluates the text and raises ``ValueError`` naming the node or field. Rules: docs/dpnas.md.
 """
 
 from __future__ import annotations

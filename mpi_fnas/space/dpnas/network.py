@@ -2,19 +2,16 @@
 [cell, 3x3 max pool with stride 2] -> a head.
 
 * stem (``space.stem``): ``conv``, a 3x3 conv (stride 1, or 2 to run the cells at half the input's side); or
-  ``scattering``, the fixed scattering transform of Tramèr & Boneh's ScatterNets (:mod:`mpi_fnas.space.scattering`:
-  81 channels a colour channel at a quarter of the side, computed once per example outside the network, the
-  ``fixed_stem``) then GroupNorm of its channels without parameters;
+  ``scattering``, the fixed scattering transform (:mod:`mpi_fnas.space.scattering`, computed once per example outside
+  the network, the ``fixed_stem``) then GroupNorm of its channels without parameters;
 * head (``space.head``): ``pool``, average pooling to ``head_pool`` x ``head_pool`` (1: global), flatten, a linear
-  classifier; or ``dpnas``, DPNASNet's MNIST head (DPNAS's public code): 1x1 conv to 128 channels + GroupNorm,
-  the map pooled to 3x3, flatten, fc 128, tanh, fc.
+  classifier; or ``dpnas``, DPNASNet's MNIST head (docs/dpnas.md).
 
-Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (every op of
-``PRIMITIVES`` unless the space restricts them: ``space.ops``), no reduction cell. ``DpnasSearchNetwork`` is the
-supernet the federation searches (weights W apart from the alpha A); ``DpnasNetwork`` is a derived cell stacked the
-same way and trained from scratch (the augment stage).
-Normalisation is GroupNorm without affine parameters throughout: per example, as DP-SGD needs, and buffer-free,
-so a network's state is exactly its parameters.
+Every cell has the same architecture: one alpha matrix ``(num_edges(nodes), len(primitives))`` (``PRIMITIVES``, or
+``space.ops``), no reduction cell. ``DpnasSearchNetwork`` is the supernet the federation searches (weights W apart
+from the alpha A); ``DpnasNetwork`` is a derived cell stacked the same way and trained from scratch (the augment
+stage). Normalisation is GroupNorm without affine parameters throughout: per example, as DP-SGD needs, and
+buffer-free, so a network's state is exactly its parameters.
 """
 
 from __future__ import annotations

@@ -8,13 +8,9 @@ Ten ops per edge, in alpha-column order (the order of the authors' released prim
 * ``conv_3x3_<activation>`` for relu, selu, tanh, linear (identity activation), hardtanh, sigmoid — a 3x3
   *depthwise* convolution, then ``GroupNorm(gcd(C, 4), C, affine=False)``, then the activation.
 
-Every op maps ``(N, C, H, W)`` to ``(N, C, H, W)``. Choices (docs/dpnas.md says why):
-
-* SELU, as the paper names it (§3.2, Table 6); the authors' search code has ELU in that slot;
-* depthwise convolutions (``groups=C``), as the authors' code: C·9 weights per op instead of C²·9, so the noise
-  DP-SGD adds to every coordinate spreads over far fewer coordinates, and the supernet's 90 conv ops stay cheap;
-* GroupNorm without affine parameters: normalises each example on its own (DP needs that; BatchNorm would mix
-  the batch) and adds no parameters, so the only weights of an op are its convolution's.
+Every op maps ``(N, C, H, W)`` to ``(N, C, H, W)``. SELU (as the paper, where the authors' search code has ELU),
+depthwise convolutions (C·9 weights per op, so less noise in all) and GroupNorm without affine parameters (per
+example, as DP needs, and no parameters) are choices docs/dpnas.md explains ("Design choices").
 
 No op works in place (the per-example gradient hooks refuse in-place changes of a recorded layer output).
 """
