@@ -7,7 +7,7 @@ a file. Loading uses ``weights_only=True``: only tensors and plain Python contai
 The server's checkpoint holds what rank 0 owns and nothing else: the step, W, A and both optimizer states, the
 privacy ledgers, the log's row counts, the metric accumulator and the resolved config. A party's random-number
 generator states never leave the party: each party saves them in its own directory
-(:mod:`mpi_fnas.federation.party_store`), and a resumed run equals an uninterrupted one bit for bit on CPU because
+(:mod:`mpi_fnas.federation.party_disk`), and a resumed run equals an uninterrupted one bit for bit on CPU because
 every party restores its own state.
 """
 

@@ -218,6 +218,14 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     `private`: this rank is a DP party, whose error texts could carry data (an out-of-memory message holds an
     allocation size): it sends rank 0 a generic reason and writes the details to ``party_dir/error.log``.
     """
+    code, value = run_guarded_value(channel, body, debug=debug, private=private, party_dir=party_dir)
+    return value if code == EXIT_OK else code
+
+
+def run_guarded_value(channel: Channel, body: Callable[[], T], *, debug: bool = False, private: bool = False,
+                      party_dir: Path | None = None) -> tuple[int, T | None]:
+    """Run `body()` under :func:`run_guarded`'s failure policy: (``EXIT_OK``, what it returned), or (the exit code
+    its end maps to, None)."""
     from mpi_fnas.federation.comm import PartyFailedError
     from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, BudgetRefusedError
     from mpi_fnas.secagg.identities import IdentityError
@@ -225,22 +233,22 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
     from mpi_fnas.wire import WireError
 
     try:
-        return body()
+        return EXIT_OK, body()
     except (KeySetError, IdentityError, AssignmentRefusedError, BudgetRefusedError, ReportedRefusalError,
             WireError) as exc:  # WireError: a message that is not data (a pickle), refused unread
         refuse_job(channel, exc)
     except ServerReportedError:
-        return EXIT_BAD_INPUT  # rank 0 prints the line
+        return EXIT_BAD_INPUT, None  # rank 0 prints the line
     except SetupError as exc:  # found while running: on a party only that party knows, so it must fail the job
         if channel.is_server:
-            return report_bad_input(channel.rank, exc, debug)
+            return report_bad_input(channel.rank, exc, debug), None
         fail_job(channel, exc, private=private, party_dir=party_dir)
     except ConfigError as exc:  # the same input on every rank: rank 0 prints it once, everyone exits 2
-        return report_bad_input(channel.rank, exc, debug)
+        return report_bad_input(channel.rank, exc, debug), None
     except LaunchFailedError as exc:
         if channel.is_server:
             print(f"mpi_fnas: error: {exc}", file=sys.stderr, flush=True)
-        return EXIT_FAILURE
+        return EXIT_FAILURE, None
     except PartyFailedError as exc:
         print(f"mpi_fnas: error: {exc}; aborting the job (log marked failed)", file=sys.stderr, flush=True)
         channel.abort(EXIT_FAILURE)
@@ -249,7 +257,7 @@ def run_guarded(channel: Channel, body: Callable[[], int], *, debug: bool = Fals
         channel.abort(130)
     except BaseException as exc:  # anything else must end the whole job, never hang it
         fail_job(channel, exc, private=private, party_dir=party_dir)
-    return EXIT_FAILURE  # not reached: abort ends the process
+    return EXIT_FAILURE, None  # not reached: abort ends the process
 
 
 def refuse_job(channel: Channel, exc: BaseException) -> None:
@@ -280,7 +288,7 @@ def fail_job(channel: Channel, exc: BaseException, *, private: bool, party_dir: 
     elif private:
         where = "its own error.log"
         if party_dir is not None:
-            from mpi_fnas.federation.party_store import PartyStore
+            from mpi_fnas.federation.party_disk import PartyStore
 
             where = str(PartyStore(party_dir).write_error(details))
         generic = f"the party failed; under DP its error text stays with it (details in {where})"
@@ -309,18 +317,16 @@ def run_series(cfg: Config | None, config_error: ConfigError | None, setup: Call
 
     channel = Channel(start_mpi(cfg) if comm is None else comm)
     stop = StopRequest.install()
-    state: dict[str, tuple[Any, ...]] = {}
 
-    def guarded_setup() -> int:
+    def guarded_setup() -> tuple[Any, ...]:
         if config_error is not None:
             raise config_error
-        state["setup"] = setup(channel)
-        return EXIT_OK
+        return setup(channel)
 
-    code = run_guarded(channel, guarded_setup, debug=debug)
+    code, agreed = run_guarded_value(channel, guarded_setup, debug=debug)
     if code != EXIT_OK:
         return code
-    resolved, *rest = state["setup"]
+    resolved, *rest = agreed
     channel.timeout = resolved.runtime.comm_timeout
 
     def exchange() -> int:

@@ -16,6 +16,6 @@ def refusal_line(rank: int, exc: BaseException) -> str:
 
 class ReportedRefusalError(Exception):
     """This party refused its setup (an assignment, or an identity it cannot use) and has printed its line and put
-    it in its setup report already (:func:`mpi_fnas.stages.participate.participate`): rank 0 marks the log
+    it in its setup report already (:func:`mpi_fnas.stages.party_driver.participate`): rank 0 marks the log
     failed and ends the job, so the party sends no notice (one now could reach rank 0 before the other parties'
     reports, and the job would end before its log exists)."""

@@ -12,7 +12,7 @@ import contextlib
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import (
@@ -87,42 +87,52 @@ def main(argv: list[str] | None = None, comm: Any = None) -> int:
 
     channel = Channel(cli.start_mpi(cfg) if comm is None else comm)
     stop = cli.StopRequest.install()
-    state: dict = {}
     made: list[Path] = []  # rank 0: the run directory this launch created, if it did
-
-    def setup() -> int:
-        if config_error is not None and not ((args.resume or args.augment) and not args.config and not args.overrides):
-            raise config_error
-        if args.resume and args.out and Path(args.resume) != Path(args.out):
-            raise ConfigError("--out and --resume name different run directories; give one of them")
-        if args.augment and (args.resume or args.out):
-            raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
-        text, path, stage = cli.decide_on_root(channel, lambda: decide_launch(cfg, args, made))
-        state["run_dir"], state["stage"] = Path(path), stage
-        if channel.is_server:
-            state["cfg"] = config_from_text(text, stored=True)
-            check_world(state["cfg"], channel.size)
-            return cli.EXIT_OK
-        # A party runs what it checked, keeps its state where it says, and refuses in its first setup report.
-        state["cfg"], state["own"], state["run_dir"], state["refusal"] = accept_launch(cfg, args, text, path,
-                                                                                     channel.rank, channel.size)
-        return cli.EXIT_OK
-
-    code = cli.run_guarded(channel, setup, debug=args.debug)
+    code, launch = cli.run_guarded_value(channel, lambda: agree_on_launch(channel, cfg, config_error, args, made),
+                                         debug=args.debug)
     if code != cli.EXIT_OK:
         return _tidy_bad_input(code, channel.rank, made)
-    run_cfg, run_dir = state["cfg"], state["run_dir"]
-    channel.timeout = run_cfg.runtime.comm_timeout
+    channel.timeout = launch.cfg.runtime.comm_timeout
     # Its own config's mode too: a party whose user asked for DP keeps its error texts even if rank 0 said otherwise.
-    private_party = "dpfnas" in (run_cfg.mode, cfg.mode if cfg is not None else None) and not channel.is_server
-    from mpi_fnas.federation.party_store import party_dir
+    private_party = "dpfnas" in (launch.cfg.mode, cfg.mode if cfg is not None else None) and not channel.is_server
+    from mpi_fnas.federation.party_disk import party_dir
 
-    code = cli.run_guarded(channel, lambda: _run(run_cfg, state.get("own", run_cfg), channel, run_dir, state["stage"],
-                                                 args, stop, state.get("refusal")),
-                           debug=args.debug,
-                           private=private_party, party_dir=party_dir(run_dir, channel.rank))
+    code = cli.run_guarded(channel, lambda: _run(launch, channel, args, stop), debug=args.debug,
+                           private=private_party, party_dir=party_dir(launch.run_dir, channel.rank))
     stop.disarm()
     return _tidy_bad_input(code, channel.rank, made)
+
+
+class Launch(NamedTuple):
+    """What every rank takes from the launch: the config it runs, the config it trusts (rank 0's own: the same), its
+    run directory, the stage to run, and a party's refusal for its first setup report (None: it refuses nothing)."""
+
+    cfg: Config
+    own: Config
+    run_dir: Path
+    stage: str
+    refusal: AssignmentRefusedError | None = None
+
+
+def agree_on_launch(channel: Channel, cfg: Config | None, config_error: ConfigError | None,
+                    args: argparse.Namespace, made: list[Path]) -> Launch:
+    """The launch every rank runs: bad input (`config_error`, options that do not combine) raised; then rank 0
+    decides the config, the run directory and the stage (:func:`decide_launch`, a directory it creates appended to
+    `made`) and every party accepts or refuses them (:func:`accept_launch`)."""
+    if config_error is not None and not ((args.resume or args.augment) and not args.config and not args.overrides):
+        raise config_error
+    if args.resume and args.out and Path(args.resume) != Path(args.out):
+        raise ConfigError("--out and --resume name different run directories; give one of them")
+    if args.augment and (args.resume or args.out):
+        raise ConfigError("--augment RUN_DIR names its run directory; do not combine it with --resume or --out")
+    text, path, stage = cli.decide_on_root(channel, lambda: decide_launch(cfg, args, made))
+    if channel.is_server:
+        run_cfg = config_from_text(text, stored=True)
+        check_world(run_cfg, channel.size)
+        return Launch(run_cfg, run_cfg, Path(path), stage)
+    # A party runs what it checked, keeps its state where it says, and refuses in its first setup report.
+    run_cfg, own, run_dir, refusal = accept_launch(cfg, args, text, path, channel.rank, channel.size)
+    return Launch(run_cfg, own, run_dir, stage, refusal)
 
 
 def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path: str, rank: int, size: int
@@ -136,7 +146,7 @@ def accept_launch(own: Config | None, args: argparse.Namespace, text: str, path:
     directory) is not raised here but kept: the party takes part in the stage's setup, by rank 0's config where it
     parses (so that its exchanges are the ones rank 0 and the others make; its own where it does not) and from its
     own directory, builds and sends nothing else, and puts its one line in its first setup report
-    (:func:`~mpi_fnas.stages.participate.participate`), so that rank 0 opens its log, marks it failed and ends the
+    (:func:`~mpi_fnas.stages.party_driver.participate`), so that rank 0 opens its log, marks it failed and ends the
     job at once. Raises :class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError` only when it has no config
     to trust at all (then nothing can be set up), and ConfigError (bad input, exit 2 on every rank) when rank 0's
     config does not fit the world of `size` ranks, as rank 0 finds too."""
@@ -201,12 +211,12 @@ def _tidy_bad_input(code: int, rank: int, made: list[Path]) -> int:
     return code
 
 
-def _run(cfg: Config, own: Config, channel, run_dir: Path, stage: str, args: argparse.Namespace,
-         stop: cli.StopRequest, refusal: AssignmentRefusedError | None = None) -> int:
+def _run(launch: Launch, channel: Channel, args: argparse.Namespace, stop: cli.StopRequest) -> int:
     from mpi_fnas.checkpoint import load_checkpoint
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 
+    cfg, own, run_dir, stage, refusal = launch
     # After the imports (torch), so that the parties import it while rank 0 plans.
     pending = [refusal] if refusal is not None else []  # a party's launch refusal, for its first setup report
     placement = check_placement(channel, cfg, own, stage, pending)

@@ -44,7 +44,7 @@ API_PAGES = (
                                                                 "mpi_fnas.scaling")),
     ("api/support.md", "Support modules", ("mpi_fnas.checkpoint", "mpi_fnas.evaluation", "mpi_fnas.progress",
                                            "mpi_fnas.optim", "mpi_fnas.wire", "mpi_fnas.cpu_kernels",
-                                           "mpi_fnas.keystream", "mpi_fnas.refusal")),
+                                           "mpi_fnas.keystream", "mpi_fnas.refusal", "mpi_fnas.moved")),
 )
 CONFIG_PAGE = "config.md"
 CONFIG_MARKER = "<!-- config keys: generated from mpi_fnas.config.key_docs() -->"

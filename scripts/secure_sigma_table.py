@@ -5,7 +5,7 @@ For K parties of N examples each, a total ε and a number of epochs, prints one 
 clip units that σ gives (local: √K·σ / (K·N·q), each party adds its full noise; secure: σ / (K·N·q), one noise for
 the sum). The three σ columns:
 
-* local: the Poisson-subsampled Gaussian's PLD (:class:`mpi_fnas.privacy.accountant.PrivacyLedger`), exact;
+* local: the Poisson-subsampled Gaussian's PLD (:class:`mpi_fnas.privacy.shard_ledger.PrivacyLedger`), exact;
 * secure: the bound the secure path uses (:class:`mpi_fnas.secagg.accounting.SecureAccounting`);
 * Gaussian RDP: dp_accounting's RDP of the Poisson-subsampled continuous Gaussian, which the secure bound would be
   if the rounding cost nothing: the secure column's excess over it is the rounding's √D in Δ₂ (and KLS21's τ),
@@ -25,8 +25,8 @@ from collections.abc import Callable
 import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from mpi_fnas.privacy.accountant import PrivacyLedger
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
+from mpi_fnas.privacy.shard_ledger import PrivacyLedger
 from mpi_fnas.secagg.accounting import RDP_ORDERS, SecureAccounting
 
 Epsilon = Callable[[float, float, int], float]  # (σ, q, steps) -> ε

@@ -15,7 +15,7 @@ from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_settings, relative_error, step_factor, w_rounds
-from mpi_fnas.federation.server import Server, augment_server, search_server
+from mpi_fnas.federation.global_model import Server, augment_server, search_server
 from mpi_fnas.space import Genotype, build_augment_network, build_supernet
 
 

@@ -20,9 +20,9 @@ from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.checkpoint import load_checkpoint
 from mpi_fnas.config import ConfigError, load_config
-from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import SetupError
-from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
+from mpi_fnas.federation.job_plan import SetupError
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
+from mpi_fnas.privacy.shard_ledger import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.runlog import read_run
 from mpi_fnas.space import DARTS_V2, Genotype, build_augment_network
 from mpi_fnas.space.handcrafted import TanhCifarNet

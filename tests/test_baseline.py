@@ -39,7 +39,7 @@ from mpi_fnas.baseline import (
 )
 from mpi_fnas.baseline.arms import earlier_arms
 from mpi_fnas.config import ConfigError, load_config
-from mpi_fnas.federation.party_store import party_dir
+from mpi_fnas.federation.party_disk import party_dir
 from mpi_fnas.report.command import main as report_main
 from mpi_fnas.space import search_space
 from mpi_fnas.space.dpnas import DpnasGenotype, num_edges

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy import ledger as ledger_module
-from mpi_fnas.privacy.ledger import FederationLedger
-from mpi_fnas.privacy.planning import party_deltas, plan_privacy
+from mpi_fnas.privacy import federation_ledger as ledger_module
+from mpi_fnas.privacy.calibration import party_deltas, plan_privacy
+from mpi_fnas.privacy.federation_ledger import FederationLedger
 
 DELTA = 1e-5
 # A safety net, not an assertion: a blocked worker gives up after this long, so a broken ready() fails the test

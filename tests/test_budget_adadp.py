@@ -15,11 +15,10 @@ import pytest
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.adadp import adadp_settings
-from mpi_fnas.federation.plan import augment_steps
-from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy import planning as planning_module
-from mpi_fnas.privacy.ledger import STAGES, FederationLedger
-from mpi_fnas.privacy.planning import plan_augment, plan_privacy
+from mpi_fnas.federation.job_plan import augment_steps
+from mpi_fnas.privacy import DPParams, calibration
+from mpi_fnas.privacy.calibration import plan_augment, plan_privacy
+from mpi_fnas.privacy.federation_ledger import STAGES, FederationLedger
 from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.sweep.composition import compose_pool
 from mpi_fnas.sweep.results import LogReleases
@@ -134,7 +133,7 @@ def test_target_epsilon_calibrates_the_search_sigma_for_every_w_release(monkeypa
         asked.append(num_steps)
         return 1.0
 
-    monkeypatch.setattr(planning_module, "calibrate_noise_multiplier", spy)
+    monkeypatch.setattr(calibration, "calibrate_noise_multiplier", spy)
     plan_privacy(SIZES, SIZES, params(target_epsilon=3.0), planned_steps=T)
     plan_privacy(SIZES, SIZES, params(target_epsilon=3.0), planned_steps=T // 2, w_releases_per_step=2)
     assert asked == [T, T]

@@ -16,12 +16,11 @@ import dp_accounting
 import numpy as np
 import pytest
 
-from mpi_fnas.privacy import DPParams
-from mpi_fnas.privacy import planning as planning_module
-from mpi_fnas.privacy.accountant import calibrate_noise_multiplier
-from mpi_fnas.privacy.ledger import FederationLedger
-from mpi_fnas.privacy.planning import plan_augment, plan_privacy
+from mpi_fnas.privacy import DPParams, calibration
+from mpi_fnas.privacy.calibration import plan_augment, plan_privacy
+from mpi_fnas.privacy.federation_ledger import FederationLedger
 from mpi_fnas.privacy.release import AugmentReleases, augment_sample_rates
+from mpi_fnas.privacy.shard_ledger import calibrate_noise_multiplier
 
 DELTA = 1e-5
 B, B_AUG = 20.0, 30.0
@@ -393,26 +392,26 @@ def test_the_worst_shard_is_always_among_the_non_dominated_ones():
     sigma_w, sigma_a = 2.0, 2.5
     shards = set()
     for _ in range(14):
-        spent = planning_module._canonical_runs(
+        spent = calibration._canonical_runs(
             [(sigma_w, float(rng.choice([0.02, 0.04])), int(rng.integers(10, 14))),
              (sigma_a, float(rng.choice([0.03, 0.05])), int(rng.integers(0, 3)))])
         search = (float(rng.choice([sigma_w, sigma_a])), float(rng.choice([0.0, 0.02, 0.05])))
         augment = (2.2, float(rng.choice([0.0, 0.01, 0.03])))
-        shards.add(planning_module._Shard(spent, search, augment, float(rng.choice([1e-5, 1e-6]))))
-    front = planning_module._front(shards)
+        shards.add(calibration._Shard(spent, search, augment, float(rng.choice([1e-5, 1e-6]))))
+    front = calibration._front(shards)
     assert 1 < len(front) < len(shards)  # the draw exercises the shortcut
     for search_steps, augment_steps in ((0, 0), (5, 0), (3, 8)):
-        everyone = planning_module._worst(sorted(shards, key=repr), search_steps, augment_steps, None, 1e-3)
-        assert planning_module._worst(front, search_steps, augment_steps, None, 1e-3) == everyone
+        everyone = calibration._worst(sorted(shards, key=repr), search_steps, augment_steps, None, 1e-3)
+        assert calibration._worst(front, search_steps, augment_steps, None, 1e-3) == everyone
 
     # Traps: a shard with a slightly lower search rate than ``base`` that is worse on one other count, so it
     # is not dominated. A domination rule that ignored that count would drop the worst shard.
-    base = planning_module._Shard(((2.0, 0.02, 10),), (2.0, 0.04), (2.2, 0.02), 1e-5)
+    base = calibration._Shard(((2.0, 0.02, 10),), (2.0, 0.04), (2.2, 0.02), 1e-5)
     traps = {"smaller δ": replace(base, search=(2.0, 0.039), delta=1e-9),
              "less noise": replace(base, search=(1.5, 0.039)),
              "more spent": replace(base, spent=((2.0, 0.02, 40),), search=(2.0, 0.039)),
              "higher augment rate": replace(base, search=(2.0, 0.039), augment=(2.2, 0.03))}
     for name, trap in traps.items():
-        assert planning_module._front({base, trap}) == sorted({base, trap}, key=repr), name
-        assert planning_module._worst([trap], 5, 5, None, 1e-3) > planning_module._worst([base], 5, 5, None, 1e-3), name
-    assert planning_module._front({base, replace(base, search=(2.0, 0.039))}) == [base]
+        assert calibration._front({base, trap}) == sorted({base, trap}, key=repr), name
+        assert calibration._worst([trap], 5, 5, None, 1e-3) > calibration._worst([base], 5, 5, None, 1e-3), name
+    assert calibration._front({base, replace(base, search=(2.0, 0.039))}) == [base]

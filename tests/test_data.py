@@ -643,7 +643,7 @@ def test_a_cifar_batch_that_would_run_code_is_refused_unloaded(tmp_path: Path) -
 def test_a_tuning_holdout_is_no_partys_and_replaces_the_test_split(monkeypatch):
     """data.holdout N: the train split's last N examples go to no party (after the aux slice) and are what rank 0
     evaluates on; the test split is never opened."""
-    import mpi_fnas.federation.plan as plan_module
+    import mpi_fnas.federation.job_plan as plan_module
     from mpi_fnas.config import ConfigError, load_config
     from mpi_fnas.federation.aux_set import open_aux_set
 

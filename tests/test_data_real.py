@@ -24,7 +24,7 @@ from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
 from mpi_fnas.data.imagefolder import PIXEL_MEAN, PIXEL_STD, ImageFolderError, ImageFolderSplit
 from mpi_fnas.data.mnist import Mnist5k, mnist_file, split_rows
 from mpi_fnas.federation.inventory import LocalInventory, gather_inventory
-from mpi_fnas.federation.plan import SetupError, plan_assignments
+from mpi_fnas.federation.job_plan import SetupError, plan_assignments
 
 # -- MNIST -----------------------------------------------------------------------------------------------------------
 

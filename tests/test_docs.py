@@ -300,7 +300,7 @@ def _package_index() -> tuple[dict[str, list[str]], dict[str, list[str]], set[st
         parts = path.relative_to(ROOT).with_suffix("").parts
         dotted = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
         modules.setdefault(dotted.split(".")[-1], []).append(dotted)
-        if len(dotted.split(".")) > 2:  # `federation.serve` as well as `serve`
+        if len(dotted.split(".")) > 2:  # `federation.job_plan` as well as `job_plan`
             modules.setdefault(".".join(dotted.split(".")[-2:]), []).append(dotted)
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -16,7 +16,7 @@ from pre_recipe import PRE_RECIPE
 from torch import nn
 
 from mpi_fnas.config import ConfigError, SpaceConfig, load_config
-from mpi_fnas.federation.plan import SetupError, parse_genotype
+from mpi_fnas.federation.job_plan import SetupError, parse_genotype
 from mpi_fnas.federation.schedules import path_noise
 from mpi_fnas.privacy.per_sample import hooks_supported, per_sample_gradients
 from mpi_fnas.space import SPACE_KINDS, Genotype, build_augment_network, build_supernet, search_space
@@ -532,9 +532,9 @@ def test_the_federation_runs_a_dpnas_iteration_and_logs_it(private: bool, tmp_pa
     then one augment release of the derived network."""
     from mpi_fnas.config import load_config
     from mpi_fnas.federation.flat import STATS
-    from mpi_fnas.federation.party import augment_party, search_party
+    from mpi_fnas.federation.global_model import search_server
+    from mpi_fnas.federation.local_model import augment_party, search_party
     from mpi_fnas.federation.randomness import PartyRandomness
-    from mpi_fnas.federation.server import search_server
     from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy import DPParams
     from mpi_fnas.privacy.release import AugmentReleases
@@ -608,7 +608,7 @@ def test_a_party_runs_each_search_iteration_on_its_public_path(method: str) -> N
 def test_rank_0_tests_a_gdas_supernet_on_its_argmax_path() -> None:
     """Under ``search.method: gdas`` rank 0's model (its epoch-end test, SecProbe's probes) runs the argmax path,
     the network the parties' single paths train; under darts the mixture of every op."""
-    from mpi_fnas.federation.server import search_server
+    from mpi_fnas.federation.global_model import search_server
 
     for method in ("darts", "gdas"):
         cfg = load_config(None, [f"search.method={method}"])
@@ -682,7 +682,7 @@ def test_the_dpnas_head_is_dpnasnets_and_the_defaults_are_unchanged() -> None:
 
 def test_a_search_party_scatters_its_own_shards_once(monkeypatch) -> None:
     """Under ``space.stem: scattering`` a search party holds its shards' scattering, computed once at build."""
-    from mpi_fnas.federation.plan import open_split, plan_run
+    from mpi_fnas.federation.job_plan import open_split, plan_run
     from mpi_fnas.space import scattering
     from mpi_fnas.stages.search import SearchSide, own_shard
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import TINY, warm_job
 
-from mpi_fnas.privacy.accountant import DEFAULT_VALUE_DISCRETIZATION
+from mpi_fnas.privacy.shard_ledger import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.report.collect import read_record
 from mpi_fnas.report.figures import run_figures
 from mpi_fnas.runlog import read_run

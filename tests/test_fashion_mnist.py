@@ -15,7 +15,7 @@ from conftest import TINY, warm_job
 from mpi_fnas.config import SetupError, load_config
 from mpi_fnas.data import DatasetDamagedError, DatasetNotFoundError, open_dataset
 from mpi_fnas.data import fashion_mnist as fm
-from mpi_fnas.federation.plan import open_split
+from mpi_fnas.federation.job_plan import open_split
 
 CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot"]
 

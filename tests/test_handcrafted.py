@@ -15,7 +15,7 @@ from torch import nn
 
 from mpi_fnas.config import AUGMENT_NETWORKS, HANDCRAFTED_NETWORKS, AugmentConfig, load_config
 from mpi_fnas.federation.flat import numel
-from mpi_fnas.federation.plan import SetupError, attach_resume, plan_augment_stage, plan_run, secure_dimension
+from mpi_fnas.federation.job_plan import SetupError, attach_resume, plan_augment_stage, plan_run, secure_dimension
 from mpi_fnas.privacy import check_model_for_dp, per_example_cross_entropy, per_sample_gradients
 from mpi_fnas.privacy.per_sample import hooks_supported
 from mpi_fnas.secagg.encoding import padded_length
@@ -195,7 +195,7 @@ def test_a_resume_must_continue_the_checkpointed_network():
 def test_a_party_computes_the_scattering_of_its_own_pool_once_and_only_that(monkeypatch):
     """The augmentation's party side: the fixed stem runs once, at build, on the party's own pool (its search
     shards, in order) and on nothing else; its shard then holds exactly those features."""
-    from mpi_fnas.federation.plan import open_split, party_view
+    from mpi_fnas.federation.job_plan import open_split, party_view
     from mpi_fnas.space import scattering
     from mpi_fnas.stages.augment import AugmentSide, own_pool
 

@@ -83,7 +83,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_the_package() -> None:
     graph = import_graph()
     assert len(graph) > 100
-    assert "mpi_fnas.stages.server_loop" in graph["mpi_fnas.stages.serve"]
+    assert "mpi_fnas.stages.rank0_loop" in graph["mpi_fnas.stages.rank0_driver"]
     assert "mpi_fnas.privacy.release" in graph["mpi_fnas.privacy.params"]
 
 
@@ -160,5 +160,5 @@ def test_no_module_both_calls_mpi_and_runs_autograd() -> None:
     """The party's computation never sees a communicator: a module that talks MPI does not differentiate."""
     flags = {name: mpi_and_autograd(path) for name, path in _module_names(PACKAGE).items()}
     found = sorted(name for name, (mpi, autograd) in flags.items() if mpi and autograd)
-    assert flags["mpi_fnas.federation.party"][1] and flags["mpi_fnas.privacy.per_sample"][1]
+    assert flags["mpi_fnas.federation.local_model"][1] and flags["mpi_fnas.privacy.per_sample"][1]
     assert not found, f"modules that import mpi4py and run autograd: {found}"

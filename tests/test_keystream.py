@@ -23,7 +23,7 @@ import torch
 from scipy import stats
 
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.party import Party, augment_party, search_party
+from mpi_fnas.federation.local_model import Party, augment_party, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.shard import Shard
 from mpi_fnas.keystream import KEY_BYTES, Keystream

@@ -108,7 +108,7 @@ def test_a_plain_party_failure_sends_its_reason():
 
 
 #: What a party rank imports (the job command, both stages' party sides) and what only rank 0 needs.
-PARTY_IMPORTS = ("mpi_fnas.run, mpi_fnas.stages.job, mpi_fnas.stages.participate, mpi_fnas.stages.search, "
+PARTY_IMPORTS = ("mpi_fnas.run, mpi_fnas.stages.job, mpi_fnas.stages.party_driver, mpi_fnas.stages.search, "
                  "mpi_fnas.stages.augment")
 RANK0_ONLY = ("dp_accounting", "scipy", "h5py")  # the accountant, the planner's optimiser, the log
 
@@ -124,8 +124,9 @@ def test_a_party_rank_does_not_import_rank_0s_accountant_planner_or_log():
     # ~1.2 s of start-up and ~80 MB a party rank. Rank 0's side (serve) loads the log; the accountant only once a DP
     # stage builds its ledgers (~1 s of a non-DP job's start-up, on the path every party waits on).
     assert imported_after(PARTY_IMPORTS) == {name: False for name in RANK0_ONLY}
-    assert imported_after("mpi_fnas.stages.serve") == {"dp_accounting": False, "scipy": False, "h5py": True}
-    assert imported_after("mpi_fnas.stages.serve, mpi_fnas.privacy.ledger") == {name: True for name in RANK0_ONLY}
+    assert imported_after("mpi_fnas.stages.rank0_driver") == {"dp_accounting": False, "scipy": False, "h5py": True}
+    assert (imported_after("mpi_fnas.stages.rank0_driver, mpi_fnas.privacy.federation_ledger")
+            == {name: True for name in RANK0_ONLY})
 
 
 def test_bad_input_is_refused_before_any_rank_imports_torch():
@@ -137,4 +138,4 @@ def test_bad_input_is_refused_before_any_rank_imports_torch():
     assert out.returncode == 2 and "nope: unknown key" in out.stderr
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "mpi4py.MPI" in imported  # the profile did cover the ranks' imports
-    assert "torch" not in imported and "mpi_fnas.federation.plan" not in imported
+    assert "torch" not in imported and "mpi_fnas.federation.job_plan" not in imported

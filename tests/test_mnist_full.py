@@ -39,8 +39,8 @@ from mpi_fnas.data.digits import MNIST_MEAN, MNIST_STD
 from mpi_fnas.data.mnist import Mnist5k, mnist_file
 from mpi_fnas.data.mnist_csv import KNOWN_STATISTICS, DigitsStatistics
 from mpi_fnas.data.mnist_full import CACHE_FOLDER, MnistFull, mnist_csv, split_digits
+from mpi_fnas.federation.job_plan import open_split
 from mpi_fnas.federation.memory import _default_train_size
-from mpi_fnas.federation.plan import open_split
 
 HELPERS = Path(__file__).parent / "helpers"
 PUBLISHED_COUNTS = {"train": [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949],

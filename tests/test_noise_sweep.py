@@ -241,7 +241,7 @@ def test_seeds_that_repartition_the_same_examples_get_the_worst_case_over_placem
 def test_data_identity_follows_what_the_data_depends_on():
     """Pools and placements as mpi_fnas.data makes them: the planned shards of two variances of one seed are the
     same indices; two seeds of synthetic-shapes render different images; CIFAR-10 seeds share one pool."""
-    from mpi_fnas.federation.plan import open_split, plan_assignments
+    from mpi_fnas.federation.job_plan import open_split, plan_assignments
 
     base, _ = load_sweep(CONFIG, TINY)
     cfg = {(v, s): point_config(base, SweepPoint(v, s)) for v in (1.0, 10.0) for s in (0, 1)}

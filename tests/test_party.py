@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from mpi_fnas.config import SearchConfig
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
-from mpi_fnas.federation.party import Party, search_party
+from mpi_fnas.federation.global_model import search_server
+from mpi_fnas.federation.local_model import Party, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import search_learning_rate
-from mpi_fnas.federation.server import search_server
 from mpi_fnas.federation.shard import BatchStream, Shard
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.space import SearchNetwork

@@ -17,10 +17,10 @@ from pre_recipe import PRE_RECIPE, tiny
 
 from mpi_fnas.config import load_config
 from mpi_fnas.data.corruption import party_corruption
-from mpi_fnas.federation import plan as plan_module
+from mpi_fnas.federation import job_plan
 from mpi_fnas.federation.handshake import plan_digest
-from mpi_fnas.federation.party_store import PartyStore, party_dir
-from mpi_fnas.federation.plan import AugmentAssignment, augment_demand, plan_run, secure_dimension
+from mpi_fnas.federation.job_plan import AugmentAssignment, augment_demand, plan_run, secure_dimension
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.federation.verify import (
     calibrated,
     check_augment,
@@ -176,17 +176,17 @@ STEP_LIES = {  # (steps_per_epoch, steps) from the planned ones -> the refusal n
 def test_a_step_count_the_config_does_not_give_is_refused_with_or_without_a_cap(lie):
     """The search's and the augmentation's: the steps per epoch from the config and every party's shard sizes, at
     most the configured epochs of them (fewer pass), with no ε target or cap."""
-    from mpi_fnas.privacy.ledger import FederationLedger
+    from mpi_fnas.privacy.federation_ledger import FederationLedger
 
     cfg = config("privacy.target_epsilon=null", "search.steps_per_epoch=null", "augment.steps_per_epoch=null")
     planned = plan_run(cfg, K)
     search = planned.assignments
-    augment = plan_module.plan_augment_stage(cfg, search, None, FederationLedger(planned.privacy),
+    augment = job_plan.plan_augment_stage(cfg, search, None, FederationLedger(planned.privacy),
                                              planned.privacy.params).assignments
-    data = plan_module.open_split(cfg, "train")
+    data = job_plan.open_split(cfg, "train")
     change, name = STEP_LIES[lie]
     for side, got, what in ((SearchSide(cfg), search[0], "search"), (AugmentSide(cfg), augment[0], "augmentation")):
-        own = plan_module.party_view(cfg, data, K, 1)
+        own = job_plan.party_view(cfg, data, K, 1)
         side.check(cfg, got, own, parties=K, rank=1)
         side.check(cfg, dataclasses.replace(got, steps=got.steps - 1), own, parties=K, rank=1)
         per, steps = change(got.steps_per_epoch, got.steps)
@@ -220,9 +220,9 @@ def test_a_party_continues_a_stage_only_from_its_own_state(tmp_path):
 def shards_check(cfg, received, rank=1, examples=400, parties=K):
     """What a party of `cfg` does with the (train, val) indices rank 0 sent it (central partition: the train split
     it holds, of `examples` labels)."""
-    labels = plan_module.open_split(cfg, "train").labels
+    labels = job_plan.open_split(cfg, "train").labels
     assert len(labels) == examples
-    train, val = plan_module.central_shards(cfg, labels, parties)
+    train, val = job_plan.central_shards(cfg, labels, parties)
     check_shards([("train indices", received[0]), ("validation indices", received[1])],
                  (train[rank - 1], val[rank - 1]), examples=examples, partition=cfg.data.partition, rank=rank,
                  what="search assignment")
@@ -263,15 +263,15 @@ def test_under_a_local_partition_the_party_splits_its_own_folder_itself():
     positions, and refuses indices that repeat one of its images (accepted before: ε printed 3, ≈ 331 real)."""
     cfg = config("data.partition=local", "data.dataset=imagefolder", "data.root=/nonexistent", "data.image_size=8")
     sizes = [90, 120, 75]
-    for rank, assignment in enumerate(plan_module.plan_assignments(cfg, K, sizes), start=1):
-        own = plan_module.local_shards(cfg, sizes[rank - 1], rank)
+    for rank, assignment in enumerate(job_plan.plan_assignments(cfg, K, sizes), start=1):
+        own = job_plan.local_shards(cfg, sizes[rank - 1], rank)
         received = [("train indices", assignment.train_indices), ("validation indices", assignment.val_indices)]
         check_shards(received, own, examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
         with pytest.raises(AssignmentRefusedError, match="train indices repeat examples"):
             check_shards([("train indices", np.zeros_like(assignment.train_indices)), received[1]], own,
                          examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
         with pytest.raises(AssignmentRefusedError, match="not the examples of the seeded local split"):  # another's
-            check_shards(received, plan_module.local_shards(cfg, sizes[rank - 1], rank % K + 1),
+            check_shards(received, job_plan.local_shards(cfg, sizes[rank - 1], rank % K + 1),
                          examples=sizes[rank - 1], partition="local", rank=rank, what="search assignment")
 
 
@@ -279,11 +279,11 @@ def test_an_augmentation_pool_is_the_partys_own_shards():
     for pool in ("train", "all"):
         cfg = config(f"augment.pool={pool}", "mode=fnas")
         search = plan_run(cfg, K).assignments
-        augment = plan_module.plan_augment_stage(cfg, search, None, None, None).assignments
+        augment = job_plan.plan_augment_stage(cfg, search, None, None, None).assignments
         side = AugmentSide(cfg)
-        data = plan_module.open_split(cfg, "train")
+        data = job_plan.open_split(cfg, "train")
         for rank, got in enumerate(augment, start=1):
-            own = plan_module.party_view(cfg, data, K, rank)
+            own = job_plan.party_view(cfg, data, K, rank)
             side.check(cfg, got, own, parties=K, rank=rank)
             for lie, reason in (({"train_count": len(got.pool_indices) + 1}, "train_count"),
                                 ({"pool_indices": np.concatenate([got.pool_indices, got.pool_indices[:1]])},
@@ -318,12 +318,12 @@ def test_a_party_keeps_its_state_in_the_run_directory_it_named(tmp_path, monkeyp
 def test_the_plan_digest_covers_the_config_the_shared_plan_the_last_step_and_the_pattern():
     cfg = config()
     first, second = plan_run(cfg, K).assignments[:2]
-    assert set(plan_module.shared_plan(first)) == {"steps_per_epoch", "steps", "dp", "checkpoint_step", "gathered"}
+    assert set(job_plan.shared_plan(first)) == {"steps_per_epoch", "steps", "dp", "checkpoint_step", "gathered"}
 
     text = cfg.to_yaml()
 
     def digest(stage="search", text=text, plan=first, last=first.steps, pattern="star"):
-        return plan_digest(stage, text, plan_module.shared_plan(plan), last, pattern)
+        return plan_digest(stage, text, job_plan.shared_plan(plan), last, pattern)
 
     assert digest() == digest(plan=second)
     others = [digest(stage="augment"), digest(text=config("search.warmup_epochs=1").to_yaml()),
@@ -336,7 +336,7 @@ def test_the_plan_digest_covers_the_config_the_shared_plan_the_last_step_and_the
 def test_colluders_calibrate_sigma_so_that_the_guarantee_holds_against_them():
     """``privacy.colluders`` t: σ grows with t so that ε against the server and any t parties is the target; against
     the server alone it is then below the target; t = K − 1 needs about √K times the noise (local noise's σ)."""
-    from mpi_fnas.privacy.ledger import FederationLedger
+    from mpi_fnas.privacy.federation_ledger import FederationLedger
 
     sigmas, server = {}, {}
     for t in (0, 1, K - 1):
@@ -625,14 +625,14 @@ def test_a_gathered_exchange_the_selection_does_not_give_is_refused_in_one_line(
                                                          if selection != "all" else []))
     got = plan_run(cfg, K).assignments[0]
     check_gathered(got.gathered, cfg, rank=1, what="search assignment")
-    SearchSide(cfg).check(cfg, got, plan_module.party_view(cfg, plan_module.open_split(cfg, "train"), K, 1),
+    SearchSide(cfg).check(cfg, got, job_plan.party_view(cfg, job_plan.open_split(cfg, "train"), K, 1),
                           parties=K, rank=1)
     for lie in (not got.gathered, 1, None):
         with pytest.raises(AssignmentRefusedError, match=rf"^rank 1 refuses the search assignment rank 0 sent: "
                                                          rf"gathered {lie!r} where this party's federation.selection "
                                                          rf"{selection} gives {got.gathered}; nothing"):
             SearchSide(cfg).check(cfg, dataclasses.replace(got, gathered=lie),
-                                  plan_module.party_view(cfg, plan_module.open_split(cfg, "train"), K, 1),
+                                  job_plan.party_view(cfg, job_plan.open_split(cfg, "train"), K, 1),
                                   parties=K, rank=1)
 
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from conftest import TINY, mpirun, side_by_side, warm_job
 
-from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.privacy import party_ledger
-from mpi_fnas.privacy.ledger import FederationLedger
+from mpi_fnas.privacy.calibration import plan_privacy
+from mpi_fnas.privacy.federation_ledger import FederationLedger
 from mpi_fnas.privacy.params import DPParams
-from mpi_fnas.privacy.planning import plan_privacy
 from mpi_fnas.runlog import read_run
 
 PARTIES = 2
@@ -168,7 +168,7 @@ def test_earlier_runs_compose_shard_by_shard_when_split_alike_and_on_both_shards
     """An earlier run on the same split adds its train releases to the train ledger and its validation releases to
     the validation one; a run at another seed (another split) may have held any example in either shard, so both of
     its shards' releases count on both. The party remembers the runs it composes, so a resume composes them too."""
-    from mpi_fnas.federation.party_store import EarlierRun, PartyStore
+    from mpi_fnas.federation.party_disk import EarlierRun, PartyStore
 
     record = [{"stage": "augment", "from": 0, "train": [1.0, 0.1, 1], "val": [2.0, 0.2, 1], "sizes": [50, 50],
                "secure": None}]

@@ -8,7 +8,7 @@ import stat
 import pytest
 import torch
 
-from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.keystream import Keystream
 

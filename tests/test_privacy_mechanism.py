@@ -182,7 +182,7 @@ def test_per_sample_gradients_match_single_example_backward(method, layout):
     inputs, targets = image_batch(6, 8, 5)
     names = [n for n, _ in model.named_parameters()]
     expected = loop_gradients(model, names, inputs, targets)  # the default layout
-    model.to(memory_format=layout)  # a party computes channels-last (mpi_fnas.federation.party)
+    model.to(memory_format=layout)  # a party computes channels-last (mpi_fnas.federation.local_model)
     inputs = inputs.contiguous(memory_format=layout)
     actual = per_sample_gradients(model, dict(model.named_parameters()), inputs, targets, method=method)
     assert actual.shape == (6, sum(p.numel() for p in model.parameters()))

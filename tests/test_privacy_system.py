@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY, mpirun, mpirun_background, rank_pid, wait_for, warm_job, warm_jobs
 
 from mpi_fnas.checkpoint import load_checkpoint
-from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.privacy import PrivacyLedger
 from mpi_fnas.runlog import read_run
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY, mpirun, warm_job
 
 from mpi_fnas.checkpoint import load_checkpoint
-from mpi_fnas.federation.party_store import party_dir
+from mpi_fnas.federation.party_disk import party_dir
 from mpi_fnas.runlog import read_run
 
 pytestmark = pytest.mark.slow  # real MPI jobs

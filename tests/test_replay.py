@@ -27,8 +27,8 @@ from pre_recipe import PRE_RECIPE
 import mpi_fnas.privacy.mechanism as mechanism
 from mpi_fnas.bench import make_party
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.party import search_party
-from mpi_fnas.federation.plan import secure_dimension
+from mpi_fnas.federation.job_plan import secure_dimension
+from mpi_fnas.federation.local_model import search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy import DPParams

@@ -18,7 +18,7 @@ from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.report.cost_model import rank0_link_values
 from mpi_fnas.runlog import SEARCH_METRICS, RunLog
 from mpi_fnas.scaling import GRID_KEYS, ScalingPoint, main, parse_dirname, plan_grid, point_steps, run_arguments
-from mpi_fnas.scaling.plan import check_overrides
+from mpi_fnas.scaling.grid import check_overrides
 from mpi_fnas.scaling.results import COLUMNS, read_study, study_rows
 from mpi_fnas.scaling.rss import read_rss, sample_ranks, write_rss
 from mpi_fnas.scaling.runner import run_point

@@ -153,7 +153,7 @@ def test_subsampling_edges_and_refusals() -> None:
     assert epsilon(np.zeros(len(RDP_ORDERS)), 1e-5) == 0.0
 
 
-# The sanity case of mpi_fnas.privacy.accountant, shortened: q = 0.01024, σ = 1, δ = 1e-5.
+# The sanity case of mpi_fnas.privacy.shard_ledger, shortened: q = 0.01024, σ = 1, δ = 1e-5.
 RATE, SIGMA, DELTA, STEPS, PARTIES, DIMENSION = 0.01024, 1.0, 1e-5, 500, 8, 32768
 
 
@@ -220,7 +220,7 @@ def test_collusion_leaves_the_noise_of_the_others() -> None:
 def test_the_guarantee_with_colluders_is_the_accountant_default() -> None:
     """``privacy.colluders`` t: the accountant's ε (what the log, the caps and the party's own ledger use) is the
     one with t colluders; the server alone (0) and K − 1 stay available by name."""
-    from mpi_fnas.privacy.accountant import PrivacyLedger
+    from mpi_fnas.privacy.shard_ledger import PrivacyLedger
     from mpi_fnas.secagg.accounting import SecureAccounting
 
     runs = [(1.2, 0.05, 40)]

@@ -26,9 +26,9 @@ from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.flat import STATS
-from mpi_fnas.federation.plan import SetupError, open_split, plan_assignments
+from mpi_fnas.federation.global_model import Server, augment_server, search_server
+from mpi_fnas.federation.job_plan import SetupError, open_split, plan_assignments
 from mpi_fnas.federation.selection import Selector
-from mpi_fnas.federation.server import Server, augment_server, search_server
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.exponential import exponential_mechanism_select, selection_epsilon
 from mpi_fnas.space import DARTS_V2, build_supernet, search_space

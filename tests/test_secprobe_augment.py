@@ -3,7 +3,7 @@ pure-noise parties, the selection ε over both stages, the log and the report fi
 is tests/test_secprobe.py's.
 
 The run is driven here without MPI: :class:`PartiesChannel` plays rank 0's side of the exchanges by asking real
-augmentation parties (:func:`~mpi_fnas.federation.party.augment_party`) for their releases and loading the
+augmentation parties (:func:`~mpi_fnas.federation.local_model.augment_party`) for their releases and loading the
 broadcast W into them, so the server half (:func:`~mpi_fnas.federation.algorithm.server_iteration`), the probe on
 the aux set and the exponential mechanism all run as in a job. The parties compute exact gradients (mode fnas): DP
 noise is not what the test is about, and it keeps the run at seconds. One real mpirun job of both stages is
@@ -23,11 +23,11 @@ from pre_recipe import PRE_RECIPE
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.algorithm import ServerBuffers, server_iteration
 from mpi_fnas.federation.aux_set import open_aux_set
-from mpi_fnas.federation.party import Party, augment_party
-from mpi_fnas.federation.plan import open_split, parse_genotype, plan_assignments, plan_augment_stage
+from mpi_fnas.federation.global_model import Server, augment_server
+from mpi_fnas.federation.job_plan import open_split, parse_genotype, plan_assignments, plan_augment_stage
+from mpi_fnas.federation.local_model import Party, augment_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.selection import Selector
-from mpi_fnas.federation.server import Server, augment_server
 from mpi_fnas.federation.shard import Shard
 from mpi_fnas.keystream import Keystream
 from mpi_fnas.privacy.release import Release

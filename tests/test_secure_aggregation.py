@@ -15,7 +15,7 @@ from conftest import TINY, mpirun, side_by_side, warm_job
 
 from mpi_fnas.config import ConfigError, load_config
 from mpi_fnas.federation.flat import numel
-from mpi_fnas.federation.party_store import PartyStore, party_dir
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.identities import main as make_identities_command
 from mpi_fnas.privacy.release import LOCAL_VARIANCE
 from mpi_fnas.runlog import read_run
@@ -101,8 +101,8 @@ def test_target_epsilon_calibrates_sigma_on_the_secure_accountant():
     """The planner calibrates σ_W = σ_A with the secure accountant (not the local PLD): the worst party ends at
     most at the target, and a σ one tolerance smaller would exceed it; max_epsilon cuts the steps on it too."""
     from mpi_fnas.privacy import DPParams
-    from mpi_fnas.privacy.accountant import PrivacyLedger
-    from mpi_fnas.privacy.planning import plan_privacy
+    from mpi_fnas.privacy.calibration import plan_privacy
+    from mpi_fnas.privacy.shard_ledger import PrivacyLedger
 
     params = DPParams(1.0, 1.0, 1.0, 0.1, 8.0, target_epsilon=3.0, aggregation="secure", parties=2,
                       secure_dimension=2**15)

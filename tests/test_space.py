@@ -494,7 +494,7 @@ def test_max_genotype_length_bounds_the_worst_case(primitives: tuple[str, ...]) 
 ])
 def test_the_largest_genotype_bounds_every_cells_network(kind: str, ops: str) -> None:
     """Secure aggregation accounts a run at the network of the space's largest genotype
-    (``mpi_fnas.federation.plan.secure_dimension``): no cell's network of the space's candidate ops (``space.ops``)
+    (``mpi_fnas.federation.job_plan.secure_dimension``): no cell's network of the space's candidate ops (``space.ops``)
     may have more weights. Checked against every cell of one op per cell type (DARTS: each pair of a normal and a
     reduction op) and 30 random cells; a 'largest' of sep_conv_3x3 (DARTS), of the first candidate, or of one pool
     edge (DPNAS) fails it."""
@@ -538,7 +538,7 @@ def test_space_ops_are_the_alphas_columns_and_the_only_ops_a_cell_may_have(kind:
     config's), the derivation and the random cells pick only them, and a genotype with another op is refused
     where a party or the planner reads one (its network could outgrow the accounted dimension)."""
     from mpi_fnas.config import SetupError, load_config
-    from mpi_fnas.federation.plan import parse_genotype
+    from mpi_fnas.federation.job_plan import parse_genotype
     from mpi_fnas.space import search_space
 
     cfg = load_config(None, [*PRE_RECIPE, f"space.kind={kind}", "space.nodes=3", "space.stage_channels=[4]",

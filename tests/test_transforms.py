@@ -104,7 +104,7 @@ def test_the_ledgers_compositions_leave_no_transform_to_scipy(numpy_calls):
 
 _GROWTH = """
 import json, re
-from mpi_fnas.privacy.accountant import PrivacyLedger
+from mpi_fnas.privacy.shard_ledger import PrivacyLedger
 
 def anonymous_mb():
     return int(re.search(r"Anonymous:\\s+(\\d+)", open("/proc/self/smaps_rollup").read()).group(1)) / 1024

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from mpi_fnas.federation.plan import Assignment
+from mpi_fnas.federation.job_plan import Assignment
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.wire import WireError, decode, encode, wire_type
 

@@ -113,7 +113,7 @@ def _decide_dir(base: Config, args: argparse.Namespace) -> Path:
 
 
 def _run_baseline(base: Config, channel, out: Path, args: argparse.Namespace, stop: cli.StopRequest) -> int:
-    from mpi_fnas.federation.party_store import EarlierRun, party_dir
+    from mpi_fnas.federation.party_disk import EarlierRun, party_dir
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_job
 

@@ -10,9 +10,9 @@ iteration's four collectives) with every rank. The private step runs on the same
 also measured: peak memory, secure against local aggregation, the private ``cnn-tanh`` step against Opacus's.
 Targets are checked here, never in timed tests. How each number is made fair, every field: docs/benchmarks.md.
 
-Modules: :mod:`~mpi_fnas.bench.party_step` (the search's step), :mod:`~mpi_fnas.bench.augment_step`,
-:mod:`~mpi_fnas.bench.opacus_comparison`, :mod:`~mpi_fnas.bench.aggregation`, :mod:`~mpi_fnas.bench.memory`,
-:mod:`~mpi_fnas.bench.exchange` (the only one on MPI), :mod:`~mpi_fnas.bench.command` (the command line).
+Modules: ``party_step`` (the search's step), ``augment_step``, ``opacus_comparison``, ``aggregation``, ``memory``,
+``devices`` (the step on several devices), ``scattering`` (a ScatterNet's fixed stem), ``exchange`` (the only one
+on MPI) and ``command`` (the command line).
 """
 
 from mpi_fnas.bench.aggregation import compare_aggregation, equal_epsilon_sigmas

@@ -17,10 +17,10 @@ def equal_epsilon_sigmas(cfg: Config, parties: int, dimension: int) -> tuple[flo
     """(σ local, σ secure, ε): the configured σ_W = σ_A of a search of the configured length over `parties` parties
     (the default run's shards, augmentation left out), its worst party's ε against the server under local noise
     (tight PLD), and the σ the secure accountant (at the accounted `dimension`) needs for that same ε."""
-    from mpi_fnas.federation.plan import plan_assignments
+    from mpi_fnas.federation.job_plan import plan_assignments
     from mpi_fnas.privacy import DPParams
-    from mpi_fnas.privacy.accountant import PrivacyLedger
-    from mpi_fnas.privacy.planning import plan_privacy
+    from mpi_fnas.privacy.calibration import plan_privacy
+    from mpi_fnas.privacy.shard_ledger import PrivacyLedger
 
     assignments = plan_assignments(cfg, parties)
     train = [len(a.train_indices) for a in assignments]
@@ -50,7 +50,7 @@ def compare_aggregation(cfg: Config, repeats: int, parties: int = 8) -> dict[str
 
     import torch
 
-    from mpi_fnas.federation.plan import secure_dimension
+    from mpi_fnas.federation.job_plan import secure_dimension
     from mpi_fnas.keystream import Keystream
     from mpi_fnas.privacy import clipped_sum, per_sample_gradients
     from mpi_fnas.privacy.mechanism import secure_party_release

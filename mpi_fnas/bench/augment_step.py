@@ -13,7 +13,7 @@ from mpi_fnas.bench.party_step import input_shape, timed
 from mpi_fnas.config import Config
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
-    from mpi_fnas.federation.party import Party
+    from mpi_fnas.federation.local_model import Party
 
 
 def make_augment_party(cfg: Config, private: bool) -> Party:
@@ -23,7 +23,7 @@ def make_augment_party(cfg: Config, private: bool) -> Party:
     derived from ``cfg.seed``)."""
     import torch
 
-    from mpi_fnas.federation.party import augment_party
+    from mpi_fnas.federation.local_model import augment_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy.release import AugmentReleases

@@ -69,10 +69,10 @@ def measure_server_memory(cfg: Config, parties: int = 8) -> dict[str, Any]:
     """Run in a fresh process: rank 0's peak resident memory through what it holds in a search: its modules (planner,
     ledgers, log), the plan of `parties` parties (under dpfnas the privacy plan of the whole job), the test split
     rendered, the supernet, and one evaluation of it on the test split."""
-    from mpi_fnas.federation.plan import open_split, plan_run
-    from mpi_fnas.federation.server import search_server
+    from mpi_fnas.federation.global_model import search_server
+    from mpi_fnas.federation.job_plan import open_split, plan_run
     from mpi_fnas.space import search_space
-    from mpi_fnas.stages import serve  # noqa: F401  (rank 0's modules: what a server imports)
+    from mpi_fnas.stages import rank0_driver  # noqa: F401  (rank 0's modules: what a server imports)
 
     plan_run(cfg, parties)
     test = open_split(cfg, "test")

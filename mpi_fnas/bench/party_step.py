@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from mpi_fnas.config import DIGIT_DATASETS, Config
 
 if TYPE_CHECKING:  # torch-importing modules stay out of the CLI's start-up (argument and config errors)
-    from mpi_fnas.federation.party import Party
+    from mpi_fnas.federation.local_model import Party
 
 
 def input_shape(cfg: Config) -> tuple[int, int, int, int]:
@@ -33,7 +33,7 @@ def make_party(cfg: Config, private: bool, examples: int | None = None, device: 
     """
     import torch
 
-    from mpi_fnas.federation.party import search_party
+    from mpi_fnas.federation.local_model import search_party
     from mpi_fnas.federation.randomness import PartyRandomness
     from mpi_fnas.federation.shard import Shard
     from mpi_fnas.privacy import DPParams

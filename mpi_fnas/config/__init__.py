@@ -5,8 +5,8 @@ mpi_fnas.run`` works from an installed wheel without any file. Every leaf field 
 prints it beside the type and default, and ``configs/default.yaml`` is generated from the schema with the meanings
 as comments (:mod:`~mpi_fnas.config.describe`; a test keeps the file identical to it). Every problem with user
 input raises :class:`ConfigError`, one line naming the key (:mod:`~mpi_fnas.config.parsing`,
-:mod:`~mpi_fnas.config.checks`); the CLI turns it into exit code 2. Nothing here touches MPI, torch or the file
-system beyond reading the YAML file.
+:mod:`~mpi_fnas.config.checks`; the errors: :mod:`~mpi_fnas.config.errors`); the CLI turns it into exit code 2.
+Nothing here touches MPI, torch or the file system beyond reading the YAML file.
 """
 
 from mpi_fnas.config.checks import check_world, validate

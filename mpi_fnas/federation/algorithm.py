@@ -26,8 +26,8 @@ from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.selection import Selector
 
 if TYPE_CHECKING:  # each side's state: autograd, which this MPI module never calls itself
-    from mpi_fnas.federation.party import Party
-    from mpi_fnas.federation.server import Server
+    from mpi_fnas.federation.global_model import Server
+    from mpi_fnas.federation.local_model import Party
     from mpi_fnas.secagg.series import SecureSeries
 
 

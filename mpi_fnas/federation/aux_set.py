@@ -29,7 +29,7 @@ def held_out_of_train(cfg: Config) -> bool:
 def party_positions(cfg: Config, train_size: int) -> int:
     """How many train-split positions (0..n-1) the parties share: all but the held-out slices at its end, the aux
     slice (``federation.aux_size``) and after it the tuning holdout (``data.holdout``: rank 0's evaluation split
-    in place of the test split, :func:`mpi_fnas.federation.plan.open_split`).
+    in place of the test split, :func:`mpi_fnas.federation.job_plan.open_split`).
 
     Raises ValueError when the slices would leave the parties fewer than 2 examples.
     """

@@ -188,7 +188,7 @@ def exchange_shard_sizes(channel: Channel, own: tuple[int, int] | None, val_frac
 
 def plan_digest(stage: str, config_text: str, plan: dict[str, Any], last: int, pattern: str) -> bytes:
     """SHA-256 of what every party of a stage must have been sent alike: the config text it runs, the stage's plan
-    (:func:`~mpi_fnas.federation.plan.shared_plan`), the last step announced and the exchange pattern rank 0 chose
+    (:func:`~mpi_fnas.federation.job_plan.shared_plan`), the last step announced and the exchange pattern rank 0 chose
     (:func:`mpi_fnas.cli.agree_on_exchange`). Public values, so a plain hash."""
     digest = hashlib.sha256(b"mpi_fnas stage plan\0" + stage.encode() + b"\0")
     for part in (config_text.encode(), encode(plan), str(int(last)).encode(), pattern.encode()):

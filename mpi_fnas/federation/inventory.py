@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from mpi_fnas.config import Config
 from mpi_fnas.data import DatasetNotFoundError, open_dataset
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.plan import SetupError, open_split
+from mpi_fnas.federation.job_plan import SetupError, open_split
 from mpi_fnas.wire import wire_type
 
 

@@ -155,7 +155,7 @@ def node_facts(node_memory_mb: float | None) -> NodeFacts:
 def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPlan:
     """The plan for a world whose rank r reported ``facts[r]``; `stage` is the job's first ("search" or
     "augment"). Builds the networks once on a 2-example input."""
-    from mpi_fnas.federation.plan import open_split, parse_genotype
+    from mpi_fnas.federation.job_plan import open_split, parse_genotype
     from mpi_fnas.space import augment_network, largest_augment_network, search_space
     from mpi_fnas.space.scattering import fixed_stem_of
 

@@ -5,12 +5,12 @@ another σ_k² or D, reproducible randomness, a state the party never saved). So
 refuses an assignment that differs (:class:`~mpi_fnas.privacy.trusted_config.AssignmentRefusedError`, one line):
 K from its own communicator; the clips, B, δ, the aggregation, the randomness source and the ε settings from its
 checked config (:mod:`mpi_fnas.privacy.trusted_config`); σ_k² and the modulus from the code; D as the planner
-computes it (:func:`~mpi_fnas.federation.plan.secure_dimension`); the network (:func:`check_network`); σ from the
+computes it (:func:`~mpi_fnas.federation.job_plan.secure_dimension`); the network (:func:`check_network`); σ from the
 config, or under ``privacy.target_epsilon`` one σ for W and A, positive and finite, taken on trust; its step count
 (:func:`check_steps`); its shards (:func:`check_shards`: distinct, train and validation disjoint, and the very
 split it computes itself). Each check, and why: docs/privacy.md §2.10.
 
-No MPI and no autograd: the party's side (:mod:`mpi_fnas.stages.participate`) calls these and sends nothing
+No MPI and no autograd: the party's side (:mod:`mpi_fnas.stages.party_driver`) calls these and sends nothing
 until they pass.
 """
 
@@ -87,7 +87,7 @@ def expected_secure_sum(cfg: Config, parties: int, dimension: int | None) -> Sec
 def check_augment(cfg: Config, releases: Any, params: Any, *, parties: int, dimension: int | None,
                   rank: int) -> None:
     """Raise :class:`AssignmentRefusedError` unless the augmentation's `releases` and `params` (an
-    :class:`~mpi_fnas.federation.plan.AugmentAssignment`'s) are what this party's config makes them: private
+    :class:`~mpi_fnas.federation.job_plan.AugmentAssignment`'s) are what this party's config makes them: private
     when ``augment.private`` under dpfnas, with its clip, B, releases per step (2 under ADADP), σ (unless
     calibrated: positive, finite) and secure aggregation's constants; `params` as the search's."""
     what = "augmentation assignment"

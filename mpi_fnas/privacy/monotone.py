@@ -1,4 +1,4 @@
-"""Monotone searches over integer indices: the planner's budgets and σ (:mod:`mpi_fnas.privacy.planning`)."""
+"""Monotone searches over integer indices: the planner's budgets and σ (:mod:`mpi_fnas.privacy.calibration`)."""
 
 from __future__ import annotations
 

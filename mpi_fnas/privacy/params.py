@@ -36,14 +36,14 @@ class DPParams:
     noise_multiplier_w / noise_multiplier_a: σ_W, σ_A; the noise std per coordinate is σ·R before the ÷ B.
     clip_w / clip_a: R^G, R^H, the per-example L2 bounds.
     expected_batch_size: B; the Poisson rate of a shard of N examples is q = B / N, and every release is ÷ B.
-    delta: the configured δ per party, or None for the default (see ``mpi_fnas.privacy.planning``).
+    delta: the configured δ per party, or None for the default (see ``mpi_fnas.privacy.calibration``).
     target_epsilon / max_epsilon: calibrate σ to / stop before this ε (None: off).
     search_share: with target_epsilon, the share of it the search alone may spend (None: one σ for every stage).
     reproducible_noise: key the party's randomness from (seed, rank): for tests only, it voids the guarantee.
     aggregation: ``local`` (each party adds noise σ·R) or ``secure`` (1/K of its variance; only the sum is seen).
     parties: K, the parties whose releases are summed (the plan's; secure aggregation splits the noise K ways).
     secure_dimension: D, the padded length secure aggregation accounts every release at (the planner's
-        :func:`~mpi_fnas.federation.plan.secure_dimension`: the run's largest release); None under ``local``.
+        :func:`~mpi_fnas.federation.job_plan.secure_dimension`: the run's largest release); None under ``local``.
     colluders: t, the parties the guarantee lets collude with the server under ``secure`` (0: the server alone).
     """
 

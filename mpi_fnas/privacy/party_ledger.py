@@ -1,10 +1,10 @@
 """A party's own privacy ledger and the cap no assignment can change (docs/privacy.md §2.12).
 
-Rank 0's :class:`~mpi_fnas.privacy.ledger.FederationLedger` counts every party's ε, but rank 0 may be the
+Rank 0's :class:`~mpi_fnas.privacy.federation_ledger.FederationLedger` counts every party's ε, but rank 0 may be the
 adversary. So each DP party keeps its own account, from what only it knows: what one iteration of each launch of
 a stage released on its two shards (σ, q = B / N of the shard it really samples, the count), written before that
-launch's first send (:meth:`~mpi_fnas.federation.party_store.PartyStore.begin_releases`), and its journals of the
-iterations sent. Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.accountant.PrivacyLedger`, or the
+launch's first send (:meth:`~mpi_fnas.federation.party_disk.PartyStore.begin_releases`), and its journals of the
+iterations sent. Composed with rank 0's accountant (:class:`~mpi_fnas.privacy.shard_ledger.PrivacyLedger`, or the
 secure RDP bound, at the same δ), that is the party's ε, equal to the log's in an honest run.
 
 Before a stage's first iteration rank 0 announces how many iterations it will ask for; the party refuses, in one
@@ -21,8 +21,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_deltas, party_epsilon
 from mpi_fnas.privacy.release import IterationReleases
+from mpi_fnas.privacy.shard_ledger import PrivacyLedger, Runs, party_deltas, party_epsilon
 from mpi_fnas.privacy.trusted_config import BudgetRefusedError
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 def own_delta(delta: float | None, record: Sequence[Mapping[str, Any]], sizes: Sequence[int]) -> float:
-    """The party's δ as rank 0's planner gives it (:func:`~mpi_fnas.privacy.accountant.party_deltas`:
+    """The party's δ as rank 0's planner gives it (:func:`~mpi_fnas.privacy.shard_ledger.party_deltas`:
     ``privacy.delta``, or the default of its larger search shard), from its first search launch's shard sizes in
     its `record`, else from `sizes` (an augmentation without a search)."""
     searched = [segment["sizes"] for segment in record if segment["stage"] == "search"]
@@ -61,7 +61,7 @@ def spent_runs(segments: Sequence[Mapping[str, Any]], sent: Mapping[str, int]) -
 def epsilon_after(spent: tuple[Runs, Runs], per_iteration: IterationReleases, iterations: int, delta: float,
                   secure: SecureAccounting | None) -> float:
     """The party's ε at `delta` once `iterations` more iterations of `per_iteration` follow `spent`: the larger
-    of its two shards' composed ε (as :meth:`~mpi_fnas.privacy.ledger.FederationLedger.epsilons`)."""
+    of its two shards' composed ε (as :meth:`~mpi_fnas.privacy.federation_ledger.FederationLedger.epsilons`)."""
     more = per_iteration.runs(iterations)
     return epsilon_of((spent[0] + more[0], spent[1] + more[1]), delta, secure)
 

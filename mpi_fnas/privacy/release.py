@@ -9,8 +9,9 @@ iteration makes (``per_step``: 2 weight releases under ADADP). Everything else r
   no MPI here: the caller sends the vector it returns);
 * the run's plan gives each stage its releases (the search: ``W`` and ``A``, from
   :meth:`mpi_fnas.privacy.params.DPParams.search_releases` in :class:`~mpi_fnas.privacy.params.PrivacyPlan`; the
-  augmentation: its weights' release, :attr:`AugmentReleases.release`), the ledger (:mod:`mpi_fnas.privacy.ledger`)
-  charges them and the planner (:mod:`mpi_fnas.privacy.planning`) sizes them.
+  augmentation: its weights' release, :attr:`AugmentReleases.release`), the ledger
+  (:mod:`mpi_fnas.privacy.federation_ledger`) charges them and the planner (:mod:`mpi_fnas.privacy.calibration`)
+  sizes them.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class SecureSum:
     N_Z(0, `local_variance`) per coordinate to their integer-encoded release, so the sum carries the central
     variance K·σ_k², which is (σ·c/γ)² for the release's σ: the scale γ is chosen so. `dimension` is D, the padded
     length every release of the run is accounted at (its largest: the planner's
-    :func:`~mpi_fnas.federation.plan.secure_dimension`); a longer release is refused."""
+    :func:`~mpi_fnas.federation.job_plan.secure_dimension`); a longer release is refused."""
 
     parties: int  # K
     dimension: int  # D: the accounted (padded) length, ≥ every release's

@@ -43,7 +43,7 @@ PRIVACY_KEYS: tuple[str, ...] = (
 
 #: The pinned config's file name in the party's own directory.
 PIN_NAME = "config.yaml"
-_PIN_MODE = 0o600  # as every file of the party's directory (mpi_fnas.federation.party_store)
+_PIN_MODE = 0o600  # as every file of the party's directory (mpi_fnas.federation.party_disk)
 _DIR_MODE = 0o700
 
 
@@ -152,7 +152,7 @@ def own_run_directory(named: str | None, received: str, *, rank: int) -> Path:
 
 
 def pin_directory(run_dir: Path, rank: int) -> Path:
-    """Party `rank`'s own directory under `run_dir`: :func:`mpi_fnas.federation.party_store.party_dir`, spelled out
+    """Party `rank`'s own directory under `run_dir`: :func:`mpi_fnas.federation.party_disk.party_dir`, spelled out
     here because that module loads torch and the config is checked before any rank does."""
     return Path(run_dir) / "parties" / f"rank{rank}"
 

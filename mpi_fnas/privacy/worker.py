@@ -1,4 +1,5 @@
-"""The ledger's one background thread: ε computed while the parties compute (:mod:`mpi_fnas.privacy.ledger`)."""
+"""The ledger's one background thread: ε computed while the parties compute
+(:mod:`mpi_fnas.privacy.federation_ledger`)."""
 
 from __future__ import annotations
 

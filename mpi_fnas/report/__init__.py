@@ -9,9 +9,10 @@ status and left out of the means. DIR receives report.md, report.html, table1.cs
 figures/*.png, written only once the whole report is built; bad input is one line on stderr and exit 2. Every
 column and figure, and the HDF5 path each number comes from: docs/report.md.
 
-Modules: ``collect`` (one RunRecord per run), ``tables`` (Tables 1 and 2, CSV), ``trained`` (runs of a given cell
-or a hand-designed network), ``figures``, ``cells`` (a genotype drawn as graphs), ``page`` (Markdown and HTML),
-``document`` (what the report says), ``output`` (writing DIR), ``follow`` (the live view), ``command`` (``main``).
+Modules: ``collect`` (one RunRecord per run), ``tables`` (Tables 1 and 2, CSV), ``trained`` (a given cell or a
+hand-designed network), ``baseline`` (its section), ``cost_model``, ``figures`` (a run's), ``table_figures`` (across
+runs), ``cells`` (a genotype drawn), ``page`` (Markdown, HTML), ``document`` (what the report says), ``output``
+(writing DIR), ``follow`` (the live view), ``command`` (``main``); ``results``: the README's results tables.
 """
 
 from mpi_fnas.report.command import build_parser, main

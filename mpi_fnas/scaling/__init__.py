@@ -5,7 +5,7 @@
     python -m mpi_fnas.scaling collect DIR [--link RATE] [--cores N] [--bench JSON ...]
     bash slurm/scaling.sh                     # the same grid as Slurm array jobs; then collect its root
 
-Modules, planning apart from running: ``plan`` (the grid: points, their steps, run arguments and directory names),
+Modules, planning apart from running: ``grid`` (the grid: points, their steps, run arguments and directory names),
 ``runner`` (one ``mpirun`` per point as a subprocess; no MPI or torch in this process), ``rss`` (each local rank's
 peak memory from /proc), ``sizes`` (the released sizes from a config, for the cost model), ``results`` (a point's
 row from its log and the cost model, efficiencies), ``table`` (scaling.csv, the markdown table), ``figures`` and
@@ -13,7 +13,7 @@ row from its log and the cost model, efficiencies), ``table`` (scaling.csv, the 
 """
 
 from mpi_fnas.scaling.command import build_parser, main
-from mpi_fnas.scaling.plan import (
+from mpi_fnas.scaling.grid import (
     EXCHANGES,
     GRID_KEYS,
     SCALINGS,

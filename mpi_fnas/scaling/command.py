@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 from mpi_fnas import __version__, cli
 from mpi_fnas.config import ConfigError
-from mpi_fnas.scaling.plan import DEFAULT_PARTIES, EXCHANGES, SCALINGS
+from mpi_fnas.scaling.grid import DEFAULT_PARTIES, EXCHANGES, SCALINGS
 
 if TYPE_CHECKING:
     from mpi_fnas.report.cost_model import Link
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from mpi_fnas.scaling.plan import check_overrides, default_steps, plan_grid, point_config
+    from mpi_fnas.scaling.grid import check_overrides, default_steps, plan_grid, point_config
     from mpi_fnas.scaling.runner import find_mpirun, run_grid
 
     root = Path(args.out)

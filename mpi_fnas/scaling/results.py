@@ -25,7 +25,7 @@ from pathlib import Path
 from mpi_fnas.config import ConfigError
 from mpi_fnas.report.collect import RunRecord, collect_runs, parse_config, secure_aggregation
 from mpi_fnas.report.cost_model import BYTES_PER_VALUE, Link, StepCosts, predict_step, rank0_link_values
-from mpi_fnas.scaling.plan import STRONG, parse_dirname
+from mpi_fnas.scaling.grid import STRONG, parse_dirname
 from mpi_fnas.scaling.rss import read_rss
 from mpi_fnas.scaling.sizes import release_sizes
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from mpi_fnas.config import ConfigError
 from mpi_fnas.runlog.schema import LOG_NAME
-from mpi_fnas.scaling.plan import ScalingPoint, point_config, run_arguments
+from mpi_fnas.scaling.grid import ScalingPoint, point_config, run_arguments
 from mpi_fnas.scaling.rss import RssSampler, public_peaks, write_rss
 
 LAUNCH_OUTPUT = "launch.log"

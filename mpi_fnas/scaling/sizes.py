@@ -14,7 +14,7 @@ def release_sizes(config_text: str) -> tuple[int, int]:
     """(n_W, n_A): the supernet's weight and architecture values for the resolved config `config_text` (a log's
     ``config``). ConfigError (one line) when the config or its data cannot be opened here."""
     from mpi_fnas.federation.flat import numel
-    from mpi_fnas.federation.plan import open_split
+    from mpi_fnas.federation.job_plan import open_split
     from mpi_fnas.space import search_space
 
     cfg = config_from_text(config_text, stored=True)

@@ -1,7 +1,13 @@
 """Search spaces: DARTS (candidate ops, search cells, the supernet, discrete genotypes, the augment network) and
 DPNAS (``mpi_fnas.space.dpnas``), chosen by ``space.kind`` through :func:`search_space`; the hand-designed networks
 (``mpi_fnas.space.handcrafted``) and the network the augmentation trains (:func:`augment_network`, by
-``augment.network``)."""
+``augment.network``).
+
+Modules: ``kinds`` (one object per ``space.kind``); DARTS's ``ops``, ``cells`` (the mixed op, the search cell),
+``network`` (the supernet), ``genotype`` and ``derived`` (the augment network), with ``scaffold`` (what both
+networks share) and ``depthwise`` (a dilated depthwise convolution); ``handcrafted``, ``scattering`` (the fixed
+scattering stem) and ``augmented`` (the network by ``augment.network``); the DPNAS package, ``dpnas``.
+"""
 
 from mpi_fnas.space.augmented import augment_network, largest_augment_network, trains_cell
 from mpi_fnas.space.derived import (

@@ -90,7 +90,7 @@ class DartsSpace:
         """The genotype whose evaluation network (``augment.channels``, ``augment.layers``) has the most parameters:
         every edge from inputs 0 and 1, each cell's edges the candidate op with the most parameters summed over
         that cell's widths and strides (``sep_conv_5x5`` whenever it is a candidate). Secure aggregation accounts
-        every release of a run at this network's size (``mpi_fnas.federation.plan.secure_dimension``), before the
+        every release of a run at this network's size (``mpi_fnas.federation.job_plan.secure_dimension``), before the
         search has picked a cell. Exact: an op's parameters do not depend on the other edges, and an edge from an
         input has at least as many as one from a node (it is the strided one in a reduction cell)."""
         space = cfg.space

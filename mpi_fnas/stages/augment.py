@@ -18,9 +18,9 @@ from mpi_fnas.config import Config
 from mpi_fnas.data import Dataset
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.global_model import augment_server
 from mpi_fnas.federation.inventory import gather_inventory
-from mpi_fnas.federation.party import Party, augment_party
-from mpi_fnas.federation.plan import (
+from mpi_fnas.federation.job_plan import (
     AugmentAssignment,
     AugmentPlan,
     PartyView,
@@ -31,18 +31,19 @@ from mpi_fnas.federation.plan import (
     plan_augment_stage,
     plan_run,
 )
+from mpi_fnas.federation.local_model import Party, augment_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import drop_path_probability
-from mpi_fnas.federation.server import augment_server
 from mpi_fnas.federation.shard import Shard
 from mpi_fnas.federation.verify import check_augment, check_gathered, check_network, check_shards, check_steps
 from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases, augment_sample_rates
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.space import augment_network, search_space, trains_cell
-from mpi_fnas.stages import base
-from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSetup, StageSide, StepTotals
+from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSide, StepTotals
+from mpi_fnas.stages.party_data import own_examples, with_fixed_stem
 from mpi_fnas.stages.search import open_search_log
+from mpi_fnas.stages.setup import StageSetup, job_ledger, selection_schema, stage_setup
 
 if TYPE_CHECKING:  # rank 0's log (h5py): a party never imports it
     from mpi_fnas.privacy.release import Release
@@ -62,7 +63,7 @@ class AugmentOutcome(StageOutcome):
 
 
 class AugmentStage(ServedStage):
-    """The augmentation as a stage of :class:`~mpi_fnas.stages.server_loop.ServerLoop`: one weight update per
+    """The augmentation as a stage of :class:`~mpi_fnas.stages.rank0_loop.ServerLoop`: one weight update per
     iteration (with or without the server's selection), the test evaluation at epoch ends, its metrics row, ε rows
     at epoch ends only (each costs rank 0 a PLD composition of both stages per distinct ledger on the background
     thread, CPU the parties need when ranks outnumber cores) and its checkpoint."""
@@ -91,7 +92,7 @@ class AugmentStage(ServedStage):
             where = "augment.genotype" if cfg.augment.genotype else "the searched genotype"
             genotype = parse_genotype(cfg.augment.genotype or searched.get("genotype"), where, cfg.space)
         # Under dpfnas the search's ledgers continue (with augment.private: false they only report the search's ε).
-        ledger = base.job_ledger(search_plan.privacy) if search_plan.privacy is not None else None
+        ledger = job_ledger(search_plan.privacy) if search_plan.privacy is not None else None
         if ledger is not None and searched.get("ledger") is not None:
             ledger.load_state_dict(searched["ledger"])
         private = ledger is not None and augment_is_private(cfg)
@@ -99,8 +100,8 @@ class AugmentStage(ServedStage):
         plan = plan_augment_stage(cfg, search_plan.assignments, genotype, ledger if private else None, params)
         if private:
             ledger.start_augment(plan.releases)  # a resume then loads the checkpointed ledgers over this
-        return base.stage_setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
-                      partial(augment_network, cfg, genotype, seed=cfg.seed))
+        return stage_setup(cfg, "augment", plan, ledger, private, search_plan, searched.get("selection"),
+                           partial(augment_network, cfg, genotype, seed=cfg.seed))
 
     @staticmethod
     def open_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict | None,
@@ -121,7 +122,7 @@ class AugmentStage(ServedStage):
                                sample_rates={"W": plan.releases.sample_rate_train}) if setup.private else None
         log.begin_augment(network=plan.network, genotype=plan.genotype_text, params=setup.model.num_params(),
                           private=setup.private, privacy=privacy, parties=len(plan.assignments),
-                          privacy_guarantee=setup.guarantee, selection=base.selection_schema(cfg, setup.selector))
+                          privacy_guarantee=setup.guarantee, selection=selection_schema(cfg, setup.selector))
         if resume is not None:
             log.augment.truncate(*resume["log_rows"])
         return log
@@ -210,7 +211,7 @@ class AugmentSide(StageSide):
         source = got.params.randomness if private else "reproducible"  # exact gradients: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch
         # A fixed stem (a ScatterNet's scattering) transforms the party's own examples once, here, on its device.
-        x, y = base.with_fixed_stem(model, x.to(device), y.to(device))
+        x, y = with_fixed_stem(model, x.to(device), y.to(device))
         return augment_party(model.to(device), Shard(x, y), cfg.augment,
                              PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
                              got.releases.release if private else None,
@@ -224,7 +225,7 @@ class AugmentSide(StageSide):
 def own_pool(cfg: Config, data: Dataset, got: AugmentAssignment, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The party's augmentation pool as it holds it, x (N, C, H, W), y (N,): its search shards (train, then val),
     an unreliable party's with the same examples replaced by noise as in the search."""
-    pieces = [base.own_examples(cfg, data, got.pool_indices[:got.train_count], got.corruption, rank, "train")]
+    pieces = [own_examples(cfg, data, got.pool_indices[:got.train_count], got.corruption, rank, "train")]
     if got.train_count < len(got.pool_indices):
-        pieces.append(base.own_examples(cfg, data, got.pool_indices[got.train_count:], got.corruption, rank, "val"))
+        pieces.append(own_examples(cfg, data, got.pool_indices[got.train_count:], got.corruption, rank, "val"))
     return torch.cat([x for x, _ in pieces]), torch.cat([y for _, y in pieces])

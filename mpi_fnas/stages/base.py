@@ -1,8 +1,8 @@
 """What every stage of a job shares, on rank 0 and on a party: the interface a stage implements.
 
 A stage (the search, :mod:`mpi_fnas.stages.search`; the augmentation, :mod:`mpi_fnas.stages.augment`) is one
-module holding three things: rank 0's side (a :class:`ServedStage`, which :class:`~mpi_fnas.stages.server_loop.
-ServerLoop` runs), the party's side (a :class:`StageSide`, which :func:`~mpi_fnas.stages.participate.participate`
+module holding three things: rank 0's side (a :class:`ServedStage`, which :class:`~mpi_fnas.stages.rank0_loop.
+ServerLoop` runs), the party's side (a :class:`StageSide`, which :func:`~mpi_fnas.stages.party_driver.participate`
 runs) and its outcome (a :class:`StageOutcome`). Both sides of a stage are in one module so that what one side asks
 and the other checks is read in one place. A party imports this module too: rank 0's log and ledgers are imported
 only where rank 0 uses them.
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,29 +26,33 @@ import torch
 
 from mpi_fnas.config import Config
 from mpi_fnas.data import Dataset
-from mpi_fnas.data.corruption import corrupt_shard
-from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.evaluation import ratio
 from mpi_fnas.federation.adadp import w_rounds
 from mpi_fnas.federation.algorithm import ServerBuffers, StepStats, server_iteration
-from mpi_fnas.federation.aux_set import open_aux_set
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party import Party
-from mpi_fnas.federation.party_store import PartyStore
-from mpi_fnas.federation.plan import AugmentPlan, PartyView, RunPlan, SetupError, open_split
-from mpi_fnas.federation.selection import Selector, selection_stream
-from mpi_fnas.federation.server import Server
+from mpi_fnas.federation.global_model import Server
+from mpi_fnas.federation.job_plan import PartyView
+from mpi_fnas.federation.local_model import Party
+from mpi_fnas.federation.party_disk import PartyStore
+from mpi_fnas.moved import moved_name
 from mpi_fnas.privacy.params import DPParams
-from mpi_fnas.privacy.release import IterationReleases, securely_aggregated
+from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.secagg.series import SecureSeries, rotation_id
-from mpi_fnas.space.scattering import fixed_stem_of
 from mpi_fnas.stages.iteration import IterationClock
 
+# Under private names: the public ones moved out of this module and are forwarded with a warning (__getattr__).
+from mpi_fnas.stages.party_data import with_fixed_stem as _with_fixed_stem
+from mpi_fnas.stages.setup import rates as _rates
+
 if TYPE_CHECKING:  # rank 0's log (h5py) and ledgers (dp_accounting, scipy): a party never imports them
-    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
-    from mpi_fnas.privacy.params import PrivacyPlan
-    from mpi_fnas.privacy.release import Release
-    from mpi_fnas.runlog import RunLog, SelectionSchema
+    from mpi_fnas.privacy.federation_ledger import EpsilonRow
+    from mpi_fnas.runlog import RunLog
+    from mpi_fnas.stages.setup import StageSetup
+
+
+def __getattr__(name: str) -> Any:
+    """A name that moved out of this module (:data:`mpi_fnas.moved.MOVED_NAMES`), with a DeprecationWarning."""
+    return moved_name(__name__, name)
 
 
 @dataclass(kw_only=True)
@@ -76,88 +80,9 @@ class StageOutcome:
     privacy_guarantee: str = "holds"
 
 
-@dataclass
-class StageSetup:
-    """A stage as rank 0 planned it before handing out the assignments."""
-
-    plan: RunPlan | AugmentPlan
-    ledger: FederationLedger | None  # the job's privacy ledgers (dpfnas): the augmentation continues the search's
-    private: bool  # this stage's releases are DP and charged on `ledger`
-    guarantee: str  # what the stage's result may claim: "holds", or one line saying why not
-    selector: Selector
-    aux: tuple[torch.Tensor | None, torch.Tensor | None]  # the server's aux set (secprobe), else (None, None)
-    test: Any  # the test split (rank 0 evaluates on it)
-    model: torch.nn.Module  # the network the stage trains (the supernet; the augmentation's network of its cell)
-    search_plan: RunPlan  # the search's partition (the augmentation's: its log when it did not search)
-    releases: dict[str, Release] | None = None  # the stage's DP releases by name (None: not private)
-    launch_id: bytes | None = None  # secure aggregation: the launch's id, from the relayed public keys
-
-    @property
-    def secure(self) -> bool:
-        """Whether the stage's releases are securely aggregated (rank 0 relays keys and opens sums)."""
-        return securely_aggregated(self.releases)
-
-
-def job_ledger(privacy: PrivacyPlan) -> FederationLedger:
-    """The job's privacy ledgers for its privacy plan (imported here: a non-DP job never loads the accountant)."""
-    from mpi_fnas.privacy.ledger import FederationLedger
-    return FederationLedger(privacy)
-
-
-def guarantee(cfg: Config, private: bool, ledger: FederationLedger | None) -> str:
-    """What a stage's result may claim: the privacy parameters' guarantee, or one line saying why not."""
-    if private:
-        return ledger.plan.params.guarantee
-    if cfg.mode == "dpfnas":
-        return ("none: augment.private is false, so the augmentation used exact gradients and the final weights are "
-                "NOT private; ε covers the search only")
-    return f"none: mode {cfg.mode} makes no privacy claim"
-
-
-def selection_schema(cfg: Config, selector: Selector) -> SelectionSchema | None:
-    """The log's fixed facts of the selection (``/selection`` and ``/augment/selection`` attrs); None for ``all``."""
-    from mpi_fnas.runlog import SelectionSchema  # rank 0's alone (h5py)
-
-    fed = cfg.federation
-    if fed.selection == "all":
-        return None
-    return SelectionSchema(selection=fed.selection, select=selector.select, epsilon_per_step=fed.selection_epsilon,
-                           score_window=fed.score_window, aux_size=fed.aux_size, sensitivity=selector.sensitivity,
-                           delta=selector.delta)
-
-
-def rates(name: str, sums: np.ndarray | None) -> dict[str, float]:
-    """``<name>_loss`` and ``<name>_acc`` of the sums [loss_sum, correct, count, …] (NaN without sums or examples)."""
-    loss, correct, count = sums[:3] if sums is not None else (math.nan,) * 3
-    return {f"{name}_loss": ratio(loss, count), f"{name}_acc": ratio(correct, count)}
-
-
-def stage_setup(cfg: Config, name: str, plan: RunPlan | AugmentPlan, ledger: FederationLedger | None, private: bool,
-           search_plan: RunPlan, earlier: dict | None, build: Callable[..., torch.nn.Module]) -> StageSetup:
-    """The stage's setup around its `plan`: the test split, the network ``build(in_channels=, num_classes=)``, and
-    the selector continuing an earlier stage's draws (`earlier`: its ``Selector.summary``) with the aux set it
-    scores on ((None, None) unless secprobe). SetupError when the earlier stage drew at another ε_EM or K′."""
-    test = open_split(cfg, "test")
-    selector = Selector(cfg.federation, len(search_plan.assignments), selection_stream(cfg, name),
-                        search_plan.unreliable)
-    try:
-        selector.continue_after(earlier)
-    except ValueError as exc:
-        raise SetupError(str(exc)) from None
-    aux = open_aux_set(cfg, open_split(cfg, "train")) if selector.scores_needed else (None, None)
-    model = build(in_channels=test.in_channels, num_classes=test.num_classes)
-    releases = None
-    if private and name == "search":
-        releases = plan.privacy.params.search_releases(plan.privacy.w_releases_per_step)
-    elif private:
-        releases = {"W": plan.releases.release}
-    return StageSetup(plan, ledger, private, guarantee(cfg, private, ledger), selector, aux, test, model, search_plan,
-                      releases)
-
-
 class ServedStage:
-    """A stage on rank 0, as :class:`~mpi_fnas.stages.server_loop.ServerLoop` runs it (its
-    :class:`~mpi_fnas.stages.server_loop.LoopStage`), and what both stage definitions share: the planned steps,
+    """A stage on rank 0, as :class:`~mpi_fnas.stages.rank0_loop.ServerLoop` runs it (its
+    :class:`~mpi_fnas.stages.rank0_loop.LoopStage`), and what both stage definitions share: the planned steps,
     the ledger the releases are charged on, the server's selection, the accumulated statistics and rows of the
     stage's log group, the checkpoint's common keys and the outcome's."""
 
@@ -172,14 +97,14 @@ class ServedStage:
         self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
         self.stop_reason = self.plan.stop_reason  # or why a resumed stage ends before its plan (its ε cap)
         self.charging = setup.ledger if setup.private else None  # the ledger of this stage's releases (None: not DP)
-        self.test = with_fixed_stem(setup.model, *setup.test.render(np.arange(len(setup.test.labels))))
+        self.test = _with_fixed_stem(setup.model, *setup.test.render(np.arange(len(setup.test.labels))))
         self.test_loss = self.test_acc = math.nan  # of the last evaluation
         self.acc = StepTotals()
         self.clock = IterationClock()  # this attempt's iterations, for its cost
         # With the server's selection (federation.selection random, secprobe or oracle) it gathers every release.
         gathered = self.plan.assignments[0].gathered
         self.selector = setup.selector if gathered else None
-        self.aux = with_fixed_stem(setup.model, *setup.aux) if gathered and setup.aux[0] is not None else (None, None)
+        self.aux = _with_fixed_stem(setup.model, *setup.aux) if gathered and setup.aux[0] is not None else (None, None)
         a_size = server.a.numel() if server.a is not None else None
         secure = None
         if setup.secure:  # rank 0's labels of each release kind, counted in lockstep with the parties'
@@ -217,7 +142,7 @@ class ServedStage:
     def row(self, step: int, epoch: int, test: np.ndarray | None) -> dict[str, float]:
         """The metrics row of `step` (the accumulator restarts after it)."""
         # Under DP the parties send no statistics: counts stay 0 and the train (and val) columns are NaN.
-        row = {"step": step, "epoch": epoch, **rates("train", self.acc.train), **rates("test", test)}
+        row = {"step": step, "epoch": epoch, **_rates("train", self.acc.train), **_rates("test", test)}
         row[self.lr_column], row["adadp_err"] = self.server.log_values()
         self.acc = StepTotals()
         return row
@@ -363,24 +288,3 @@ class StepTotals:
         """The totals a :meth:`state_dict` holds."""
         return cls(np.array(state["train"]), np.array(state["val"]), int(state["steps"]), float(state["wall"]),
                    float(state["comm"]))
-
-
-def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x through `model`'s fixed stem, y): the features it trains on, computed once (a ScatterNet's scattering:
-    :mod:`mpi_fnas.space.scattering`); x as it is for a network without one."""
-    stem = fixed_stem_of(model)
-    return (stem(x) if stem is not None else x), y
-
-
-def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: float, rank: int,
-                 shard: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Party `rank`'s examples of its `shard` ("train" or "val") at `indices` (the whole shard, in the plan's
-    order): x (N, C, H, W), y (N,), with ``corrupt_shard``'s noise in place of the fraction `corruption` of them.
-    The noise is a function of (seed, rank, shard, N), so the search and the augmentation corrupt the same
-    examples of a shard."""
-    x, y = data.render(indices)
-    if corruption > 0:
-        mean, std = pixel_statistics(cfg.data.dataset, x.shape[1])
-        x, y, _ = corrupt_shard(x, y, corruption, num_classes=data.num_classes, pixel_mean=mean, pixel_std=std,
-                                seed=cfg.seed, rank=rank, shard=shard)
-    return x, y

@@ -24,7 +24,7 @@ from mpi_fnas.federation.algorithm import CHECKPOINT, CONTINUE, STOP
 from mpi_fnas.federation.memory import peak_rss_mb
 
 if TYPE_CHECKING:  # the ledger (dp_accounting) is rank 0's; parties import this module too
-    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+    from mpi_fnas.privacy.federation_ledger import EpsilonRow, FederationLedger
 
 STOP_ENV = "MPI_FNAS_STOP_AFTER"
 FAULT_ENV = "MPI_FNAS_INJECT_FAULT"

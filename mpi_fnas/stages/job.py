@@ -22,12 +22,12 @@ from pathlib import Path
 from mpi_fnas.checkpoint import atomic_load, atomic_save
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.job_plan import Assignment
 from mpi_fnas.federation.memory import return_free_memory
-from mpi_fnas.federation.party_store import EarlierRun
-from mpi_fnas.federation.plan import Assignment
+from mpi_fnas.federation.party_disk import EarlierRun
 from mpi_fnas.stages.augment import AugmentOutcome, AugmentSide
 from mpi_fnas.stages.iteration import Progress
-from mpi_fnas.stages.participate import participate
+from mpi_fnas.stages.party_driver import participate
 from mpi_fnas.stages.search import SearchOutcome, SearchSide
 
 SEARCHED_NAME = "searched.pt"
@@ -73,7 +73,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
         return False
 
     # Rank 0's side alone needs its planner, ledgers and log (dp_accounting, scipy, h5py): a party never imports it.
-    from mpi_fnas.stages.serve import serve
+    from mpi_fnas.stages.rank0_driver import serve
 
     search = None
     if stage == "search":
@@ -106,7 +106,7 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *, assignmen
     and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
     """
     if channel.is_server:
-        from mpi_fnas.stages.serve import serve  # rank 0's alone (see run_job)
+        from mpi_fnas.stages.rank0_driver import serve  # rank 0's alone (see run_job)
 
         return serve("search", cfg, channel, run_dir, assignments=assignments, progress=progress, resume=resume,
                      stop_requested=stop_requested)

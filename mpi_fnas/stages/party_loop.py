@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 from mpi_fnas.federation.algorithm import CONTINUE, STOP
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.party_store import PartyStore
+from mpi_fnas.federation.party_disk import PartyStore
 from mpi_fnas.stages.iteration import Injections
 
 if TYPE_CHECKING:  # the party's computation (autograd): this module only exchanges and saves its state
-    from mpi_fnas.federation.party import Party
+    from mpi_fnas.federation.local_model import Party
 
 
 def party_steps(channel: Channel, *, stage: str, first: int, last: int, store: PartyStore | None, party: Party,

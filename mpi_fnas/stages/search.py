@@ -18,12 +18,12 @@ from mpi_fnas.data import Dataset
 from mpi_fnas.evaluation import ratio
 from mpi_fnas.federation.adadp import adadp_settings
 from mpi_fnas.federation.comm import Channel
+from mpi_fnas.federation.global_model import search_server
 from mpi_fnas.federation.inventory import gather_inventory
-from mpi_fnas.federation.party import Party, search_party
-from mpi_fnas.federation.plan import Assignment, PartyView, plan_run, search_steps_per_epoch
+from mpi_fnas.federation.job_plan import Assignment, PartyView, plan_run, search_steps_per_epoch
+from mpi_fnas.federation.local_model import Party, search_party
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import gdas_temperature, path_noise, search_learning_rate
-from mpi_fnas.federation.server import search_server
 from mpi_fnas.federation.shard import Shard
 from mpi_fnas.federation.verify import (
     calibrated,
@@ -37,8 +37,9 @@ from mpi_fnas.privacy.params import DPParams
 from mpi_fnas.privacy.release import IterationReleases
 from mpi_fnas.space import search_space
 from mpi_fnas.space.dpnas import CHOICES
-from mpi_fnas.stages import base
-from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSetup, StageSide, StepTotals
+from mpi_fnas.stages.base import ServedStage, StageOutcome, StageSide, StepTotals
+from mpi_fnas.stages.party_data import own_examples, with_fixed_stem
+from mpi_fnas.stages.setup import StageSetup, job_ledger, rates, selection_schema, stage_setup
 
 if TYPE_CHECKING:  # rank 0's log (h5py): a party never imports it
     from mpi_fnas.runlog import RunLog
@@ -86,12 +87,12 @@ def open_search_log(cfg: Config, run_dir: Path, setup: StageSetup, resume: dict 
         alpha_ops=space.candidates(cfg.space), genotype_length=space.max_genotype_length(cfg.space), privacy=privacy,
         rank_attrs=ranks,
         privacy_guarantee=setup.guarantee, unreliable=plan.unreliable, corruption=cfg.federation.corruption,
-        selection=base.selection_schema(cfg, setup.selector),
+        selection=selection_schema(cfg, setup.selector),
     )
 
 
 class SearchStage(ServedStage):
-    """The search as a stage of :class:`~mpi_fnas.stages.server_loop.ServerLoop`: W and A of the supernet, the
+    """The search as a stage of :class:`~mpi_fnas.stages.rank0_loop.ServerLoop`: W and A of the supernet, the
     epoch rows (alphas, genotype), the validation and timing columns (no timings under DP) and the accumulator."""
 
     name = "search"
@@ -104,9 +105,9 @@ class SearchStage(ServedStage):
     def plan(cfg: Config, channel: Channel, searched: dict, assignments) -> StageSetup:
         """Plan the search on rank 0: partitions, steps, the privacy plan and its ledger."""
         plan = plan_run(cfg, channel.parties, assignments, local_sizes=gather_inventory(cfg, channel))
-        ledger = base.job_ledger(plan.privacy) if plan.privacy is not None else None
-        return base.stage_setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
-                      partial(search_space(cfg.space.kind).build_supernet, cfg.space, seed=cfg.seed))
+        ledger = job_ledger(plan.privacy) if plan.privacy is not None else None
+        return stage_setup(cfg, "search", plan, ledger, ledger is not None, plan, None,
+                           partial(search_space(cfg.space.kind).build_supernet, cfg.space, seed=cfg.seed))
 
     @staticmethod
     def final_attrs(outcome: SearchOutcome | None) -> dict[str, Any]:
@@ -137,7 +138,7 @@ class SearchStage(ServedStage):
                    if acc.train[2] > 0 else math.nan}
         if self.charging is not None:  # a step's duration tracks its realised Poisson batch size: not released
             timings = dict.fromkeys(timings, math.nan)
-        return {**super().row(step, epoch, test), **base.rates("val", acc.val), **timings}
+        return {**super().row(step, epoch, test), **rates("val", acc.val), **timings}
 
     def checkpoint(self, step: int) -> dict:
         state = super().checkpoint(step)
@@ -150,7 +151,7 @@ class SearchStage(ServedStage):
         if ledger is None and stopped is None:  # under DP the parties' validation accuracy is not released
             val[:] = 0
             self.channel.reduce_sum(np.zeros(3, dtype=np.float32), val)  # Σ_k [loss_sum, correct, count] on D_k^val
-        outcome = SearchOutcome(parties=self.channel.parties, **base.rates("val", val),
+        outcome = SearchOutcome(parties=self.channel.parties, **rates("val", val),
                                 test_acc=ratio(test[1], test[2]), genotype=server.genotype().to_string(),
                                 w=server.w_buffer.copy(), a=server.a_buffer.copy(), shard_sizes=self.plan.shard_sizes,
                                 selection_state=self.selector.summary() if self.selector is not None else None,
@@ -199,8 +200,8 @@ class SearchSide(StageSide):
         model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=data.in_channels,
                                                             num_classes=data.num_classes)
         # A fixed stem (space.stem: scattering) transforms the party's own examples once, here, on its device.
-        x_tr, y_tr = base.with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "train")))
-        x_val, y_val = base.with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "val")))
+        x_tr, y_tr = with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "train")))
+        x_val, y_val = with_fixed_stem(model, *(t.to(device) for t in own_shard(cfg, data, got, rank, "val")))
         source = got.dp.randomness if got.dp is not None else "reproducible"  # non-DP: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch
         return search_party(model.to(device), Shard(x_tr.to(device), y_tr.to(device)),
@@ -230,4 +231,4 @@ def own_shard(cfg: Config, data: Dataset, got: Assignment, rank: int, shard: str
     """The party's `shard` ("train" or "val") as it holds it: an unreliable party's with noise in place of the
     stated fraction of its examples (simulated here, inside the party: these images are its data)."""
     indices = got.train_indices if shard == "train" else got.val_indices
-    return base.own_examples(cfg, data, indices, got.corruption, rank, shard)
+    return own_examples(cfg, data, indices, got.corruption, rank, shard)

@@ -128,7 +128,7 @@ def _decide_dir(base: Config, spec: SweepSpec, out: str | None) -> Path:
 
 def _run_sweep(base: Config, spec: SweepSpec, channel, out_dir: Path, args: argparse.Namespace,
                stop: cli.StopRequest) -> int:
-    from mpi_fnas.federation.party_store import party_dir
+    from mpi_fnas.federation.party_disk import party_dir
     from mpi_fnas.progress import Progress
     from mpi_fnas.stages.job import run_search
 

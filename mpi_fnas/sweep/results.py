@@ -58,7 +58,7 @@ def data_identity(cfg: Config, parties: int) -> tuple[str, str]:
     images and share no example: the pool is the seed. CIFAR-10 holds the same images whatever the seed (the seed
     only re-partitions them), so all its runs form one pool, and so does any other dataset read from files.
     The placement (search train/validation split, then the partition among the K parties) is a function of the
-    data config, the seed and K only (mpi_fnas.federation.plan.plan_assignments); it is keyed on every data key,
+    data config, the seed and K only (mpi_fnas.federation.job_plan.plan_assignments); it is keyed on every data key,
     including ones it does not depend on (image size, test size): a spurious difference only makes the bound
     more conservative.
     """

@@ -33,12 +33,12 @@ from mpi4py import MPI
 if MPI.COMM_WORLD.Get_rank() == 0:
     LIE = os.environ.get("LYING_SERVER", "cap")
     from mpi_fnas import run
-    from mpi_fnas.privacy import planning
-    from mpi_fnas.stages import augment, search, serve
+    from mpi_fnas.privacy import calibration
+    from mpi_fnas.stages import augment, rank0_driver, search
 
     if LIE == "cap":
-        planning._steps_within = lambda budget, shards, planned: planned
-        serve.last_step_within_cap = lambda ledger, name, first, planned: (planned, None)
+        calibration._steps_within = lambda budget, shards, planned: planned
+        rank0_driver.last_step_within_cap = lambda ledger, name, first, planned: (planned, None)
     elif LIE == "run_dir":
         from mpi_fnas.privacy.trusted_config import pin_directory, read_pin
 
@@ -115,16 +115,16 @@ if MPI.COMM_WORLD.Get_rank() == 0:
         run.config_from_text = lambda text, *args, **kwargs: honest_parse(
             text.replace("order: second_order", "order: first_order"), *args, **kwargs)
     elif LIE == "restart":
-        from mpi_fnas.federation import plan as plan_module
+        from mpi_fnas.federation import job_plan
 
-        plan_module_attach = plan_module.attach_resume
+        plan_module_attach = job_plan.attach_resume
 
         def from_zero(plan, checkpoint):
             plan_module_attach(plan, checkpoint)
             for assignment in plan.assignments:
                 assignment.checkpoint_step = 0
 
-        serve.attach_resume = from_zero
+        rank0_driver.attach_resume = from_zero
     elif LIE == "split_pattern":
         from mpi_fnas import cli
         from mpi_fnas.federation.topology import COLLECTIVE, STAR

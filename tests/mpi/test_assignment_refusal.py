@@ -20,10 +20,10 @@ from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.handshake import announce_last_step, hand_out
-from mpi_fnas.federation.plan import plan_run
+from mpi_fnas.federation.job_plan import plan_run
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
 from mpi_fnas.refusal import ReportedRefusalError
-from mpi_fnas.stages.participate import participate
+from mpi_fnas.stages.party_driver import participate
 from mpi_fnas.stages.search import SearchSide
 
 CONFIG = [*PRE_RECIPE, "mode=dpfnas", "data.train_size=400", "data.test_size=40", "data.image_size=8",

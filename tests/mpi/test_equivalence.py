@@ -14,7 +14,7 @@ from pre_recipe import PRE_RECIPE
 
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.comm import Channel
-from mpi_fnas.federation.plan import Assignment, plan_assignments
+from mpi_fnas.federation.job_plan import Assignment, plan_assignments
 from mpi_fnas.stages.job import run_search
 
 TOLERANCE = 1e-5

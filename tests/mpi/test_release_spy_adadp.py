@@ -25,7 +25,7 @@ from test_release_spy import (
     recording_release,
 )
 
-import mpi_fnas.federation.party as party_module
+import mpi_fnas.federation.local_model as party_module
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
 from mpi_fnas.federation.flat import STATS

@@ -31,7 +31,7 @@ from test_release_spy import (
 
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
-from mpi_fnas.federation.party_store import PartyStore
+from mpi_fnas.federation.party_disk import PartyStore
 from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children, tree_parent
 from mpi_fnas.runlog import read_run
 from mpi_fnas.secagg.encoding import padded_length, wrap

@@ -17,7 +17,7 @@ from mpi_waits import quiet_barrier
 
 from mpi_fnas.federation.comm import OBJECT_TAG
 from mpi_fnas.federation.handshake import receive_assignment
-from mpi_fnas.federation.plan import Assignment
+from mpi_fnas.federation.job_plan import Assignment
 from mpi_fnas.wire import WireError
 
 

@@ -1,5 +1,9 @@
 """The DPNAS search space (Cheng et al. 2021): ops with a choice of activation, one dense cell shared by every
-stage, derivation by per-edge argmax with ``none`` meaning "no edge". Selected by ``space.kind: dpnas``."""
+stage, derivation by per-edge argmax with ``none`` meaning "no edge". Selected by ``space.kind: dpnas``.
+
+Modules: ``ops`` (the ten candidate ops), ``cells`` (the search cell and the derived cell), ``network`` (the
+search network and the derived one) and ``genotype`` (the cell's topology, derivation and string form).
+"""
 
 from mpi_fnas.space.dpnas.cells import DerivedDpnasCell, DpnasMixedOp, DpnasSearchCell
 from mpi_fnas.space.dpnas.genotype import (

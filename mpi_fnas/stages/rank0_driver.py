@@ -1,9 +1,9 @@
 """Rank 0's side of a stage (the search or the augmentation): plan it, hand out, iterate, log, checkpoint, report.
 
 One entry, :func:`serve`, runs either stage in the same order, a fresh one or a resumed one: plan
-(:mod:`mpi_fnas.federation.plan`) and hand out the assignments (:mod:`mpi_fnas.federation.handshake`); charge the
+(:mod:`mpi_fnas.federation.job_plan`) and hand out the assignments (:mod:`mpi_fnas.federation.handshake`); charge the
 iterations a party sent beyond the ledger's count (replays after a crash); open the stage's log group; restore a
-resumed stage's state; broadcast the initial weights; run :class:`~mpi_fnas.stages.server_loop.ServerLoop`; finish
+resumed stage's state; broadcast the initial weights; run :class:`~mpi_fnas.stages.rank0_loop.ServerLoop`; finish
 the log with the outcome, or with the failure.
 """
 
@@ -20,15 +20,15 @@ import numpy as np
 from mpi_fnas.config import Config
 from mpi_fnas.federation.comm import Channel, PartyFailedError
 from mpi_fnas.federation.handshake import announce_last_step, hand_out, refuse_setup, relay_public_keys
-from mpi_fnas.federation.plan import SetupError, attach_resume
+from mpi_fnas.federation.job_plan import SetupError, attach_resume
 from mpi_fnas.stages.augment import AugmentStage
 from mpi_fnas.stages.base import ServedStage, StageOutcome
 from mpi_fnas.stages.iteration import Progress, attempt_cost, process_age, settle_privacy
+from mpi_fnas.stages.rank0_loop import ServerLoop
 from mpi_fnas.stages.search import SearchStage
-from mpi_fnas.stages.server_loop import ServerLoop
 
 if TYPE_CHECKING:  # the ledgers (dp_accounting, scipy): only a DP stage imports them
-    from mpi_fnas.privacy.ledger import FederationLedger
+    from mpi_fnas.privacy.federation_ledger import FederationLedger
 
 
 def serve(name: str, cfg: Config, channel: Channel, run_dir: Path | None, *, searched: dict | None = None,

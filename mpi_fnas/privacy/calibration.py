@@ -1,7 +1,8 @@
 """Planning a run's privacy, on rank 0 before any release, from public facts only (shard sizes, B, σ, T): what
-the run will release and at what cost. The runtime ledger that charges the releases is :mod:`mpi_fnas.privacy.ledger`.
+the run will release and at what cost. The runtime ledger that charges the releases is
+:mod:`mpi_fnas.privacy.federation_ledger`.
 
-* sample rates q = B / N per shard; δ per party (:func:`~mpi_fnas.privacy.accountant.party_deltas`:
+* sample rates q = B / N per shard; δ per party (:func:`~mpi_fnas.privacy.shard_ledger.party_deltas`:
   ``privacy.delta`` or min(1e-5, 1/(10·N_k)), N_k the party's LARGER shard);
 * with ``privacy.target_epsilon``: one σ for W and A (and the augmentation's, planned in the same job; or the
   search its ``privacy.search_share`` of the target and the augmentation the rest), calibrated so the worst party
@@ -21,17 +22,17 @@ from functools import partial
 import numpy as np
 from scipy import optimize
 
-from mpi_fnas.privacy.accountant import (
+from mpi_fnas.privacy.federation_ledger import FederationLedger
+from mpi_fnas.privacy.monotone import bisect, gallop
+from mpi_fnas.privacy.params import DPParams, PrivacyPlan
+from mpi_fnas.privacy.release import AugmentReleases
+from mpi_fnas.privacy.shard_ledger import (
     DEFAULT_VALUE_DISCRETIZATION,
     PrivacyLedger,
     Runs,
     calibrate_noise_multiplier,
     party_deltas,
 )
-from mpi_fnas.privacy.ledger import FederationLedger
-from mpi_fnas.privacy.monotone import bisect, gallop
-from mpi_fnas.privacy.params import DPParams, PrivacyPlan
-from mpi_fnas.privacy.release import AugmentReleases
 from mpi_fnas.secagg.accounting import SecureAccounting
 
 

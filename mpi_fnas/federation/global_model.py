@@ -6,7 +6,7 @@ travels; SGD with momentum and weight decay and Adam are element-wise, so this e
 The numpy views ``w_buffer`` / ``a_buffer`` share memory with the tensors. With ADADP the W update is the
 step-size rule of :mod:`mpi_fnas.federation.adadp` (two rounds per iteration) instead of the SGD step.
 
-The stage says the rest (:mod:`mpi_fnas.stages.serve`): W's update rule, its public per-step schedule, and
+The stage says the rest (:mod:`mpi_fnas.stages.rank0_driver`): W's update rule, its public per-step schedule, and
 A's optimizer in the search.
 """
 

@@ -5,7 +5,7 @@
 releases a party replays after a resume, and reports per party the tight PLD ε (the headline) and Theorem 3.1's
 μ-GDP (a CLT approximation, logged for comparison only). A party's guarantee is the larger of its two ledgers',
 since its train and validation shards are disjoint (Theorem 3.1). What the run will release is planned before it,
-in :mod:`mpi_fnas.privacy.planning`.
+in :mod:`mpi_fnas.privacy.calibration`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any, Literal
 
 import numpy as np
 
-from mpi_fnas.privacy.accountant import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.params import PrivacyPlan
 from mpi_fnas.privacy.party_ledger import iterations_within
 from mpi_fnas.privacy.release import AugmentReleases, IterationReleases
+from mpi_fnas.privacy.shard_ledger import PrivacyLedger, Runs, party_epsilon
 from mpi_fnas.privacy.worker import OrderedWorker
 from mpi_fnas.secagg.accounting import SecureAccounting
 

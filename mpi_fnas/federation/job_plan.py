@@ -36,7 +36,7 @@ from mpi_fnas.space import largest_augment_network, search_space
 from mpi_fnas.wire import wire_type
 
 if TYPE_CHECKING:
-    from mpi_fnas.privacy.ledger import FederationLedger
+    from mpi_fnas.privacy.federation_ledger import FederationLedger
 
 
 @contextmanager
@@ -282,7 +282,7 @@ def plan_run(cfg: Config, parties: int, assignments: list[Assignment] | None = N
         with _setup_errors("privacy: "):
             # Imported here: parties import this module for their assignments, and the planner's accountant
             # (dp_accounting, scipy: ~1 s and ~60 MB a rank) is rank 0's alone.
-            from mpi_fnas.privacy.planning import plan_privacy
+            from mpi_fnas.privacy.calibration import plan_privacy
 
             dimension = secure_dimension(cfg) if cfg.privacy.aggregation == "secure" else None
             params = DPParams.from_config(cfg.privacy, cfg.search.batch_size, len(assignments), dimension)
@@ -390,7 +390,7 @@ def plan_augment_stage(cfg: Config, search: list[Assignment], genotype: Any,
     if demand is not None:
         assert ledger is not None and params is not None
         with _setup_errors("privacy: "):
-            from mpi_fnas.privacy.planning import plan_augment  # rank 0's alone (see plan_run)
+            from mpi_fnas.privacy.calibration import plan_augment  # rank 0's alone (see plan_run)
 
             releases = plan_augment(ledger, demand, params)
         steps, reason = releases.steps, releases.stop_reason

@@ -11,7 +11,7 @@ hands to MPI, and nothing else (tests/mpi/test_release_spy.py checks every call)
 * on failure: a reason (under DP a generic one; the details stay in its own ``error.log``).
 
 Its stream keys never leave its memory: a resumed party keys new streams and restores only its batch positions, from
-its own directory (:class:`~mpi_fnas.federation.party_store.PartyStore`). An unreliable party holds its corrupted
+its own directory (:class:`~mpi_fnas.federation.party_disk.PartyStore`). An unreliable party holds its corrupted
 shards here too (:func:`~mpi_fnas.stages.base.own_examples`).
 """
 
@@ -36,8 +36,8 @@ from mpi_fnas.federation.handshake import (
     report_setup,
 )
 from mpi_fnas.federation.inventory import report_inventory
-from mpi_fnas.federation.party_store import EarlierRun, PartyStore, party_dir
-from mpi_fnas.federation.plan import SetupError, open_split, party_view, shared_plan
+from mpi_fnas.federation.job_plan import SetupError, open_split, party_view, shared_plan
+from mpi_fnas.federation.party_disk import EarlierRun, PartyStore, party_dir
 from mpi_fnas.federation.verify import check_checkpoint_step, check_corruption
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError, pin_directory, write_pin
 from mpi_fnas.refusal import ReportedRefusalError, refusal_line, refusal_text

@@ -35,13 +35,13 @@ from mpi_fnas.stages.iteration import (
 )
 
 if TYPE_CHECKING:  # the ledger (dp_accounting, scipy) is loaded only by a DP stage
-    from mpi_fnas.privacy.ledger import EpsilonRow, FederationLedger
+    from mpi_fnas.privacy.federation_ledger import EpsilonRow, FederationLedger
 
 
 
 class LoopStage(Protocol):
     """What :class:`ServerLoop` needs of a stage. The loop owns this interface and the stages implement it
-    (:class:`~mpi_fnas.stages.base.ServedStage`); neither imports the other (:func:`~mpi_fnas.stages.serve.serve`
+    (:class:`~mpi_fnas.stages.base.ServedStage`); neither imports the other (:func:`~mpi_fnas.stages.rank0_driver.serve`
     hands the stage to the loop)."""
 
     name: str  # "search" or "augment": the control word's stage, the log's stage, the checkpoint's
