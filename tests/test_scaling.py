@@ -184,6 +184,25 @@ def test_collect_writes_the_csv_and_the_figures(study, capsys):
     assert "| 4 | star | strong | 2 | 1.500 |" in capsys.readouterr().out
 
 
+def test_each_figure_shows_one_quantity_with_one_legend_and_the_shared_core_bound(study):
+    from mpi_fnas.scaling.figures import efficiency_figure, link_figure, shared_core_bound, time_figure
+
+    rows = list(rows_by_point(study, cores=2.0).values())
+    assert [shared_core_bound(k, 1, 2.0) for k in (1, 2, 4, 8)] == pytest.approx([1, 2 / 3, 2 / 5, 2 / 9])
+    assert shared_core_bound(8, 1, 16.0) == 1.0
+    for figure, wanted in ((time_figure(rows, 2.0), {"star: measured", "star: cost model, 2 shared cores"}),
+                           (efficiency_figure(rows, 2.0), {"star: measured", "ideal",
+                                                           "bound on 2 shared cores: min(1, 2/(K+1))"}),
+                           (link_figure(rows), {"star", "collective"})):
+        assert len(figure.legends) == 1 and not any(ax.get_legend() for ax in figure.axes)
+        labels = [text.get_text() for text in figure.legends[0].get_texts()]
+        assert wanted <= set(labels) and len(labels) == len(set(labels))  # each series named once
+        assert all("/" not in ax.get_title() for ax in figure.axes)  # no code path as a title
+    strong = next(ax for ax in efficiency_figure(rows, 2.0).axes if ax.get_title() == "strong scaling")
+    bound = next(line for line in strong.get_lines() if line.get_label().startswith("bound"))
+    assert list(bound.get_ydata()) == pytest.approx([1, 2 / 3, 2 / 5])  # the finished strong points: K = 1, 2, 4
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["collect", "{tmp}/none"], "{tmp}/none: no such directory"),
     (["collect", "{tmp}/empty"], "{tmp}/empty: no run found (no search.h5 in it or below it)"),

@@ -159,7 +159,7 @@ def _collect(root: Path, link: Link, party_step: float | None, cores: float | No
     csv_path = write_csv(root, rows)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
-    for name, png in study_figures(rows).items():
+    for name, png in study_figures(rows, cores).items():
         (figures / name).write_bytes(png)
     print(markdown_table(rows), end="")
     final = sum(row.final for row in rows)
