@@ -511,3 +511,18 @@ def test_missing_numbers_draw_no_bar_and_no_cost_point_instead_of_failing(runs, 
         assert pixels.shape[:2] == (height, width) and float(pixels[..., :3].var()) > 1e-4
     page = document.build_report(broken, [str(root)])["report.md"].decode()
     assert "(1 run)" not in page
+
+
+def test_the_gpu_days_column_shows_only_where_a_run_had_a_gpu(runs, stub_run_figures):
+    """On CPU-only runs the report's Table 1 leaves out its always-zero GPU-days column (table1.csv keeps it)."""
+    root, _ = runs
+    run = read_record(root / "fnas-K2-seed0" / "search.h5", root)
+    cpu = [dataclasses.replace(run, seed=seed, slug=f"s{seed}") for seed in (0, 1)]
+    header = next(line for line in document.build_report(cpu, [str(root)])["report.md"].decode().splitlines()
+                  if line.startswith("| mode |"))
+    assert "GPU-days" not in header and "search CPU core-h" in header
+    gpu = [dataclasses.replace(r, search_gpu_hours=12.0) for r in cpu]
+    files = document.build_report(gpu, [str(root)])
+    assert "| search GPU-days |" in files["report.md"].decode() and "| 0.5 |" in files["report.md"].decode()
+    header_of = lambda files: files["table1.csv"].decode().splitlines()[0]  # noqa: E731
+    assert header_of(files) == header_of(document.build_report(cpu, [str(root)])) == ",".join(TABLE1_COLUMNS)

@@ -131,14 +131,17 @@ def _table1_blocks(table1: Sequence[Group], groups: Sequence[Group]) -> list[Blo
                                 f"Table 2): {names}."))
     if not table1:
         return [*blocks, Paragraph("No finished run outside a noise study: Table 1 is empty.")]
-    blocks.append(Table(
-        ("mode", "K", "σ_W²", "σ_aug²", "runs", "test error (%)", "stage", "params (M)", "search GPU-days",
-         "search CPU core-h", "search wall h", "attempts", "ε worst"),
-        tuple((g.mode, str(g.parties), noise_label(g.noise_variance),
-               augment_noise_label(g), str(len(g.runs)), _error(g), g.stage,
-               _num(g.params_m, ".4f"), _num(g.search_gpu_days, ".3g"), _num(g.search_cpu_core_hours, ".3g"),
-               _num(g.search_wall_hours, ".3g"), _num(g.attempts, ".3g"), _num(g.epsilon_worst, ".4g"))
-              for g in table1)))
+    # GPU-days only where a run had a GPU: on CPU-only runs the column would be all zeros (table1.csv keeps it)
+    gpu = any(g.search_gpu_days > 0 for g in table1)
+    header = ("mode", "K", "σ_W²", "σ_aug²", "runs", "test error (%)", "stage", "params (M)", "search GPU-days",
+              "search CPU core-h", "search wall h", "attempts", "ε worst")
+    rows = tuple((g.mode, str(g.parties), noise_label(g.noise_variance),
+                  augment_noise_label(g), str(len(g.runs)), _error(g), g.stage,
+                  _num(g.params_m, ".4f"), _num(g.search_gpu_days, ".3g"), _num(g.search_cpu_core_hours, ".3g"),
+                  _num(g.search_wall_hours, ".3g"), _num(g.attempts, ".3g"), _num(g.epsilon_worst, ".4g"))
+                 for g in table1)
+    keep = [i for i, name in enumerate(header) if gpu or name != "search GPU-days"]
+    blocks.append(Table(tuple(header[i] for i in keep), tuple(tuple(row[i] for i in keep) for row in rows)))
     blocks.append(Image(TABLE1_FIGURE, "Table 1: test error per mode and K"))
     blocks.append(Image(COST_FIGURE, "Search wall time against K, with the ideal strong-scaling line"))
     return blocks
