@@ -526,3 +526,20 @@ def test_the_gpu_days_column_shows_only_where_a_run_had_a_gpu(runs, stub_run_fig
     assert "| search GPU-days |" in files["report.md"].decode() and "| 0.5 |" in files["report.md"].decode()
     header_of = lambda files: files["table1.csv"].decode().splitlines()[0]  # noqa: E731
     assert header_of(files) == header_of(document.build_report(cpu, [str(root)])) == ",".join(TABLE1_COLUMNS)
+
+
+def test_the_ideal_scaling_line_needs_two_k(runs, monkeypatch):
+    """A mode measured at one K gets its point and no "ideal scaling" line: a line through one point says nothing."""
+    from mpi_fnas.report import table_figures
+
+    made, original = [], table_figures.new_figure
+    monkeypatch.setattr(table_figures, "new_figure", lambda: made.append(original()) or made[-1])
+    root, _ = runs
+    run = read_record(root / "fnas-K2-seed0" / "search.h5", root)
+
+    def labels(parties: tuple[int, ...]) -> list[str]:
+        cost_figure([dataclasses.replace(run, parties=k, seed=i, slug=f"s{i}") for i, k in enumerate(parties)])
+        return [line.get_label() for ax in made[-1].axes for line in ax.get_lines()]
+
+    assert labels((2, 2)) == ["fnas: measured"]
+    assert labels((2, 4)) == ["fnas: measured", "fnas: ideal strong scaling from K=2"]

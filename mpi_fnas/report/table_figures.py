@@ -102,8 +102,8 @@ def cost_figure(runs: Sequence[RunRecord]) -> bytes:
     """Search wall time against K per mode (log-log), the mean over the finished runs of each (mode, K) whatever
     their noise (a search's cost does not depend on σ), with each mode's ideal strong-scaling line
     t(K) = t(K₀) · K₀ / K from its smallest K₀ (the same data split over K parties working in parallel), drawn
-    over every K of the figure (and a factor 2 either side when there is only one). Runs without a positive wall
-    time are left out; a figure with no point left says so."""
+    over every K of the figure for a mode measured at two K or more. Runs without a positive wall time are left
+    out; a figure with no point left says so."""
     hours: dict[tuple[str, int], list[float]] = {}
     for run in runs:
         if run.final and math.isfinite(run.search_wall_seconds) and run.search_wall_seconds > 0:
@@ -124,8 +124,9 @@ def cost_figure(runs: Sequence[RunRecord]) -> bytes:
         mean_hours = np.array([np.mean(hours[(mode, int(k))]) for k in parties])
         colour = MODE_COLORS.get(mode, "#2ca02c")
         ax.plot(parties, mean_hours, marker="o", color=colour, label=f"{mode}: measured")
-        ax.plot(span, mean_hours[0] * parties[0] / span, linestyle="--", color=colour, alpha=0.7,
-                label=f"{mode}: ideal strong scaling from K={int(parties[0])}")
+        if len(parties) > 1:  # a line through one point would say nothing about scaling
+            ax.plot(span, mean_hours[0] * parties[0] / span, linestyle="--", color=colour, alpha=0.7,
+                    label=f"{mode}: ideal strong scaling from K={int(parties[0])}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xticks(ks, [str(k) for k in ks])
