@@ -36,7 +36,7 @@ RUNS_CSV = ROOT / "docs" / "results" / "runs.csv"
 #: A tuning run's summary: its setting and held-out accuracy.
 TUNING_CSV = ROOT / "docs" / "results" / "tuning.csv"
 #: The Markdown files whose marked tables ``write`` renders.
-MARKED = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+MARKED = (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "benchmarks.md")
 _MARK = re.compile(r"(<!-- (?P<kind>results|tuning): (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--note", default="")
     record.add_argument("--tuning", metavar="SETTING", help="a tuning run (data.holdout): the setting it tried, as "
                         "--set takes it (e.g. augment.lr=8); recorded in docs/results/tuning.csv")
-    sub.add_parser("write", help="rewrite every marked table of README.md and docs/benchmarks.md")
+    sub.add_parser("write", help="rewrite every marked table of README.md, docs/index.md and docs/benchmarks.md")
     args = parser.parse_args(argv)
     try:
         rows, tuning = read_summaries(), read_summaries(TUNING_CSV, TuningSummary)
