@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import stat
+import struct
 from pathlib import Path
 from unittest import mock
 
@@ -549,5 +550,40 @@ def test_in_a_broadcast_a_party_only_receives_and_rank_0_sends_synchronously():
         else:
             assert recorder.posted == [("Irecv", 0)]
             np.testing.assert_array_equal(buf, np.arange(1000, dtype=np.float32))
+    finally:
+        comm.Free()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_under_a_local_partition_a_party_tells_the_others_only_its_two_public_counts():
+    """The shard-size exchange (``data.partition: local``, where the steps per epoch follow from every party's
+    sizes): a DP party hands MPI exactly its own (N_train, N_val), the counts rank 0 plans with and the log's
+    sample rates B/N tell (docs/privacy.md treats every N_k as public), or the (0, 0) of a refusal, and sends them
+    to the other parties only, never to rank 0."""
+    from mpi_fnas.federation.handshake import exchange_shard_sizes
+    from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
+
+    comm = MPI.COMM_WORLD.Dup()
+    recorder = PointToPointRecorder(comm)
+    channel = RecordingChannel(recorder)
+    try:
+        if channel.is_server:  # rank 0 takes no part: it only waits
+            channel.barrier()
+            return
+        own = (40 + channel.rank, 40 + channel.rank)
+        exchange_shard_sizes(channel, own, 0.5)
+        sends = [(call, dest) for call, dest in recorder.posted if call in ("Isend", "Issend")]
+        assert channel.peer_messages == [struct.pack(">QQ", *own)]
+        assert sorted(sends) == [("Isend", k) for k in range(1, channel.size) if k != channel.rank]
+        recorder.posted.clear()
+        if channel.rank == 1:  # party 1 refuses its setup: it says so with (0, 0), the others refuse with it
+            exchange_shard_sizes(channel, None, 0.5)
+        else:
+            with pytest.raises(AssignmentRefusedError, match="party 1 refused its own"):
+                exchange_shard_sizes(channel, own, 0.5)
+        refusing = struct.pack(">QQ", 0, 0)
+        assert channel.peer_messages[1] == (refusing if channel.rank == 1 else struct.pack(">QQ", *own))
+        assert all(dest != 0 for _, dest in recorder.posted)
+        channel.barrier()
     finally:
         comm.Free()
