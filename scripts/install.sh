@@ -71,16 +71,16 @@ if [ "${MPI_FNAS_FASHION_MNIST:-1}" != 0 ] && [ ! -e /usr/share/datasets/fashion
     echo "install.sh: warning: could not install dataset-fashion-mnist; data.dataset fashion-mnist needs its four" \
          "files in <data.root>/fashion-mnist/ (docs/data.md)" >&2
 fi
-# The site's screenshot test (tests/test_docs_screens.py) drives Debian's chromium, headless: installed here with the
+# The site's screenshot test (tests/test_docs_site.py) drives Debian's chromium, headless: installed here with the
 # docs extra (not into the images) where this runs as root on a Debian-like machine (CI does: the test fails there
 # without it, and skips elsewhere). MPI_FNAS_CHROMIUM=0 skips it.
 if [ "${MPI_FNAS_CHROMIUM:-1}" != 0 ] && [[ ",$extras," == *,docs,* ]] && ! command -v chromium >/dev/null 2>&1 \
    && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "install.sh: installing Debian's chromium (tests/test_docs_screens.py)"
+  echo "install.sh: installing Debian's chromium (tests/test_docs_site.py)"
   apt_install_chromium() { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium \
                              >/dev/null 2>&1; }
   apt_install_chromium || { apt-get update -qq >/dev/null 2>&1 && apt_install_chromium; } || \
-    echo "install.sh: warning: could not install chromium; tests/test_docs_screens.py skips without it" >&2
+    echo "install.sh: warning: could not install chromium; tests/test_docs_site.py skips without it" >&2
 fi
 "$venv/bin/python" -c "import torch, mpi4py, h5py, mpi_fnas; from mpi_fnas.data.mnist import mnist_file; from mpi_fnas.data.mnist_full import mnist_csv; mnist_file(); mnist_csv('train'); mnist_csv('test'); print('install.sh: ok, torch', torch.__version__, 'mpi4py', mpi4py.__version__)"
 if [ "$torch_build" = cpu ] && [ "$("$venv/bin/python" -c 'import torch; print(torch.version.cuda is None)')" != True ]; then
