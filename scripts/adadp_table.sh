@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the table of docs/adadp.md: is ADADP's step size robust to the noise level, as Koskela &
+# Regenerates the ADADP table (docs/adadp.md says how; its last measurement is in docs/log/benchmarks.md):
+# is ADADP's step size robust to the noise level, as Koskela &
 # Honkela's Fig. 5-7 claim? On the synthetic data (synthetic-shapes 16x16), the federation trains one fixed network
 # under DP (the augmentation stage alone: augment.genotype given, no search), K = 2 parties, over seeds 0 1 2:
 #   1. SGD (augment.optimizer sgd, no momentum, constant η: lr_min = lr) at σ = 2 on the grid augment.lr ∈ LR_GRID;

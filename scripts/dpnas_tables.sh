@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the tables of docs/dpnas.md: two of DPNAS' findings (Cheng et al. 2021) measured on the
+# Regenerates the DPNAS tables (docs/dpnas.md says how; the last measurement is in docs/log/benchmarks.md):
+# two of DPNAS' findings (Cheng et al. 2021) measured on the
 # DPNAS space (space.kind: dpnas, 5 nodes, stages 8/16/32) on synthetic-shapes (16x16), small and short enough for a
 # 2-core VM. Every trained network is trained the same way: augmentation only (a given genotype, no search), DP
 # (mode dpfnas) with ONE party holding all the data (plain DP-SGD, as the paper trains), σ calibrated so that

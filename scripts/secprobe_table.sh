@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates the table of docs/secprobe.md: 8 parties (9 ranks), 4 of them unreliable, a fraction P of
+# Regenerates the SecProbe table (docs/secprobe.md says how; its last measurement is in docs/log/benchmarks.md):
+# 8 parties (9 ranks), 4 of them unreliable, a fraction P of
 # their examples replaced by noise, P in {0, 0.2, 0.4, 0.6}; arms all, random (K' = 4), secprobe (K' = 4) at
 # eps_EM in {0.1, 1, 10}, and the oracle (the reliable parties only); seeds 0 1 2: 72 runs. Every run is the
 # AUGMENTATION of a fixed cell (augment.genotype: the DPNAS paper's CIFAR-10 cell, as scripts/dpnas_tables.sh
@@ -11,7 +12,7 @@
 #   scripts/secprobe_table.sh --summarize OUT_DIR
 #   ARMS="all secprobe-eps10" PS="0.6" SEEDS="0" scripts/secprobe_table.sh OUT_DIR   (a subset, e.g. a smoke test)
 #   ARMS="secprobe-eps10" PS="0.6 0" EXTRA="federation.aux_size=500 federation.score_window=8" \
-#     scripts/secprobe_table.sh OUT_DIR   (docs/secprobe.md's second table: a larger aux set and a score window)
+#     scripts/secprobe_table.sh OUT_DIR   (the second table: a larger aux set and a score window)
 # Each run writes OUT_DIR/p<P>-<arm>-seed<s>/search.h5 (its output in .out, and .done once it succeeded); a done run
 # is skipped and an unfinished one redone, so an interrupted table is finished by running the script again. The
 # tables (markdown, mean ± std over seeds) are printed at the end from the logs alone. Environment: PYTHON, MPIRUN

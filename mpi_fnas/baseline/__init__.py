@@ -9,7 +9,7 @@ cells of the same space and the **hand-designed** networks of ``--handcrafted``,
 augmentation. Under ``dpfnas`` every arm ends at the user's ``privacy.target_epsilon``; each party derives every
 arm's config itself and composes its own ε over the arms on its data (``privacy.party_max_epsilon``). Every arm is
 an ordinary run with its own ``search.h5`` (``DIR/seed<S>/<arm>/``); after every arm rank 0 rewrites
-``DIR/baseline.csv``, and at the end prints the comparison. Why, and what it measured: docs/baseline.md.
+``DIR/baseline.csv``, and at the end prints the comparison. Why, and how to run it: docs/baseline.md.
 
 Modules: ``arms`` (the arms, their draws and configs), ``results`` (baseline.csv, the comparison) and ``command``
 (the command line).
