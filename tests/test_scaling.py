@@ -203,11 +203,30 @@ def test_each_figure_shows_one_quantity_with_one_legend_and_the_shared_core_boun
     assert list(bound.get_ydata()) == pytest.approx([1, 2 / 3, 2 / 5])  # the finished strong points: K = 1, 2, 4
 
 
+def test_the_efficiency_figure_draws_the_modelled_cluster_beside_the_shared_cores(study):
+    from mpi_fnas.report.cost_model import Link
+    from mpi_fnas.scaling.figures import efficiency_figure
+
+    shared = list(rows_by_point(study, cores=2.0).values())
+    cluster = list(rows_by_point(study, cores=None, link=Link.parse("unlimited")).values())
+    strong = next(ax for ax in efficiency_figure(shared, 2.0, cluster, "unlimited").axes
+                  if ax.get_title() == "strong scaling")
+    lines = {line.get_label(): list(line.get_ydata()) for line in strong.get_lines()}
+    # a core per rank and no wire: every party computes at once, so the model keeps the smallest K's efficiency
+    assert lines["star: cost model, a cluster (a core per rank, unlimited)"] == pytest.approx([1.0, 1.0, 1.0])
+    assert lines["star: cost model, 2 shared cores"][-1] < 0.5  # while 5 ranks on 2 cores take turns
+    without = efficiency_figure(shared, 2.0).axes[0].get_lines()
+    assert not any("cluster" in line.get_label() for line in without)
+    assert [Link.parse(rate).describe() for rate in ("1gbit", "100mbit", "unlimited")] == [
+        "1 Gbit/s", "100 Mbit/s", "unlimited"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["collect", "{tmp}/none"], "{tmp}/none: no such directory"),
     (["collect", "{tmp}/empty"], "{tmp}/empty: no run found (no search.h5 in it or below it)"),
     (["collect", "{tmp}/foreign"], "{tmp}/foreign/dpfnas-K2-seed0: not a scaling point's directory"),
     (["collect", "{tmp}/empty", "--link", "fast"], "--link: rate 'fast': expected e.g. 100mbit"),
+    (["collect", "{tmp}/empty", "--cluster-link", "fast"], "--cluster-link: rate 'fast': expected e.g. 100mbit"),
     (["run", "--out", "{tmp}/o", "--parties", "0", "--config", SMOKE], "--parties: expected whole numbers >= 1"),
     (["run", "--out", "{tmp}/o", "--exchanges", "ring", "--config", SMOKE], "--exchanges: expected star or collective"),
     (["run", "--out", "{tmp}/o", "--set", "seed=3", "--config", SMOKE], "--set seed: the scaling study sets this key"),

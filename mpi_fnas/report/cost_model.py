@@ -89,6 +89,15 @@ class Link:
         scale = {None: 1.0, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
         return cls(float(match.group(1)) * scale, latency_seconds)
 
+    def describe(self) -> str:
+        """The bandwidth for a reader: "unlimited", "1 Gbit/s", "100 Mbit/s"."""
+        if math.isinf(self.bandwidth_bits):
+            return "unlimited"
+        for scale, unit in ((1e9, "Gbit/s"), (1e6, "Mbit/s"), (1e3, "kbit/s")):
+            if self.bandwidth_bits >= scale:
+                return f"{self.bandwidth_bits / scale:g} {unit}"
+        return f"{self.bandwidth_bits:g} bit/s"
+
 
 @dataclass(frozen=True)
 class StepCosts:

@@ -46,6 +46,9 @@ def _add_model_options(parser: argparse.ArgumentParser, cores_default: str) -> N
                         help="rank 0's link for the model's prediction, as tc writes it (1gbit, 100mbit, unlimited)")
     parser.add_argument("--cores", type=float, metavar="N",
                         help=f"cores the ranks share, for the model ({cores_default})")
+    parser.add_argument("--cluster-link", default="1gbit", metavar="RATE",
+                        help="where the ranks share cores, the efficiency figure also draws the model of a cluster, a "
+                        "core per rank, with rank 0 on this link (default 1gbit)")
     parser.add_argument("--bench", type=Path, nargs="+", metavar="JSON",
                         help="python -m mpi_fnas.bench --json outputs: the model's party step (default: calibrated on "
                         "each series' smallest K)")
@@ -89,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--cores: expected a number > 0, got {args.cores}")
     if args.command == "collect":
         try:
-            link, party_step = _model_inputs(args)
+            link, cluster_link, party_step = _model_inputs(args)
         except ConfigError as exc:
             return cli.report_bad_input(0, exc, args.debug)
-        return _collect(Path(args.dir), link, party_step, args.cores, args.debug)
+        return _collect(Path(args.dir), link, cluster_link, party_step, args.cores, args.debug)
     return _run(args)
 
 
@@ -108,30 +111,34 @@ def _run(args: argparse.Namespace) -> int:
         for point in points:  # every point's config is valid before the first one starts
             point_config(point, args.config, args.overrides)
         mpirun = find_mpirun(args.mpirun)
-        link, party_step = _model_inputs(args)
+        link, cluster_link, party_step = _model_inputs(args)
         cli.make_dir(root)
     except ConfigError as exc:
         return cli.report_bad_input(0, exc, args.debug)
     print(f"mpi_fnas.scaling: {len(points)} points into {root}", flush=True)
     outcomes = run_grid(points, root, args.config, args.overrides, mpirun)
     cores = args.cores if args.cores is not None else float(os.cpu_count() or 1)
-    code = _collect(root, link, party_step, cores, args.debug)
+    code = _collect(root, link, cluster_link, party_step, cores, args.debug)
     failed = [o for o in outcomes if not o.skipped and o.exit_code != 0]
     for outcome in failed:
         print(f"mpi_fnas.scaling: {outcome.point.dirname} exited {outcome.exit_code}", file=sys.stderr, flush=True)
     return cli.EXIT_FAILURE if failed or code != cli.EXIT_OK else cli.EXIT_OK
 
 
-def _model_inputs(args: argparse.Namespace) -> tuple[Link, float | None]:
-    """(Link, the bench's party step or None); ConfigError on a bad --link or --bench."""
+def _model_inputs(args: argparse.Namespace) -> tuple[Link, Link, float | None]:
+    """(--link, --cluster-link, the bench's party step or None); ConfigError on a bad --link, --cluster-link or
+    --bench."""
     from mpi_fnas.report.cost_model import Link
 
-    try:
-        link = Link.parse(args.link)
-    except ValueError as exc:
-        raise ConfigError(f"--link: {exc}") from None
+    links = []
+    for option, rate in (("--link", args.link), ("--cluster-link", args.cluster_link)):
+        try:
+            links.append(Link.parse(rate))
+        except ValueError as exc:
+            raise ConfigError(f"{option}: {exc}") from None
+    link, cluster_link = links
     if not args.bench:
-        return link, None
+        return link, cluster_link, None
     steps = []
     for path in args.bench:
         try:
@@ -139,12 +146,14 @@ def _model_inputs(args: argparse.Namespace) -> tuple[Link, float | None]:
             steps.append(float(bench["dp_step_seconds"] if "dp_step_seconds" in bench else bench["step_seconds"]))
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ConfigError(f"--bench {path}: not a python -m mpi_fnas.bench --json output ({exc})") from None
-    return link, sum(steps) / len(steps)
+    return link, cluster_link, sum(steps) / len(steps)
 
 
-def _collect(root: Path, link: Link, party_step: float | None, cores: float | None, debug: bool) -> int:
+def _collect(root: Path, link: Link, cluster_link: Link, party_step: float | None, cores: float | None,
+             debug: bool) -> int:
     """Read the study under `root` into ROOT/scaling.csv and ROOT/figures/ (the model on `link` with `cores` cores,
-    its party step `party_step` or calibrated per series); bad input: one line, exit 2."""
+    its party step `party_step` or calibrated per series; where `cores` are shared, the efficiency figure also models
+    a cluster: a core per rank, `cluster_link`); bad input: one line, exit 2."""
     from mpi_fnas.scaling.figures import study_figures
     from mpi_fnas.scaling.results import read_study, study_rows
     from mpi_fnas.scaling.table import markdown_table, write_csv
@@ -154,12 +163,14 @@ def _collect(root: Path, link: Link, party_step: float | None, cores: float | No
             raise ConfigError(f"{root}: no such directory")
         records = read_study(root)
         rows = study_rows(records, link=link, cores=cores, party_step_seconds=party_step)
+        cluster = (study_rows(records, link=cluster_link, cores=None, party_step_seconds=party_step)
+                   if cores is not None else None)
     except ConfigError as exc:
         return cli.report_bad_input(0, exc, debug)
     csv_path = write_csv(root, rows)
     figures = root / "figures"
     figures.mkdir(exist_ok=True)
-    for name, png in study_figures(rows, cores).items():
+    for name, png in study_figures(rows, cores, cluster, cluster_link.describe()).items():
         (figures / name).write_bytes(png)
     print(markdown_table(rows), end="")
     final = sum(row.final for row in rows)

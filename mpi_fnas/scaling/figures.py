@@ -99,9 +99,11 @@ def _model_efficiency(rows: Sequence[PointRow], scaling: str, exchange: str) -> 
     return ks, [times[0] / t for t in times]
 
 
-def efficiency_figure(rows: Sequence[PointRow], cores: float | None = None) -> Figure:
+def efficiency_figure(rows: Sequence[PointRow], cores: float | None = None,
+                      cluster: Sequence[PointRow] | None = None, cluster_link: str = "") -> Figure:
     """Efficiency against K, measured (solid) and modelled (dashed), with the bound of `cores` shared cores (a core
-    per rank: 1)."""
+    per rank: 1); beside them (dash-dot) the model of a cluster, a core per rank on `cluster_link`, from `cluster`
+    (the same points' rows as the model predicts them there)."""
 
     def draw(ax, scaling: str, rows: Sequence[PointRow]) -> None:
         ks = sorted({row.parties for row in rows if row.final and row.scaling == scaling})
@@ -113,6 +115,10 @@ def efficiency_figure(rows: Sequence[PointRow], cores: float | None = None) -> F
             xs, ys = _model_efficiency(rows, scaling, exchange)
             if xs:
                 ax.plot(xs, ys, color=colour, label=f"{exchange}: {_model_label(cores)}", **_MODEL)
+            xs, ys = _model_efficiency(cluster or (), scaling, exchange)
+            if xs:
+                ax.plot(xs, ys, color=colour, linestyle="-.", alpha=0.7,
+                        label=f"{exchange}: cost model, a cluster (a core per rank, {cluster_link})")
         if ks and cores is not None:
             ax.plot(ks, [shared_core_bound(k, ks[0], cores) for k in ks], ":", color="black", linewidth=1.5,
                     label=f"bound on {cores:g} shared cores: min(1, {cores:g}/(K+1))")
@@ -134,9 +140,11 @@ def link_figure(rows: Sequence[PointRow]) -> Figure:
     return _panels(rows, "Megabytes through rank 0's link per iteration", "MB per iteration", draw, log_y=True)
 
 
-def study_figures(rows: Sequence[PointRow], cores: float | None = None) -> dict[str, bytes]:
+def study_figures(rows: Sequence[PointRow], cores: float | None = None, cluster: Sequence[PointRow] | None = None,
+                  cluster_link: str = "") -> dict[str, bytes]:
     """{file name: PNG} of every figure; `cores`: the cores the ranks shared, as the model took them (None: a core
-    per rank)."""
-    figures = {TIME_FIGURE: time_figure(rows, cores), EFFICIENCY_FIGURE: efficiency_figure(rows, cores),
+    per rank); `cluster`, `cluster_link`: the modelled cluster the efficiency figure draws beside them."""
+    figures = {TIME_FIGURE: time_figure(rows, cores),
+               EFFICIENCY_FIGURE: efficiency_figure(rows, cores, cluster, cluster_link),
                LINK_FIGURE: link_figure(rows)}
     return {name: png_bytes(figure) for name, figure in figures.items()}
