@@ -5,7 +5,8 @@ A Markdown table row with a cell that reads "± <number>" (a mean ± its spread 
 only inside a block that ``python -m mpi_fnas.report.results write`` writes (``<!-- results: … -->`` …
 ``<!-- /results -->``, ``<!-- tuning: … -->`` … ``<!-- /tuning -->``) or in a fenced code block. A typed
 measurement goes, dated, to docs/log/benchmarks.md, and the page links to it. A table a page keeps because it is
-computed, not measured (the noise sweep's ε), is recomputed here with the project's accountant.
+computed, not measured (the noise sweep's ε, the cost model's cluster-scale table), is recomputed here with the
+project's own code.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import re
 from pathlib import Path
 
 from mpi_fnas.federation.job_plan import plan_assignments
+from mpi_fnas.federation.topology import COLLECTIVE, STAR
 from mpi_fnas.privacy.shard_ledger import party_deltas
+from mpi_fnas.report.cost_model import Link, StepCosts, predict_step, rank0_link_values, strong_scaling_efficiency
 from mpi_fnas.sweep import LogReleases, SweepPoint, load_sweep, point_config
 from mpi_fnas.sweep.composition import compose_pool
 
@@ -153,3 +156,100 @@ def test_the_noise_sweeps_epsilon_table_is_what_the_accountant_gives() -> None:
     for head, text, value in zip(heads, printed, computed, strict=True):
         half_digit = 0.5 * 10 ** -len(text.partition(".")[2])
         assert abs(value - float(text)) <= half_digit + 1e-9, f"σ² {head}: printed {text}, computed {value:.4f}"
+
+
+# --- the cost model's cluster-scale figures on docs/hpc.md: computed, so recomputed -----------------------------
+
+HPC = ROOT / "docs" / "hpc.md"
+SCALING_HEADER = ("| K | star: step (s) | star: values on rank 0's link | star: efficiency | collective: step (s) | "
+                  "collective: values on rank 0's link | collective: efficiency |")
+#: The inputs the page states, not the model's: a GPU party's step (no GPU was measured) and the CPU party's private
+#: step the bench measured on this machine, both in seconds.
+STATED_GPU_STEP, MEASURED_CPU_STEP = 0.05, 0.355
+
+
+def printed_scaling_rows(text: str) -> list[list[str]]:
+    """The cells of every body row of `text`'s table under SCALING_HEADER ("Modelled at cluster scale")."""
+    lines = text.splitlines()
+    assert SCALING_HEADER in lines, "docs/hpc.md: the cluster-scale table is gone or its header changed"
+    rows = []
+    for line in lines[lines.index(SCALING_HEADER) + 2:]:  # past the header and its |---| line
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def agrees(printed: str, value: float) -> bool:
+    """`value` rounds to `printed` (a number with optional thousands commas): within half its last printed digit."""
+    number = printed.replace(",", "")
+    return abs(value - float(number)) <= 0.5 * 10 ** -len(number.partition(".")[2]) + 1e-9
+
+
+@functools.cache
+def _darts_default_sizes() -> tuple[int, int]:
+    """(n_W, n_A) of configs/darts_default.yaml's supernet, counted as a party counts its release buffers."""
+    from mpi_fnas.bench.party_step import input_shape
+    from mpi_fnas.config import load_config
+    from mpi_fnas.space import search_space
+
+    cfg = load_config(ROOT / "configs" / "darts_default.yaml")
+    channels, _, _, classes = input_shape(cfg)
+    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=channels,
+                                                        num_classes=classes)
+    return sum(p.numel() for p in model.weights()), sum(p.numel() for p in model.alphas())
+
+
+def scaling_mismatches(rows: list[list[str]], costs: StepCosts, link: Link) -> list[str]:
+    """Each printed cell of `rows` that the cost model does not give, under secure aggregation, a core per rank."""
+    bad = []
+    for k, *cells in rows:
+        computed = []
+        for exchange in (STAR, COLLECTIVE):
+            step = predict_step(costs, int(k), link, int(k) + 1, exchange, secure=True).total
+            computed += [step, rank0_link_values(costs.num_w, costs.num_a, int(k), exchange, secure=True),
+                         strong_scaling_efficiency(costs, int(k), link, exchange, secure=True)]
+        bad += [f"K = {k}, column {column + 2}: printed {text}, computed {value:,.4f}"
+                for column, (text, value) in enumerate(zip(cells, computed, strict=True)) if not agrees(text, value)]
+    return bad
+
+
+def test_the_cluster_scale_table_is_what_the_cost_model_gives() -> None:
+    """Every cell of docs/hpc.md's "Modelled at cluster scale" table agrees, to the digits printed, with
+    mpi_fnas.report.cost_model at the inputs the page states: rank 0's link at 10 Gbit/s, secure aggregation, a core
+    or GPU per rank, configs/darts_default.yaml's network, and a party step of 0.05 s that is stated, not measured.
+    The page's n_W + n_A is recounted from the config's supernet."""
+    text = HPC.read_text(encoding="utf-8")
+    num_w, num_a = _darts_default_sizes()
+    assert f"n_W = {num_w:,} weights, n_A = {num_a} architecture values" in text
+    assert f"n_W + n_A = {num_w + num_a:,} values" in text
+    rows = printed_scaling_rows(text)
+    assert [int(row[0]) for row in rows] == [8, 32, 64, 128, 256, 512, 1024]
+    costs = StepCosts(STATED_GPU_STEP, server_seconds=0.0, message_seconds=0.0, num_w=num_w, num_a=num_a)
+    assert not (bad := scaling_mismatches(rows, costs, Link.parse("10gbit"))), "\n".join(bad)
+
+
+def test_the_cost_models_figures_around_it_are_what_it_gives() -> None:
+    """The prose's model figures on docs/hpc.md, from the CPU party's private step the bench measured there (0.355 s,
+    an input, stated on the page): K = 8's efficiency in the star at 1 Gbit/s, 100 and 15 Mbit/s; K = 8's step at
+    100 Mbit/s in the star and with collectives; and that this step makes every efficiency of the table higher."""
+    text = " ".join(HPC.read_text(encoding="utf-8").split())  # sentences wrap across lines
+    num_w, num_a = _darts_default_sizes()
+    cpu = StepCosts(MEASURED_CPU_STEP, server_seconds=0.0, message_seconds=0.0, num_w=num_w, num_a=num_a)
+    assert f"t_step {MEASURED_CPU_STEP} s" in text and f"{MEASURED_CPU_STEP} s here for the private step" in text
+    efficiencies = re.search(r"the model gives (\d+) % at K = 8 on 1 Gbit/s, (\d+) % on 100 Mbit/s and (\d+) % on "
+                             r"15 Mbit/s", text)
+    assert efficiencies is not None, "docs/hpc.md: the strong-scaling sentence changed shape"
+    for printed, rate in zip(efficiencies.groups(), ("1gbit", "100mbit", "15mbit"), strict=True):
+        value = 100 * strong_scaling_efficiency(cpu, 8, Link.parse(rate))
+        assert agrees(printed, value), f"{rate}: printed {printed} %, computed {value:.2f} %"
+    steps = re.search(r"K = 8 a step of ([\d.]+) s in the star and ([\d.]+) s with collectives", text)
+    assert steps is not None, "docs/hpc.md: the 100 Mbit/s step sentence changed shape"
+    for printed, exchange in zip(steps.groups(), (STAR, COLLECTIVE), strict=True):
+        value = predict_step(cpu, 8, Link.parse("100mbit"), 9, exchange, secure=True).total
+        assert agrees(printed, value), f"{exchange}: printed {printed} s, computed {value:.4f} s"
+    gpu = StepCosts(STATED_GPU_STEP, server_seconds=0.0, message_seconds=0.0, num_w=num_w, num_a=num_a)
+    for k in (8, 32, 64, 128, 256, 512, 1024):
+        for exchange in (STAR, COLLECTIVE):
+            assert (strong_scaling_efficiency(cpu, k, Link.parse("10gbit"), exchange, secure=True)
+                    > strong_scaling_efficiency(gpu, k, Link.parse("10gbit"), exchange, secure=True))

@@ -12,7 +12,7 @@
 
 Rank 0 chooses (:func:`choose_exchange`); every party checks the choice against its own config
 (:func:`collective_refusal`), since a tree hands its release, or a sum holding it, to another party. Why, and what
-each pattern exposes to whom: docs/privacy.md, "The exchange pattern"; measured: docs/hpc.md.
+each pattern exposes to whom: docs/privacy.md, "The exchange pattern"; measured: docs/log/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -132,7 +132,7 @@ def predict_step(costs: StepCosts, parties: int, link: Link, cores: float, excha
 
     Rank 0 counts as one more rank on shared cores: it takes the parties' CPU for its ε accounting (every
     ``runtime.log_every`` steps under DP), its own steps and MPI's progress polling. With K / cores instead, the
-    compute-bound runs of docs/hpc.md came out 21-27 % short."""
+    compute-bound runs of the benchmark log (docs/log/benchmarks.md) came out 21-27 % short."""
     party = costs.party_step_seconds * max(1.0, (parties + 1) / cores)
     values = rank0_link_values(costs.num_w, costs.num_a, parties, exchange, secure)
     wire = BYTES_PER_VALUE * values * 8 / link.bandwidth_bits
@@ -238,7 +238,7 @@ def compare(benches: Sequence[dict], runs: Sequence[tuple[str, Path]], cores: fl
 
 
 def markdown_table(rows: Sequence[Comparison]) -> str:
-    """The comparison as docs/hpc.md shows it."""
+    """The comparison as scripts/cost_table.sh prints it (its runs: docs/log/benchmarks.md)."""
     lines = ["| K | link | exchange | steps | measured (s) | predicted (s) | error | transfer measured (s) | transfer "
              "predicted (s) | parties measured (s) | parties predicted (s) |", "|---" * 11 + "|"]
     for row in rows:
