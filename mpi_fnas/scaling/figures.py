@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import NullFormatter, ScalarFormatter
+from matplotlib.ticker import LogLocator, NullFormatter, ScalarFormatter
 
 from mpi_fnas.report.figures import new_figure, png_bytes
 from mpi_fnas.scaling.results import PointRow
@@ -18,6 +18,7 @@ from mpi_fnas.scaling.results import PointRow
 TIME_FIGURE, EFFICIENCY_FIGURE, LINK_FIGURE = "scaling-time.png", "scaling-efficiency.png", "scaling-link.png"
 _COLOURS = {"star": "#d62728", "collective": "#1f77b4"}
 _MEASURED, _MODEL = {"linestyle": "-", "marker": "o"}, {"linestyle": "--", "marker": None}
+_LEGEND_CHARACTERS = 150  # characters of 8-point legend text across the report's figure
 
 Draw = Callable[[object, str, Sequence[PointRow]], None]
 
@@ -57,6 +58,7 @@ def _panels(rows: Sequence[PointRow], title: str, ylabel: str, draw: Draw, log_y
         ax.set_xscale("log", base=2)
         if log_y:
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))  # 0.2, 0.5, 1, 2, 5: a few labels a decade
             ax.yaxis.set_major_formatter(ScalarFormatter())
             ax.yaxis.set_minor_formatter(NullFormatter())
         ax.set_xticks(ks, [str(k) for k in ks])
@@ -65,10 +67,12 @@ def _panels(rows: Sequence[PointRow], title: str, ylabel: str, draw: Draw, log_y
         ax.set_title(f"{scaling} scaling", fontsize=10)
         ax.grid(alpha=0.3, which="both")
     labelled = {label: handle for ax in axes for handle, label in zip(*ax.get_legend_handles_labels(), strict=True)}
+    # As many columns as the longest label lets fit across the figure, and room below the panels for the rows.
+    columns = max(1, min(4, len(labelled), _LEGEND_CHARACTERS // (max(map(len, labelled), default=1) + 6)))
     figure.suptitle(title, fontsize=11)
-    figure.tight_layout(rect=(0, 0.1, 1, 1))
-    figure.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=min(4, len(labelled)),
-                  fontsize=8, frameon=False)
+    figure.tight_layout(rect=(0, 0.04 + 0.045 * math.ceil(len(labelled) / columns), 1, 1))
+    figure.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=columns, fontsize=8,
+                  frameon=False)
     return figure
 
 
