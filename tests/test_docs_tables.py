@@ -154,8 +154,7 @@ def test_the_noise_sweeps_epsilon_table_is_what_the_accountant_gives() -> None:
     every_point = [_releases(v, s, "cifar10") for v in variances for s in spec.seeds]
     computed.append(compose_pool("cifar10", every_point).epsilon)
     for head, text, value in zip(heads, printed, computed, strict=True):
-        half_digit = 0.5 * 10 ** -len(text.partition(".")[2])
-        assert abs(value - float(text)) <= half_digit + 1e-9, f"σ² {head}: printed {text}, computed {value:.4f}"
+        assert agrees(text, value), f"σ² {head}: printed {text}, computed {value:.4f}"
 
 
 # --- the cost model's cluster-scale figures on docs/hpc.md: computed, so recomputed -----------------------------
@@ -188,16 +187,11 @@ def agrees(printed: str, value: float) -> bool:
 
 @functools.cache
 def _darts_default_sizes() -> tuple[int, int]:
-    """(n_W, n_A) of configs/darts_default.yaml's supernet, counted as a party counts its release buffers."""
-    from mpi_fnas.bench.party_step import input_shape
+    """(n_W, n_A) of configs/darts_default.yaml's supernet, as the scaling study counts a run's releases."""
     from mpi_fnas.config import load_config
-    from mpi_fnas.space import search_space
+    from mpi_fnas.scaling.sizes import release_sizes
 
-    cfg = load_config(ROOT / "configs" / "darts_default.yaml")
-    channels, _, _, classes = input_shape(cfg)
-    model = search_space(cfg.space.kind).build_supernet(cfg.space, seed=cfg.seed, in_channels=channels,
-                                                        num_classes=classes)
-    return sum(p.numel() for p in model.weights()), sum(p.numel() for p in model.alphas())
+    return release_sizes(load_config(ROOT / "configs" / "darts_default.yaml").to_yaml())
 
 
 def scaling_mismatches(rows: list[list[str]], costs: StepCosts, link: Link) -> list[str]:
