@@ -89,8 +89,9 @@ def test_bench_json_fields(ranks, memory):
 
     if memory:
         assert all(report[key] is None for key in (*AGGREGATION_FIELDS, *OPACUS_FIELDS))
-    else:  # cnn-tanh's private step beside Opacus's: both timed, the ratio theirs over ours
+    else:  # the configured cell's private step beside Opacus's: both timed, the ratio ours over theirs
         assert report["opacus_version"] and report["opacus_network_params"] > 0
+        assert report["opacus_network"].startswith("cell ")  # the network the config trains, not a stand-in
         assert report["dp_step_vs_opacus"] == pytest.approx(
             report["network_dp_step_cpu_seconds"] / report["opacus_dp_step_cpu_seconds"])
     if not memory:  # secure against local aggregation at equal ε, K = 8 (docs/benchmarks.md)
@@ -125,6 +126,7 @@ def test_bench_batchnorm_skips_private_step_with_reason():
     assert report["step_seconds"] > 0
     assert report["dp_step_seconds"] is None and report["dp_step_ratio"] is None
     assert "BatchNorm" in report["dp_note"]
+    assert report["opacus_note"].startswith("not compared: module ") and report["dp_step_vs_opacus"] is None
 
 
 def test_private_and_plain_steps_compute_on_the_same_network_and_batch():
@@ -205,3 +207,15 @@ def test_the_scattering_of_a_partys_pool_is_timed_and_its_memory_counted():
     assert report["scatter_features_mb"] == pytest.approx(100 * 81 * 49 * 4 / 1e6)
     assert report["scatter_peak_growth_mb"] >= 0
     assert time_scattering(load_config(None, ["augment.network=cnn-gn"]), 4) == {}
+
+
+def test_opacus_is_compared_on_the_cell_the_config_trains():
+    """The configured cell's private step beside Opacus's on a copy of it: both timed, the ratio ours over theirs;
+    the network named is the cell (of the genotype the supernet starts from), not a stand-in."""
+    from mpi_fnas.bench.opacus_comparison import compare_opacus
+
+    cfg = load_config(None, ["data.image_size=8", "space.stage_channels=[4, 8]", "augment.batch_size=8"])
+    report = compare_opacus(cfg, repeats=1)
+    assert report["opacus_network"].startswith("cell dpnas=") and report["opacus_network_params"] > 0
+    assert report["dp_step_vs_opacus"] == pytest.approx(
+        report["network_dp_step_cpu_seconds"] / report["opacus_dp_step_cpu_seconds"])

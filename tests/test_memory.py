@@ -15,7 +15,17 @@ from pre_recipe import PRE_RECIPE
 from torch import nn
 
 from mpi_fnas.config import SetupError, config_from_text
-from mpi_fnas.federation.memory import NodeFacts, node_facts, plan_memory, return_free_memory, step_mb
+from mpi_fnas.federation.memory import (
+    AUTO_PASS_MAX,
+    AUTO_PASS_MIN,
+    PASS_MEMORY_MB,
+    NodeFacts,
+    node_facts,
+    pass_examples,
+    plan_memory,
+    return_free_memory,
+    step_mb,
+)
 
 
 def test_a_step_holds_the_saved_inputs_and_one_gradient_per_example():
@@ -36,9 +46,49 @@ def test_views_of_one_tensor_count_once():
     assert step_mb(TwoViews(), (1, 1, 12), 1) == pytest.approx(12 * 4 / 1e6)
 
 
+def test_an_auto_pass_holds_about_pass_memory_mb_of_step_within_its_bounds():
+    # 4,000 -> 5: 4,000 saved + 20,005 gradient floats per example, so 64 MB hold 666 examples: capped
+    small = nn.Linear(4_000, 5)
+    assert int(PASS_MEMORY_MB / step_mb(small, (1, 1, 4_000), 1)) > AUTO_PASS_MAX
+    assert pass_examples("auto", small, (1, 1, 4_000)) == AUTO_PASS_MAX
+    # in between (0.96 MB an example): 64 MB over the example's step, 66
+    mid = nn.Linear(40_000, 5)
+    expected = int(PASS_MEMORY_MB / step_mb(mid, (1, 1, 40_000), 1))
+    assert AUTO_PASS_MIN < expected < AUTO_PASS_MAX and pass_examples("auto", mid, (1, 1, 40_000)) == expected
+    # a network whose example takes more than PASS_MEMORY_MB / 32 still gets passes of 32 (the old fixed default)
+    wide = nn.Linear(100_000, 10)
+    assert step_mb(wide, (1, 1, 100_000), AUTO_PASS_MIN) > PASS_MEMORY_MB
+    assert pass_examples("auto", wide, (1, 1, 100_000)) == AUTO_PASS_MIN
+    # a number, or null (one pass per batch), is taken as it is
+    assert pass_examples(7, small, (1, 1, 12)) == 7 and pass_examples(None, small, (1, 1, 12)) is None
+
+
+def test_sizing_an_auto_pass_leaves_the_network_as_it_was():
+    # measured on a copy: a forward in training mode would move a BatchNorm's running statistics
+    net = nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.Linear(4 * 6 * 6, 3))
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    pass_examples("auto", net, (1, 8, 8))
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+def test_the_plan_counts_an_auto_pass_as_the_party_sizes_it():
+    from mpi_fnas.space import search_space
+
+    auto, one_pass = _plan("augment.epochs=0"), _plan("augment.epochs=0", "runtime.max_physical_batch=null")
+    (term,) = auto.steps
+    space = _cfg().space
+    supernet = search_space(space.kind).build_supernet(space, seed=0, in_channels=3, num_classes=10)
+    assert term.auto_examples == pass_examples("auto", supernet, (3, 8, 8)) >= AUTO_PASS_MIN
+    assert auto.party.step_mb == pytest.approx(one_pass.at_passes(term.auto_examples).party.step_mb)
+
+
+def _cfg(*overrides: str):
+    return config_from_text(None, [*PRE_RECIPE, "data.train_size=400", "data.test_size=40", "data.image_size=8",
+                                   *overrides])
+
+
 def _plan(*overrides: str, hosts=("a",) * 3, capacity=math.inf, stage="search"):
-    cfg = config_from_text(None, [*PRE_RECIPE, "data.train_size=400", "data.test_size=40", "data.image_size=8",
-                                  *overrides])
+    cfg = _cfg(*overrides)
     return plan_memory(cfg, [NodeFacts(host, capacity, "test") for host in hosts], stage=stage)
 
 

@@ -15,6 +15,7 @@ from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
 from mpi_fnas.federation.global_model import search_server
 from mpi_fnas.federation.local_model import Party, search_party
+from mpi_fnas.federation.memory import pass_examples
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.schedules import search_learning_rate
 from mpi_fnas.federation.shard import BatchStream, Shard
@@ -164,6 +165,15 @@ def test_an_exact_step_in_passes_is_the_step_in_one():
         np.testing.assert_allclose(got[:-STATS], expected[:-STATS], rtol=1e-5, atol=1e-7)
         np.testing.assert_allclose(got[-STATS:-1], expected[-STATS:-1], rtol=1e-5)  # loss sum, correct, count
     assert split.w_release()[-2] == 7
+
+
+def test_a_party_sizes_an_auto_pass_from_its_own_network_and_examples():
+    model = SearchNetwork(channels=4, num_classes=3, layers=3, nodes=2, in_channels=3, norm="groupnorm")
+    expected = pass_examples("auto", model, (3, 8, 8))
+    x, y = torch.randn(12, 3, 8, 8), torch.randint(0, 3, (12,))
+    party = search_party(model, Shard(x[:6], y[:6]), Shard(x[6:], y[6:]), batch_size=4,
+                         randomness=PartyRandomness.create("reproducible", seed=0, rank=1), max_physical_batch="auto")
+    assert party.max_physical_batch == expected > 32  # a number of examples, more than the old fixed 32 here
 
 
 def test_batch_stream_visits_every_example_once_per_pass():

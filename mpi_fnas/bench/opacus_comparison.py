@@ -1,4 +1,4 @@
-"""The private step of a hand-designed network (``augment.network`` when it is one, else ``cnn-tanh``) beside
+"""The private step of the configured augmentation network (a hand-designed ``augment.network`` or a cell) beside
 Opacus's on the same network, weights, inputs and threads (:func:`compare_opacus`): an outside reference for what
 our DP step costs."""
 
@@ -14,16 +14,18 @@ from mpi_fnas.config import HANDCRAFTED_NETWORKS, Config
 
 
 def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
-    """The private step of the configured hand-designed ``augment.network`` (``cnn-tanh`` for a cell) beside
-    Opacus's, interleaved, medians of CPU seconds. A ScatterNet's batch is its examples' scattering (computed once,
-    outside both steps).
+    """The private step of the configured augmentation network beside Opacus's, interleaved, medians of CPU
+    seconds: the hand-designed ``augment.network``, or the cell of ``augment.genotype`` (unset: the genotype the
+    supernet starts from). A ScatterNet's batch is its examples' scattering (computed once, outside both steps).
 
     Ours: the augmentation party's release of one Poisson batch at rate 1 (exactly ``augment.batch_size``
-    examples: per-example gradients, clip, Gaussian noise from the AES keystream, ÷ B). Theirs: the same network
+    examples, in the passes ``runtime.max_physical_batch`` sets: per-example gradients, clip, Gaussian noise from
+    the AES keystream, ÷ B). Theirs: the same network
     (a copy, same weights) in ``GradSampleModule``, one forward and backward on the same batch, then
     ``DPOptimizer.step`` (clip, Gaussian noise from torch's generator, ÷ B, the SGD update: O(P), negligible
     here). Same clip, σ and B (the ``augment`` section). ``dp_step_vs_opacus`` = ours / theirs: ≤ 1 means ours
-    is no slower. Without Opacus installed (the ``test`` extra has it) only ``opacus_note`` says why.
+    is no slower. Without Opacus installed (the ``test`` extra has it), or for a network that cannot train under DP,
+    only ``opacus_note`` says why.
     """
     try:
         from opacus import GradSampleModule
@@ -36,10 +38,17 @@ def compare_opacus(cfg: Config, repeats: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    network = cfg.augment.network if cfg.augment.network in HANDCRAFTED_NETWORKS else "cnn-tanh"
-    augment = dataclasses.replace(cfg.augment, network=network, genotype=None, drop_path=0.0,
-                                  auxiliary_weight=0.0, cutout=0, crop_padding=0, flip=False)
-    ours = make_augment_party(dataclasses.replace(cfg, augment=augment), private=True)
+    augment = dataclasses.replace(cfg.augment, drop_path=0.0, auxiliary_weight=0.0, cutout=0, crop_padding=0,
+                                  flip=False)
+    from mpi_fnas.privacy.validators import PrivacyError
+
+    try:
+        ours = make_augment_party(dataclasses.replace(cfg, augment=augment), private=True)
+    except PrivacyError as exc:  # e.g. a DARTS cell with BatchNorm: it has no private step to compare
+        return {"opacus_note": f"not compared: {exc}"}
+    network = cfg.augment.network
+    if network not in HANDCRAFTED_NETWORKS:
+        network = f"cell {ours.model.genotype.to_string()}"
     x, y = ours.train.x, ours.train.y  # the whole pool: the Poisson batch at rate 1
     theirs = GradSampleModule(copy.deepcopy(ours.model))
     optimizer = DPOptimizer(torch.optim.SGD(theirs.parameters(), lr=augment.lr),

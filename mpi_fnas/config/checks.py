@@ -89,7 +89,7 @@ _RANGES: list[tuple[str, Any, str]] = [
     ("runtime.comm_timeout_factor", lambda v: v >= 0, "must be >= 0 (0: no adaptive limit)"),
     ("runtime.comm_timeout_min", lambda v: v > 0, "must be > 0"),
     ("runtime.node_memory_mb", lambda v: v is None or v > 0, "must be > 0 or null"),
-    ("runtime.max_physical_batch", lambda v: v is None or v >= 1, "must be >= 1 or null"),
+    ("runtime.max_physical_batch", lambda v: v is None or v == "auto" or v >= 1, "must be >= 1, auto or null"),
 ]
 
 

@@ -347,10 +347,12 @@ class RuntimeConfig:
     node_memory_mb: float | None = _key(
         None, "memory one node gives this job, in MB (10^6 bytes); null: the node's available memory, its cgroup "
         "limit or SLURM_MEM_PER_NODE, the smallest. Rank 0 refuses a placement whose expected peak exceeds it")
-    max_physical_batch: int | None = _key(
-        32, "examples per forward/backward pass of a party: a larger batch (under DP a Poisson batch, which varies) "
-        "runs in equal passes of at most this many, their gradients summed (clipped per example under DP), so a "
-        "step's memory stays bounded; smaller saves memory and costs time; null: one pass per batch")
+    max_physical_batch: int | Literal["auto"] | None = _key(
+        "auto", "examples per forward/backward pass of a party: a larger batch (under DP a Poisson batch, which "
+        "varies) runs in equal passes of at most this many, their gradients summed (clipped per example under DP), so "
+        "a step's memory stays bounded; smaller saves memory and costs time; auto: as many as about 64 MB of the "
+        "step's memory holds (the network's saved activations and per-example gradient), from 32 to 128; null: one "
+        "pass per batch")
 
 
 @dataclass

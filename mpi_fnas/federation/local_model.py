@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import numpy as np
 import torch
@@ -28,6 +29,7 @@ from mpi_fnas.cpu_kernels import to_channels_last
 from mpi_fnas.data.augmentation import augment_images
 from mpi_fnas.evaluation import EVAL_BATCH, evaluate
 from mpi_fnas.federation.flat import STATS, assign, flatten, numel
+from mpi_fnas.federation.memory import pass_examples
 from mpi_fnas.federation.randomness import PartyRandomness
 from mpi_fnas.federation.shard import BatchStream, Shard, Transform, channels_last
 from mpi_fnas.privacy import DPParams, PrivacyError, check_model_for_dp
@@ -52,14 +54,14 @@ class Party:
         loss_fn: the per-example loss ``(outputs, targets) -> (b,)`` of the W releases.
         method: the per-example gradient method of the DP W release (the augmentation insists on ``hooks``).
         dp_randomness: under DP, the source the plan asks for (``secret`` or ``reproducible``), `randomness`'s own.
-        max_physical_batch: examples per forward/backward pass, bounding the step's memory; None: one pass per batch.
+        max_physical_batch: examples per pass, bounding the step's memory (``"auto"``: :func:`pass_examples`).
     """
 
     def __init__(self, model: torch.nn.Module, w_shard: Shard, batch_size: int, randomness: PartyRandomness, *,
                  a_shard: Shard | None = None, releases: dict[str, Release] | None = None,
                  transform: Transform | None = None, loss_fn: LossFn = per_example_cross_entropy,
                  method: Method = "auto", dp_randomness: str | None = None, what: str = "search.batch_size",
-                 max_physical_batch: int | None = None) -> None:
+                 max_physical_batch: int | Literal["auto"] | None = None) -> None:
         # On the CPU, channels-last (NHWC) storage for the network and the images: oneDNN's convolutions and their
         # backward run 15-40 % faster so for these small feature maps (docs/log/benchmarks.md). The values, and so the
         # releases, are those of the default layout up to float rounding. On a GPU (not measured here) the layout
@@ -78,7 +80,7 @@ class Party:
         self.val_stream = BatchStream(len(a_shard), batch_size, randomness.sampling) if a_shard is not None else None
         self.releases = releases
         self.transform, self.loss_fn, self.method = transform, loss_fn, method
-        self.max_physical_batch = max_physical_batch
+        self.max_physical_batch = pass_examples(max_physical_batch, model, tuple(w_shard.x.shape[1:]))
         if releases is not None:
             check_model_for_dp(model)
             for name, shard in (("W", w_shard), ("A", a_shard)):
@@ -309,7 +311,8 @@ class Party:
 
 
 def search_party(model: torch.nn.Module, train: Shard, val: Shard, batch_size: int, randomness: PartyRandomness,
-                 dp: DPParams | None = None, w_rounds: int = 1, max_physical_batch: int | None = None) -> Party:
+                 dp: DPParams | None = None, w_rounds: int = 1,
+                 max_physical_batch: int | Literal["auto"] | None = None) -> Party:
     """A party of the search: the supernet's W on its train shard, A on its validation shard; `dp`: the run's
     privacy parameters (None: exact gradients); `w_rounds`: W releases per iteration (2 under ADADP);
     `max_physical_batch`: examples per pass (see :class:`Party`)."""
@@ -320,7 +323,7 @@ def search_party(model: torch.nn.Module, train: Shard, val: Shard, batch_size: i
 
 def augment_party(model: torch.nn.Module, pool: Shard, augment: AugmentConfig, randomness: PartyRandomness,
                   release: Release | None = None, dp_randomness: str | None = None,
-                  max_physical_batch: int | None = None) -> Party:
+                  max_physical_batch: int | Literal["auto"] | None = None) -> Party:
     """A party of the augmentation: the network's weights on its pool, each example of a batch cropped, flipped
     and cut out on its own and its drop-path masks drawn per example, all from its sampling stream; the loss adds
     the auxiliary head's. `release`: the DP release (None: exact gradients); `dp_randomness`: with it, the

@@ -31,12 +31,17 @@ from mpi_fnas.wire import wire_type
 
 # The terms of the model (docs/benchmarks.md, "Memory per rank"); their measurements: docs/log/benchmarks.md.
 PARTY_MODULES_MB = 12.0  # mpi4py and a party's modules above torch
-PARTY_WORKING_MB = 30.0  # what a party's allocator keeps whatever its steps
+PARTY_WORKING_MB = 100.0  # what a party's allocator keeps whatever its steps (30 until the DPNAS default's refit)
 SERVER_MODULES_MB = 100.0  # rank 0's planner, ledgers and log: dp_accounting, scipy, h5py
 SERVER_WORKING_MB = 140.0  # rank 0's evaluation, ledger worker and log writer, with room for run-to-run spread
 SEARCH_STEP_FACTOR = 1.35  # a party's peak above its data, per MB of a supernet step (a least-squares fit, rounded up)
-AUGMENT_STEP_FACTOR = 3.0  # the same per MB of an augmentation step (a least-squares fit, rounded up)
+AUGMENT_STEP_FACTOR = 5.5  # the same per MB of an augmentation step (3.0 until the DPNAS default's refit)
 POISSON_MARGIN_SIGMAS = 3.0  # B_max = B + 3 √B for a Poisson batch of mean B
+# runtime.max_physical_batch: auto. Passes of 128-256 examples ran the 28x28 networks' private step fastest, passes of
+# 32 up to 1.4x slower, and larger passes gained little but memory (docs/log/benchmarks.md). The floor is the fixed
+# default auto replaced, so no step gets slower; the budget keeps a large network's pass within memory.
+PASS_MEMORY_MB = 64.0
+AUTO_PASS_MIN, AUTO_PASS_MAX = 32, 128
 
 
 @wire_type
@@ -67,15 +72,18 @@ class RankEstimate:
 
 @dataclass(frozen=True)
 class StepTerm:
-    """One stage's step in a party's estimate: MB per example of a pass (its fitted factor included) and the most
-    examples a batch of the stage may hold (B_max)."""
+    """One stage's step in a party's estimate: MB per example of a pass (its fitted factor included), the most
+    examples a batch of the stage may hold (B_max), and the examples of an ``auto`` pass (:func:`pass_examples`)."""
 
     mb_per_example: float
     largest_batch: float
+    auto_examples: int = AUTO_PASS_MIN
 
-    def mb(self, max_physical_batch: int | None) -> float:
-        """MB of the step when a batch runs in passes of at most `max_physical_batch` examples (None: one pass)."""
-        examples = self.largest_batch if max_physical_batch is None else min(self.largest_batch, max_physical_batch)
+    def mb(self, max_physical_batch: int | str | None) -> float:
+        """MB of the step when a batch runs in passes of at most `max_physical_batch` examples (None: one pass;
+        ``auto``: :attr:`auto_examples`)."""
+        cap = self.auto_examples if max_physical_batch == "auto" else max_physical_batch
+        examples = self.largest_batch if cap is None else min(self.largest_batch, cap)
         return self.mb_per_example * examples
 
 
@@ -170,9 +178,9 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     if stage == "search":
         supernet = space.build_supernet(cfg.space, seed=cfg.seed, **dims)
         stem = fixed_stem_of(supernet)
-        steps.append(StepTerm(SEARCH_STEP_FACTOR * step_mb(supernet, stem.output_shape(cfg.data.image_size)
-                                                           if stem is not None else shape, 1),
-                              _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
+        steps.append(_step_term(SEARCH_STEP_FACTOR, step_mb(supernet, stem.output_shape(cfg.data.image_size)
+                                                             if stem is not None else shape, 1),
+                                _largest_batch(cfg.search.batch_size, cfg.mode == "dpfnas")))
     if cfg.augment.epochs > 0:
         if cfg.augment.genotype is not None:
             # SetupError (one line, exit 2) for a genotype this config cannot train, e.g. an op outside space.ops
@@ -183,8 +191,8 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
         private = cfg.mode == "dpfnas" and cfg.augment.private
         stem = fixed_stem_of(network)  # a ScatterNet trains on its examples' scattering, kept instead of the images
         augment_shape = stem.output_shape(cfg.data.image_size) if stem is not None else shape
-        steps.append(StepTerm(AUGMENT_STEP_FACTOR * step_mb(network, augment_shape, 1),
-                              _largest_batch(cfg.augment.batch_size, private)))
+        steps.append(_step_term(AUGMENT_STEP_FACTOR, step_mb(network, augment_shape, 1),
+                                _largest_batch(cfg.augment.batch_size, private)))
         augment_example_mb = math.prod(augment_shape) * 4 / 1e6
     else:
         augment_example_mb = 0.0
@@ -202,9 +210,10 @@ def plan_memory(cfg: Config, facts: list[NodeFacts], *, stage: str) -> MemoryPla
     return MemoryPlan(server, party, nodes, capacity, tuple(steps))
 
 
-def step_mb(model, shape: tuple[int, int, int], batch: float) -> float:
+def step_mb(model, shape: tuple[int, ...], batch: float) -> float:
     """MB of one training step of `model` at `batch` examples of `shape` (C, H, W): the tensors autograd saves for
-    the backward pass plus one per-example gradient, per example, times the batch (both grow linearly in it)."""
+    the backward pass plus one per-example gradient, per example, times the batch (both grow linearly in it). Runs
+    one forward of 2 examples in the model's mode, on its device."""
     import torch
 
     saved: dict[int, int] = {}
@@ -214,10 +223,39 @@ def step_mb(model, shape: tuple[int, int, int], batch: float) -> float:
         saved[storage.data_ptr()] = storage.nbytes()  # views of one storage count once
         return tensor
 
+    device = next(model.parameters(), torch.empty(0)).device
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        model(torch.zeros(2, *shape))
+        model(torch.zeros(2, *shape, device=device))
     params = sum(p.numel() for p in model.parameters())
     return batch * (sum(saved.values()) / 2 + 4 * params) / 1e6
+
+
+def pass_examples(setting: int | str | None, model, shape: tuple[int, ...]) -> int | None:
+    """The examples per forward/backward pass that ``runtime.max_physical_batch`` = `setting` means for `model` on
+    examples of `shape`: the setting itself when it is a number, or None (one pass per batch); for ``auto``, as
+    many examples as :data:`PASS_MEMORY_MB` of step memory (:func:`step_mb`) holds, from :data:`AUTO_PASS_MIN` to
+    :data:`AUTO_PASS_MAX`.
+    A pure function of the network and the shape, so every party of a stage gets the same passes. The model is
+    measured on a copy (a forward in training mode would move a BatchNorm's running statistics).
+
+    Example:
+        >>> pass_examples("auto", ScatterCnn(1, 10, 28), (81, 7, 7))  # doctest: +SKIP
+        128
+    """
+    if setting != "auto":
+        return setting  # type: ignore[return-value]
+    import copy
+
+    return _auto_examples(step_mb(copy.deepcopy(model), shape, 1))
+
+
+def _auto_examples(mb_per_example: float) -> int:
+    return min(AUTO_PASS_MAX, max(AUTO_PASS_MIN, int(PASS_MEMORY_MB / mb_per_example)))
+
+
+def _step_term(factor: float, mb_per_example: float, largest_batch: float) -> StepTerm:
+    """A stage's term from its network's raw :func:`step_mb` per example and its fitted factor."""
+    return StepTerm(factor * mb_per_example, largest_batch, _auto_examples(mb_per_example))
 
 
 def peak_rss_mb() -> float:
