@@ -300,13 +300,13 @@ def hook_clipped_sum(
                 g = g.reshape(batch, -1)
                 formed[name] = formed[name] + g if name in formed else g
 
-    copies = _hook_pass(model, params, inputs, targets, loss_fn, add_layer)
-    for name, g in (copies or {}).items():
-        formed[name] = g.reshape(batch, -1)
+    copies = _hook_pass(model, params, inputs, targets, loss_fn, add_layer) or {}
+    for name in list(copies):
+        formed[name] = copies.pop(name).reshape(batch, -1)
     # Each float32 block is dropped once widened, and a row's squared norm is taken without squaring the block:
     # neither the two precisions of a block nor its square are held at once (a pass's largest tensors).
     wide = {name: formed.pop(name).to(dtype) for name in list(formed)}
-    pairs = {owner: (x.to(dtype), g.to(dtype)) for owner, (x, g) in outer.items()}
+    pairs = {owner: tuple(t.to(dtype) for t in outer.pop(owner)) for owner in list(outer)}
     squared = torch.zeros(batch, dtype=dtype, device=first.device)
     for g in wide.values():
         squared += _row_dots(g)
