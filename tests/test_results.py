@@ -5,6 +5,8 @@ ones."""
 
 from __future__ import annotations
 
+import csv
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +14,7 @@ from conftest import TINY, warm_jobs
 
 from mpi_fnas.report import results
 from mpi_fnas.report.results import ResultsError, RunSummary
+from mpi_fnas.runlog import read_run
 
 
 def test_every_marked_table_is_what_the_summaries_render():
@@ -60,17 +63,43 @@ def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
     assert fresh == f"<!-- tuning: private-28 -->\n{tuned}<!-- /tuning -->\n"
 
 
+def test_the_cells_block_lists_each_searched_runs_genotype_and_a_hand_design_has_none(tmp_path):
+    cell = "dpnas=conv_3x3_selu@0|conv_3x3_linear@0,conv_3x3_linear@1"
+    rows = [dataclasses.replace(_row("searched", 1, 0.9635, "fashion-mnist"), genotype=cell),
+            dataclasses.replace(_row("searched", 0, 0.95, epsilon=1.0), genotype="dpnas=conv_3x3_tanh@0"),
+            _row("cnn-tanh", 0, 0.98)]
+    listed = results.render_cells("private-28", rows)
+    assert listed == (f"- fashion-mnist, ε 3, seed 1: `{cell}`, 96.35 %\n"
+                      "- mnist, ε 1, seed 0: `dpnas=conv_3x3_tanh@0`, 95.00 %\n")
+    marked = tmp_path / "page.md"
+    marked.write_text("<!-- cells: private-28 -->\n<!-- /cells -->\n")
+    assert results.rewrite(marked.read_text(), rows) == f"<!-- cells: private-28 -->\n{listed}<!-- /cells -->\n"
+    results.write_summaries(rows, tmp_path / "runs.csv")
+    assert sorted(results.read_summaries(tmp_path / "runs.csv"), key=repr) == sorted(rows, key=repr)
+    # a file written before the column existed reads as no genotype
+    old = tmp_path / "old.csv"
+    with open(tmp_path / "runs.csv", newline="") as new, open(old, "w", newline="") as out:
+        csv.writer(out).writerows(line[:-1] for line in csv.reader(new))
+    assert {r.genotype for r in results.read_summaries(old)} == {""}
+
+
 @pytest.mark.slow
 def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_path):
-    small = [*TINY, "--set", "augment.network=cnn-gn", "--set", "augment.epochs=1", "--set",
-             "augment.steps_per_epoch=2", "--set", "augment.batch_size=8", "--set", "privacy.target_epsilon=4"]
-    done, tuning = warm_jobs((3, [*small, "--out", str(tmp_path / "run")]),
-                             (3, [*small, "--set", "data.holdout=50", "--out", str(tmp_path / "tuning")]))
-    assert done.returncode == 0 and tuning.returncode == 0, done.stderr[-2000:] + tuning.stderr[-2000:]
+    trained = ["--set", "augment.epochs=1", "--set", "augment.steps_per_epoch=2", "--set", "augment.batch_size=8",
+               "--set", "privacy.target_epsilon=4"]
+    small, searched = [*TINY, "--set", "augment.network=cnn-gn", *trained], [*TINY, *trained]
+    done, tuning, cell = warm_jobs((3, [*small, "--out", str(tmp_path / "run")]),
+                                   (3, [*small, "--set", "data.holdout=50", "--out", str(tmp_path / "tuning")]),
+                                   (3, [*searched, "--out", str(tmp_path / "cell")]))
+    assert done.returncode == cell.returncode == tuning.returncode == 0, (
+        done.stderr[-2000:] + tuning.stderr[-2000:] + cell.stderr[-2000:])
+    found = results.summarize(tmp_path / "cell", table="private-28", arm="searched", commit="abc")
+    assert found.genotype and found.genotype == read_run(tmp_path / "cell" / "search.h5")["final_genotype"]
     assert "tuning: data.holdout 50" in tuning.stdout
     row = results.summarize(tmp_path / "run", table="private-28", arm="cnn-gn", commit="abc")
     assert (row.arm, row.dataset, row.epsilon_target, row.seed, row.commit) == ("cnn-gn", "synthetic-shapes", 4.0,
                                                                                 0, "abc")
+    assert row.genotype == ""  # a hand-designed network: no cell (and no search)
     assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")

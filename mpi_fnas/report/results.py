@@ -9,10 +9,10 @@ commit), and the Markdown tables of the README and the docs are rendered from th
 A marked table is ``<!-- results: TABLE -->`` … ``<!-- /results -->`` in a Markdown file: rows are the arms, columns
 the datasets at each ε of TABLE (:data:`TABLES`), cells the mean ± standard error over seeds (n), beside the
 papers' numbers (:data:`PUBLISHED`); ``<!-- tuning: TABLE -->`` … ``<!-- /tuning -->`` lists the tuning runs that
-chose each arm's setting (``docs/results/tuning.csv``: the setting tried, its held-out accuracy).
-tests/test_results.py checks that every marked table is what ``write`` renders from the CSVs. A results table takes
-no tuning run (``data.holdout`` > 0: its numbers are not the test split's), so it holds only test-split numbers of
-finished runs.
+chose each arm's setting (``docs/results/tuning.csv``: the setting tried, its held-out accuracy);
+``<!-- cells: TABLE -->`` … ``<!-- /cells -->`` the cell each searched run found.
+tests/test_results.py checks that every marked table is what ``write`` renders. A results table takes no tuning
+run (``data.holdout`` > 0), so it holds only test-split numbers of finished runs.
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ RUNS_CSV = ROOT / "docs" / "results" / "runs.csv"
 #: A tuning run's summary: its setting and held-out accuracy.
 TUNING_CSV = ROOT / "docs" / "results" / "tuning.csv"
 #: The Markdown files whose marked tables ``write`` renders.
-MARKED = (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "benchmarks.md")
-_MARK = re.compile(r"(<!-- (?P<kind>results|tuning): (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
+MARKED = (ROOT / "README.md", ROOT / "docs" / "index.md", ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "dpnas.md")
+_MARK = re.compile(r"(<!-- (?P<kind>results|tuning|cells): (?P<table>[\w.-]+) -->\n)(?P<body>.*?)(<!-- /(?P=kind) -->)",
                    re.S)
 
 
@@ -56,6 +56,7 @@ class RunSummary:
     config: str  # the config's name
     commit: str  # the commit the summary was recorded at
     note: str = ""
+    genotype: str = ""  # the cell it trained (a searched arm's: the search's final genotype); "" for a hand design
 
 
 @dataclass(frozen=True)
@@ -151,11 +152,14 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
                              epsilon_target=float(target) if target is not None else math.nan, seed=int(cfg["seed"]),
                              setting=tuning, holdout_acc=float(stage["test_acc"]),
                              wall_seconds=float(np.nansum(walls)), commit=commit)
+    # The cell it trained: the one given, else the search's (a hand-designed network has neither).
+    genotype = str(cfg["augment"].get("genotype") or log.get("final_genotype") or "")
     return RunSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
                       epsilon_target=float(target) if target is not None and cfg["mode"] == "dpfnas" else math.nan,
                       seed=int(cfg["seed"]), test_acc=float(stage["test_acc"]),
                       epsilon_worst=float(epsilon[-1].max()) if epsilon.size else math.nan,
-                      wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note)
+                      wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note,
+                      genotype=genotype)
 
 
 def read_summaries(path: Path = RUNS_CSV, kind: type = RunSummary) -> list:
@@ -235,6 +239,15 @@ def render_tuning(name: str, rows: Sequence[TuningSummary]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_cells(name: str, rows: Sequence[RunSummary]) -> str:
+    """The Markdown of the cells table `name`'s searched runs found: one list item per run (dataset, ε, seed), its
+    genotype and test accuracy (%). A list, not a table: a genotype's ``|`` would split a table's cells."""
+    found = sorted((r for r in rows if r.table == name and r.genotype),
+                   key=lambda r: (r.dataset, -r.epsilon_target, r.seed))
+    return "".join(f"- {r.dataset}, ε {r.epsilon_target:g}, seed {r.seed}: `{r.genotype}`, "
+                   f"{100 * r.test_acc:.2f} %\n" for r in found)
+
+
 def _setting_order(setting: str) -> tuple:
     """Settings in the order of their values (numbers as numbers: lr=4 before lr=16)."""
     key, _, value = setting.partition("=")
@@ -247,6 +260,8 @@ def _setting_order(setting: str) -> tuple:
 def _render(match: re.Match, rows: Sequence[RunSummary], tuning: Sequence[TuningSummary]) -> str:
     if match.group("kind") == "tuning":
         return render_tuning(match.group("table"), tuning)
+    if match.group("kind") == "cells":
+        return render_cells(match.group("table"), rows)
     return render_table(match.group("table"), rows)
 
 
@@ -294,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--note", default="")
     record.add_argument("--tuning", metavar="SETTING", help="a tuning run (data.holdout): the setting it tried, as "
                         "--set takes it (e.g. augment.lr=8); recorded in docs/results/tuning.csv")
-    sub.add_parser("write", help="rewrite every marked table of README.md, docs/index.md and docs/benchmarks.md")
+    sub.add_parser("write", help="rewrite every marked table of README.md, docs/index.md, docs/benchmarks.md and "
+                   "docs/dpnas.md")
     args = parser.parse_args(argv)
     try:
         rows, tuning = read_summaries(), read_summaries(TUNING_CSV, TuningSummary)
