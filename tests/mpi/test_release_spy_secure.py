@@ -31,6 +31,7 @@ from test_release_spy import (
 
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import load_config
+from mpi_fnas.federation.memory import AUTO_PASS_MAX, AUTO_PASS_MIN
 from mpi_fnas.federation.party_disk import PartyStore
 from mpi_fnas.federation.topology import COLLECTIVE, STAR, tree_children, tree_parent
 from mpi_fnas.runlog import read_run
@@ -118,6 +119,9 @@ def test_secure_parties_hand_mpi_only_masked_words_and_one_public_key(monkeypatc
         assert mid_band(np.concatenate(channel.sent)) > 0.99
         if passes is not None:  # the releases were made in passes (the sums below still match)
             assert {limit for limit, _ in limits} == {passes} and any(b > passes for _, b in limits)
+        else:  # auto: one pass size, from the config alone, whatever the realised batches (data-independent)
+            (limit,) = {limit for limit, _ in limits}
+            assert AUTO_PASS_MIN <= limit <= AUTO_PASS_MAX and len({b for _, b in limits}) > 1
         return
     state = check_checkpoint_holds_no_party_state(run_dir, run["checkpoint"], party_state=run["party_state"])
     assert (state["stage"], state["step"]) == (stage, 2)
