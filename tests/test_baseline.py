@@ -83,6 +83,26 @@ def test_dpnas_random_cells_are_uniform_and_always_trainable():
     assert len(ops) == 10 and stats.chisquare(list(ops.values())).pvalue > ALPHA
 
 
+def test_a_random_cell_of_a_space_that_searches_its_stem_or_head_draws_them_too():
+    """A searched choice (``space.head: search``) is drawn uniformly like an edge, so the random arm's network can be
+    built; a fixed one is left to the space; and the cells are the ones a space without the choice draws."""
+    fixed = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=2", "space.stem=scattering"])
+    searched = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=2", "space.stem=scattering",
+                                  "space.head=search"])
+    space = search_space("dpnas")
+    heads = Counter()
+    for seed in range(400):
+        plain = space.random_genotype(fixed.space, np.random.default_rng(seed))
+        drawn = space.random_genotype(searched.space, np.random.default_rng(seed))
+        assert drawn.ops == plain.ops and (plain.stem, plain.head) == (None, None) and drawn.stem is None
+        heads[drawn.head] += 1
+    assert set(heads) == {"pool", "dpnas"} and stats.chisquare(list(heads.values())).pvalue > ALPHA
+    genotype = space.parse_genotype(random_genotype_text(searched, 0, 0), searched.space)
+    cfg = load_config(None, [*PRE_RECIPE, "space.kind=dpnas", "space.nodes=2", "space.stem=scattering",
+                             "space.head=search", "data.image_size=28", "space.stage_channels=[4,8]"])
+    space.build_augment_network(genotype, cfg, seed=0, in_channels=1, num_classes=10)
+
+
 def test_the_baselines_random_cells_leave_out_the_sigmoid_activation():
     """The control is the space without sigmoid (which rarely trains under DP: drawing it would measure the search
     avoiding it); every other candidate is still drawn."""

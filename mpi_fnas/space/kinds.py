@@ -168,13 +168,17 @@ class DpnasSpace:
     def random_genotype(self, space: SpaceConfig, rng: np.random.Generator) -> dpnas.DpnasGenotype:
         """A cell drawn uniformly from the trainable ones: every edge's op uniformly among the candidates (all 10
         primitives unless ``space.ops``; ``none`` = no edge, as the argmax derivation allows), redrawn until the
-        cell is connected."""
+        cell is connected; then each choice the space searches (``space.stem``, ``space.head``: search) uniformly
+        among its candidates, as the search could have derived it. A fixed choice is left to the space."""
         candidates = self.candidates(space)
         while True:
             ops = tuple(candidates[int(k)] for k in rng.integers(len(candidates), size=dpnas.num_edges(space.nodes)))
-            genotype = dpnas.DpnasGenotype(ops)
-            if genotype.connected:
-                return genotype
+            if dpnas.DpnasGenotype(ops).connected:
+                break
+        # Drawn after the cell, so a space without a searched choice draws the cells it always drew.
+        chosen = {name: values[int(rng.integers(len(values)))] for name, values in dpnas.CHOICES.items()
+                  if getattr(space, name) == dpnas.SEARCH}
+        return dpnas.DpnasGenotype(ops, **chosen)
 
     def largest_genotype(self, cfg: Config) -> dpnas.DpnasGenotype:
         """The cell whose network has the most parameters: every edge a candidate convolution (they all have the
