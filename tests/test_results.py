@@ -43,7 +43,7 @@ def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
     assert math.isclose(se, 0.01 / math.sqrt(3))
     assert f"| 3 | `cnn-tanh` (Papernot et al.'s tanh CNN) | {100 * mean:.2f} ± {100 * se:.2f} (3; 0 min) | " \
         "98.1 (ε 2.93) |" in text
-    assert "| 89.00 (1; 0 min) | 89.7 |" in text and "| 1 | searched cell | 95.00 (1; 0 min) | – |" in text
+    assert "| 89.00 (1; 0 min) | 89.7 |" in text and "| 1 | searched cell (conv stem, pool head) | 95.00 (1; 0 min) | – |" in text
     marked = tmp_path / "page.md"
     marked.write_text("before\n<!-- results: private-28 -->\nold\n<!-- /results -->\nafter\n")
     fresh = results.rewrite(marked.read_text(), rows)
@@ -63,14 +63,18 @@ def test_a_table_is_the_mean_and_standard_error_over_seeds(tmp_path):
     assert fresh == f"<!-- tuning: private-28 -->\n{tuned}<!-- /tuning -->\n"
 
 
-def test_the_cells_block_lists_each_searched_runs_genotype_and_a_hand_design_has_none(tmp_path):
+def test_the_cells_block_lists_each_searched_runs_genotype_and_a_drawn_or_hand_designed_one_has_none(tmp_path):
     cell = "dpnas=conv_3x3_selu@0|conv_3x3_linear@0,conv_3x3_linear@1"
     rows = [dataclasses.replace(_row("searched", 1, 0.9635, "fashion-mnist"), genotype=cell),
             dataclasses.replace(_row("searched", 0, 0.95, epsilon=1.0), genotype="dpnas=conv_3x3_tanh@0"),
+            dataclasses.replace(_row("searched-scattering", 0, 0.9, epsilon=1.0), genotype=cell + ";head=dpnas"),
+            dataclasses.replace(_row("random-scattering", 0, 0.9), genotype=cell + ";head=pool"),
             _row("cnn-tanh", 0, 0.98)]
     listed = results.render_cells("private-28", rows)
-    assert listed == (f"- fashion-mnist, ε 3, seed 1: `{cell}`, 96.35 %\n"
-                      "- mnist, ε 1, seed 0: `dpnas=conv_3x3_tanh@0`, 95.00 %\n")
+    assert listed == (f"- searched cell (conv stem, pool head), fashion-mnist, ε 3, seed 1: `{cell}`, 96.35 %\n"
+                      "- searched cell (conv stem, pool head), mnist, ε 1, seed 0: `dpnas=conv_3x3_tanh@0`, 95.00 %\n"
+                      "- searched cell (scattering stem, head searched), mnist, ε 1, seed 0: "
+                      f"`{cell};head=dpnas`, 90.00 %\n")
     marked = tmp_path / "page.md"
     marked.write_text("<!-- cells: private-28 -->\n<!-- /cells -->\n")
     assert results.rewrite(marked.read_text(), rows) == f"<!-- cells: private-28 -->\n{listed}<!-- /cells -->\n"

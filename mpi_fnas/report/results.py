@@ -85,10 +85,15 @@ class Table:
     epsilons: tuple[float, ...]
 
 
+#: The arms whose cell a search found start with this (the random arms' cells were drawn).
+SEARCHED_ARM = "searched"
 #: The tables the docs mark: the private networks at 28×28, K = 8, secure aggregation.
 TABLES: dict[str, Table] = {
     "private-28": Table(
-        arms=(("searched", "searched cell"), ("cnn-tanh", "`cnn-tanh` (Papernot et al.'s tanh CNN)"),
+        arms=(("searched", "searched cell (conv stem, pool head)"),
+              ("searched-scattering", "searched cell (scattering stem, head searched)"),
+              ("random-scattering", "random cells of that space (no sigmoid)"),
+              ("cnn-tanh", "`cnn-tanh` (Papernot et al.'s tanh CNN)"),
               ("scatter-linear", "`scatter-linear` (ScatterNet + linear)"),
               ("scatter-cnn", "`scatter-cnn` (ScatterNet + CNN)"),
               ("dpsur", "DPSUR 2023 (published; not run here)")),
@@ -240,12 +245,16 @@ def render_tuning(name: str, rows: Sequence[TuningSummary]) -> str:
 
 
 def render_cells(name: str, rows: Sequence[RunSummary]) -> str:
-    """The Markdown of the cells table `name`'s searched runs found: one list item per run (dataset, ε, seed), its
-    genotype and test accuracy (%). A list, not a table: a genotype's ``|`` would split a table's cells."""
-    found = sorted((r for r in rows if r.table == name and r.genotype),
-                   key=lambda r: (r.dataset, -r.epsilon_target, r.seed))
-    return "".join(f"- {r.dataset}, ε {r.epsilon_target:g}, seed {r.seed}: `{r.genotype}`, "
-                   f"{100 * r.test_acc:.2f} %\n" for r in found)
+    """The Markdown of the cells table `name`'s searched arms found: one list item per run (arm, dataset, ε, seed),
+    its genotype and test accuracy (%). A list, not a table: a genotype's ``|`` would split a table's cells. A random
+    arm's cell was drawn, not found, so it is not listed."""
+    labels = dict(TABLES[name].arms)
+    order = list(labels)
+    found = sorted((r for r in rows if r.table == name and r.genotype and r.arm.startswith(SEARCHED_ARM)),
+                   key=lambda r: (order.index(r.arm) if r.arm in order else len(order), r.dataset,
+                                  -r.epsilon_target, r.seed))
+    return "".join(f"- {labels.get(r.arm, r.arm)}, {r.dataset}, ε {r.epsilon_target:g}, seed {r.seed}: "
+                   f"`{r.genotype}`, {100 * r.test_acc:.2f} %\n" for r in found)
 
 
 def _setting_order(setting: str) -> tuple:
