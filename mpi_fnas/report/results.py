@@ -30,6 +30,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
+from mpi_fnas.baseline.arms import SEARCHED
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The per-seed summaries, in the repository.
 RUNS_CSV = ROOT / "docs" / "results" / "runs.csv"
@@ -85,8 +87,6 @@ class Table:
     epsilons: tuple[float, ...]
 
 
-#: The arms whose cell a search found start with this (the random arms' cells were drawn).
-SEARCHED_ARM = "searched"
 #: The tables the docs mark: the private networks at 28×28, K = 8, secure aggregation.
 TABLES: dict[str, Table] = {
     "private-28": Table(
@@ -232,7 +232,7 @@ def render_tuning(name: str, rows: Sequence[TuningSummary]) -> str:
     lines = ["| data | ε | arm | settings tried (held-out accuracy %, tuning seed) | runs |", "|---|---|---|---|---|"]
     labels = dict(TABLES[name].arms)
     keys = sorted({(r.dataset, r.epsilon_target, r.arm) for r in rows if r.table == name},
-                  key=lambda k: (k[0], -k[1], list(labels).index(k[2]) if k[2] in labels else len(labels), k[2]))
+                  key=lambda k: (k[0], -k[1], _arm_order(name, k[2]), k[2]))
     for dataset, epsilon, arm in keys:
         tried = sorted((r for r in rows if (r.table, r.dataset, r.epsilon_target, r.arm) == (name, dataset, epsilon,
                                                                                                arm)),
@@ -249,12 +249,16 @@ def render_cells(name: str, rows: Sequence[RunSummary]) -> str:
     its genotype and test accuracy (%). A list, not a table: a genotype's ``|`` would split a table's cells. A random
     arm's cell was drawn, not found, so it is not listed."""
     labels = dict(TABLES[name].arms)
-    order = list(labels)
-    found = sorted((r for r in rows if r.table == name and r.genotype and r.arm.startswith(SEARCHED_ARM)),
-                   key=lambda r: (order.index(r.arm) if r.arm in order else len(order), r.dataset,
-                                  -r.epsilon_target, r.seed))
+    found = sorted((r for r in rows if r.table == name and r.genotype and r.arm.startswith(SEARCHED)),
+                   key=lambda r: (_arm_order(name, r.arm), r.dataset, -r.epsilon_target, r.seed))
     return "".join(f"- {labels.get(r.arm, r.arm)}, {r.dataset}, ε {r.epsilon_target:g}, seed {r.seed}: "
                    f"`{r.genotype}`, {100 * r.test_acc:.2f} %\n" for r in found)
+
+
+def _arm_order(name: str, arm: str) -> int:
+    """`arm`'s row in table `name` (an arm the table does not list: after every listed one)."""
+    order = [listed for listed, _ in TABLES[name].arms]
+    return order.index(arm) if arm in order else len(order)
 
 
 def _setting_order(setting: str) -> tuple:
