@@ -242,12 +242,14 @@ def _one_hot_forward(net: DpnasSearchNetwork, x: torch.Tensor, weights: torch.Te
     return net.classifier(F.adaptive_avg_pool2d(h, 1).flatten(1))
 
 
-def test_a_sampled_path_runs_one_op_per_edge_with_a_straight_through_alpha_gradient() -> None:
+@pytest.mark.parametrize("nodes", [3, 5])
+def test_a_sampled_path_runs_one_op_per_edge_with_a_straight_through_alpha_gradient(nodes: int) -> None:
     """``search.method: gdas``: the op of edge e is argmax(alpha + g)[e]; the output is that op alone (weight 1),
     the other ops get no gradient, and A's gradient is the straight-through one of softmax((alpha + g) / τ) through
-    the ops that ran."""
+    the ops that ran; at 5 nodes (DPNAS's cell, 15 edges) as at 3."""
     torch.manual_seed(9)
-    net = DpnasSearchNetwork((4, 8), 10, nodes=3)
+    net = DpnasSearchNetwork((4, 8), 10, nodes=nodes)
+    assert net.alpha.shape == (nodes * (nodes + 1) // 2, 10)
     with torch.no_grad():
         net.alpha.normal_()
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([1, 2, 3, 4])
