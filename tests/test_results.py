@@ -94,7 +94,8 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
                "--set", "privacy.target_epsilon=4"]
     small, searched = [*TINY, "--set", "augment.network=cnn-gn", *trained], [*TINY, *trained]
     done, tuning, cell = warm_jobs((3, [*small, "--out", str(tmp_path / "run")]),
-                                   (3, [*small, "--set", "data.holdout=50", "--out", str(tmp_path / "tuning")]),
+                                   (3, [*small, "--set", "data.holdout=50", "--set", "augment.lr=2",
+                                        "--out", str(tmp_path / "tuning")]),
                                    (3, [*searched, "--out", str(tmp_path / "cell")]))
     assert done.returncode == cell.returncode == tuning.returncode == 0, (
         done.stderr[-2000:] + tuning.stderr[-2000:] + cell.stderr[-2000:])
@@ -111,6 +112,14 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
     tried = results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc",
                               tuning="augment.lr=2")
     assert (tried.setting, tried.seed) == ("augment.lr=2", 0) and 0 <= tried.holdout_acc <= 1
+    both = results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc",
+                             tuning="augment.lr=2 augment.epochs=1")  # a length tried at the chosen lr
+    assert both.setting == "augment.lr=2 augment.epochs=1"
+    for claimed, held in (("augment.lr=4", r"augment\.lr=2(\.0)?"),
+                          ("augment.lr=2 augment.epochs=40", r"augment\.epochs=1"),
+                          ("augment.widths=8", "no such key")):  # the table says only what the run's config held
+        with pytest.raises(ResultsError, match=rf"did not try .*\(its config: {held}\)"):
+            results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc", tuning=claimed)
     with pytest.raises(ResultsError, match=r"not a tuning run \(data\.holdout 0\)"):
         results.summarize(tmp_path / "run", table="private-28", arm="cnn-gn", commit="abc", tuning="augment.lr=2")
     with pytest.raises(ResultsError, match="no run log"):

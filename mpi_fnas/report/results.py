@@ -26,11 +26,13 @@ import sys
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import yaml
 
 from mpi_fnas.baseline.arms import SEARCHED
+from mpi_fnas.config import ConfigError, parse_override
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The per-seed summaries, in the repository.
@@ -63,8 +65,8 @@ class RunSummary:
 
 @dataclass(frozen=True)
 class TuningSummary:
-    """One tuning run: an arm's `setting` (``key=value``, as ``--set`` takes it) at the tuning seed, scored on the
-    split held out of the training set (``data.holdout``)."""
+    """One tuning run: an arm's `setting` (``key=value`` as ``--set`` takes it, several separated by spaces) at the
+    tuning seed, scored on the split held out of the training set (``data.holdout``)."""
 
     table: str
     arm: str
@@ -153,6 +155,7 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
     walls = [log["cost"]["wall_seconds"], (augment.get("cost") or {}).get("wall_seconds", 0.0) if augment else 0.0]
     target = cfg["privacy"].get("target_epsilon")
     if tuning is not None:
+        _check_setting(tuning, cfg, run_dir)
         return TuningSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
                              epsilon_target=float(target) if target is not None else math.nan, seed=int(cfg["seed"]),
                              setting=tuning, holdout_acc=float(stage["test_acc"]),
@@ -296,6 +299,25 @@ def stale_tables(rows: Sequence[RunSummary], files: Iterable[Path] = MARKED,
     return stale
 
 
+def _check_setting(setting: str, cfg: dict, run_dir: Path) -> None:
+    """Refuse a tuning `setting` (``key=value``, several separated by spaces) that the run's own config does not
+    hold: the tuning table says what each run tried, read from nowhere but the run."""
+    for part in setting.split():
+        try:
+            key, wanted = parse_override(part)
+        except ConfigError as exc:
+            raise ResultsError(f"--tuning {setting!r}: {exc}") from None
+        held: Any = cfg
+        for name in key.split("."):
+            held = held.get(name, _MISSING) if isinstance(held, dict) else _MISSING
+        if held is _MISSING or held != wanted:
+            found = "no such key" if held is _MISSING else f"{key}={held}"
+            raise ResultsError(f"{run_dir}: the run did not try {part} (its config: {found})")
+
+
+_MISSING = object()
+
+
 # -- the command line ---------------------------------------------------------------------------------------------
 def _identity(row: RunSummary | TuningSummary) -> tuple:
     """What a newer record of the same run replaces: its table, arm, dataset, ε, seed (and setting)."""
@@ -321,7 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     record.add_argument("--commit", default=None, help="the commit the runs ran at (default: HEAD)")
     record.add_argument("--note", default="")
     record.add_argument("--tuning", metavar="SETTING", help="a tuning run (data.holdout): the setting it tried, as "
-                        "--set takes it (e.g. augment.lr=8); recorded in docs/results/tuning.csv")
+                        "--set takes it, several separated by spaces (e.g. augment.lr=8, or 'augment.lr=8 "
+                        "augment.epochs=20'), each checked against the run's config; recorded in "
+                        "docs/results/tuning.csv")
     sub.add_parser("write", help="rewrite every marked table of README.md, docs/index.md, docs/benchmarks.md and "
                    "docs/dpnas.md")
     args = parser.parse_args(argv)
