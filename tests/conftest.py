@@ -38,6 +38,14 @@ TINY = [*PRE_RECIPE_ARGS, *as_args(tiny(
 TEST_DEVICE = os.environ.get("MPI_FNAS_TEST_DEVICE", "cpu")
 
 
+@pytest.fixture(autouse=True)
+def _no_kept_features() -> None:
+    """Each test starts with no fixed-stem features kept by an earlier one in this process (they count transforms)."""
+    from mpi_fnas.stages.party_data import forget_kept_features
+
+    forget_kept_features()
+
+
 @pytest.fixture
 def torch_device() -> str:
     """MPI_FNAS_TEST_DEVICE (default ``cpu``); a CUDA device that is not visible fails the test rather than skipping

@@ -701,6 +701,61 @@ def test_a_search_party_scatters_its_own_shards_once(monkeypatch) -> None:
     assert torch.allclose(party.train.x.contiguous(), real(scattering.Scattering(3), x_tr), atol=1e-6)
 
 
+def test_a_process_transforms_each_example_once_and_a_later_call_takes_what_it_kept(monkeypatch) -> None:
+    """``with_fixed_stem`` keeps the features of what it transformed: a later call on the same examples (in any
+    order, mixed with new ones) transforms only the new ones, and gets the features a fresh transform gives; another
+    stem (other input channels) or other pixels never hit."""
+    from types import SimpleNamespace
+
+    from mpi_fnas.space import scattering
+    from mpi_fnas.stages.party_data import with_fixed_stem
+
+    calls: list[int] = []
+    real = scattering.Scattering.__call__
+    monkeypatch.setattr(scattering.Scattering, "__call__", lambda self, x: calls.append(len(x)) or real(self, x))
+    grey = SimpleNamespace(fixed_stem=scattering.Scattering(1, 8))
+    a, b, new = torch.randn(5, 1, 8, 8), torch.randn(3, 1, 8, 8), torch.randn(2, 1, 8, 8)
+    y = torch.arange(10)
+    with_fixed_stem(grey, a, y[:5]), with_fixed_stem(grey, b, y[:3])
+    assert calls == [5, 3]
+    pool, labels = with_fixed_stem(grey, torch.cat([a, b]), y[:8])
+    assert calls == [5, 3] and labels is not None  # the pool: every example kept, none transformed again
+    assert torch.allclose(pool, real(grey.fixed_stem, torch.cat([a, b])), atol=1e-6)
+    mixed, _ = with_fixed_stem(grey, torch.cat([b[2:], new, a[:1]]), y[:4])
+    assert calls[2:] == [2] and torch.allclose(mixed, real(grey.fixed_stem, torch.cat([b[2:], new, a[:1]])),
+                                               atol=1e-6)
+    big = torch.randn(2, 1, 16, 16)
+    with_fixed_stem(SimpleNamespace(fixed_stem=scattering.Scattering(1, 16)), big, y[:2])
+    colour = SimpleNamespace(fixed_stem=scattering.Scattering(4, 8))
+    with_fixed_stem(colour, big.reshape(2, 4, 8, 8), y[:2])  # the same values as other images: transformed
+    with_fixed_stem(grey, a + 1e-3, y[:5])  # other pixels: other features
+    assert calls[3:] == [2, 2, 5]
+
+
+def test_an_augmentation_party_takes_its_pools_features_from_the_search_of_its_process(monkeypatch) -> None:
+    """The augmentation's pool is the search's two shards: a party that searched transforms none of it again."""
+    from mpi_fnas.federation.job_plan import open_split, plan_augment_stage, plan_run
+    from mpi_fnas.space import scattering
+    from mpi_fnas.stages.augment import AugmentSide
+    from mpi_fnas.stages.search import SearchSide
+
+    cfg = load_config(None, ["data.train_size=120", "data.test_size=20", "data.image_size=8", "space.stem=scattering",
+                             "space.stage_channels=[4]", "mode=fnas"])
+    calls: list[int] = []
+    real = scattering.Scattering.__call__
+    monkeypatch.setattr(scattering.Scattering, "__call__", lambda self, x: calls.append(len(x)) or real(self, x))
+    plan = plan_run(cfg, 2)
+    data = open_split(cfg, "train")
+    searched = SearchSide(cfg).build(cfg, plan.assignments[0], data, 1, torch.device("cpu"))
+    assert len(calls) == 2
+    genotype = search_space("dpnas").parse_genotype("dpnas=conv_3x3_relu@0|conv_3x3_relu@0,conv_3x3_relu@1",
+                                                    cfg.space)
+    got = plan_augment_stage(cfg, plan.assignments, genotype, None, None).assignments[0]
+    party = AugmentSide(cfg).build(cfg, got, data, 1, torch.device("cpu"))
+    assert len(calls) == 2  # no transform in the augmentation's setup
+    assert torch.allclose(party.train.x, torch.cat([searched.train.x, searched.val.x]), atol=1e-6)
+
+
 def test_gdas_anneals_its_temperature_linearly_over_the_epochs_when_asked() -> None:
     """``search.gdas_temperature_final``: τ from gdas_temperature at the first epoch to it at the last (GDAS: 10 to
     0.1), the value the party's step sets; unset, τ stays fixed."""

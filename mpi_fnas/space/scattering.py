@@ -2,9 +2,10 @@
 features of Tramèr & Boneh's ScatterNet), through kymatio's 2-D torch frontend.
 
 A fixed stem has no parameters and sees no data but the image it transforms, so it costs no ε and is computed once:
-a party transforms its own examples when it builds its network, and rank 0 its test split, never per step
-(:func:`fixed_stem_of`, used by the augmentation's two sides). A C×S×S image becomes 81·C channels at S/4×S/4
-(1 + J·L + L²·J(J−1)/2 = 81 per input channel): 81×7×7 for a 28×28 grey image.
+a party transforms its own examples when it builds its network, and rank 0 its test split, never per step; a
+later stage of the same process takes the features kept from the first (:func:`fixed_stem_of` names a network's).
+A C×S×S image becomes 81·C channels at S/4×S/4 (1 + J·L + L²·J(J−1)/2 = 81 per input channel): 81×7×7 for a 28×28
+grey image.
 
 Why the frontend module and not ``kymatio.torch``: that package also imports the 3-D transform, whose SciPy call is
 gone from SciPy 1.17 (kymatio#1068); the 2-D frontend imports and runs alone. kymatio is imported only when a
@@ -38,6 +39,8 @@ class Scattering:
         self.in_channels, self.image_size = in_channels, image_size
         self.out_channels = in_channels * CHANNELS_PER_INPUT
         self.out_size = image_size // 2**J if image_size is not None else None
+        #: What its output depends on besides the image: two stems with the same key transform alike.
+        self.key = ("scattering", J, L, in_channels)
         self._transforms: dict[tuple[torch.device, int], nn.Module] = {}
 
     def output_shape(self, side: int) -> tuple[int, int, int]:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import torch
 
@@ -13,12 +15,42 @@ from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.space.scattering import fixed_stem_of
 
+#: The fixed stem's features of every example this process has transformed, by (stem, shape, digest): the
+#: augmentation's pool is the search's two shards, and rank 0 tests on the same split in both stages, so a later
+#: stage takes them here instead of transforming its examples again. Each row is a view of the features its stage
+#: holds anyway; it stays in this process.
+_KEPT: dict[tuple, torch.Tensor] = {}
+
 
 def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x through `model`'s fixed stem, y): the features it trains on, computed once (a ScatterNet's scattering:
-    :mod:`mpi_fnas.space.scattering`); x as it is for a network without one."""
+    """(x through `model`'s fixed stem, y): the features it trains on, computed once per process (a ScatterNet's
+    scattering: :mod:`mpi_fnas.space.scattering`); x as it is for a network without one. The examples this process
+    transformed before (in an earlier stage) are taken from what it kept, the others transformed now."""
     stem = fixed_stem_of(model)
-    return (stem(x) if stem is not None else x), y
+    if stem is None:
+        return x, y
+    keys = [(stem.key, x.dtype, tuple(x.shape[1:]), digest) for digest in _digests(x)]
+    missing = [i for i, key in enumerate(keys) if key not in _KEPT]
+    if len(missing) == len(keys):  # nothing kept (a first stage): the stem's output as it is
+        features = stem(x)
+    else:
+        for i, row in zip(missing, stem(x[missing]) if missing else (), strict=True):
+            _KEPT[keys[i]] = row
+        features = torch.stack([_KEPT[key].to(x.device) for key in keys])
+    for key, row in zip(keys, features, strict=True):  # the newest rows: an earlier stage's copy may be freed
+        _KEPT[key] = row
+    return features, y
+
+
+def forget_kept_features() -> None:
+    """Drop every feature this process kept (the tests' isolation; a run never needs to)."""
+    _KEPT.clear()
+
+
+def _digests(x: torch.Tensor) -> list[bytes]:
+    """One BLAKE2b digest of each example's values (N small images: milliseconds)."""
+    flat = x.detach().reshape(len(x), -1).cpu().contiguous().numpy()
+    return [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in flat]
 
 
 def own_examples(cfg: Config, data: Dataset, indices: np.ndarray, corruption: float, rank: int,
