@@ -333,15 +333,18 @@ def test_the_fashion_mnist_configs_are_the_mnist_ones_on_the_other_dataset_and_t
                                                                                              "augment.lr_min"}
 
 
-def test_the_scattering_stem_config_is_the_searched_recipe_with_the_scatternets_front_end():
-    """configs/fmnist28_scattering_stem.yaml changes configs/fmnist28.yaml's network only (the stem, the stages on
-    the 7x7 features, the head left to the search) and the lr its tuning chose: the same search, ε and data."""
-    searched = load_config(ROOT / "configs" / "fmnist28.yaml")
-    scattering = load_config(ROOT / "configs" / "fmnist28_scattering_stem.yaml")
+@pytest.mark.parametrize("dataset", ["fmnist28", "mnist28"])
+def test_the_scattering_stem_config_is_the_searched_recipe_with_the_scatternets_front_end(dataset: str):
+    """configs/<dataset>_scattering_stem.yaml changes configs/<dataset>.yaml's network only (the stem, the stages
+    on the 7x7 features, the head left to the search) and the lr its tuning chose: the same search, ε and data; the
+    two datasets' scattering-stem networks are the same."""
+    searched = load_config(ROOT / "configs" / f"{dataset}.yaml")
+    scattering = load_config(ROOT / "configs" / f"{dataset}_scattering_stem.yaml")
     flat_a, flat_b = _flatten(searched.to_dict()), _flatten(scattering.to_dict())
     changed = {key for key in flat_a.keys() | flat_b.keys() if flat_a.get(key) != flat_b.get(key)}
     assert changed == {"name", "space.stem", "space.stem_stride", "space.stage_channels", "space.head", "augment.lr"}
     assert (scattering.space.stem, scattering.space.head, scattering.space.stem_stride) == ("scattering", "search", 1)
+    assert scattering.space == load_config(ROOT / "configs" / "fmnist28_scattering_stem.yaml").space
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict:
