@@ -702,9 +702,10 @@ def test_a_search_party_scatters_its_own_shards_once(monkeypatch) -> None:
 
 
 def test_a_process_transforms_each_example_once_and_a_later_call_takes_what_it_kept(monkeypatch) -> None:
-    """``with_fixed_stem`` keeps the features of what it transformed: a later call on the same examples (in any
-    order, mixed with new ones) transforms only the new ones, and gets the features a fresh transform gives; another
-    stem (other input channels) or other pixels never hit."""
+    """``with_fixed_stem`` keeps the features of what it transformed: a later stage's call (``reuse``) on examples
+    all kept, in any order, transforms none and gets the features a fresh transform gives. Whatever repeats among a
+    party's images, a call transforms all of its examples or none: a search shard that repeats the other, or a
+    reusing call with one new image, transforms them all. Another stem (other input channels) never hits."""
     from types import SimpleNamespace
 
     from mpi_fnas.space import scattering
@@ -716,20 +717,21 @@ def test_a_process_transforms_each_example_once_and_a_later_call_takes_what_it_k
     grey = SimpleNamespace(fixed_stem=scattering.Scattering(1, 8))
     a, b, new = torch.randn(5, 1, 8, 8), torch.randn(3, 1, 8, 8), torch.randn(2, 1, 8, 8)
     y = torch.arange(10)
-    with_fixed_stem(grey, a, y[:5]), with_fixed_stem(grey, b, y[:3])
-    assert calls == [5, 3]
-    pool, labels = with_fixed_stem(grey, torch.cat([a, b]), y[:8])
-    assert calls == [5, 3] and labels is not None  # the pool: every example kept, none transformed again
-    assert torch.allclose(pool, real(grey.fixed_stem, torch.cat([a, b])), atol=1e-6)
-    mixed, _ = with_fixed_stem(grey, torch.cat([b[2:], new, a[:1]]), y[:4])
-    assert calls[2:] == [2] and torch.allclose(mixed, real(grey.fixed_stem, torch.cat([b[2:], new, a[:1]])),
+    with_fixed_stem(grey, a, y[:5])
+    with_fixed_stem(grey, torch.cat([b, a[:2]]), y[:5])  # a shard repeating two of the other's images
+    with_fixed_stem(grey, a[1:4], y[:3])  # one made only of the other's images
+    assert calls == [5, 5, 3]
+    pool, labels = with_fixed_stem(grey, torch.cat([b, a]), y[:8], reuse=True)
+    assert calls == [5, 5, 3] and torch.equal(labels, y[:8])  # the pool: every example kept, none transformed again
+    assert torch.allclose(pool, real(grey.fixed_stem, torch.cat([b, a])), atol=1e-6)
+    mixed, _ = with_fixed_stem(grey, torch.cat([b[2:], new, a[:1]]), y[:4], reuse=True)
+    assert calls[3:] == [4] and torch.allclose(mixed, real(grey.fixed_stem, torch.cat([b[2:], new, a[:1]])),
                                                atol=1e-6)
     big = torch.randn(2, 1, 16, 16)
     with_fixed_stem(SimpleNamespace(fixed_stem=scattering.Scattering(1, 16)), big, y[:2])
     colour = SimpleNamespace(fixed_stem=scattering.Scattering(4, 8))
-    with_fixed_stem(colour, big.reshape(2, 4, 8, 8), y[:2])  # the same values as other images: transformed
-    with_fixed_stem(grey, a + 1e-3, y[:5])  # other pixels: other features
-    assert calls[3:] == [2, 2, 5]
+    with_fixed_stem(colour, big.reshape(2, 4, 8, 8), y[:2], reuse=True)  # the same values as other images
+    assert calls[4:] == [2, 2]
 
 
 def test_an_augmentation_party_takes_its_pools_features_from_the_search_of_its_process(monkeypatch) -> None:

@@ -211,7 +211,7 @@ class AugmentSide(StageSide):
         source = got.params.randomness if private else "reproducible"  # exact gradients: nothing to hide
         self.steps_per_epoch = got.steps_per_epoch
         # A fixed stem (a ScatterNet's scattering) transforms the party's own examples once, here, on its device.
-        x, y = with_fixed_stem(model, x.to(device), y.to(device))
+        x, y = with_fixed_stem(model, x.to(device), y.to(device), reuse=True)
         return augment_party(model.to(device), Shard(x, y), cfg.augment,
                              PartyRandomness.create(source, seed=cfg.seed, rank=rank, stage=self.name),
                              got.releases.release if private else None,

@@ -97,7 +97,8 @@ class ServedStage:
         self.steps, self.steps_per_epoch = self.plan.steps, self.plan.steps_per_epoch
         self.stop_reason = self.plan.stop_reason  # or why a resumed stage ends before its plan (its ε cap)
         self.charging = setup.ledger if setup.private else None  # the ledger of this stage's releases (None: not DP)
-        self.test = _with_fixed_stem(setup.model, *setup.test.render(np.arange(len(setup.test.labels))))
+        self.test = _with_fixed_stem(setup.model, *setup.test.render(np.arange(len(setup.test.labels))),
+                                     reuse=True)  # rank 0's own split: the search's features
         self.test_loss = self.test_acc = math.nan  # of the last evaluation
         self.acc = StepTotals()
         self.clock = IterationClock()  # this attempt's iterations, for its cost

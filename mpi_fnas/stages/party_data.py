@@ -22,21 +22,21 @@ from mpi_fnas.space.scattering import fixed_stem_of
 _KEPT: dict[tuple, torch.Tensor] = {}
 
 
-def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x through `model`'s fixed stem, y): the features it trains on, computed once per process (a ScatterNet's
-    scattering: :mod:`mpi_fnas.space.scattering`); x as it is for a network without one. The examples this process
-    transformed before (in an earlier stage) are taken from what it kept, the others transformed now."""
+def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
+                    reuse: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x through `model`'s fixed stem, y): the features it trains on (a ScatterNet's scattering:
+    :mod:`mpi_fnas.space.scattering`); x as it is for a network without one. The features are kept; with `reuse`
+    (a later stage's call), they are taken from what this process kept when every example of `x` is there, and
+    otherwise all transformed: what a call transforms never depends on which of a party's images repeat (a setup's
+    time would tell the server)."""
     stem = fixed_stem_of(model)
     if stem is None:
         return x, y
     keys = [(stem.key, x.dtype, tuple(x.shape[1:]), digest) for digest in _digests(x)]
-    missing = [i for i, key in enumerate(keys) if key not in _KEPT]
-    if len(missing) == len(keys):  # nothing kept (a first stage): the stem's output as it is
-        features = stem(x)
-    else:
-        for i, row in zip(missing, stem(x[missing]) if missing else (), strict=True):
-            _KEPT[keys[i]] = row
+    if reuse and keys and all(key in _KEPT for key in keys):
         features = torch.stack([_KEPT[key].to(x.device) for key in keys])
+    else:
+        features = stem(x)
     for key, row in zip(keys, features, strict=True):  # the newest rows: an earlier stage's copy may be freed
         _KEPT[key] = row
     return features, y
