@@ -51,6 +51,7 @@ NOT_REPO_FILES = {
     "data.root/mnist-cache/": "where data.dataset mnist writes its parsed splits at run time (data/mnist_full.py)",
     "data.root/fashion-mnist/": "where a user puts FashionMNIST's four files (data/fashion_mnist.py)",
     "data.root/fashion-mnist-cache/": "where data.dataset fashion-mnist caches its checked splits (fashion_mnist.py)",
+    "todo.sh": "docs/benchmarks.md's name for the script python -m mpi_fnas.report.results_plan prints",
 }
 SHIPPED_EXTENSIONS = ("py", "yaml", "yml", "sh", "md", "def", "txt", "toml", "cfg", "json")
 PLACEHOLDER = re.compile(r"[<>$…]|RUN_DIR|TABLE1_ROOT|RUN_ROOT")

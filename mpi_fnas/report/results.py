@@ -82,11 +82,15 @@ class TuningSummary:
 @dataclass(frozen=True)
 class Table:
     """A results table: its arms (rows, in order, with their labels) and datasets (columns, with labels), at each
-    ε of `epsilons`."""
+    ε of `epsilons`; the config each (arm, dataset) runs (an arm without one is only published), the parties of
+    every run, and the seeds a cell needs (:mod:`mpi_fnas.report.results_plan` lists the runs a cell lacks)."""
 
     arms: tuple[tuple[str, str], ...]
     datasets: tuple[tuple[str, str], ...]
     epsilons: tuple[float, ...]
+    configs: dict[tuple[str, str], str]
+    parties: int = 8
+    seeds: tuple[int, ...] = (0, 1, 2)
 
 
 #: The tables the docs mark: the private networks at 28×28, K = 8, secure aggregation.
@@ -100,7 +104,13 @@ TABLES: dict[str, Table] = {
               ("scatter-cnn", "`scatter-cnn` (ScatterNet + CNN)"),
               ("dpsur", "DPSUR 2023 (published; not run here)")),
         datasets=(("mnist", "MNIST 28×28"), ("fashion-mnist", "FashionMNIST 28×28")),
-        epsilons=(3.0, 2.0, 1.0)),
+        epsilons=(3.0, 2.0, 1.0),
+        # A random arm runs its searched arm's config with the cell it draws (mpi_fnas.baseline's random-0).
+        configs={(arm, dataset): f"configs/{prefix}{suffix}.yaml"
+                 for dataset, prefix in (("mnist", "mnist28"), ("fashion-mnist", "fmnist28"))
+                 for arm, suffix in (("searched", ""), ("searched-scattering", "_scattering_stem"),
+                                     ("random-scattering", "_scattering_stem"), ("cnn-tanh", "_tanh"),
+                                     ("scatter-linear", "_scatter_linear"), ("scatter-cnn", "_scatter_cnn"))}),
 }
 #: The papers' numbers at (arm, dataset, ε), central DP, δ = 1e-5 (../shared/papers/private-image-anchors.md).
 PUBLISHED: dict[tuple[str, str, float], str] = {

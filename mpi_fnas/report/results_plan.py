@@ -1,0 +1,131 @@
+"""The runs a results table still lacks, as a shell script: planning apart from running. Every arm of the table that
+has a config (``Table.configs`` of :mod:`mpi_fnas.report.results`), at every dataset, ε and seed it needs, that
+``docs/results/runs.csv`` does not hold yet becomes one run and its ``record``.
+
+    python -m mpi_fnas.report.results_plan > todo.sh     # then, from the repository root: bash todo.sh
+    python -m mpi_fnas.report.results_plan --list         # only the runs' names
+
+A random arm trains the cell ``mpi_fnas.baseline``'s ``random-0`` arm draws at that seed (public: a function of the
+config and the seed), so its run needs no searched arm beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mpi_fnas.baseline.arms import RANDOM_PREFIX
+from mpi_fnas.report.results import ROOT, TABLES, ResultsError, RunSummary, read_summaries
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run a table lacks: its row, column, ε and seed, and how to run it."""
+
+    arm: str
+    dataset: str
+    epsilon: float
+    seed: int
+    config: str  # relative to the repository root
+    ranks: int  # the server and the table's parties
+    overrides: tuple[str, ...]  # ``--set`` arguments, KEY=VALUE
+
+    @property
+    def name(self) -> str:
+        """Its run directory's name: ``<dataset>-e<ε>-<arm>-s<seed>``."""
+        return f"{self.dataset}-e{self.epsilon:g}-{self.arm}-s{self.seed}"
+
+
+def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun]:
+    """The runs of table `table_name` that `rows` do not hold, in the table's order (ε, arm, dataset, seed).
+
+    Args:
+        table_name: a key of :data:`~mpi_fnas.report.results.TABLES`.
+        rows: the recorded summaries (``read_summaries()``).
+
+    Returns:
+        One :class:`PlannedRun` per (arm, dataset, ε, seed) without a row; an arm without a config (a published
+        number) is never planned.
+
+    Example:
+        >>> [run.name for run in missing_runs("private-28", read_summaries())][:1]  # doctest: +SKIP
+        ['mnist-e2-searched-scattering-s2']
+    """
+    from mpi_fnas.baseline.arms import random_genotype_text  # torch: only to draw a random arm's cell
+    from mpi_fnas.config import load_config
+
+    table = TABLES[table_name]
+    have = {(r.arm, r.dataset, r.epsilon_target, r.seed) for r in rows if r.table == table_name}
+    planned = []
+    for epsilon in table.epsilons:
+        for arm, _ in table.arms:
+            for dataset, _ in table.datasets:
+                config = table.configs.get((arm, dataset))
+                if config is None:
+                    continue
+                cfg = load_config(ROOT / config)
+                for seed in table.seeds:
+                    if (arm, dataset, epsilon, seed) in have:
+                        continue
+                    overrides = [f"seed={seed}", f"privacy.target_epsilon={epsilon:g}"]
+                    if arm.startswith(RANDOM_PREFIX):
+                        overrides.append(f"augment.genotype={random_genotype_text(cfg, seed, 0)}")
+                    planned.append(PlannedRun(arm, dataset, epsilon, seed, config, table.parties + 1,
+                                              tuple(overrides)))
+    return planned
+
+
+_HEAD = """\
+#!/usr/bin/env bash
+# The {count} run(s) table {table} lacks (seeds {seeds} at every ε), from: python -m mpi_fnas.report.results_plan
+# Run from the repository root. Each run, then its record in docs/results/runs.csv; at the end the marked tables are
+# rewritten. A run whose directory already holds a log is only recorded: an unfinished one stops the script (resume
+# it with mpi_fnas.run --resume DIR, then run the script again). Environment: OUT (runs/{table}), PYTHON (python),
+# MPIRUN (mpirun).
+set -euo pipefail
+out=${{OUT:-runs/{table}}}; python=${{PYTHON:-python}}; mpirun=${{MPIRUN:-mpirun}}
+mkdir -p "$out"
+
+run() {{  # run NAME ARM RANKS ARGS...: the run (unless its directory holds one), then its record
+  local dir=$out/$1 arm=$2 ranks=$3; shift 3
+  [ -e "$dir/search.h5" ] || "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run "$@" --out "$dir"
+  "$python" -m mpi_fnas.report.results record "$dir" --arm "$arm" --table {table}
+}}
+
+"""
+
+
+def plan_script(table_name: str, runs: Sequence[PlannedRun]) -> str:
+    """The bash script that runs and records `runs` (:func:`missing_runs`) of table `table_name`, then rewrites the
+    marked tables."""
+    seeds = " ".join(map(str, TABLES[table_name].seeds))
+    lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds)]
+    for run in runs:
+        sets = " ".join(f"--set {shlex.quote(item)}" for item in run.overrides)
+        lines.append(f"# {run.dataset}, ε {run.epsilon:g}, {run.arm}, seed {run.seed}\n"
+                     f"run {run.name} {run.arm} {run.ranks} --config {run.config} {sets}\n")
+    lines.append('"$python" -m mpi_fnas.report.results write\n')
+    return "".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mpi_fnas.report.results_plan``: print the script of the runs a table lacks; the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m mpi_fnas.report.results_plan",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--table", default="private-28", choices=sorted(TABLES))
+    parser.add_argument("--list", action="store_true", help="print the runs' names only, one a line")
+    args = parser.parse_args(argv)
+    try:
+        runs = missing_runs(args.table, read_summaries())
+    except (ResultsError, OSError, ValueError) as exc:
+        print(f"mpi_fnas: error: {exc}", file=sys.stderr)
+        return 2
+    sys.stdout.write("".join(f"{run.name}\n" for run in runs) if args.list else plan_script(args.table, runs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
