@@ -5,6 +5,7 @@ config, and the plan lists exactly the runs a table lacks, as a script that runs
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 from pathlib import Path
@@ -38,16 +39,27 @@ def test_every_arm_config_holds_the_setting_its_tuning_chose(arm, dataset):
         assert not tried
         return
     assert tried, f"{arm} on {dataset}: no tuning run"
-    best = max(tried, key=lambda r: r.holdout_acc)
+    best, *others = sorted(tried, key=lambda r: -r.holdout_acc)
+    assert all(r.holdout_acc < best.holdout_acc for r in others), "a tie: the tuning chose nothing"
     cfg = load_config(ROOT / TABLE.configs[arm, dataset])
     assert cfg.data.dataset == dataset and cfg.privacy.target_epsilon == 3.0
-    for part in best.setting.split():
-        key, value = parse_override(part)
-        assert _held(cfg, key) == value, f"{TABLE.configs[arm, dataset]}: {key} is {_held(cfg, key)}, " \
-            f"its tuning chose {best.setting}"
+
+    def holds(setting: str) -> bool:
+        return all(_held(cfg, key) == value for key, value in map(parse_override, setting.split()))
+
+    assert holds(best.setting), f"{TABLE.configs[arm, dataset]} does not hold {best.setting}, its tuning's choice"
+    # A setting names only what it changed from the config it ran on, so holding the chosen one is not enough: a
+    # config that also holds in full a worse setting naming a key the choice does not (the length of a lr run that
+    # lost to one at the other length) went back on the choice.
+    def keys(setting: str) -> set[str]:
+        return {parse_override(part)[0] for part in setting.split()}
+
+    assert not any(holds(r.setting) and not keys(r.setting) <= keys(best.setting) for r in others), \
+        f"{TABLE.configs[arm, dataset]} holds a setting its tuning did not choose"
 
 
-def test_every_recorded_row_ran_its_arms_config():
+def test_every_recorded_row_names_its_arms_config():
+    """A row's config is its arm's by name (the settings it held are the tuning tests' and the log's)."""
     names = {key: load_config(ROOT / path).name for key, path in TABLE.configs.items()}
     for row in results.read_summaries():
         if row.table == "private-28":
@@ -72,6 +84,16 @@ def test_the_plan_lists_exactly_the_runs_a_table_lacks():
         drawn = random_genotype_text(load_config(ROOT / run.config), run.seed, 0) \
             if run.arm.startswith("random-") else None
         assert cfg.augment.genotype == drawn, run
+        assert cfg.federation.parties == TABLE.parties
+    # The cell a random arm trains is the one mpi_fnas.baseline's random-0 trained at that seed (the recorded rows).
+    trained = {(r.dataset, r.seed): r.genotype for r in results.read_summaries() if r.arm == "random-scattering"}
+    assert trained
+    for run in everything:
+        if run.arm == "random-scattering" and (run.dataset, run.seed) in trained:
+            assert f"augment.genotype={trained[run.dataset, run.seed]}" in run.overrides
+    order = [(-run.epsilon, [arm for arm, _ in TABLE.arms].index(run.arm),
+              [dataset for dataset, _ in TABLE.datasets].index(run.dataset), run.seed) for run in everything]
+    assert order == sorted(order)  # the table's order
     done = [_row("scatter-linear", "mnist", 2.0, 1), _row("searched", "fashion-mnist", 3.0, 0),
             _row("searched", "fashion-mnist", 3.0, 7)]  # seed 7: a row the table does not need
     left = missing_runs("private-28", done)
@@ -80,32 +102,54 @@ def test_the_plan_lists_exactly_the_runs_a_table_lacks():
 
 
 def _stub(path: Path, log: Path) -> Path:
-    path.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$(basename "$0")" "$@" "--" >> {log}\n')
+    path.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$(basename "$0")" "$@" "--" >> {shlex.quote(str(log))}\n')
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 
 
-def test_the_plan_script_runs_and_records_each_run_then_writes_the_tables(tmp_path):
-    runs = [run for run in missing_runs("private-28", []) if run.epsilon == 1.0 and run.dataset == "mnist"
-            and run.arm in ("random-scattering", "cnn-tanh") and run.seed < 2]
-    script = tmp_path / "todo.sh"
+def _run_script(tmp_path: Path, runs: list) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
+    """The plan script of `runs` under stub launchers (each call's arguments logged); its result and the calls."""
+    script, log = tmp_path / "todo.sh", tmp_path / "calls"
     script.write_text(plan_script("private-28", runs))
-    (tmp_path / "out" / runs[0].name).mkdir(parents=True)
-    (tmp_path / "out" / runs[0].name / "search.h5").write_bytes(b"")  # a run already there: recorded, not rerun
-    log = tmp_path / "calls"
     env = {**os.environ, "OUT": str(tmp_path / "out"), "MPIRUN": str(_stub(tmp_path / "mpirun", log)),
-           "PYTHON": str(_stub(tmp_path / "python", log))}
-    subprocess.run(["bash", str(script)], cwd=ROOT, env=env, check=True, timeout=60)
-    calls = [call.strip("\n").split("\n")[1:] for call in log.read_text().split("--\n") if call.strip()]
-    launched = [call for call in calls if call[0] == "-n"]
-    recorded = [call for call in calls if call[:3] == ["-m", "mpi_fnas.report.results", "record"]]
-    assert [call[-1] for call in launched] == [str(tmp_path / "out" / run.name) for run in runs[1:]]
-    for call, run in zip(launched, runs[1:], strict=True):
-        assert call[:5] == ["-n", str(run.ranks), env["PYTHON"], "-m", "mpi_fnas.run"]
-        sets = [call[i + 1] for i, word in enumerate(call) if word == "--set"]
-        assert call[call.index("--config") + 1] == run.config and sets == list(run.overrides)
-    assert [(call[3], call[5]) for call in recorded] == [(str(tmp_path / "out" / run.name), run.arm) for run in runs]
-    assert calls[-1] == ["-m", "mpi_fnas.report.results", "write"]
+           "PYTHON": str(_stub(tmp_path / "python", log)), "MPIRUN_ARGS": "--oversubscribe -x OMP_NUM_THREADS"}
+    done = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    calls = [call.strip("\n").split("\n") for call in log.read_text().split("--\n") if call.strip()]
+    return done, calls
+
+
+def _planned(tmp_path: Path) -> list:
+    return [run for run in missing_runs("private-28", []) if run.epsilon == 1.0 and run.dataset == "mnist"
+            and run.arm in ("random-scattering", "cnn-tanh") and run.seed < 2]
+
+
+def test_the_plan_script_runs_and_records_each_run_then_writes_the_tables(tmp_path):
+    runs = _planned(tmp_path)
+    done, calls = _run_script(tmp_path, runs)
+    assert done.returncode == 0, done.stderr
+    launched = [call[1:] for call in calls if call[0] == "mpirun"]
+    recorded = [call[1:] for call in calls if call[1:4] == ["-m", "mpi_fnas.report.results", "record"]]
+    assert len(launched) == len(runs) == len(recorded)
+    for call, record, run in zip(launched, recorded, runs, strict=True):
+        out = str(tmp_path / "out" / run.name)
+        assert call[:8] == ["--oversubscribe", "-x", "OMP_NUM_THREADS", "-n", str(run.ranks),
+                            str(tmp_path / "python"), "-m", "mpi_fnas.run"]
+        assert call[-2:] == ["--out", out] and call[call.index("--config") + 1] == run.config
+        assert [call[i + 1] for i, word in enumerate(call) if word == "--set"] == list(run.overrides)
+        assert record[3:] == [out, "--arm", run.arm, "--table", "private-28"]
+        assert (tmp_path / "out" / f"{run.name}.log").exists()
+    assert calls[-1] == ["python", "-m", "mpi_fnas.report.results", "write"]
+
+
+def test_the_plan_script_stops_at_a_run_directory_already_there_and_still_writes_the_tables(tmp_path):
+    """A directory already there may hold a run of another setting (an earlier plan's): never recorded as this one."""
+    runs = _planned(tmp_path)
+    (tmp_path / "out" / runs[1].name).mkdir(parents=True)
+    done, calls = _run_script(tmp_path, runs)
+    assert done.returncode == 2 and f"{runs[1].name} is there already" in done.stderr
+    launched = [call[-1] for call in calls if call[0] == "mpirun"]
+    assert launched == [str(tmp_path / "out" / runs[0].name)]
+    assert calls[-1] == ["python", "-m", "mpi_fnas.report.results", "write"]
 
 
 def test_the_command_prints_the_names_or_the_script(capsys):

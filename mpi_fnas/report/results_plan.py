@@ -51,10 +51,9 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
         number) is never planned.
 
     Example:
-        >>> [run.name for run in missing_runs("private-28", read_summaries())][:1]  # doctest: +SKIP
-        ['mnist-e2-searched-scattering-s2']
+        >>> names = [run.name for run in missing_runs("private-28", read_summaries())]  # e.g. mnist-e1-cnn-tanh-s0
     """
-    from mpi_fnas.baseline.arms import random_genotype_text  # torch: only to draw a random arm's cell
+    from mpi_fnas.baseline.arms import Arm, arm_config  # torch: only to draw a random arm's cell
     from mpi_fnas.config import load_config
 
     table = TABLES[table_name]
@@ -70,9 +69,11 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
                 for seed in table.seeds:
                     if (arm, dataset, epsilon, seed) in have:
                         continue
-                    overrides = [f"seed={seed}", f"privacy.target_epsilon={epsilon:g}"]
+                    overrides = [f"seed={seed}", f"privacy.target_epsilon={epsilon:g}",
+                                 f"federation.parties={table.parties}"]  # a run with another K is refused
                     if arm.startswith(RANDOM_PREFIX):
-                        overrides.append(f"augment.genotype={random_genotype_text(cfg, seed, 0)}")
+                        drawn = arm_config(cfg, Arm(f"{RANDOM_PREFIX}0", seed)).augment.genotype
+                        overrides.append(f"augment.genotype={drawn}")
                     planned.append(PlannedRun(arm, dataset, epsilon, seed, config, table.parties + 1,
                                               tuple(overrides)))
     return planned
@@ -81,17 +82,25 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
 _HEAD = """\
 #!/usr/bin/env bash
 # The {count} run(s) table {table} lacks (seeds {seeds} at every ε), from: python -m mpi_fnas.report.results_plan
-# Run from the repository root. Each run, then its record in docs/results/runs.csv; at the end the marked tables are
-# rewritten. A run whose directory already holds a log is only recorded: an unfinished one stops the script (resume
-# it with mpi_fnas.run --resume DIR, then run the script again). Environment: OUT (runs/{table}), PYTHON (python),
-# MPIRUN (mpirun).
+# Run it from the repository root: each run, its output in OUT/NAME.log, then its record in docs/results/runs.csv;
+# the marked tables are rewritten when it ends. A run directory already there stops it (an interrupted run: resume
+# it with mpi_fnas.run --resume DIR and record it, or remove it; then plan again). Environment: OUT (runs/{table}),
+# PYTHON and MPIRUN (.venv's, else from PATH), MPIRUN_ARGS (more launcher options, e.g. --oversubscribe).
 set -euo pipefail
-out=${{OUT:-runs/{table}}}; python=${{PYTHON:-python}}; mpirun=${{MPIRUN:-mpirun}}
+[ -f mpi_fnas/report/results.py ] || {{ echo "run this from the repository root" >&2; exit 2; }}
+venv() {{ if [ -x ".venv/bin/$1" ]; then echo ".venv/bin/$1"; else echo "$1"; fi; }}
+out=${{OUT:-runs/{table}}}; python=${{PYTHON:-$(venv python)}}; mpirun=${{MPIRUN:-$(venv mpirun)}}
+read -r -a launch <<< "${{MPIRUN_ARGS:-}}"
 mkdir -p "$out"
+trap '"$python" -m mpi_fnas.report.results write' EXIT  # the tables hold every run recorded, however it ends
 
-run() {{  # run NAME ARM RANKS ARGS...: the run (unless its directory holds one), then its record
+run() {{  # run NAME ARM RANKS ARGS...: the run in OUT/NAME, then its record
   local dir=$out/$1 arm=$2 ranks=$3; shift 3
-  [ -e "$dir/search.h5" ] || "$mpirun" -n "$ranks" "$python" -m mpi_fnas.run "$@" --out "$dir"
+  if [ -e "$dir" ]; then
+    echo "$dir is there already: resume or record it, or remove it; then plan again" >&2; exit 2
+  fi
+  echo "== $1"
+  "$mpirun" "${{launch[@]}}" -n "$ranks" "$python" -m mpi_fnas.run "$@" --out "$dir" > "$dir.log" 2>&1
   "$python" -m mpi_fnas.report.results record "$dir" --arm "$arm" --table {table}
 }}
 
@@ -99,15 +108,14 @@ run() {{  # run NAME ARM RANKS ARGS...: the run (unless its directory holds one)
 
 
 def plan_script(table_name: str, runs: Sequence[PlannedRun]) -> str:
-    """The bash script that runs and records `runs` (:func:`missing_runs`) of table `table_name`, then rewrites the
-    marked tables."""
+    """The bash script that runs and records `runs` (:func:`missing_runs`) of table `table_name`, and rewrites the
+    marked tables when it ends."""
     seeds = " ".join(map(str, TABLES[table_name].seeds))
     lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds)]
     for run in runs:
         sets = " ".join(f"--set {shlex.quote(item)}" for item in run.overrides)
-        lines.append(f"# {run.dataset}, ε {run.epsilon:g}, {run.arm}, seed {run.seed}\n"
-                     f"run {run.name} {run.arm} {run.ranks} --config {run.config} {sets}\n")
-    lines.append('"$python" -m mpi_fnas.report.results write\n')
+        words = " ".join(shlex.quote(str(word)) for word in (run.name, run.arm, run.ranks, "--config", run.config))
+        lines.append(f"# {run.dataset}, ε {run.epsilon:g}, {run.arm}, seed {run.seed}\nrun {words} {sets}\n")
     return "".join(lines)
 
 
