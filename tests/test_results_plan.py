@@ -127,6 +127,7 @@ def test_the_plan_script_runs_and_records_each_run_then_writes_the_tables(tmp_pa
     runs = _planned(tmp_path)
     done, calls = _run_script(tmp_path, runs)
     assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:len(runs)] == [f"== {run.name}" for run in runs]  # which run goes
     launched = [call[1:] for call in calls if call[0] == "mpirun"]
     recorded = [call[1:] for call in calls if call[1:4] == ["-m", "mpi_fnas.report.results", "record"]]
     assert len(launched) == len(runs) == len(recorded)

@@ -95,11 +95,11 @@ mkdir -p "$out"
 trap '"$python" -m mpi_fnas.report.results write' EXIT  # the tables hold every run recorded, however it ends
 
 run() {{  # run NAME ARM RANKS ARGS...: the run in OUT/NAME, then its record
-  local dir=$out/$1 arm=$2 ranks=$3; shift 3
+  local dir=$out/$1 arm=$2 ranks=$3
   if [ -e "$dir" ]; then
     echo "$dir is there already: resume or record it, or remove it; then plan again" >&2; exit 2
   fi
-  echo "== $1"
+  echo "== $1"; shift 3
   "$mpirun" "${{launch[@]}}" -n "$ranks" "$python" -m mpi_fnas.run "$@" --out "$dir" > "$dir.log" 2>&1
   "$python" -m mpi_fnas.report.results record "$dir" --arm "$arm" --table {table}
 }}
