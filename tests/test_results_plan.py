@@ -16,17 +16,10 @@ from mpi_fnas.baseline.arms import random_genotype_text
 from mpi_fnas.config import load_config
 from mpi_fnas.config.parsing import parse_override
 from mpi_fnas.report import results
-from mpi_fnas.report.results import ROOT, TABLES, RunSummary
+from mpi_fnas.report.results import ROOT, TABLES, RunSummary, config_value
 from mpi_fnas.report.results_plan import main, missing_runs, plan_script
 
 TABLE = TABLES["private-28"]
-
-
-def _held(cfg, key: str):
-    held = cfg.to_dict()
-    for name in key.split("."):
-        held = held[name]
-    return held
 
 
 @pytest.mark.parametrize(("arm", "dataset"), sorted(TABLE.configs))
@@ -45,7 +38,7 @@ def test_every_arm_config_holds_the_setting_its_tuning_chose(arm, dataset):
     assert cfg.data.dataset == dataset and cfg.privacy.target_epsilon == 3.0
 
     def holds(setting: str) -> bool:
-        return all(_held(cfg, key) == value for key, value in map(parse_override, setting.split()))
+        return all(config_value(cfg.to_dict(), key) == value for key, value in map(parse_override, setting.split()))
 
     assert holds(best.setting), f"{TABLE.configs[arm, dataset]} does not hold {best.setting}, its tuning's choice"
     # A setting names only what it changed from the config it ran on, so holding the chosen one is not enough: a
@@ -118,13 +111,13 @@ def _run_script(tmp_path: Path, runs: list) -> tuple[subprocess.CompletedProcess
     return done, calls
 
 
-def _planned(tmp_path: Path) -> list:
+def _planned() -> list:
     return [run for run in missing_runs("private-28", []) if run.epsilon == 1.0 and run.dataset == "mnist"
             and run.arm in ("random-scattering", "cnn-tanh") and run.seed < 2]
 
 
 def test_the_plan_script_runs_and_records_each_run_then_writes_the_tables(tmp_path):
-    runs = _planned(tmp_path)
+    runs = _planned()
     done, calls = _run_script(tmp_path, runs)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:len(runs)] == [f"== {run.name}" for run in runs]  # which run goes
@@ -144,7 +137,7 @@ def test_the_plan_script_runs_and_records_each_run_then_writes_the_tables(tmp_pa
 
 def test_the_plan_script_stops_at_a_run_directory_already_there_and_still_writes_the_tables(tmp_path):
     """A directory already there may hold a run of another setting (an earlier plan's): never recorded as this one."""
-    runs = _planned(tmp_path)
+    runs = _planned()
     (tmp_path / "out" / runs[1].name).mkdir(parents=True)
     done, calls = _run_script(tmp_path, runs)
     assert done.returncode == 2 and f"{runs[1].name} is there already" in done.stderr

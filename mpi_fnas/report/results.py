@@ -317,15 +317,23 @@ def _check_setting(setting: str, cfg: dict, run_dir: Path) -> None:
             key, wanted = parse_override(part)
         except ConfigError as exc:
             raise ResultsError(f"--tuning {setting!r}: {exc}") from None
-        held: Any = cfg
-        for name in key.split("."):
-            held = held.get(name, _MISSING) if isinstance(held, dict) else _MISSING
-        if held is _MISSING or held != wanted:
-            found = "no such key" if held is _MISSING else f"{key}={held}"
+        held = config_value(cfg, key)
+        if held is MISSING or held != wanted:
+            found = "no such key" if held is MISSING else f"{key}={held}"
             raise ResultsError(f"{run_dir}: the run did not try {part} (its config: {found})")
 
 
-_MISSING = object()
+#: What :func:`config_value` gives for a key the config does not hold.
+MISSING = object()
+
+
+def config_value(cfg: dict, key: str) -> Any:
+    """The value of the dotted `key` (``augment.lr``) in the config `cfg` as a dict (a run's logged config, or
+    ``Config.to_dict()``); :data:`MISSING` where it has none."""
+    held: Any = cfg
+    for name in key.split("."):
+        held = held.get(name, MISSING) if isinstance(held, dict) else MISSING
+    return held
 
 
 # -- the command line ---------------------------------------------------------------------------------------------

@@ -58,6 +58,7 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
 
     table = TABLES[table_name]
     have = {(r.arm, r.dataset, r.epsilon_target, r.seed) for r in rows if r.table == table_name}
+    loaded = {key: load_config(ROOT / path) for key, path in table.configs.items()}  # once, not once per ε
     planned = []
     for epsilon in table.epsilons:
         for arm, _ in table.arms:
@@ -65,7 +66,7 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
                 config = table.configs.get((arm, dataset))
                 if config is None:
                     continue
-                cfg = load_config(ROOT / config)
+                cfg = loaded[arm, dataset]
                 for seed in table.seeds:
                     if (arm, dataset, epsilon, seed) in have:
                         continue
