@@ -17,7 +17,7 @@ from mpi_fnas.config import load_config
 from mpi_fnas.config.parsing import parse_override
 from mpi_fnas.report import results
 from mpi_fnas.report.results import ROOT, TABLES, RunSummary, config_value
-from mpi_fnas.report.results_plan import main, missing_runs, plan_script
+from mpi_fnas.report.results_plan import expected_minutes, main, missing_runs, plan_script, select
 
 TABLE = TABLES["private-28"]
 
@@ -59,9 +59,9 @@ def test_every_recorded_row_names_its_arms_config():
             assert row.config == names[row.arm, row.dataset], row
 
 
-def _row(arm: str, dataset: str, epsilon: float, seed: int) -> RunSummary:
+def _row(arm: str, dataset: str, epsilon: float, seed: int, wall: float = 1.0) -> RunSummary:
     return RunSummary(table="private-28", arm=arm, dataset=dataset, epsilon_target=epsilon, seed=seed, test_acc=0.9,
-                      epsilon_worst=epsilon, wall_seconds=1.0, config="c", commit="x")
+                      epsilon_worst=epsilon, wall_seconds=wall, config="c", commit="x")
 
 
 def test_the_plan_lists_exactly_the_runs_a_table_lacks():
@@ -154,3 +154,32 @@ def test_the_command_prints_the_names_or_the_script(capsys):
     text = capsys.readouterr().out
     assert text.startswith("#!/usr/bin/env bash") and text.count("\nrun ") == len(names)
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+def test_only_selects_runs_in_the_patterns_order_each_once_and_refuses_a_pattern_matching_none(capsys):
+    everything = missing_runs("private-28", [])
+    chosen = select(everything, ["*-scatter-linear-s2", "mnist-e1-*", "mnist-e1-scatter-linear-s2"])
+    names = [run.name for run in chosen]
+    linear = [run.name for run in everything if run.arm == "scatter-linear" and run.seed == 2]
+    mnist1 = [run.name for run in everything if run.dataset == "mnist" and run.epsilon == 1.0]
+    assert names == linear + [name for name in mnist1 if name not in linear]  # the patterns' order, each once
+    with pytest.raises(ValueError, match="matches none"):
+        select(everything, ["mnist-*", "mnist-e4-*"])
+    assert main(["--list", "--only", "*-s9"]) == 2
+    assert "--only '*-s9' matches none" in capsys.readouterr().err
+    assert main(["--list", "--only", "*-scatter-linear-s2"]) == 0
+    assert capsys.readouterr().out.split() == [run.name for run in missing_runs("private-28", results.read_summaries())
+                                               if run.arm == "scatter-linear" and run.seed == 2]
+
+
+def test_the_script_says_how_long_each_run_took_at_its_cell():
+    runs = [run for run in missing_runs("private-28", []) if run.seed == 0 and run.epsilon == 1.0
+            and run.dataset == "mnist" and run.arm in ("cnn-tanh", "scatter-cnn")]
+    rows = [_row("cnn-tanh", "mnist", 3.0, 0, wall=120.0), _row("cnn-tanh", "mnist", 2.0, 1, wall=180.0),
+            _row("cnn-tanh", "mnist", 2.0, 2, wall=600.0), _row("cnn-tanh", "fashion-mnist", 3.0, 0, wall=9e9)]
+    assert expected_minutes(runs[0], rows) == 3.0  # the median of its arm and dataset, not the other dataset's
+    assert expected_minutes(runs[1], rows) is None
+    text = plan_script("private-28", runs, rows)
+    assert "# Time: about 0.1 h by the recorded runs' wall times, 1 of 2 run(s) known." in text
+    assert "# mnist, ε 1, cnn-tanh, seed 0, about 3 min\nrun mnist-e1-cnn-tanh-s0 " in text
+    assert "# mnist, ε 1, scatter-cnn, seed 0\nrun " in text

@@ -4,6 +4,7 @@ has a config (``Table.configs`` of :mod:`mpi_fnas.report.results`), at every dat
 
     python -m mpi_fnas.report.results_plan > todo.sh     # then, from the repository root: bash todo.sh
     python -m mpi_fnas.report.results_plan --list         # only the runs' names
+    python -m mpi_fnas.report.results_plan --only '*-s2' --only 'mnist-*'   # those first, in that order
 
 A random arm trains the cell ``mpi_fnas.baseline``'s ``random-0`` arm draws at that seed (public: a function of the
 config and the seed), so its run needs no searched arm beside it.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import argparse
 import shlex
+import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 
 from mpi_fnas.baseline.arms import RANDOM_PREFIX
 from mpi_fnas.report.results import ROOT, TABLES, ResultsError, RunSummary, read_summaries
@@ -83,6 +86,7 @@ def missing_runs(table_name: str, rows: Sequence[RunSummary]) -> list[PlannedRun
 _HEAD = """\
 #!/usr/bin/env bash
 # The {count} run(s) table {table} lacks (seeds {seeds} at every ε), from: python -m mpi_fnas.report.results_plan
+# Time: {total}.
 # Run it from the repository root: each run, its output in OUT/NAME.log, then its record in docs/results/runs.csv;
 # the marked tables are rewritten when it ends. A run directory already there stops it (an interrupted run: resume
 # it with mpi_fnas.run --resume DIR and record it, or remove it; then plan again). Environment: OUT (runs/{table}),
@@ -108,15 +112,45 @@ run() {{  # run NAME ARM RANKS ARGS...: the run in OUT/NAME, then its record
 """
 
 
-def plan_script(table_name: str, runs: Sequence[PlannedRun]) -> str:
+def select(runs: Sequence[PlannedRun], patterns: Sequence[str]) -> list[PlannedRun]:
+    """The runs whose names match one of the shell-style `patterns`, in the patterns' order (each pattern's runs in
+    `runs`' order, each run once).
+
+    Raises:
+        ValueError: a pattern matches no run (a typo would otherwise plan nothing).
+    """
+    chosen: dict[str, PlannedRun] = {}
+    for pattern in patterns:
+        matched = [run for run in runs if fnmatchcase(run.name, pattern)]
+        if not matched:
+            raise ValueError(f"--only {pattern!r} matches none of the {len(runs)} run(s) the table lacks "
+                             "(see --list)")
+        chosen.update((run.name, run) for run in matched if run.name not in chosen)
+    return list(chosen.values())
+
+
+def expected_minutes(run: PlannedRun, rows: Sequence[RunSummary]) -> float | None:
+    """The median wall time, in minutes, of the recorded runs of `run`'s arm and dataset at any ε and seed (None
+    without one): what the run should take on the machine that ran those."""
+    walls = [r.wall_seconds for r in rows if (r.arm, r.dataset) == (run.arm, run.dataset)]
+    return statistics.median(walls) / 60 if walls else None
+
+
+def plan_script(table_name: str, runs: Sequence[PlannedRun], rows: Sequence[RunSummary] = ()) -> str:
     """The bash script that runs and records `runs` (:func:`missing_runs`) of table `table_name`, and rewrites the
-    marked tables when it ends."""
+    marked tables when it ends; each run's comment says how long its cell's recorded `rows` took."""
     seeds = " ".join(map(str, TABLES[table_name].seeds))
-    lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds)]
-    for run in runs:
+    minutes = [expected_minutes(run, rows) for run in runs]
+    known = [m for m in minutes if m is not None]
+    total = (f"about {sum(known) / 60:.1f} h by the recorded runs' wall times"
+             + (f", {len(known)} of {len(runs)} run(s) known" if len(known) < len(runs) else "")) if known else ""
+    lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds, total=total or "no run of theirs recorded")]
+    for run, m in zip(runs, minutes, strict=True):
         sets = " ".join(f"--set {shlex.quote(item)}" for item in run.overrides)
         words = " ".join(shlex.quote(str(word)) for word in (run.name, run.arm, run.ranks, "--config", run.config))
-        lines.append(f"# {run.dataset}, ε {run.epsilon:g}, {run.arm}, seed {run.seed}\nrun {words} {sets}\n")
+        took = f", about {m:.0f} min" if m is not None else ""
+        lines.append(f"# {run.dataset}, ε {run.epsilon:g}, {run.arm}, seed {run.seed}{took}\n"
+                     f"run {words} {sets}\n")
     return "".join(lines)
 
 
@@ -126,13 +160,19 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--table", default="private-28", choices=sorted(TABLES))
     parser.add_argument("--list", action="store_true", help="print the runs' names only, one a line")
+    parser.add_argument("--only", action="append", metavar="GLOB", default=[],
+                        help="only the runs whose names match GLOB (shell-style, e.g. '*-s2'); several run in the "
+                        "order given")
     args = parser.parse_args(argv)
     try:
-        runs = missing_runs(args.table, read_summaries())
+        rows = read_summaries()
+        runs = missing_runs(args.table, rows)
+        if args.only:
+            runs = select(runs, args.only)
     except (ResultsError, OSError, ValueError) as exc:
         print(f"mpi_fnas: error: {exc}", file=sys.stderr)
         return 2
-    sys.stdout.write("".join(f"{run.name}\n" for run in runs) if args.list else plan_script(args.table, runs))
+    sys.stdout.write("".join(f"{run.name}\n" for run in runs) if args.list else plan_script(args.table, runs, rows))
     return 0
 
 
