@@ -12,6 +12,7 @@ import math
 import pytest
 from conftest import TINY, warm_jobs
 
+from mpi_fnas.cpu_kernels import host_cpu
 from mpi_fnas.report import results
 from mpi_fnas.report.results import ResultsError, RunSummary
 from mpi_fnas.runlog import read_run
@@ -69,7 +70,8 @@ def test_the_cells_block_lists_each_searched_runs_genotype_and_a_drawn_or_hand_d
     rows = [dataclasses.replace(_row("searched", 1, 0.9635, "fashion-mnist"), genotype=cell),
             dataclasses.replace(_row("searched", 0, 0.95, epsilon=1.0), genotype="dpnas=conv_3x3_tanh@0"),
             dataclasses.replace(_row("searched-scattering", 0, 0.9, epsilon=1.0), genotype=cell + ";head=dpnas"),
-            dataclasses.replace(_row("random-scattering", 0, 0.9), genotype=cell + ";head=pool"),
+            dataclasses.replace(_row("random-scattering", 0, 0.9), genotype=cell + ";head=pool",
+                                cpu="AMD EPYC (2 CPUs)"),
             _row("cnn-tanh", 0, 0.98)]
     listed = results.render_cells("private-28", rows)
     assert listed == (f"- searched cell (conv stem, pool head), fashion-mnist, ε 3, seed 1: `{cell}`, 96.35 %\n"
@@ -81,11 +83,11 @@ def test_the_cells_block_lists_each_searched_runs_genotype_and_a_drawn_or_hand_d
     assert results.rewrite(marked.read_text(), rows) == f"<!-- cells: private-28 -->\n{listed}<!-- /cells -->\n"
     results.write_summaries(rows, tmp_path / "runs.csv")
     assert sorted(results.read_summaries(tmp_path / "runs.csv"), key=repr) == sorted(rows, key=repr)
-    # a file written before the column existed reads as no genotype
+    # a file written before the columns existed reads as no genotype and no CPU
     old = tmp_path / "old.csv"
     with open(tmp_path / "runs.csv", newline="") as new, open(old, "w", newline="") as out:
-        csv.writer(out).writerows(line[:-1] for line in csv.reader(new))
-    assert {r.genotype for r in results.read_summaries(old)} == {""}
+        csv.writer(out).writerows(line[:-2] for line in csv.reader(new))
+    assert {(r.genotype, r.cpu) for r in results.read_summaries(old)} == {("", "")}
 
 
 @pytest.mark.slow
@@ -106,6 +108,7 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
     assert (row.arm, row.dataset, row.epsilon_target, row.seed, row.commit) == ("cnn-gn", "synthetic-shapes", 4.0,
                                                                                 0, "abc")
     assert row.genotype == ""  # a hand-designed network: no cell (and no search)
+    assert row.cpu == host_cpu()  # rank 0's host: where the wall time ran
     assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")

@@ -1,6 +1,6 @@
 """Results tables written from the runs that made them, never typed: each run's per-seed summary is kept small in
-the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, seed, accuracy, ε, wall, config and
-commit), and the Markdown tables of the README and the docs are rendered from that file between markers.
+the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, seed, accuracy, ε, wall, config,
+commit, cell and CPU), and the Markdown tables of the README and the docs are rendered from that file between markers.
 
     python -m mpi_fnas.report.results record RUN_DIR... --arm ARM [--note TEXT]   # add the runs' summaries
     python -m mpi_fnas.report.results record RUN_DIR --arm ARM --tuning SETTING   # a tuning run (data.holdout)
@@ -61,6 +61,7 @@ class RunSummary:
     commit: str  # the commit the summary was recorded at
     note: str = ""
     genotype: str = ""  # the cell it trained (a searched arm's: the search's final genotype); "" for a hand design
+    cpu: str = ""  # rank 0's host, as /ranks attr cpu names it (what the wall time ran on); "" in older logs
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
                       seed=int(cfg["seed"]), test_acc=float(stage["test_acc"]),
                       epsilon_worst=float(epsilon[-1].max()) if epsilon.size else math.nan,
                       wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note,
-                      genotype=genotype)
+                      genotype=genotype, cpu=str((log["ranks"].get("cpu") or [""])[0]))
 
 
 def read_summaries(path: Path = RUNS_CSV, kind: type = RunSummary) -> list:
