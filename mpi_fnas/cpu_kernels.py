@@ -5,8 +5,8 @@
   an AVX-512 one. The bench and the run log (``/ranks`` attr ``onednn_isa``) record it, so that a number can be
   traced to its kernels. ATen's own vectorised kernels follow :func:`aten_cpu_capability` instead, which
   ``ONEDNN_MAX_CPU_ISA`` does not change.
-* :func:`host_cpu`: the host's CPU model and how many CPUs the process may use (``/ranks`` attr ``cpu``, the
-  results' ``cpu`` column), so that a wall time can be traced to its machine.
+* :func:`cpu_model`: the host's CPU model (``/ranks`` attr ``cpu_model``, the results' ``cpu_model`` column, the
+  bench's), so that a wall time can be traced to its machine.
 * :func:`to_channels_last`: a network in channels-last (NHWC) storage, refused when it holds a 1x1 convolution of
   stride > 1: oneDNN 3.12's weight gradient of that convolution writes past its workspace for a channels-last input
   with fewer channels than its block (8 on AVX2, 16 on AVX-512; uxlfoundation/oneDNN#6035, docs/benchmarks.md
@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["aten_cpu_capability", "host_cpu", "onednn_isa", "strided_pointwise_convs", "to_channels_last"]
+__all__ = ["aten_cpu_capability", "cpu_model", "onednn_isa", "strided_pointwise_convs", "to_channels_last"]
 
 _ISA_PREFIX = "isa:"
 
@@ -37,21 +37,15 @@ def aten_cpu_capability() -> str:
 
 
 @functools.cache
-def host_cpu(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """This host's CPU model and the CPUs this process may run on, e.g. ``AMD EPYC (2 CPUs)``.
-
-    The model is Linux's ``model name`` (the first), else ``platform.processor()``; the count is the process's CPU
-    affinity (what a launcher's binding left it), else ``os.cpu_count()``.
-    """
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """This host's CPU model, e.g. ``AMD EPYC 9R14``: Linux's first ``model name``, else ``platform.processor()``."""
     model = ""
     try:
         with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             model = next((line.split(":", 1)[1] for line in f if line.startswith("model name")), "")
     except OSError:
         pass
-    model = " ".join(model.split()) or platform.processor() or platform.machine() or "unknown CPU"
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{model} ({cpus} CPUs)"
+    return " ".join(model.split()) or platform.processor() or platform.machine() or "unknown CPU"
 
 
 @functools.cache

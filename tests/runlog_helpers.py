@@ -29,7 +29,7 @@ def setup_reports(parties: int) -> SetupReports:
     """What rank 0 learns at setup in a CPU job of `parties` parties (its ``rank_attrs`` are the log's /ranks)."""
     return SetupReports(devices=["cpu"] * (parties + 1), sent_steps=[0] * parties,
                         onednn_isa=["Intel AVX2"] * (parties + 1), aten_cpu_capability=["AVX2"] * (parties + 1),
-                        cpu=["AMD EPYC (2 CPUs)"] * (parties + 1),
+                        cpu_model=["AMD EPYC 9R14"] * (parties + 1),
                         exchange="star", exchange_reason="auto: node a runs 3 ranks on 2 cores (...)")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 GENOTYPE = "Genotype(normal=[('sep_conv_3x3', 0)], reduce=[('max_pool_3x3', 1)])"

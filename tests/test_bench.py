@@ -16,7 +16,7 @@ from pre_recipe import PRE_RECIPE
 
 from mpi_fnas import bench
 from mpi_fnas.config import load_config
-from mpi_fnas.cpu_kernels import aten_cpu_capability, host_cpu, onednn_isa
+from mpi_fnas.cpu_kernels import aten_cpu_capability, cpu_model, onednn_isa
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.memory import peak_rss_mb
 from mpi_fnas.privacy import DPParams, per_sample_gradients
@@ -61,8 +61,8 @@ def test_bench_json_fields(ranks, memory):
     assert report["num_a"] == 2 * 2 * 8  # 2 cells kinds × 2 edges (1 node) × 8 ops
     # Which machine and kernels ran: its CPU, oneDNN's ISA as this process's (the same environment,
     # ONEDNN_MAX_CPU_ISA included), and ATen's.
-    assert (report["cpu"], report["onednn_isa"], report["aten_cpu_capability"]) == (
-        host_cpu(), onednn_isa(), aten_cpu_capability())
+    assert (report["cpu_model"], report["onednn_isa"], report["aten_cpu_capability"]) == (
+        cpu_model(), onednn_isa(), aten_cpu_capability())
     # The plain step's counted FLOPs over its CPU time, beside the core's dense matmul rate of the same run.
     assert report["step_gflop"] > 0 and report["core_peak_gflops"] > 0
     assert report["step_gflops"] == pytest.approx(report["step_gflop"] / report["step_cpu_seconds"])

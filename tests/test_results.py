@@ -12,7 +12,7 @@ import math
 import pytest
 from conftest import TINY, warm_jobs
 
-from mpi_fnas.cpu_kernels import host_cpu
+from mpi_fnas.cpu_kernels import cpu_model
 from mpi_fnas.report import results
 from mpi_fnas.report.results import ResultsError, RunSummary
 from mpi_fnas.runlog import read_run
@@ -71,7 +71,7 @@ def test_the_cells_block_lists_each_searched_runs_genotype_and_a_drawn_or_hand_d
             dataclasses.replace(_row("searched", 0, 0.95, epsilon=1.0), genotype="dpnas=conv_3x3_tanh@0"),
             dataclasses.replace(_row("searched-scattering", 0, 0.9, epsilon=1.0), genotype=cell + ";head=dpnas"),
             dataclasses.replace(_row("random-scattering", 0, 0.9), genotype=cell + ";head=pool",
-                                cpu="AMD EPYC (2 CPUs)"),
+                                cpu_model="AMD EPYC 9R14; Intel Xeon"),
             _row("cnn-tanh", 0, 0.98)]
     listed = results.render_cells("private-28", rows)
     assert listed == (f"- searched cell (conv stem, pool head), fashion-mnist, ε 3, seed 1: `{cell}`, 96.35 %\n"
@@ -87,7 +87,7 @@ def test_the_cells_block_lists_each_searched_runs_genotype_and_a_drawn_or_hand_d
     old = tmp_path / "old.csv"
     with open(tmp_path / "runs.csv", newline="") as new, open(old, "w", newline="") as out:
         csv.writer(out).writerows(line[:-2] for line in csv.reader(new))
-    assert {(r.genotype, r.cpu) for r in results.read_summaries(old)} == {("", "")}
+    assert {(r.genotype, r.cpu_model) for r in results.read_summaries(old)} == {("", "")}
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
     assert (row.arm, row.dataset, row.epsilon_target, row.seed, row.commit) == ("cnn-gn", "synthetic-shapes", 4.0,
                                                                                 0, "abc")
     assert row.genotype == ""  # a hand-designed network: no cell (and no search)
-    assert row.cpu == host_cpu()  # rank 0's host: where the wall time ran
+    assert row.cpu_model == cpu_model()  # rank 0's host: where the wall time ran
     assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")

@@ -4,6 +4,7 @@ config, and the plan lists exactly the runs a table lacks, as a script that runs
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import stat
@@ -156,7 +157,7 @@ def test_the_command_prints_the_names_or_the_script(capsys):
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)
 
 
-def test_only_selects_runs_in_the_patterns_order_each_once_and_refuses_a_pattern_matching_none(capsys):
+def test_only_selects_runs_in_the_patterns_order_each_once_and_refuses_a_pattern_matching_none(capsys, monkeypatch):
     everything = missing_runs("private-28", [])
     chosen = select(everything, ["*-scatter-linear-s2", "mnist-e1-*", "mnist-e1-scatter-linear-s2"])
     names = [run.name for run in chosen]
@@ -165,21 +166,30 @@ def test_only_selects_runs_in_the_patterns_order_each_once_and_refuses_a_pattern
     assert names == linear + [name for name in mnist1 if name not in linear]  # the patterns' order, each once
     with pytest.raises(ValueError, match="matches none"):
         select(everything, ["mnist-*", "mnist-e4-*"])
+    monkeypatch.setattr("mpi_fnas.report.results_plan.read_summaries", lambda: [])  # every run missing
     assert main(["--list", "--only", "*-s9"]) == 2
     assert "--only '*-s9' matches none" in capsys.readouterr().err
-    assert main(["--list", "--only", "*-scatter-linear-s2"]) == 0
-    assert capsys.readouterr().out.split() == [run.name for run in missing_runs("private-28", results.read_summaries())
-                                               if run.arm == "scatter-linear" and run.seed == 2]
+    assert main(["--list", "--only", "*-scatter-linear-s2", "--only", "mnist-e1-*"]) == 0
+    assert capsys.readouterr().out.split() == names
 
 
 def test_the_script_says_how_long_each_run_took_at_its_cell():
     runs = [run for run in missing_runs("private-28", []) if run.seed == 0 and run.epsilon == 1.0
             and run.dataset == "mnist" and run.arm in ("cnn-tanh", "scatter-cnn")]
     rows = [_row("cnn-tanh", "mnist", 3.0, 0, wall=120.0), _row("cnn-tanh", "mnist", 2.0, 1, wall=180.0),
-            _row("cnn-tanh", "mnist", 2.0, 2, wall=600.0), _row("cnn-tanh", "fashion-mnist", 3.0, 0, wall=9e9)]
-    assert expected_minutes(runs[0], rows) == 3.0  # the median of its arm and dataset, not the other dataset's
-    assert expected_minutes(runs[1], rows) is None
+            _row("cnn-tanh", "mnist", 2.0, 2, wall=600.0), _row("cnn-tanh", "fashion-mnist", 3.0, 0, wall=9e9),
+            dataclasses.replace(_row("cnn-tanh", "mnist", 3.0, 0, wall=9e9), table="another")]
+    assert expected_minutes("private-28", runs[0], rows) == 3.0  # its arm and dataset's median, not others'
+    assert expected_minutes("private-28", runs[1], rows) is None
+    # a random arm's seed draws its network: that seed's runs if any, else the arm's
+    random = [run for run in missing_runs("private-28", []) if run.arm == "random-scattering" and run.seed == 2]
+    drawn = [_row("random-scattering", random[0].dataset, 3.0, 0, wall=600.0),
+             _row("random-scattering", random[0].dataset, 3.0, 1, wall=600.0),
+             _row("random-scattering", random[0].dataset, 3.0, 2, wall=240.0)]
+    assert expected_minutes("private-28", random[0], drawn) == 4.0
+    assert expected_minutes("private-28", random[0], drawn[:2]) == 10.0
     text = plan_script("private-28", runs, rows)
     assert "# Time: about 0.1 h by the recorded runs' wall times, 1 of 2 run(s) known." in text
     assert "# mnist, ε 1, cnn-tanh, seed 0, about 3 min\nrun mnist-e1-cnn-tanh-s0 " in text
     assert "# mnist, ε 1, scatter-cnn, seed 0\nrun " in text
+    assert "# Time: unknown (no run of these arms recorded)." in plan_script("private-28", runs, [])

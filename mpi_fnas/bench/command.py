@@ -93,7 +93,7 @@ def _devices_main(cfg: Config, args: argparse.Namespace) -> int:
 
 
 REPORT_KEYS_FROM_STEP = (
-    "cpu", "onednn_isa", "aten_cpu_capability",
+    "cpu_model", "onednn_isa", "aten_cpu_capability",
     "step_seconds", "w_release_seconds", "a_release_seconds", "step_cpu_seconds",
     "step_gflop", "step_gflops", "core_peak_gflops",
     "dp_step_seconds", "dp_w_release_seconds", "dp_a_release_seconds", "dp_step_ratio",
@@ -135,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     timer_rank = 1 if channel.size > 1 else 0
     result: dict[str, Any] = {}
     if channel.rank == timer_rank:
-        from mpi_fnas.cpu_kernels import aten_cpu_capability, host_cpu, onednn_isa
+        from mpi_fnas.cpu_kernels import aten_cpu_capability, cpu_model, onednn_isa
 
-        result = {"cpu": host_cpu(), "onednn_isa": onednn_isa(),  # which machine and kernels ran
+        result = {"cpu_model": cpu_model(), "onednn_isa": onednn_isa(),  # which machine and kernels ran
                   "aten_cpu_capability": aten_cpu_capability()}
         result.update(time_scattering(cfg, max(channel.size - 1, 1)))  # first: its memory before the others'
         result.update(time_party_step(cfg, args.repeats))

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import torch
 
 from mpi_fnas.config import ServerReportedError
-from mpi_fnas.cpu_kernels import aten_cpu_capability, host_cpu, onednn_isa
+from mpi_fnas.cpu_kernels import aten_cpu_capability, cpu_model, onednn_isa
 from mpi_fnas.federation.comm import Channel
 from mpi_fnas.federation.placement import device_for_rank
 from mpi_fnas.privacy.trusted_config import AssignmentRefusedError
@@ -39,7 +39,7 @@ AssignmentT = TypeVar("AssignmentT")
 
 @dataclass(frozen=True)
 class SetupReports:
-    """What rank 0 learns at setup: every rank's device, CPU and CPU kernels (rank 0 first;
+    """What rank 0 learns at setup: every rank's device, CPU model and CPU kernels (rank 0 first;
     :mod:`mpi_fnas.cpu_kernels`), each party's count of sent iterations, and the exchange pattern every rank agreed
     on, with why."""
 
@@ -47,7 +47,7 @@ class SetupReports:
     sent_steps: list[int]
     onednn_isa: list[str]
     aten_cpu_capability: list[str]
-    cpu: list[str]
+    cpu_model: list[str]
     refusals: dict[int, str] = field(default_factory=dict)  # rank -> its one line: it refused its assignment
     exchange: str = "star"
     exchange_reason: str = ""
@@ -61,11 +61,10 @@ class SetupReports:
     def rank_attrs(self) -> dict[str, list[str]]:
         """The run log's ``/ranks`` attributes."""
         return {"devices": self.devices, "onednn_isa": self.onednn_isa,
-                "aten_cpu_capability": self.aten_cpu_capability, "cpu": self.cpu, "exchange": self.exchange,
+                "aten_cpu_capability": self.aten_cpu_capability, "cpu_model": self.cpu_model,
+                "exchange": self.exchange,
                 "exchange_reason": self.exchange_reason}
 
-
-_CPU_CHARS = 120  # a party's CPU line as the log keeps it: a model name, not a payload
 
 # -- rank 0 ----------------------------------------------------------------------------------------------------------
 def refuse_setup(channel: Channel, message: str) -> None:
@@ -82,7 +81,7 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
                         sent_steps=[int(r["sent_steps"]) for r in reports],
                         onednn_isa=[onednn_isa()] + [str(r["onednn_isa"]) for r in reports],
                         aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports],
-                        cpu=[host_cpu()] + [str(r["cpu"])[:_CPU_CHARS] for r in reports],
+                        cpu_model=[cpu_model()] + [str(r["cpu_model"]) for r in reports],
                         refusals={rank: str(r["refused"]) for rank, r in enumerate(reports, start=1)
                                   if r.get("refused") is not None},
                         exchange=channel.pattern, exchange_reason=channel.pattern_reason)
@@ -127,11 +126,11 @@ def receive_assignment(channel: Channel, kind: type[AssignmentT], device_prefere
 
 
 def report_setup(channel: Channel, device: torch.device, sent_steps: int, refused: str | None = None) -> None:
-    """The party's only setup message: its device, CPU and CPU kernels (the machine's, not the data's) and its count of
-    sent iterations (0 unless DP); with `refused`, its one public line refusing its assignment
+    """The party's only setup message: its device, CPU model and CPU kernels (the machine's, not the data's) and its
+    count of sent iterations (0 unless DP); with `refused`, its one public line refusing its assignment
     (:mod:`mpi_fnas.federation.verify`): rank 0 learns every refusal at once, opens its log and marks it failed."""
     report: dict[str, object] = {"device": str(device), "sent_steps": sent_steps, "onednn_isa": onednn_isa(),
-                                 "aten_cpu_capability": aten_cpu_capability(), "cpu": host_cpu()}
+                                 "aten_cpu_capability": aten_cpu_capability(), "cpu_model": cpu_model()}
     if refused is not None:
         report["refused"] = refused
     channel.gather_objects(report)

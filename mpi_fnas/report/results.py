@@ -1,6 +1,7 @@
 """Results tables written from the runs that made them, never typed: each run's per-seed summary is kept small in
 the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, seed, accuracy, ε, wall, config,
-commit, cell and CPU), and the Markdown tables of the README and the docs are rendered from that file between markers.
+commit, cell and CPU model), and the Markdown tables of the README and the docs are rendered from that file between
+markers.
 
     python -m mpi_fnas.report.results record RUN_DIR... --arm ARM [--note TEXT]   # add the runs' summaries
     python -m mpi_fnas.report.results record RUN_DIR --arm ARM --tuning SETTING   # a tuning run (data.holdout)
@@ -61,7 +62,7 @@ class RunSummary:
     commit: str  # the commit the summary was recorded at
     note: str = ""
     genotype: str = ""  # the cell it trained (a searched arm's: the search's final genotype); "" for a hand design
-    cpu: str = ""  # rank 0's host, as /ranks attr cpu names it (what the wall time ran on); "" in older logs
+    cpu_model: str = ""  # its ranks' hosts' (/ranks attr cpu_model, each model once): where the wall time ran
 
 
 @dataclass(frozen=True)
@@ -173,12 +174,13 @@ def summarize(run_dir: Path, *, table: str, arm: str, commit: str, note: str = "
                              wall_seconds=float(np.nansum(walls)), commit=commit)
     # The cell it trained: the one given, else the search's (a hand-designed network has neither).
     genotype = str(cfg["augment"].get("genotype") or log.get("final_genotype") or "")
+    models = "; ".join(dict.fromkeys(map(str, log["ranks"].get("cpu_model", []))))  # each machine once, rank order
     return RunSummary(table=table, arm=arm, dataset=cfg["data"]["dataset"],
                       epsilon_target=float(target) if target is not None and cfg["mode"] == "dpfnas" else math.nan,
                       seed=int(cfg["seed"]), test_acc=float(stage["test_acc"]),
                       epsilon_worst=float(epsilon[-1].max()) if epsilon.size else math.nan,
                       wall_seconds=float(np.nansum(walls)), config=str(cfg.get("name", "")), commit=commit, note=note,
-                      genotype=genotype, cpu=str((log["ranks"].get("cpu") or [""])[0]))
+                      genotype=genotype, cpu_model=models)
 
 
 def read_summaries(path: Path = RUNS_CSV, kind: type = RunSummary) -> list:

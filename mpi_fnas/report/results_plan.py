@@ -129,22 +129,26 @@ def select(runs: Sequence[PlannedRun], patterns: Sequence[str]) -> list[PlannedR
     return list(chosen.values())
 
 
-def expected_minutes(run: PlannedRun, rows: Sequence[RunSummary]) -> float | None:
-    """The median wall time, in minutes, of the recorded runs of `run`'s arm and dataset at any ε and seed (None
-    without one): what the run should take on the machine that ran those."""
-    walls = [r.wall_seconds for r in rows if (r.arm, r.dataset) == (run.arm, run.dataset)]
-    return statistics.median(walls) / 60 if walls else None
+def expected_minutes(table_name: str, run: PlannedRun, rows: Sequence[RunSummary]) -> float | None:
+    """The median wall time, in minutes, of table `table_name`'s recorded runs of `run`'s arm and dataset at any ε
+    (a random arm's at `run`'s seed if there are any, since its seed draws its network), or None without one: what
+    the run should take on the machines that ran those."""
+    same = [r for r in rows if (r.table, r.arm, r.dataset) == (table_name, run.arm, run.dataset)]
+    if run.arm.startswith(RANDOM_PREFIX):
+        same = [r for r in same if r.seed == run.seed] or same
+    return statistics.median(r.wall_seconds for r in same) / 60 if same else None
 
 
 def plan_script(table_name: str, runs: Sequence[PlannedRun], rows: Sequence[RunSummary] = ()) -> str:
     """The bash script that runs and records `runs` (:func:`missing_runs`) of table `table_name`, and rewrites the
     marked tables when it ends; each run's comment says how long its cell's recorded `rows` took."""
     seeds = " ".join(map(str, TABLES[table_name].seeds))
-    minutes = [expected_minutes(run, rows) for run in runs]
+    minutes = [expected_minutes(table_name, run, rows) for run in runs]
     known = [m for m in minutes if m is not None]
     total = (f"about {sum(known) / 60:.1f} h by the recorded runs' wall times"
-             + (f", {len(known)} of {len(runs)} run(s) known" if len(known) < len(runs) else "")) if known else ""
-    lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds, total=total or "no run of theirs recorded")]
+             + (f", {len(known)} of {len(runs)} run(s) known" if len(known) < len(runs) else "")) if known else \
+        "unknown (no run of these arms recorded)"
+    lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds, total=total)]
     for run, m in zip(runs, minutes, strict=True):
         sets = " ".join(f"--set {shlex.quote(item)}" for item in run.overrides)
         words = " ".join(shlex.quote(str(word)) for word in (run.name, run.arm, run.ranks, "--config", run.config))

@@ -40,7 +40,7 @@ from scipy import stats
 
 import mpi_fnas.privacy.release as release_module
 from mpi_fnas.config import config_from_text, load_config
-from mpi_fnas.cpu_kernels import aten_cpu_capability, host_cpu, onednn_isa
+from mpi_fnas.cpu_kernels import aten_cpu_capability, cpu_model, onednn_isa
 from mpi_fnas.federation.comm import BUFFER_TAG, Channel
 from mpi_fnas.federation.flat import STATS
 from mpi_fnas.federation.topology import COLLECTIVE
@@ -121,7 +121,7 @@ PLAN_DIGEST_BYTES = 32
 
 #: A party's setup report in these runs: its device, CPU and CPU kernels (the machine's) and a zero sent-steps count.
 SETUP_REPORT = {"device": "cpu", "sent_steps": 0, "onednn_isa": onednn_isa(),
-                "aten_cpu_capability": aten_cpu_capability(), "cpu": host_cpu()}
+                "aten_cpu_capability": aten_cpu_capability(), "cpu_model": cpu_model()}
 
 
 def plain_data(obj: object) -> bool:
