@@ -1,7 +1,6 @@
 """Results tables written from the runs that made them, never typed: each run's per-seed summary is kept small in
-the repository (``docs/results/runs.csv``: its table, arm, dataset, ε target, seed, accuracy, ε, wall, config,
-commit, cell and CPU model), and the Markdown tables of the README and the docs are rendered from that file between
-markers.
+the repository (``docs/results/runs.csv``: table, arm, dataset, ε target, seed, accuracy, ε, wall, config, commit,
+cell, CPU model), and the Markdown tables of the README and the docs are rendered from that file between markers.
 
     python -m mpi_fnas.report.results record RUN_DIR... --arm ARM [--note TEXT]   # add the runs' summaries
     python -m mpi_fnas.report.results record RUN_DIR --arm ARM --tuning SETTING   # a tuning run (data.holdout)
