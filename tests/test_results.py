@@ -108,7 +108,7 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
     assert (row.arm, row.dataset, row.epsilon_target, row.seed, row.commit) == ("cnn-gn", "synthetic-shapes", 4.0,
                                                                                 0, "abc")
     assert row.genotype == ""  # a hand-designed network: no cell (and no search)
-    assert row.cpu_model == cpu_model()  # rank 0's host: where the wall time ran
+    assert row.cpu_model == cpu_model()  # its ranks' one host: where the wall time ran
     assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")

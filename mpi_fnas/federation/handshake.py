@@ -60,10 +60,12 @@ class SetupReports:
     @property
     def rank_attrs(self) -> dict[str, list[str]]:
         """The run log's ``/ranks`` attributes."""
-        return {"devices": self.devices, "onednn_isa": self.onednn_isa,
-                "aten_cpu_capability": self.aten_cpu_capability, "cpu_model": self.cpu_model,
-                "exchange": self.exchange,
-                "exchange_reason": self.exchange_reason}
+        return {"devices": self.devices, **{fact: getattr(self, fact) for fact in MACHINE_FACTS},
+                "exchange": self.exchange, "exchange_reason": self.exchange_reason}
+
+
+#: The machine's facts each rank reports at setup, as SetupReports fields and /ranks attrs: data-independent.
+MACHINE_FACTS = {"onednn_isa": onednn_isa, "aten_cpu_capability": aten_cpu_capability, "cpu_model": cpu_model}
 
 
 # -- rank 0 ----------------------------------------------------------------------------------------------------------
@@ -79,9 +81,7 @@ def hand_out(channel: Channel, assignments: Sequence[object]) -> SetupReports:
     reports = channel.gather_objects(None)[1:]
     return SetupReports(devices=["cpu"] + [str(r["device"]) for r in reports],
                         sent_steps=[int(r["sent_steps"]) for r in reports],
-                        onednn_isa=[onednn_isa()] + [str(r["onednn_isa"]) for r in reports],
-                        aten_cpu_capability=[aten_cpu_capability()] + [str(r["aten_cpu_capability"]) for r in reports],
-                        cpu_model=[cpu_model()] + [str(r["cpu_model"]) for r in reports],
+                        **{fact: [probe()] + [str(r[fact]) for r in reports] for fact, probe in MACHINE_FACTS.items()},
                         refusals={rank: str(r["refused"]) for rank, r in enumerate(reports, start=1)
                                   if r.get("refused") is not None},
                         exchange=channel.pattern, exchange_reason=channel.pattern_reason)
@@ -129,8 +129,8 @@ def report_setup(channel: Channel, device: torch.device, sent_steps: int, refuse
     """The party's only setup message: its device, CPU model and CPU kernels (the machine's, not the data's) and its
     count of sent iterations (0 unless DP); with `refused`, its one public line refusing its assignment
     (:mod:`mpi_fnas.federation.verify`): rank 0 learns every refusal at once, opens its log and marks it failed."""
-    report: dict[str, object] = {"device": str(device), "sent_steps": sent_steps, "onednn_isa": onednn_isa(),
-                                 "aten_cpu_capability": aten_cpu_capability(), "cpu_model": cpu_model()}
+    report: dict[str, object] = {"device": str(device), "sent_steps": sent_steps,
+                                 **{fact: probe() for fact, probe in MACHINE_FACTS.items()}}
     if refused is not None:
         report["refused"] = refused
     channel.gather_objects(report)

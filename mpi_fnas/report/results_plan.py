@@ -125,7 +125,7 @@ def select(runs: Sequence[PlannedRun], patterns: Sequence[str]) -> list[PlannedR
         if not matched:
             raise ValueError(f"--only {pattern!r} matches none of the {len(runs)} run(s) the table lacks "
                              "(see --list)")
-        chosen.update((run.name, run) for run in matched if run.name not in chosen)
+        chosen.update((run.name, run) for run in matched)  # a run already chosen keeps its place
     return list(chosen.values())
 
 
@@ -145,9 +145,10 @@ def plan_script(table_name: str, runs: Sequence[PlannedRun], rows: Sequence[RunS
     seeds = " ".join(map(str, TABLES[table_name].seeds))
     minutes = [expected_minutes(table_name, run, rows) for run in runs]
     known = [m for m in minutes if m is not None]
-    total = (f"about {sum(known) / 60:.1f} h by the recorded runs' wall times"
-             + (f", {len(known)} of {len(runs)} run(s) known" if len(known) < len(runs) else "")) if known else \
+    total = f"about {sum(known) / 60:.1f} h by the recorded runs' wall times" if known else \
         "unknown (no run of these arms recorded)"
+    if known and len(known) < len(runs):
+        total += f", {len(known)} of {len(runs)} run(s) known"
     lines = [_HEAD.format(count=len(runs), table=table_name, seeds=seeds, total=total)]
     for run, m in zip(runs, minutes, strict=True):
         sets = " ".join(f"--set {shlex.quote(item)}" for item in run.overrides)

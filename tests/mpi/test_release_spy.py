@@ -119,7 +119,8 @@ class RecordingChannel(Channel):
 #: A stage plan's digest (SHA-256), the one message a party sends the other parties outside secure aggregation.
 PLAN_DIGEST_BYTES = 32
 
-#: A party's setup report in these runs: its device, CPU and CPU kernels (the machine's) and a zero sent-steps count.
+#: A party's setup report in these runs: its device, CPU model and CPU kernels (the machine's, not the data's) and a
+#: zero sent-steps count; written out, not taken from handshake.MACHINE_FACTS, so that a new fact fails here first.
 SETUP_REPORT = {"device": "cpu", "sent_steps": 0, "onednn_isa": onednn_isa(),
                 "aten_cpu_capability": aten_cpu_capability(), "cpu_model": cpu_model()}
 
