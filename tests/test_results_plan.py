@@ -95,17 +95,20 @@ def test_the_plan_lists_exactly_the_runs_a_table_lacks():
         "mnist-e2-scatter-linear-s1", "fashion-mnist-e3-searched-s0"}
 
 
-def _stub(path: Path, log: Path) -> Path:
-    path.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$(basename "$0")" "$@" "--" >> {shlex.quote(str(log))}\n')
+def _stub(path: Path, log: Path, also: str = "") -> Path:
+    path.write_text(f'#!/usr/bin/env bash\nprintf "%s\\n" "$(basename "$0")" "$@" "--" >> {shlex.quote(str(log))}\n'
+                    f"{also}\n")
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
     return path
 
 
-def _run_script(tmp_path: Path, runs: list) -> tuple[subprocess.CompletedProcess, list[list[str]]]:
-    """The plan script of `runs` under stub launchers (each call's arguments logged); its result and the calls."""
+def _run_script(tmp_path: Path, runs: list, mpirun_also: str = "") -> tuple[subprocess.CompletedProcess,
+                                                                            list[list[str]]]:
+    """The plan script of `runs` under stub launchers (each call's arguments logged; the stub mpirun then runs
+    `mpirun_also`); its result and the calls."""
     script, log = tmp_path / "todo.sh", tmp_path / "calls"
     script.write_text(plan_script("private-28", runs))
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "MPIRUN": str(_stub(tmp_path / "mpirun", log)),
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "MPIRUN": str(_stub(tmp_path / "mpirun", log, mpirun_also)),
            "PYTHON": str(_stub(tmp_path / "python", log)), "MPIRUN_ARGS": "--oversubscribe -x OMP_NUM_THREADS"}
     done = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     calls = [call.strip("\n").split("\n") for call in log.read_text().split("--\n") if call.strip()]
@@ -144,6 +147,18 @@ def test_the_plan_script_stops_at_a_run_directory_already_there_and_still_writes
     assert done.returncode == 2 and f"{runs[1].name} is there already" in done.stderr
     launched = [call[-1] for call in calls if call[0] == "mpirun"]
     assert launched == [str(tmp_path / "out" / runs[0].name)]
+    assert calls[-1] == ["python", "-m", "mpi_fnas.report.results", "write"]
+
+
+def test_the_plan_script_stops_between_runs_when_asked(tmp_path):
+    """OUT/STOP, created while a run goes, lets that run finish and be recorded, then ends the script cleanly."""
+    runs = _planned()
+    out = tmp_path / "out"
+    done, calls = _run_script(tmp_path, runs, mpirun_also=f"touch {shlex.quote(str(out / 'STOP'))}")
+    assert done.returncode == 0 and f"STOP is there: stopped before {runs[1].name}" in done.stdout
+    assert [call[-1] for call in calls if call[0] == "mpirun"] == [str(out / runs[0].name)]
+    assert [call[4] for call in calls if call[1:4] == ["-m", "mpi_fnas.report.results", "record"]] == [
+        str(out / runs[0].name)]  # the run that was going on is recorded
     assert calls[-1] == ["python", "-m", "mpi_fnas.report.results", "write"]
 
 

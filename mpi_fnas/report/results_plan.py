@@ -89,8 +89,9 @@ _HEAD = """\
 # Time: {total}.
 # Run it from the repository root: each run, its output in OUT/NAME.log, then its record in docs/results/runs.csv;
 # the marked tables are rewritten when it ends. A run directory already there stops it (an interrupted run: resume
-# it with mpi_fnas.run --resume DIR and record it, or remove it; then plan again). Environment: OUT (runs/{table}),
-# PYTHON and MPIRUN (.venv's, else from PATH), MPIRUN_ARGS (more launcher options, e.g. --oversubscribe).
+# it with mpi_fnas.run --resume DIR and record it, or remove it; then plan again). To stop it between runs, create
+# OUT/STOP: the run going on finishes and is recorded. Environment: OUT (runs/{table}), PYTHON and MPIRUN (.venv's,
+# else from PATH), MPIRUN_ARGS (more launcher options, e.g. --oversubscribe).
 set -euo pipefail
 [ -f mpi_fnas/report/results.py ] || {{ echo "run this from the repository root" >&2; exit 2; }}
 venv() {{ if [ -x ".venv/bin/$1" ]; then echo ".venv/bin/$1"; else echo "$1"; fi; }}
@@ -101,6 +102,9 @@ trap '"$python" -m mpi_fnas.report.results write' EXIT  # the tables hold every 
 
 run() {{  # run NAME ARM RANKS ARGS...: the run in OUT/NAME, then its record
   local dir=$out/$1 arm=$2 ranks=$3
+  if [ -e "$out/STOP" ]; then  # asked to stop between runs (not a failure: the runs so far are recorded)
+    echo "$out/STOP is there: stopped before $1; remove it and plan again to go on"; exit 0
+  fi
   if [ -e "$dir" ]; then
     echo "$dir is there already: resume or record it, or remove it; then plan again" >&2; exit 2
   fi
