@@ -111,12 +111,12 @@ def test_a_summary_is_read_from_a_finished_run_and_a_tuning_run_is_refused(tmp_p
                                                                                 0, "abc")
     assert row.genotype == ""  # a hand-designed network: no cell (and no search)
     assert row.cpu_model == cpu_model()  # its ranks' one host: where the wall time ran
+    assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     shutil.copytree(tmp_path / "run", tmp_path / "two-hosts")  # as if its ranks had run on two kinds of node
     with h5py.File(tmp_path / "two-hosts" / "search.h5", "r+") as log:
         log["ranks"].attrs["cpu_model"] = ["Intel Xeon", "AMD EPYC", "Intel Xeon"]
     hosts = results.summarize(tmp_path / "two-hosts", table="private-28", arm="cnn-gn", commit="abc")
     assert hosts.cpu_model == "Intel Xeon; AMD EPYC"  # each model once, in rank order
-    assert 0 <= row.test_acc <= 1 and 0 < row.epsilon_worst <= 4.0 * 1.001 and row.wall_seconds > 0
     with pytest.raises(ResultsError, match=r"a tuning run \(data\.holdout 50\)"):
         results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc")
     tried = results.summarize(tmp_path / "tuning", table="private-28", arm="cnn-gn", commit="abc",
