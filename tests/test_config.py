@@ -155,6 +155,29 @@ def test_a_hand_designed_network_refuses_what_only_a_cell_has(overrides, message
     assert load_config(None, ["augment.network=cnn-tanh"]).augment.network == "cnn-tanh"
 
 
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["augment.network=scatter-linear", "augment.cutout=16"],
+         r"^augment\.cutout: augment\.network scatter-linear computes each example's scattering once"),
+        (["space.stem=scattering", "augment.flip=true"],
+         r"^augment\.flip: space\.stem scattering computes each example's scattering once, so its images cannot be "
+         r"augmented per step; set augment\.cutout and augment\.crop_padding to 0 and augment\.flip to false$"),
+        (["space.stem=search", "augment.crop_padding=2"],
+         r"^augment\.crop_padding: space\.stem search may choose the scattering stem"),
+    ],
+)
+def test_a_scattering_front_end_refuses_augmenting_its_images_per_step(overrides, message):
+    """The scattering is computed once per example before the augmentation: a crop, flip or cutout would act on its
+    7x7 features. The conv stem's cell keeps them."""
+    base = ROOT / "configs" / "mnist28_scattering_stem.yaml"
+    with pytest.raises(ConfigError, match=message) as info:
+        load_config(base, overrides)
+    assert "\n" not in str(info.value)
+    conv = load_config(base, ["space.stem=conv", "augment.flip=true", "augment.cutout=8"])
+    assert (conv.augment.flip, conv.augment.cutout) == (True, 8)
+
+
 def test_a_stored_config_of_an_older_version_is_read_without_its_removed_keys():
     """Logs, checkpoints and searched.pt written before privacy.secure_rng was removed still read (report, sweep,
     --resume, --augment); a config the user gives does not."""

@@ -211,6 +211,7 @@ def _validate_ops(cfg: Config) -> None:
 
 def _validate_network(cfg: Config) -> None:
     """A hand-designed ``augment.network`` has no cell: no genotype to train, no path to drop, no auxiliary head."""
+    _validate_fixed_stem_augmentation(cfg)
     network = cfg.augment.network
     if network == CELL_NETWORK:
         return
@@ -221,14 +222,24 @@ def _validate_network(cfg: Config) -> None:
         raise ConfigError(f"augment.drop_path: augment.network {network} has no cell paths to drop; set it to 0")
     if cfg.augment.auxiliary_weight > 0:
         raise ConfigError(f"augment.auxiliary_weight: augment.network {network} has no auxiliary head; set it to 0")
-    if network.startswith("scatter-"):
-        moved = [f"{key} {value}" for key, value in (("augment.cutout", cfg.augment.cutout),
-                                                     ("augment.crop_padding", cfg.augment.crop_padding),
-                                                     ("augment.flip", cfg.augment.flip)) if value]
-        if moved:
-            raise ConfigError(f"{moved[0].split()[0]}: augment.network {network} computes each example's scattering "
-                              "once, so its images cannot be augmented per step; set augment.cutout and "
-                              "augment.crop_padding to 0 and augment.flip to false")
+
+
+def _validate_fixed_stem_augmentation(cfg: Config) -> None:
+    """A scattering front-end (a ScatterNet's, or a cell's ``space.stem``) is computed once per example before the
+    augmentation, so a crop, flip or cutout per step would act on its 7x7 features, not on the images."""
+    if cfg.augment.network.startswith("scatter-"):
+        what = f"augment.network {cfg.augment.network} computes"
+    elif cfg.augment.network == CELL_NETWORK and cfg.space.kind == "dpnas" and cfg.space.stem != "conv":
+        what = "space.stem scattering computes" if cfg.space.stem == "scattering" else \
+            "space.stem search may choose the scattering stem, which computes"
+    else:
+        return
+    moved = [key for key, value in (("augment.cutout", cfg.augment.cutout),
+                                    ("augment.crop_padding", cfg.augment.crop_padding),
+                                    ("augment.flip", cfg.augment.flip)) if value]
+    if moved:
+        raise ConfigError(f"{moved[0]}: {what} each example's scattering once, so its images cannot be augmented "
+                          "per step; set augment.cutout and augment.crop_padding to 0 and augment.flip to false")
 
 
 def _validate_selection(cfg: Config) -> None:
