@@ -15,10 +15,10 @@ from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.space.scattering import fixed_stem_of
 
-#: The fixed stem's features of every example this process has transformed, by (stem, shape, digest): the
+#: The fixed stem's features of every example this job has transformed, by (stem, shape, digest): the
 #: augmentation's pool is the search's two shards, and rank 0 tests on the same split in both stages, so a later
 #: stage takes them here instead of transforming its examples again. Each row is a view of the features its stage
-#: holds anyway; it stays in this process.
+#: holds (no second copy); it stays in this process, and a job starts without any (:func:`forget_kept_features`).
 _KEPT: dict[tuple, torch.Tensor] = {}
 
 
@@ -37,13 +37,18 @@ def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         features = torch.stack([_KEPT[key].to(x.device) for key in keys])
     else:
         features = stem(x)
+    if features.device.type == "cpu" and features.dim() == 4:
+        # The layout a CPU party stores its shard in (federation.shard.channels_last): the party then holds these
+        # very features, and the rows kept are views of them rather than of a second copy.
+        features = features.contiguous(memory_format=torch.channels_last)
     for key, row in zip(keys, features, strict=True):  # the newest rows: an earlier stage's copy may be freed
         _KEPT[key] = row
     return features, y
 
 
 def forget_kept_features() -> None:
-    """Drop every feature this process kept (the tests' isolation; a run never needs to)."""
+    """Drop every feature this process kept: each job starts without (a sweep's or a baseline's next job, on other
+    shards, would only add to them), and so does each test."""
     _KEPT.clear()
 
 
