@@ -10,7 +10,9 @@ import dp_accounting
 import numpy as np
 import pytest
 from conftest import TINY, warm_job
+from test_secure_aggregation import reproduced_epsilons
 
+from mpi_fnas.federation.party_disk import PartyStore, party_dir
 from mpi_fnas.privacy.shard_ledger import DEFAULT_VALUE_DISCRETIZATION
 from mpi_fnas.report.collect import read_record
 from mpi_fnas.report.figures import run_figures
@@ -112,3 +114,13 @@ def test_a_search_that_chooses_the_stem_and_the_head_trains_what_it_chose(tmp_pa
     cfg = load_config(None, args[1::2])
     assert log["augment"]["params"] == augment_network(cfg, genotype, seed=0, in_channels=3,
                                                        num_classes=10).num_params()
+    # β travels in the A release, charged once a step like the alpha alone, by rank 0 and by each party's own
+    # record: every party's search ε is the secure composition of one W and one A release a step, reproduced from
+    # the log's public facts.
+    search = log["privacy"]
+    assert search["charged_steps"][-1].tolist() == [cfg.search.epochs * cfg.search.steps_per_epoch] * 2
+    for k in range(2):
+        for name, expected in reproduced_epsilons(search, k, 2).items():
+            assert search[name][-1, k] == pytest.approx(expected, rel=1e-9), (k, name)
+        [own] = [s for s in PartyStore(party_dir(tmp_path / "run", k + 1)).release_record() if s["stage"] == "search"]
+        assert own["val"] == [search["noise_multiplier_a"], search["sample_rate_val"][k], 1]
