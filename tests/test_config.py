@@ -159,10 +159,13 @@ def test_a_hand_designed_network_refuses_what_only_a_cell_has(overrides, message
     ("overrides", "message"),
     [
         (["augment.network=scatter-linear", "augment.cutout=16"],
-         r"^augment\.cutout: augment\.network scatter-linear computes each example's scattering once"),
+         r"^augment\.cutout: augment\.network scatter-linear computes each example's scattering once, so its "
+         r"images cannot be augmented per step; set augment\.cutout and augment\.crop_padding to 0 and "
+         r"augment\.flip to false$"),
         (["space.stem=scattering", "augment.flip=true"],
-         r"^augment\.flip: space\.stem scattering computes each example's scattering once, so its images cannot be "
-         r"augmented per step; set augment\.cutout and augment\.crop_padding to 0 and augment\.flip to false$"),
+         r"^augment\.flip: space\.stem scattering transforms each example once, so its images cannot be augmented "
+         r"per step; set augment\.cutout and augment\.crop_padding to 0 and augment\.flip to false, or set "
+         r"space\.stem: conv$"),
         (["space.stem=search", "augment.crop_padding=2"],
          r"^augment\.crop_padding: space\.stem search may choose the scattering stem"),
     ],

@@ -758,10 +758,11 @@ def test_an_augmentation_party_takes_its_pools_features_from_the_search_of_its_p
     assert torch.allclose(party.train.x, torch.cat([searched.train.x, searched.val.x]), atol=1e-6)
 
 
-def test_a_party_holds_its_features_once_and_a_job_starts_without_an_earlier_jobs(monkeypatch, tmp_path) -> None:
+def test_a_party_holds_its_features_once_and_a_series_of_jobs_keeps_two_jobs_at_most(monkeypatch, tmp_path) -> None:
     """What a process keeps of a fixed stem's features are views of the shards its party holds (channels-last on
-    the CPU), not a second copy, in the search and in the augmentation; and a job (``run_job``, ``run_search``)
-    starts with none kept, so a series of jobs on other shards (a sweep, a baseline) keeps one job's."""
+    the CPU), not a second copy, in the search and in the augmentation. A job (``run_job``, ``run_search``) starts
+    with what the job before used, so a series on one split reuses it, and without anything older, so a series on
+    other shards (a sweep's or a baseline's seeds) holds two jobs' features at most."""
     from types import SimpleNamespace
 
     from mpi_fnas.federation.job_plan import open_split, plan_augment_stage, plan_run
@@ -773,27 +774,32 @@ def test_a_party_holds_its_features_once_and_a_job_starts_without_an_earlier_job
     def storages(*tensors: torch.Tensor) -> set[int]:
         return {t.untyped_storage().data_ptr() for t in tensors}
 
+    def kept_rows() -> list[torch.Tensor]:
+        return [row for row, _ in party_data._KEPT.values()]
+
     cfg = load_config(None, ["data.train_size=120", "data.test_size=20", "data.image_size=8", "space.stem=scattering",
                              "space.stage_channels=[4]", "mode=fnas"])
     plan = plan_run(cfg, 2)
     data = open_split(cfg, "train")
     searched = SearchSide(cfg).build(cfg, plan.assignments[0], data, 1, torch.device("cpu"))
-    assert storages(*party_data._KEPT.values()) == storages(searched.train.x, searched.val.x)
+    assert storages(*kept_rows()) == storages(searched.train.x, searched.val.x)
     genotype = search_space("dpnas").parse_genotype("dpnas=conv_3x3_relu@0|conv_3x3_relu@0,conv_3x3_relu@1",
                                                     cfg.space)
     got = plan_augment_stage(cfg, plan.assignments, genotype, None, None).assignments[0]
     party = AugmentSide(cfg).build(cfg, got, data, 1, torch.device("cpu"))
     assert len(party_data._KEPT) == len(party.train.x)
-    assert storages(*party_data._KEPT.values()) == storages(party.train.x)
+    assert storages(*kept_rows()) == storages(party.train.x)
 
-    seen: list[int] = []
-    monkeypatch.setattr(job, "participate", lambda *args, **kwargs: seen.append(len(party_data._KEPT)) or False)
+    pool = set(party_data._KEPT)
+    seen: list[set] = []
+    monkeypatch.setattr(job, "participate", lambda *args, **kwargs: seen.append(set(party_data._KEPT)) or False)
     a_party = SimpleNamespace(is_server=False)
-    job.run_job(cfg, a_party, tmp_path, stage="search")  # its search and its augmentation
+    job.run_job(cfg, a_party, tmp_path, stage="search")  # the next job: its search and its augmentation
     party_data.with_fixed_stem(SimpleNamespace(fixed_stem=scattering.Scattering(1, 8)), torch.randn(2, 1, 8, 8),
-                               torch.arange(2))
-    job.run_search(cfg, a_party, tmp_path)
-    assert seen == [0, 0, 0]
+                               torch.arange(2))  # what that job transformed: other images
+    other = set(party_data._KEPT) - pool
+    job.run_search(cfg, a_party, tmp_path)  # the job after: the pool, unused by the job before, is dropped
+    assert seen == [pool, pool, other] and len(other) == 2
 
 
 def test_gdas_anneals_its_temperature_linearly_over_the_epochs_when_asked() -> None:

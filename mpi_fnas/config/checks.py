@@ -167,6 +167,7 @@ def validate(cfg: Config) -> Config:
         raise ConfigError(f"space.head_pool: {cfg.space.head_pool} is for space.kind dpnas; the darts networks' "
                           "classifier reads the global average pool, so leave it at 1")
     _validate_network(cfg)
+    _validate_fixed_stem_augmentation(cfg)
     if cfg.space.ops:
         _validate_ops(cfg)
     if cfg.mode == "vanilla" and cfg.federation.parties not in (None, 1):
@@ -211,7 +212,6 @@ def _validate_ops(cfg: Config) -> None:
 
 def _validate_network(cfg: Config) -> None:
     """A hand-designed ``augment.network`` has no cell: no genotype to train, no path to drop, no auxiliary head."""
-    _validate_fixed_stem_augmentation(cfg)
     network = cfg.augment.network
     if network == CELL_NETWORK:
         return
@@ -226,20 +226,21 @@ def _validate_network(cfg: Config) -> None:
 
 def _validate_fixed_stem_augmentation(cfg: Config) -> None:
     """A scattering front-end (a ScatterNet's, or a cell's ``space.stem``) is computed once per example before the
-    augmentation, so a crop, flip or cutout per step would act on its 7x7 features, not on the images."""
+    augmentation, so a crop, flip or cutout per step would act on its features, not on the images."""
     if cfg.augment.network.startswith("scatter-"):
-        what = f"augment.network {cfg.augment.network} computes"
+        what, other = f"augment.network {cfg.augment.network} computes each example's scattering once", ""
     elif cfg.augment.network == CELL_NETWORK and cfg.space.kind == "dpnas" and cfg.space.stem != "conv":
-        what = "space.stem scattering computes" if cfg.space.stem == "scattering" else \
-            "space.stem search may choose the scattering stem, which computes"
+        what = "space.stem scattering transforms each example once" if cfg.space.stem == "scattering" else \
+            "space.stem search may choose the scattering stem, which transforms each example once"
+        other = ", or set space.stem: conv"
     else:
         return
     moved = [key for key, value in (("augment.cutout", cfg.augment.cutout),
                                     ("augment.crop_padding", cfg.augment.crop_padding),
                                     ("augment.flip", cfg.augment.flip)) if value]
     if moved:
-        raise ConfigError(f"{moved[0]}: {what} each example's scattering once, so its images cannot be augmented "
-                          "per step; set augment.cutout and augment.crop_padding to 0 and augment.flip to false")
+        raise ConfigError(f"{moved[0]}: {what}, so its images cannot be augmented per step; set augment.cutout and "
+                          f"augment.crop_padding to 0 and augment.flip to false{other}")
 
 
 def _validate_selection(cfg: Config) -> None:

@@ -27,7 +27,7 @@ from mpi_fnas.federation.memory import return_free_memory
 from mpi_fnas.federation.party_disk import EarlierRun
 from mpi_fnas.stages.augment import AugmentOutcome, AugmentSide
 from mpi_fnas.stages.iteration import Progress
-from mpi_fnas.stages.party_data import forget_kept_features
+from mpi_fnas.stages.party_data import start_job
 from mpi_fnas.stages.party_driver import participate
 from mpi_fnas.stages.search import SearchOutcome, SearchSide
 
@@ -65,7 +65,7 @@ def run_job(cfg: Config, channel: Channel, run_dir: Path, *, stage: str, resume:
     so a resume composes them too). `refusal` (a party): what
     it refused at the launch, which it reports in its first setup report instead of taking part.
     """
-    forget_kept_features()  # an earlier job's fixed-stem features (a series' other shards) are never this one's
+    start_job()  # a series' fixed-stem features: those of an older job on other shards are dropped
     augment = cfg.augment.epochs > 0
     if not channel.is_server:
         if stage == "search" and participate(cfg, channel, run_dir, SearchSide(cfg), earlier=earlier, refusal=refusal):
@@ -107,7 +107,7 @@ def run_search(cfg: Config, channel: Channel, run_dir: Path | None, *, assignmen
     only) is the server's checkpoint to continue from. `stop_requested()` (rank 0) returns a reason to checkpoint
     and stop at the next step boundary, or None (``MPI_FNAS_STOP_AFTER=STEP`` does the same at that step: tests).
     """
-    forget_kept_features()  # as in run_job
+    start_job()  # as in run_job
     if channel.is_server:
         from mpi_fnas.stages.rank0_driver import serve  # rank 0's alone (see run_job)
 

@@ -15,11 +15,13 @@ from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
 from mpi_fnas.space.scattering import fixed_stem_of
 
-#: The fixed stem's features of every example this job has transformed, by (stem, shape, digest): the
+#: The fixed stem's features of every example this process has transformed, by (stem, shape, digest): the
 #: augmentation's pool is the search's two shards, and rank 0 tests on the same split in both stages, so a later
-#: stage takes them here instead of transforming its examples again. Each row is a view of the features its stage
-#: holds (no second copy); it stays in this process, and a job starts without any (:func:`forget_kept_features`).
-_KEPT: dict[tuple, torch.Tensor] = {}
+#: stage (or a later job of a series on the same split) takes them here instead of transforming its examples again.
+#: Each row is a view of the features its stage holds (no second copy), with the job that last used it; it stays in
+#: this process, and a new job drops what neither it nor the job before used (:func:`start_job`).
+_KEPT: dict[tuple, tuple[torch.Tensor, int]] = {}
+_JOB = [0]  # the job this process runs now: 0 until the first start_job
 
 
 def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
@@ -34,7 +36,7 @@ def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         return x, y
     keys = [(stem.key, x.dtype, tuple(x.shape[1:]), digest) for digest in _digests(x)]
     if reuse and keys and all(key in _KEPT for key in keys):
-        features = torch.stack([_KEPT[key].to(x.device) for key in keys])
+        features = torch.stack([_KEPT[key][0].to(x.device) for key in keys])
     else:
         features = stem(x)
     if features.device.type == "cpu" and features.dim() == 4:
@@ -42,13 +44,21 @@ def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
         # very features, and the rows kept are views of them rather than of a second copy.
         features = features.contiguous(memory_format=torch.channels_last)
     for key, row in zip(keys, features, strict=True):  # the newest rows: an earlier stage's copy may be freed
-        _KEPT[key] = row
+        _KEPT[key] = (row, _JOB[0])
     return features, y
 
 
+def start_job() -> None:
+    """A job begins: the features kept that neither the job before nor this one used are dropped. A series of
+    jobs on one split (a baseline's arms, a sweep's points of a seed) reuses them; one on other shards (another
+    seed) holds at most two jobs' features."""
+    _JOB[0] += 1
+    for key in [key for key, (_, job) in _KEPT.items() if job < _JOB[0] - 1]:
+        del _KEPT[key]
+
+
 def forget_kept_features() -> None:
-    """Drop every feature this process kept: each job starts without (a sweep's or a baseline's next job, on other
-    shards, would only add to them), and so does each test."""
+    """Drop every feature this process kept (each test starts without; a run drops them by :func:`start_job`)."""
     _KEPT.clear()
 
 
