@@ -7,11 +7,11 @@
   ``ONEDNN_MAX_CPU_ISA`` does not change.
 * :func:`cpu_model`: the host's CPU model (``/ranks`` attr ``cpu_model``, the results' ``cpu_model`` column, the
   bench's), so that a wall time can be traced to its machine.
-* :func:`to_channels_last`: a network in channels-last (NHWC) storage, refused when it holds a 1x1 convolution of
-  stride > 1: oneDNN 3.12's weight gradient of that convolution writes past its workspace for a channels-last input
-  with fewer channels than its block (8 on AVX2, 16 on AVX-512; uxlfoundation/oneDNN#6035, docs/benchmarks.md
-  "heap corruption on AVX2 CPUs"). The project's networks take such strides by slicing (``FactorizedReduce``);
-  this check keeps a new network from bringing the kernel back.
+* :func:`to_channels_last`: a network in channels-last (NHWC) storage (:func:`images_to_channels_last`: its inputs),
+  refused when it holds a 1x1 convolution of stride > 1: oneDNN 3.12's weight gradient of that convolution writes past
+  its workspace for a channels-last input with fewer channels than its block (8 on AVX2, 16 on AVX-512;
+  uxlfoundation/oneDNN#6035, docs/benchmarks.md "heap corruption on AVX2 CPUs"). The project's networks take such
+  strides by slicing (``FactorizedReduce``); this check keeps a new network from bringing the kernel back.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["aten_cpu_capability", "cpu_model", "onednn_isa", "strided_pointwise_convs", "to_channels_last"]
+__all__ = ["aten_cpu_capability", "cpu_model", "images_to_channels_last", "onednn_isa", "strided_pointwise_convs",
+           "to_channels_last"]
 
 _ISA_PREFIX = "isa:"
 
@@ -95,3 +96,9 @@ def to_channels_last(model: nn.Module) -> nn.Module:
                          "channels-last weight gradient corrupts memory in oneDNN 3.12 (uxlfoundation/oneDNN#6035): "
                          "take the stride by slicing the input and convolve at stride 1 (as FactorizedReduce does)")
     return model.to(memory_format=torch.channels_last)
+
+
+def images_to_channels_last(images: torch.Tensor) -> torch.Tensor:
+    """(N, C, H, W) `images` in the layout of a network :func:`to_channels_last` made (no copy when they already
+    are); a tensor of another shape as it is."""
+    return images.contiguous(memory_format=torch.channels_last) if images.dim() == 4 else images

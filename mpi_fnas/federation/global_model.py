@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from mpi_fnas.config import AugmentConfig, SearchConfig
-from mpi_fnas.cpu_kernels import to_channels_last
+from mpi_fnas.cpu_kernels import images_to_channels_last, to_channels_last
 from mpi_fnas.evaluation import evaluate
 from mpi_fnas.federation.adadp import AdadpSettings, AdadpStep, adadp_gradient
 from mpi_fnas.federation.flat import assign, flatten
@@ -164,7 +164,7 @@ class Server:
 
     def evaluate(self, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
         """[loss_sum, correct, count] of the global model on (x, y)."""
-        return evaluate(self.sync_model(), _channels_last(x), y)
+        return evaluate(self.sync_model(), images_to_channels_last(x), y)
 
     def probe_accuracy(self, grad: np.ndarray, x: torch.Tensor, y: torch.Tensor) -> float:
         """SecProbe's score of one party's W release g (num_w,): the accuracy on (x, y) of W − lr·g, the weights it
@@ -172,7 +172,7 @@ class Server:
         (:func:`mpi_fnas.federation.probe.probe_accuracy`). W, A and the optimizers are unchanged."""
         model = self.sync_model()
         return probe_accuracy(model, list(model.weights()), self.w.data, grad, self.lr, self.rule.grad_clip,
-                              _channels_last(x), y)
+                              images_to_channels_last(x), y)
 
     def alpha_softmax(self) -> dict[str, np.ndarray]:
         """The search: {"normal": (edges, ops), "reduce": (edges, ops)} softmax weights of the global A."""
@@ -190,11 +190,6 @@ class Server:
         entropy = -(rows * np.log(np.clip(rows, 1e-300, None))).sum(axis=1) / np.log(rows.shape[1])
         top = np.sort(rows, axis=1)
         return float(entropy.mean()), float((top[:, -1] - top[:, -2]).mean())
-
-
-def _channels_last(images: torch.Tensor) -> torch.Tensor:
-    """(N, C, H, W) images in the server model's layout (no copy when they already are)."""
-    return images.contiguous(memory_format=torch.channels_last)
 
 
 def search_server(model: nn.Module, search: SearchConfig, parties: int, steps_per_epoch: int = 1,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mpi_fnas.cpu_kernels import images_to_channels_last
 from mpi_fnas.keystream import Keystream
 
 #: ``transform(x, y) -> (x, y)``: what a stage does to a W batch's examples, each on its own (the augmentation).
@@ -32,9 +33,7 @@ class Shard:
 
 def channels_last(shard: Shard) -> Shard:
     """`shard` with its images ``(N, C, H, W)`` stored channels-last (other shapes as they are)."""
-    if shard.x.dim() != 4:
-        return shard
-    return Shard(shard.x.contiguous(memory_format=torch.channels_last), shard.y)
+    return Shard(images_to_channels_last(shard.x), shard.y)
 
 
 class BatchStream:

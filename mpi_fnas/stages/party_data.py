@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from mpi_fnas.config import Config
+from mpi_fnas.cpu_kernels import images_to_channels_last
 from mpi_fnas.data import Dataset
 from mpi_fnas.data.corruption import corrupt_shard
 from mpi_fnas.data.datasets import pixel_statistics
@@ -21,7 +22,7 @@ from mpi_fnas.space.scattering import fixed_stem_of
 #: Each row is a view of the features its stage holds (no second copy), with the job that last used it; it stays in
 #: this process, and a new job drops what neither it nor the job before used (:func:`start_job`).
 _KEPT: dict[tuple, tuple[torch.Tensor, int]] = {}
-_JOB = [0]  # the job this process runs now: 0 until the first start_job
+_job = 0  # the job this process runs now: 0 until the first start_job
 
 
 def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
@@ -35,16 +36,18 @@ def with_fixed_stem(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     if stem is None:
         return x, y
     keys = [(stem.key, x.dtype, tuple(x.shape[1:]), digest) for digest in _digests(x)]
+    # On the CPU, the layout a party stores its shard in (federation.shard.channels_last): the party then holds these
+    # very features, and the rows kept are views of them rather than of a second copy.
+    on_cpu = x.device.type == "cpu"
     if reuse and keys and all(key in _KEPT for key in keys):
-        features = torch.stack([_KEPT[key][0].to(x.device) for key in keys])
+        rows = [_KEPT[key][0].to(x.device) for key in keys]
+        features = torch.empty((len(rows), *rows[0].shape), dtype=rows[0].dtype, device=x.device,
+                               memory_format=torch.channels_last if on_cpu else torch.contiguous_format)
+        torch.stack(rows, out=features)  # straight into that layout: one copy of the pool, not two
     else:
-        features = stem(x)
-    if features.device.type == "cpu" and features.dim() == 4:
-        # The layout a CPU party stores its shard in (federation.shard.channels_last): the party then holds these
-        # very features, and the rows kept are views of them rather than of a second copy.
-        features = features.contiguous(memory_format=torch.channels_last)
+        features = images_to_channels_last(stem(x)) if on_cpu else stem(x)
     for key, row in zip(keys, features, strict=True):  # the newest rows: an earlier stage's copy may be freed
-        _KEPT[key] = (row, _JOB[0])
+        _KEPT[key] = (row, _job)
     return features, y
 
 
@@ -52,8 +55,9 @@ def start_job() -> None:
     """A job begins: the features kept that neither the job before nor this one used are dropped. A series of
     jobs on one split (a baseline's arms, a sweep's points of a seed) reuses them; one on other shards (another
     seed) holds at most two jobs' features."""
-    _JOB[0] += 1
-    for key in [key for key, (_, job) in _KEPT.items() if job < _JOB[0] - 1]:
+    global _job
+    _job += 1
+    for key in [key for key, (_, job) in _KEPT.items() if job < _job - 1]:
         del _KEPT[key]
 
 
